@@ -1,0 +1,383 @@
+//! oncelog's log engine.
+//!
+//! A partition log is a directory of segments named by their base offset
+//! (`00000000000000000042.log`), each with a sparse offset index and a time
+//! index. Record batches are stored exactly as they arrive on the wire, with
+//! only the base offset patched; records are never decoded to store or serve
+//! them.
+//!
+//! Invariants:
+//! * offsets are dense: each batch starts where the previous one ended;
+//! * only the last (active) segment is written; a segment is `fdatasync`ed
+//!   before the next one is created, so after an unclean stop only the active
+//!   segment can hold a torn or corrupt tail, and recovery validates it batch
+//!   by batch (CRC included) and cuts it back to the last valid batch;
+//! * the log never knows about sockets or Kafka requests. Durability policy
+//!   (when to sync, what to acknowledge) belongs to the caller, which gets the
+//!   active file handle to sync outside any lock.
+
+pub mod batch;
+mod segment;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use thiserror::Error;
+
+pub use segment::sync_dir;
+use segment::Segment;
+
+#[derive(Debug, Error)]
+pub enum LogError {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("offset {offset} out of range [{start}, {end}]")]
+    OffsetOutOfRange { offset: i64, start: i64, end: i64 },
+    #[error("invalid batch: {0}")]
+    Batch(#[from] batch::BatchError),
+}
+
+/// Settings of one partition log. Retention values ≤ 0 disable that limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogConfig {
+    pub segment_bytes: u64,
+    pub segment_ms: i64,
+    pub index_interval_bytes: u64,
+    pub retention_bytes: i64,
+    pub retention_ms: i64,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            segment_bytes: 1 << 30,
+            segment_ms: 7 * 24 * 3600 * 1000,
+            index_interval_bytes: 4096,
+            retention_bytes: -1,
+            retention_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendInfo {
+    pub base_offset: i64,
+    pub last_offset: i64,
+    pub max_timestamp: i64,
+}
+
+/// What opening a log found.
+#[derive(Debug, Default, Clone)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    pub bytes_dropped: u64,
+    pub problem: Option<String>,
+}
+
+pub struct Log {
+    dir: PathBuf,
+    config: LogConfig,
+    /// Ordered by base offset; never empty; the last one is active.
+    segments: Vec<Segment>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir`, recovering its active segment.
+    pub fn open(dir: &Path, config: LogConfig) -> Result<(Self, RecoveryReport), LogError> {
+        std::fs::create_dir_all(dir).map_err(|e| LogError::Io {
+            op: "create dir",
+            path: dir.to_path_buf(),
+            source: e,
+        })?;
+        let rd = std::fs::read_dir(dir).map_err(|e| LogError::Io {
+            op: "read dir",
+            path: dir.to_path_buf(),
+            source: e,
+        })?;
+        let mut bases: Vec<i64> = rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                name.strip_suffix(".log")?.parse::<i64>().ok()
+            })
+            .collect();
+        bases.sort_unstable();
+        let mut report = RecoveryReport::default();
+        let mut segments: Vec<Segment> = Vec::with_capacity(bases.len().max(1));
+        let n = bases.len();
+        for (i, base) in bases.into_iter().enumerate() {
+            let last = i + 1 == n;
+            let (seg, dropped) = Segment::open(dir, base, config.index_interval_bytes, last)?;
+            if let Some((bytes, why)) = dropped {
+                report.bytes_dropped += bytes;
+                report.problem = Some(why);
+            }
+            if let Some(prev) = segments.last() {
+                if prev.next_offset != seg.base_offset {
+                    tracing::warn!(dir = %dir.display(), expected = prev.next_offset, found = seg.base_offset,
+                        "gap between segments");
+                }
+            }
+            segments.push(seg);
+        }
+        if segments.is_empty() {
+            segments.push(Segment::create(
+                dir,
+                0,
+                config.index_interval_bytes,
+                now_ms(),
+            )?);
+        }
+        report.segments = segments.len();
+        Ok((
+            Self {
+                dir: dir.to_path_buf(),
+                config,
+                segments,
+            },
+            report,
+        ))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> &LogConfig {
+        &self.config
+    }
+
+    pub fn set_config(&mut self, config: LogConfig) {
+        self.config = config;
+    }
+
+    pub fn log_start_offset(&self) -> i64 {
+        self.segments[0].base_offset
+    }
+
+    /// The log end offset: the offset the next batch gets.
+    pub fn next_offset(&self) -> i64 {
+        self.active().next_offset
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size).sum()
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    fn active(&self) -> &Segment {
+        &self.segments[self.segments.len() - 1]
+    }
+
+    fn active_mut(&mut self) -> &mut Segment {
+        let n = self.segments.len();
+        &mut self.segments[n - 1]
+    }
+
+    /// The active segment's file, to `fdatasync` without holding the log.
+    /// Everything appended before this call is covered by syncing it, because
+    /// a segment is synced before the next one is created.
+    pub fn active_file(&self) -> Arc<File> {
+        self.active().file()
+    }
+
+    /// Appends one validated batch, assigning it the next offsets.
+    pub fn append(&mut self, data: &mut [u8]) -> Result<AppendInfo, LogError> {
+        let h = batch::BatchHeader::new(data)?;
+        let size = h.total_size() as u64;
+        let now = now_ms();
+        let act = self.active();
+        if act.size > 0
+            && (act.size + size > self.config.segment_bytes
+                || (self.config.segment_ms > 0 && now - act.created_ms >= self.config.segment_ms))
+        {
+            self.roll(now)?;
+        }
+        let base = self.next_offset();
+        batch::set_base_offset(data, base);
+        let h = batch::BatchHeader::new(data)?;
+        let info = AppendInfo {
+            base_offset: base,
+            last_offset: h.last_offset(),
+            max_timestamp: h.max_timestamp(),
+        };
+        self.active_mut().append(data)?;
+        Ok(info)
+    }
+
+    /// Closes the active segment (synced) and starts a new one.
+    pub fn roll(&mut self, now: i64) -> Result<(), LogError> {
+        self.active().sync()?;
+        let base = self.next_offset();
+        let seg = Segment::create(&self.dir, base, self.config.index_interval_bytes, now)?;
+        tracing::debug!(dir = %self.dir.display(), base, "rolled segment");
+        self.segments.push(seg);
+        Ok(())
+    }
+
+    /// Syncs the active segment (the others are synced when rolled).
+    pub fn sync(&self) -> Result<(), LogError> {
+        self.active().sync()
+    }
+
+    /// Cuts the log back to end at `offset` (a batch boundary), e.g. to drop
+    /// bytes whose sync failed.
+    pub fn truncate_to(&mut self, offset: i64) -> Result<(), LogError> {
+        while self.segments.len() > 1 && self.active().base_offset >= offset {
+            if let Some(seg) = self.segments.pop() {
+                seg.delete()?;
+            }
+        }
+        self.active_mut().truncate_to(offset)
+    }
+
+    /// Reads whole batches starting at the batch that holds `offset`,
+    /// at most `max_bytes` (but at least one batch when `min_one`), none whose
+    /// base offset is ≥ `upper`. Offsets outside [log start, log end] are an error.
+    pub fn read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        upper: i64,
+        min_one: bool,
+    ) -> Result<Vec<u8>, LogError> {
+        let (start, end) = (self.log_start_offset(), self.next_offset());
+        if offset < start || offset > end {
+            return Err(LogError::OffsetOutOfRange { offset, start, end });
+        }
+        let mut i = self.segments.partition_point(|s| s.base_offset <= offset);
+        i = i.saturating_sub(1);
+        while i < self.segments.len() {
+            let seg = &self.segments[i];
+            if let Some(pos) = seg.find_position(offset)? {
+                return seg.read_from(pos, max_bytes, upper, min_one);
+            }
+            i += 1;
+        }
+        Ok(Vec::new())
+    }
+
+    /// The offset of the first record with timestamp ≥ `ts`, or `None`.
+    /// Uncompressed batches are searched record by record; in a compressed
+    /// batch the answer is its base offset.
+    pub fn offset_for_timestamp(&self, ts: i64) -> Result<Option<(i64, i64)>, LogError> {
+        for seg in &self.segments {
+            if let Some((pos, base)) = seg.find_timestamp(ts)? {
+                let b = seg.batch_at(pos)?;
+                return Ok(Some(first_record_at_or_after(&b, ts).unwrap_or((base, ts))));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The largest timestamp in the log and the offset of its batch, for
+    /// ListOffsets MAX_TIMESTAMP (-3).
+    pub fn max_timestamp(&self) -> i64 {
+        self.segments
+            .iter()
+            .map(|s| s.max_timestamp)
+            .max()
+            .unwrap_or(-1)
+    }
+
+    /// Deletes whole segments past the time or size limit (never the active
+    /// one). Returns how many were removed.
+    pub fn apply_retention(&mut self, now: i64) -> Result<usize, LogError> {
+        let mut removed = 0;
+        let mut total = self.size_bytes() as i64;
+        while self.segments.len() > 1 {
+            let seg = &self.segments[0];
+            let newest = if seg.max_timestamp >= 0 {
+                seg.max_timestamp
+            } else {
+                seg.created_ms
+            };
+            let by_time = self.config.retention_ms > 0 && now - newest > self.config.retention_ms;
+            let by_size = self.config.retention_bytes > 0
+                && total - seg.size as i64 >= self.config.retention_bytes;
+            if !(by_time || by_size) {
+                break;
+            }
+            let seg = self.segments.remove(0);
+            total -= seg.size as i64;
+            tracing::info!(dir = %self.dir.display(), base = seg.base_offset, by_time, by_size,
+                "retention deleted segment");
+            seg.delete()?;
+            removed += 1;
+        }
+        if removed > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(removed)
+    }
+
+    /// Removes the whole log directory.
+    pub fn delete(self) -> Result<(), LogError> {
+        std::fs::remove_dir_all(&self.dir).map_err(|e| LogError::Io {
+            op: "remove dir",
+            path: self.dir.clone(),
+            source: e,
+        })
+    }
+}
+
+fn read_varint(b: &[u8], pos: &mut usize) -> Option<i64> {
+    let mut v: u64 = 0;
+    let mut shift = 0;
+    loop {
+        let byte = *b.get(*pos)?;
+        *pos += 1;
+        v |= ((byte & 0x7f) as u64) << shift;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+    Some(((v >> 1) as i64) ^ -((v & 1) as i64))
+}
+
+/// In an uncompressed batch, the (offset, timestamp) of the first record
+/// whose timestamp is ≥ `ts`.
+fn first_record_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
+    let h = batch::BatchHeader::new(b).ok()?;
+    if h.compression() != 0 {
+        return None;
+    }
+    let mut pos = batch::HEADER_LEN;
+    for _ in 0..h.records_count() {
+        let len = read_varint(b, &mut pos)?;
+        let end = pos.checked_add(usize::try_from(len).ok()?)?;
+        let mut p = pos + 1; // record attributes
+        let ts_delta = read_varint(b, &mut p)?;
+        let off_delta = read_varint(b, &mut p)?;
+        let rts = h.base_timestamp().wrapping_add(ts_delta);
+        if rts >= ts {
+            return Some((h.base_offset() + off_delta, rts));
+        }
+        pos = end;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,98 @@
-pub fn _x() {}
+//! The oncelog broker: topic catalogue, partitions and their durability, the
+//! Kafka request handlers, and the TCP server that frames requests.
+//!
+//! Layering: `server` (sockets, framing, version negotiation) calls
+//! `handlers` (one module per API family), which use `topics` (partition
+//! state) and `durability` (group commit) on top of `oncelog-log`.
+
+pub mod config;
+pub mod durability;
+pub mod error;
+pub mod handlers;
+pub mod server;
+pub mod topics;
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+pub use config::BrokerConfig;
+use durability::Syncer;
+use topics::{TopicError, Topics};
+
+/// Shared broker state.
+pub struct Broker {
+    pub config: BrokerConfig,
+    pub topics: Topics,
+    pub syncer: Syncer,
+    /// Woken whenever a high watermark moves, for long-poll fetches.
+    pub data_notify: Arc<Notify>,
+}
+
+impl Broker {
+    /// Opens the data directory, recovering every partition.
+    pub fn open(config: BrokerConfig) -> Result<Arc<Self>, TopicError> {
+        let topics = Topics::open(&config)?;
+        let data_notify = Arc::new(Notify::new());
+        let syncer = Syncer::start(data_notify.clone());
+        Ok(Arc::new(Self {
+            config,
+            topics,
+            syncer,
+            data_notify,
+        }))
+    }
+
+    /// Whether appends are acknowledged before they are synced.
+    pub fn interval_flush(&self) -> bool {
+        self.config.flush_interval_ms > 0
+    }
+
+    /// Syncs every partition; used at shutdown and by the interval flusher.
+    pub fn flush_all(&self) -> usize {
+        let mut failed = 0;
+        for p in self.topics.all_partitions() {
+            let (file, end) = {
+                let log = p.lock();
+                (log.active_file(), log.next_offset())
+            };
+            match file.sync_data() {
+                Ok(()) => {
+                    p.advance_high_watermark(end);
+                }
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(partition = %p.name(), error = %e, "fdatasync failed during flush");
+                }
+            }
+        }
+        failed
+    }
+
+    /// Background work: retention and, in interval mode, periodic flushes.
+    pub fn spawn_background(self: &Arc<Self>) {
+        let b = self.clone();
+        tokio::spawn(async move {
+            let period = std::time::Duration::from_millis(b.config.retention_check_interval_ms);
+            let mut tick = tokio::time::interval(period);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let b2 = b.clone();
+                let _ = tokio::task::spawn_blocking(move || b2.topics.apply_retention()).await;
+            }
+        });
+        if self.interval_flush() {
+            let b = self.clone();
+            tokio::spawn(async move {
+                let period = std::time::Duration::from_millis(b.config.flush_interval_ms);
+                let mut tick = tokio::time::interval(period);
+                loop {
+                    tick.tick().await;
+                    let b2 = b.clone();
+                    let _ = tokio::task::spawn_blocking(move || b2.flush_all()).await;
+                }
+            });
+        }
+    }
+}

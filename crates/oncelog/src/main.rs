@@ -1,1 +1,135 @@
-fn main() {}
+//! The `oncelog` command line.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use oncelog_broker::config::SETTINGS;
+use oncelog_broker::{Broker, BrokerConfig};
+
+#[derive(Parser)]
+#[command(name = "oncelog", version, about = "A Kafka-compatible streaming broker built for exactly-once")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker. With no flags: data in ./oncelog-data, listening on 127.0.0.1:9092.
+    #[command(after_help = settings_help())]
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Directory for topic logs and broker metadata (setting `data.dir`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// HOST:PORT to listen on (setting `listen`).
+    #[arg(long)]
+    listen: Option<String>,
+    /// TOML file of settings, e.g. `"log.segment.bytes" = 1048576`.
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+    /// Override one setting: `-o log.retention.ms=60000` (repeatable; wins over the file).
+    #[arg(long = "set", short = 'o', value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+}
+
+fn settings_help() -> String {
+    let mut s = String::from("Settings (Kafka names; from --config, then -o, then the flags):\n");
+    for (k, v, help) in SETTINGS {
+        s.push_str(&format!("  {k:<34} default {v:<16} {help}\n"));
+    }
+    s
+}
+
+fn load_settings(args: &ServeArgs) -> Result<BTreeMap<String, String>> {
+    let mut m = BTreeMap::new();
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config file {}", path.display()))?;
+        let table: toml::Table =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        for (k, v) in table {
+            let v = match v {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                other => bail!("setting {k}: unsupported value {other}"),
+            };
+            m.insert(k, v);
+        }
+    }
+    for o in &args.overrides {
+        let Some((k, v)) = o.split_once('=') else {
+            bail!("-o expects KEY=VALUE, got {o:?}");
+        };
+        m.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    if let Some(d) = &args.data_dir {
+        m.insert("data.dir".into(), d.display().to_string());
+    }
+    if let Some(l) = &args.listen {
+        m.insert("listen".into(), l.clone());
+    }
+    Ok(m)
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ONCELOG_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let settings = load_settings(&args)?;
+    let config = BrokerConfig::from_map(&settings)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async move {
+        let listen = config.listen;
+        let broker = Broker::open(config).context("opening the data directory")?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        tracing::info!(
+            listen = %listen,
+            data_dir = %broker.config.data_dir.display(),
+            advertised = %format!("{}:{}", broker.config.advertised_host, broker.config.advertised_port),
+            mode = if broker.interval_flush() { "interval-flush" } else { "fsync-before-ack" },
+            "oncelog serving"
+        );
+        broker.spawn_background();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let server = tokio::spawn(oncelog_broker::server::serve(broker.clone(), listener, stop_rx));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received"),
+        }
+        let _ = stop_tx.send(true);
+        let _ = server.await;
+        let b = broker.clone();
+        let failed = tokio::task::spawn_blocking(move || b.flush_all()).await.unwrap_or(1);
+        if failed > 0 {
+            bail!("{failed} partitions could not be flushed at shutdown");
+        }
+        tracing::info!("flushed; stopped cleanly");
+        Ok(())
+    })
+}

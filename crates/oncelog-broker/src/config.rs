@@ -1,0 +1,302 @@
+//! Broker settings, named as Kafka names them, from defaults, an optional
+//! TOML file and `key=value` overrides (in that order).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("unknown setting `{0}` (see `oncelog serve --help`)")]
+    Unknown(String),
+    #[error("setting `{key}`: invalid value `{value}`: {why}")]
+    Invalid {
+        key: String,
+        value: String,
+        why: String,
+    },
+}
+
+/// Every broker setting: (name, default, help). The single source for
+/// parsing, `--help` and the README table.
+pub const SETTINGS: &[(&str, &str, &str)] = &[
+    ("data.dir", "./oncelog-data", "directory holding topic logs and broker metadata"),
+    ("listen", "127.0.0.1:9092", "address the Kafka listener binds"),
+    ("advertised.listener", "", "HOST:PORT told to clients in Metadata (default: the listen address)"),
+    ("node.id", "0", "this broker's node id"),
+    ("socket.request.max.bytes", "104857600", "largest request frame accepted; bigger frames close the connection"),
+    ("auto.create.topics.enable", "true", "create unknown topics on Metadata requests"),
+    ("num.partitions", "1", "partitions of an auto-created topic or of CreateTopics with -1"),
+    ("message.max.bytes", "1048588", "largest record batch accepted (topic: max.message.bytes)"),
+    ("log.segment.bytes", "1073741824", "segment size that triggers a roll (topic: segment.bytes)"),
+    ("log.roll.ms", "604800000", "segment age that triggers a roll (topic: segment.ms)"),
+    ("log.index.interval.bytes", "4096", "bytes between sparse index entries (topic: index.interval.bytes)"),
+    ("log.retention.ms", "604800000", "delete segments older than this; -1 keeps forever (topic: retention.ms)"),
+    ("log.retention.bytes", "-1", "delete old segments while a partition is larger; -1 = no limit (topic: retention.bytes)"),
+    ("log.retention.check.interval.ms", "300000", "how often retention runs"),
+    ("log.cleanup.policy", "delete", "stored and reported (topic: cleanup.policy); compaction is not implemented yet"),
+    ("log.flush.interval.ms", "0", "0 = fdatasync before every acknowledgement (group commit); N > 0 = acknowledge after the write and fdatasync every N ms: a machine crash can lose the last N ms of acknowledged writes"),
+    ("fetch.max.bytes", "57671680", "upper bound on bytes returned by one Fetch"),
+];
+
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub advertised_host: String,
+    pub advertised_port: i32,
+    pub node_id: i32,
+    pub max_frame_bytes: usize,
+    pub auto_create_topics: bool,
+    pub num_partitions: i32,
+    pub message_max_bytes: i64,
+    pub segment_bytes: i64,
+    pub segment_ms: i64,
+    pub index_interval_bytes: i64,
+    pub retention_ms: i64,
+    pub retention_bytes: i64,
+    pub retention_check_interval_ms: u64,
+    pub cleanup_policy: String,
+    pub flush_interval_ms: u64,
+    pub fetch_max_bytes: usize,
+    /// Every setting as text, after overrides (for DescribeConfigs).
+    pub raw: BTreeMap<String, String>,
+}
+
+fn parse<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    value.trim().parse::<T>().map_err(|e| ConfigError::Invalid {
+        key: key.into(),
+        value: value.into(),
+        why: e.to_string(),
+    })
+}
+
+impl BrokerConfig {
+    /// Builds a config from defaults overlaid with `overrides` (Kafka names).
+    pub fn from_map(overrides: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let mut m: BTreeMap<&str, String> =
+            SETTINGS.iter().map(|(k, v, _)| (*k, v.to_string())).collect();
+        for (k, v) in overrides {
+            let Some(slot) = m.get_mut(k.as_str()) else {
+                return Err(ConfigError::Unknown(k.clone()));
+            };
+            *slot = v.clone();
+        }
+        let get = |k: &str| m.get(k).cloned().unwrap_or_default();
+        let listen: SocketAddr = parse("listen", &get("listen"))?;
+        let adv = get("advertised.listener");
+        let (advertised_host, advertised_port) = if adv.is_empty() {
+            (listen.ip().to_string(), listen.port() as i32)
+        } else {
+            let (h, p) = adv.rsplit_once(':').ok_or_else(|| ConfigError::Invalid {
+                key: "advertised.listener".into(),
+                value: adv.clone(),
+                why: "expected HOST:PORT".into(),
+            })?;
+            (h.to_string(), parse("advertised.listener", p)?)
+        };
+        let c = Self {
+            data_dir: PathBuf::from(get("data.dir")),
+            listen,
+            advertised_host,
+            advertised_port,
+            node_id: parse("node.id", &get("node.id"))?,
+            max_frame_bytes: parse("socket.request.max.bytes", &get("socket.request.max.bytes"))?,
+            auto_create_topics: parse("auto.create.topics.enable", &get("auto.create.topics.enable"))?,
+            num_partitions: parse("num.partitions", &get("num.partitions"))?,
+            message_max_bytes: parse("message.max.bytes", &get("message.max.bytes"))?,
+            segment_bytes: parse("log.segment.bytes", &get("log.segment.bytes"))?,
+            segment_ms: parse("log.roll.ms", &get("log.roll.ms"))?,
+            index_interval_bytes: parse("log.index.interval.bytes", &get("log.index.interval.bytes"))?,
+            retention_ms: parse("log.retention.ms", &get("log.retention.ms"))?,
+            retention_bytes: parse("log.retention.bytes", &get("log.retention.bytes"))?,
+            retention_check_interval_ms: parse(
+                "log.retention.check.interval.ms",
+                &get("log.retention.check.interval.ms"),
+            )?,
+            cleanup_policy: get("log.cleanup.policy"),
+            flush_interval_ms: parse("log.flush.interval.ms", &get("log.flush.interval.ms"))?,
+            fetch_max_bytes: parse("fetch.max.bytes", &get("fetch.max.bytes"))?,
+            raw: m.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        };
+        let positive = |k: &str, v: i64| {
+            if v <= 0 {
+                Err(ConfigError::Invalid {
+                    key: k.into(),
+                    value: v.to_string(),
+                    why: "must be positive".into(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        positive("num.partitions", c.num_partitions as i64)?;
+        positive("log.segment.bytes", c.segment_bytes)?;
+        positive("log.index.interval.bytes", c.index_interval_bytes)?;
+        positive("socket.request.max.bytes", c.max_frame_bytes as i64)?;
+        positive("log.retention.check.interval.ms", c.retention_check_interval_ms as i64)?;
+        Ok(c)
+    }
+
+    /// The broker-level value behind a topic-level config name, as text.
+    pub fn topic_default(&self, topic_key: &str) -> Option<String> {
+        Some(match topic_key {
+            "segment.bytes" => self.segment_bytes.to_string(),
+            "segment.ms" => self.segment_ms.to_string(),
+            "index.interval.bytes" => self.index_interval_bytes.to_string(),
+            "retention.ms" => self.retention_ms.to_string(),
+            "retention.bytes" => self.retention_bytes.to_string(),
+            "cleanup.policy" => self.cleanup_policy.clone(),
+            "max.message.bytes" => self.message_max_bytes.to_string(),
+            "flush.ms" => {
+                if self.flush_interval_ms == 0 {
+                    "0".into()
+                } else {
+                    self.flush_interval_ms.to_string()
+                }
+            }
+            "compression.type" => "producer".into(),
+            "message.timestamp.type" => "CreateTime".into(),
+            "min.insync.replicas" => "1".into(),
+            "delete.retention.ms" => "86400000".into(),
+            "min.compaction.lag.ms" => "0".into(),
+            "max.compaction.lag.ms" => "9223372036854775807".into(),
+            "min.cleanable.dirty.ratio" => "0.5".into(),
+            "file.delete.delay.ms" => "60000".into(),
+            "unclean.leader.election.enable" => "false".into(),
+            "preallocate" => "false".into(),
+            "message.downconversion.enable" => "true".into(),
+            "segment.index.bytes" => "10485760".into(),
+            "segment.jitter.ms" => "0".into(),
+            "flush.messages" => "9223372036854775807".into(),
+            "local.retention.ms" => "-2".into(),
+            "local.retention.bytes" => "-2".into(),
+            "remote.storage.enable" => "false".into(),
+            "message.timestamp.before.max.ms" => "9223372036854775807".into(),
+            "message.timestamp.after.max.ms" => "9223372036854775807".into(),
+            _ => return None,
+        })
+    }
+
+    /// Topic config names that are acted on (the rest are stored and reported).
+    pub const ACTED_TOPIC_CONFIGS: &'static [&'static str] = &[
+        "segment.bytes",
+        "segment.ms",
+        "index.interval.bytes",
+        "retention.ms",
+        "retention.bytes",
+        "max.message.bytes",
+    ];
+
+    /// Every topic config name we accept.
+    pub const TOPIC_CONFIGS: &'static [&'static str] = &[
+        "cleanup.policy",
+        "compression.type",
+        "delete.retention.ms",
+        "file.delete.delay.ms",
+        "flush.messages",
+        "flush.ms",
+        "index.interval.bytes",
+        "local.retention.bytes",
+        "local.retention.ms",
+        "max.compaction.lag.ms",
+        "max.message.bytes",
+        "message.downconversion.enable",
+        "message.timestamp.after.max.ms",
+        "message.timestamp.before.max.ms",
+        "message.timestamp.type",
+        "min.cleanable.dirty.ratio",
+        "min.compaction.lag.ms",
+        "min.insync.replicas",
+        "preallocate",
+        "remote.storage.enable",
+        "retention.bytes",
+        "retention.ms",
+        "segment.bytes",
+        "segment.index.bytes",
+        "segment.jitter.ms",
+        "segment.ms",
+        "unclean.leader.election.enable",
+    ];
+}
+
+/// Checks a topic config value; returns a reason when it is not acceptable.
+pub fn validate_topic_config(key: &str, value: &str) -> Result<(), String> {
+    if !BrokerConfig::TOPIC_CONFIGS.contains(&key) {
+        return Err(format!("unknown topic config {key}"));
+    }
+    match key {
+        "cleanup.policy" => {
+            for p in value.split(',') {
+                if !matches!(p.trim(), "delete" | "compact") {
+                    return Err(format!("invalid cleanup.policy {value}"));
+                }
+            }
+            Ok(())
+        }
+        "compression.type" => match value {
+            "producer" | "uncompressed" | "gzip" | "snappy" | "lz4" | "zstd" => Ok(()),
+            _ => Err(format!("invalid compression.type {value}")),
+        },
+        "message.timestamp.type" => match value {
+            "CreateTime" | "LogAppendTime" => Ok(()),
+            _ => Err(format!("invalid message.timestamp.type {value}")),
+        },
+        "preallocate" | "unclean.leader.election.enable" | "message.downconversion.enable"
+        | "remote.storage.enable" => value
+            .parse::<bool>()
+            .map(|_| ())
+            .map_err(|_| format!("{key} must be true or false")),
+        "min.cleanable.dirty.ratio" => value
+            .parse::<f64>()
+            .map(|_| ())
+            .map_err(|_| format!("{key} must be a number")),
+        "segment.bytes" | "index.interval.bytes" | "max.message.bytes" | "min.insync.replicas" => {
+            match value.parse::<i64>() {
+                Ok(v) if v > 0 => Ok(()),
+                _ => Err(format!("{key} must be a positive integer")),
+            }
+        }
+        _ => value
+            .parse::<i64>()
+            .map(|_| ())
+            .map_err(|_| format!("{key} must be an integer")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse() {
+        let c = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
+        assert_eq!(c.listen.port(), 9092);
+        assert_eq!(c.advertised_port, 9092);
+        assert!(c.auto_create_topics);
+        for (k, _, _) in SETTINGS {
+            assert!(!k.is_empty());
+        }
+        for k in BrokerConfig::TOPIC_CONFIGS {
+            assert!(c.topic_default(k).is_some(), "{k}");
+            validate_topic_config(k, &c.topic_default(k).unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn unknown_and_bad_values_rejected() {
+        let mut m = BTreeMap::new();
+        m.insert("nope".to_string(), "1".to_string());
+        assert!(matches!(BrokerConfig::from_map(&m), Err(ConfigError::Unknown(_))));
+        let mut m = BTreeMap::new();
+        m.insert("num.partitions".to_string(), "zero".to_string());
+        assert!(BrokerConfig::from_map(&m).is_err());
+        assert!(validate_topic_config("retention.ms", "abc").is_err());
+        assert!(validate_topic_config("cleanup.policy", "compact,delete").is_ok());
+    }
+}

@@ -1,0 +1,117 @@
+//! Group commit: one `fdatasync` covers every append that arrived while the
+//! previous one ran.
+//!
+//! Appenders write to the page cache under the partition lock, then queue a
+//! [`SyncRequest`] and wait. A dedicated thread takes every queued request,
+//! syncs each touched partition's active segment once (outside the partition
+//! lock, so appends go on meanwhile), advances the high watermark to the end
+//! it observed before syncing, and answers. A sync error is never
+//! acknowledged: the partition is cut back to its durable prefix, its
+//! truncation generation moves, and every waiter whose bytes were not covered
+//! gets the error.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use tokio::sync::{oneshot, Notify};
+
+use crate::topics::Partition;
+
+pub struct SyncRequest {
+    pub partition: Arc<Partition>,
+    /// The offset just past the waiter's append.
+    pub end_offset: i64,
+    /// The partition's truncation generation when the waiter appended.
+    pub generation: u64,
+    pub reply: oneshot::Sender<Result<(), String>>,
+}
+
+pub struct Syncer {
+    tx: mpsc::Sender<SyncRequest>,
+    pub syncs: Arc<AtomicU64>,
+}
+
+impl Syncer {
+    pub fn start(data_notify: Arc<Notify>) -> Self {
+        let (tx, rx) = mpsc::channel::<SyncRequest>();
+        let syncs = Arc::new(AtomicU64::new(0));
+        let s = syncs.clone();
+        std::thread::Builder::new()
+            .name("oncelog-sync".into())
+            .spawn(move || run(rx, data_notify, s))
+            .map(|_| ())
+            .unwrap_or_else(|e| tracing::error!(error = %e, "could not start the sync thread"));
+        Self { tx, syncs }
+    }
+
+    /// Queues a sync; the answer comes once the bytes are durable or failed.
+    pub fn request(&self, req: SyncRequest) {
+        if let Err(mpsc::SendError(req)) = self.tx.send(req) {
+            let _ = req.reply.send(Err("sync thread stopped".into()));
+        }
+    }
+}
+
+fn run(
+    rx: mpsc::Receiver<SyncRequest>,
+    notify: Arc<Notify>,
+    syncs: Arc<AtomicU64>,
+) {
+    while let Ok(first) = rx.recv() {
+        let mut groups: HashMap<usize, (Arc<Partition>, Vec<SyncRequest>)> = HashMap::new();
+        let mut add = |r: SyncRequest| {
+            let key = Arc::as_ptr(&r.partition) as usize;
+            groups
+                .entry(key)
+                .or_insert_with(|| (r.partition.clone(), Vec::new()))
+                .1
+                .push(r);
+        };
+        add(first);
+        while let Ok(r) = rx.try_recv() {
+            add(r);
+        }
+        for (_, (p, reqs)) in groups {
+            let gen = &p.generation;
+            let (file, end) = {
+                let log = p.lock();
+                (log.active_file(), log.next_offset())
+            };
+            let res = file.sync_data();
+            syncs.fetch_add(1, Ordering::Relaxed);
+            match res {
+                Ok(()) => {
+                    p.advance_high_watermark(end);
+                    let g = gen.load(Ordering::Acquire);
+                    for r in reqs {
+                        let ok = r.generation == g && r.end_offset <= end;
+                        let _ = r.reply.send(if ok {
+                            Ok(())
+                        } else {
+                            Err("log was truncated after a storage error".into())
+                        });
+                    }
+                }
+                Err(e) => {
+                    let durable = p.high_watermark();
+                    tracing::error!(partition = %p.name(), error = %e, durable_offset = durable,
+                        "fdatasync failed; dropping unacknowledged tail");
+                    {
+                        let mut log = p.lock();
+                        gen.fetch_add(1, Ordering::AcqRel);
+                        if let Err(te) = log.truncate_to(durable) {
+                            tracing::error!(partition = %p.name(), error = %te, "truncation after failed sync failed");
+                        }
+                    }
+                    let msg = format!("fdatasync failed: {e}");
+                    for r in reqs {
+                        let _ = r.reply.send(Err(msg.clone()));
+                    }
+                }
+            }
+        }
+        notify.notify_waiters();
+    }
+}

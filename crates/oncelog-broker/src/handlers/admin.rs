@@ -1,0 +1,399 @@
+//! CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs,
+//! IncrementalAlterConfigs.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsRequest;
+use kafka_protocol::messages::create_partitions_response::{
+    CreatePartitionsResponse, CreatePartitionsTopicResult,
+};
+use kafka_protocol::messages::create_topics_request::CreateTopicsRequest;
+use kafka_protocol::messages::create_topics_response::{
+    CreatableTopicConfigs, CreatableTopicResult, CreateTopicsResponse,
+};
+use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
+use kafka_protocol::messages::delete_topics_response::{DeletableTopicResult, DeleteTopicsResponse};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsRequest;
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResponse, DescribeConfigsResult,
+};
+use kafka_protocol::messages::incremental_alter_configs_request::IncrementalAlterConfigsRequest;
+use kafka_protocol::messages::incremental_alter_configs_response::{
+    AlterConfigsResourceResponse, IncrementalAlterConfigsResponse,
+};
+use kafka_protocol::messages::TopicName;
+use kafka_protocol::protocol::StrBytes;
+
+use crate::config::{BrokerConfig, SETTINGS};
+use crate::error::ErrorCode;
+use crate::topics::TopicError;
+use crate::Broker;
+
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+const SOURCE_TOPIC: i8 = 1;
+const SOURCE_STATIC_BROKER: i8 = 4;
+const SOURCE_DEFAULT: i8 = 5;
+
+fn s(v: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(v.into())
+}
+
+fn topic_error_code(e: &TopicError) -> ErrorCode {
+    match e {
+        TopicError::AlreadyExists(_) => ErrorCode::TopicAlreadyExists,
+        TopicError::Unknown(_) => ErrorCode::UnknownTopicOrPartition,
+        TopicError::InvalidName(..) => ErrorCode::InvalidTopicException,
+        TopicError::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
+        TopicError::InvalidConfig(_) => ErrorCode::InvalidConfig,
+        TopicError::Storage(_) => ErrorCode::KafkaStorageError,
+    }
+}
+
+/// Kafka's config type numbers (DescribeConfigs v3+).
+fn config_type(key: &str) -> i8 {
+    match key {
+        "cleanup.policy" => 7,
+        "compression.type" | "message.timestamp.type" => 2,
+        "preallocate"
+        | "unclean.leader.election.enable"
+        | "message.downconversion.enable"
+        | "remote.storage.enable" => 1,
+        "min.cleanable.dirty.ratio" => 6,
+        "min.insync.replicas" | "index.interval.bytes" | "max.message.bytes" | "segment.bytes"
+        | "segment.index.bytes" => 3,
+        _ => 5,
+    }
+}
+
+pub fn create_topics(b: &Arc<Broker>, req: CreateTopicsRequest, version: i16) -> CreateTopicsResponse {
+    let mut seen = HashSet::new();
+    let dups: HashSet<String> = req
+        .topics
+        .iter()
+        .filter(|t| !seen.insert(t.name.0.to_string()))
+        .map(|t| t.name.0.to_string())
+        .collect();
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.name.0.to_string();
+            let mut r = CreatableTopicResult::default().with_name(t.name.clone());
+            let fail = |mut r: CreatableTopicResult, code: ErrorCode, msg: String| {
+                r.error_code = code.code();
+                if version >= 1 {
+                    r.error_message = Some(s(msg));
+                }
+                r
+            };
+            if dups.contains(&name) {
+                return fail(r, ErrorCode::InvalidRequest, format!("topic {name} appears more than once"));
+            }
+            if !matches!(t.replication_factor, -1 | 1) && t.assignments.is_empty() {
+                return fail(
+                    r,
+                    ErrorCode::InvalidReplicationFactor,
+                    format!("replication factor {} is larger than the 1 available broker", t.replication_factor),
+                );
+            }
+            let mut partitions = t.num_partitions;
+            if !t.assignments.is_empty() {
+                if t.num_partitions != -1 || t.replication_factor != -1 {
+                    return fail(r, ErrorCode::InvalidRequest,
+                        "both replica assignments and partitions/replication factor were given".into());
+                }
+                let ok = t.assignments.iter().enumerate().all(|(i, a)| {
+                    a.partition_index == i as i32 && a.broker_ids.len() == 1 && a.broker_ids[0].0 == b.config.node_id
+                });
+                if !ok {
+                    return fail(r, ErrorCode::InvalidReplicaAssignment,
+                        format!("assignments must name partitions 0.. in order, each on broker {}", b.config.node_id));
+                }
+                partitions = t.assignments.len() as i32;
+            }
+            let configs: BTreeMap<String, String> = t
+                .configs
+                .iter()
+                .filter_map(|c| c.value.as_ref().map(|v| (c.name.to_string(), v.to_string())))
+                .collect();
+            match b.topics.create(&name, partitions, configs, req.validate_only) {
+                Ok(topic) => {
+                    if version >= 5 {
+                        let meta = topic.meta();
+                        r.num_partitions = meta.partitions;
+                        r.replication_factor = 1;
+                        r.configs = Some(
+                            BrokerConfig::TOPIC_CONFIGS
+                                .iter()
+                                .map(|k| {
+                                    let (v, src) = match meta.configs.get(*k) {
+                                        Some(v) => (Some(v.clone()), SOURCE_TOPIC),
+                                        None => (b.config.topic_default(k), SOURCE_DEFAULT),
+                                    };
+                                    CreatableTopicConfigs::default()
+                                        .with_name(s(*k))
+                                        .with_value(v.map(s))
+                                        .with_config_source(src)
+                                })
+                                .collect(),
+                        );
+                        if version >= 7 {
+                            r.topic_id = meta.id;
+                        }
+                    }
+                    r
+                }
+                Err(e) => {
+                    if !matches!(e, TopicError::AlreadyExists(_)) {
+                        tracing::warn!(topic = %name, error = %e, "create topic refused");
+                    }
+                    fail(r, topic_error_code(&e), e.to_string())
+                }
+            }
+        })
+        .collect();
+    CreateTopicsResponse::default().with_topics(topics)
+}
+
+pub fn delete_topics(b: &Arc<Broker>, req: DeleteTopicsRequest, version: i16) -> DeleteTopicsResponse {
+    let targets: Vec<(Option<String>, uuid::Uuid)> = if version >= 6 {
+        req.topics
+            .into_iter()
+            .map(|t| (t.name.map(|n| n.0.to_string()), t.topic_id))
+            .collect()
+    } else {
+        req.topic_names
+            .into_iter()
+            .map(|n| (Some(n.0.to_string()), uuid::Uuid::nil()))
+            .collect()
+    };
+    let responses = targets
+        .into_iter()
+        .map(|(name, id)| {
+            let name = name.or_else(|| {
+                b.topics
+                    .all()
+                    .into_iter()
+                    .map(|t| t.meta())
+                    .find(|m| m.id == id && !id.is_nil())
+                    .map(|m| m.name)
+            });
+            let mut r = DeletableTopicResult::default();
+            if version >= 6 {
+                r.topic_id = id;
+            }
+            let res = match &name {
+                Some(n) => {
+                    if version >= 6 && id.is_nil() {
+                        if let Some(t) = b.topics.get(n) {
+                            r.topic_id = t.meta().id;
+                        }
+                    }
+                    b.topics.delete(n)
+                }
+                None => Err(TopicError::Unknown(id.to_string())),
+            };
+            r.name = name.map(|n| TopicName(s(n)));
+            if let Err(e) = res {
+                r.error_code = topic_error_code(&e).code();
+                if version >= 5 {
+                    r.error_message = Some(s(e.to_string()));
+                }
+            }
+            r
+        })
+        .collect();
+    DeleteTopicsResponse::default().with_responses(responses)
+}
+
+pub fn create_partitions(b: &Arc<Broker>, req: CreatePartitionsRequest) -> CreatePartitionsResponse {
+    let results = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.name.0.to_string();
+            let mut r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+            let cur = b.topics.get(&name).map(|t| t.partition_count()).unwrap_or(0);
+            let bad_assign = t.assignments.as_ref().is_some_and(|a| {
+                a.len() as i32 != t.count - cur
+                    || a.iter().any(|x| x.broker_ids.len() != 1 || x.broker_ids[0].0 != b.config.node_id)
+            });
+            let res = if bad_assign {
+                r.error_code = ErrorCode::InvalidReplicaAssignment.code();
+                r.error_message = Some(s(format!(
+                    "one assignment per new partition, each on broker {}",
+                    b.config.node_id
+                )));
+                return r;
+            } else {
+                b.topics.add_partitions(&name, t.count, req.validate_only)
+            };
+            if let Err(e) = res {
+                r.error_code = topic_error_code(&e).code();
+                r.error_message = Some(s(e.to_string()));
+            }
+            r
+        })
+        .collect();
+    CreatePartitionsResponse::default().with_results(results)
+}
+
+pub fn describe_configs(b: &Arc<Broker>, req: DescribeConfigsRequest, version: i16) -> DescribeConfigsResponse {
+    let results = req
+        .resources
+        .into_iter()
+        .map(|res| {
+            let mut out = DescribeConfigsResult::default()
+                .with_resource_type(res.resource_type)
+                .with_resource_name(res.resource_name.clone());
+            let wanted = |k: &str| {
+                res.configuration_keys
+                    .as_ref()
+                    .is_none_or(|ks| ks.iter().any(|x| x.as_str() == k))
+            };
+            let entry = |k: &str, v: Option<String>, src: i8| {
+                let mut e = DescribeConfigsResourceResult::default()
+                    .with_name(s(k))
+                    .with_value(v.map(s))
+                    .with_config_source(src);
+                if version >= 3 {
+                    e.config_type = config_type(k);
+                }
+                e
+            };
+            match res.resource_type {
+                RESOURCE_TOPIC => match b.topics.get(res.resource_name.as_str()) {
+                    Some(t) => {
+                        let meta = t.meta();
+                        out.configs = BrokerConfig::TOPIC_CONFIGS
+                            .iter()
+                            .filter(|k| wanted(k))
+                            .map(|k| match meta.configs.get(*k) {
+                                Some(v) => entry(k, Some(v.clone()), SOURCE_TOPIC),
+                                None => entry(k, b.config.topic_default(k), SOURCE_DEFAULT),
+                            })
+                            .collect();
+                    }
+                    None => {
+                        out.error_code = ErrorCode::UnknownTopicOrPartition.code();
+                        out.error_message = Some(s(format!("topic {} does not exist", res.resource_name.as_str())));
+                    }
+                },
+                RESOURCE_BROKER
+                    if res.resource_name.is_empty()
+                        || res.resource_name.as_str() == b.config.node_id.to_string() =>
+                {
+                    out.configs = SETTINGS
+                        .iter()
+                        .filter(|(k, _, _)| wanted(k))
+                        .map(|(k, default, _)| {
+                            let v = b.config.raw.get(*k).cloned().unwrap_or_else(|| default.to_string());
+                            let src = if v == *default { SOURCE_DEFAULT } else { SOURCE_STATIC_BROKER };
+                            let mut e = entry(k, Some(v), src);
+                            e.read_only = true;
+                            if version >= 3 {
+                                e.config_type = 2;
+                            }
+                            e
+                        })
+                        .collect();
+                }
+                _ => {
+                    out.error_code = ErrorCode::InvalidRequest.code();
+                    out.error_message = Some(s(format!(
+                        "resource type {} name {:?} is not supported",
+                        res.resource_type,
+                        res.resource_name.as_str()
+                    )));
+                }
+            }
+            out
+        })
+        .collect();
+    DescribeConfigsResponse::default().with_results(results)
+}
+
+pub fn incremental_alter_configs(
+    b: &Arc<Broker>,
+    req: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
+    let responses = req
+        .resources
+        .into_iter()
+        .map(|res| {
+            let mut out = AlterConfigsResourceResponse::default()
+                .with_resource_type(res.resource_type)
+                .with_resource_name(res.resource_name.clone());
+            let mut fail = |code: ErrorCode, msg: String| {
+                out.error_code = code.code();
+                out.error_message = Some(s(msg));
+            };
+            if res.resource_type != RESOURCE_TOPIC {
+                fail(
+                    ErrorCode::InvalidRequest,
+                    "only topic configs can be altered; broker settings are static".into(),
+                );
+                return out;
+            }
+            let name = res.resource_name.to_string();
+            let Some(t) = b.topics.get(&name) else {
+                fail(ErrorCode::UnknownTopicOrPartition, format!("topic {name} does not exist"));
+                return out;
+            };
+            let mut configs = t.meta().configs;
+            for c in &res.configs {
+                let key = c.name.to_string();
+                let value = c.value.as_ref().map(|v| v.to_string()).unwrap_or_default();
+                let current = configs
+                    .get(&key)
+                    .cloned()
+                    .or_else(|| b.config.topic_default(&key))
+                    .unwrap_or_default();
+                let list = |v: &str| -> Vec<String> {
+                    v.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect()
+                };
+                match c.config_operation {
+                    0 => {
+                        configs.insert(key, value);
+                    }
+                    1 => {
+                        configs.remove(&key);
+                    }
+                    2 if config_type(&key) == 7 => {
+                        let mut items = list(&current);
+                        for v in list(&value) {
+                            if !items.contains(&v) {
+                                items.push(v);
+                            }
+                        }
+                        configs.insert(key, items.join(","));
+                    }
+                    3 if config_type(&key) == 7 => {
+                        let remove = list(&value);
+                        let items: Vec<String> = list(&current).into_iter().filter(|x| !remove.contains(x)).collect();
+                        configs.insert(key, items.join(","));
+                    }
+                    op => {
+                        fail(ErrorCode::InvalidConfig, format!("operation {op} is not valid for {key}"));
+                        return out;
+                    }
+                }
+            }
+            for (k, v) in &configs {
+                if let Err(e) = crate::config::validate_topic_config(k, v) {
+                    fail(ErrorCode::InvalidConfig, e);
+                    return out;
+                }
+            }
+            if !req.validate_only {
+                if let Err(e) = b.topics.set_configs(&name, configs) {
+                    fail(topic_error_code(&e), e.to_string());
+                }
+            }
+            out
+        })
+        .collect();
+    IncrementalAlterConfigsResponse::default().with_responses(responses)
+}

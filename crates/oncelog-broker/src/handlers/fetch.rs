@@ -1,0 +1,185 @@
+//! Fetch (with long poll) and ListOffsets.
+//!
+//! Reads never go past the high watermark (the durable prefix). Without
+//! transactions the last stable offset equals the high watermark, so
+//! read_committed and read_uncommitted see the same data; read_uncommitted
+//! gets no aborted-transaction list (null), as Kafka sends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_request::FetchRequest;
+use kafka_protocol::messages::fetch_response::{FetchResponse, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
+};
+use oncelog_log::LogError;
+use tokio::time::Instant;
+
+use crate::error::ErrorCode;
+use crate::Broker;
+
+/// Longest long poll we honour, whatever the client asks.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+struct Round {
+    resp: FetchResponse,
+    bytes: usize,
+    has_error: bool,
+}
+
+fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
+    let read_committed = req.isolation_level == 1;
+    let mut remaining = (req.max_bytes.max(0) as usize).min(b.config.fetch_max_bytes);
+    let mut total = 0usize;
+    let mut has_error = false;
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for ft in &req.topics {
+        let topic = b.topics.get(ft.topic.0.as_str());
+        let mut parts = Vec::with_capacity(ft.partitions.len());
+        for fp in &ft.partitions {
+            let mut pd = PartitionData::default().with_partition_index(fp.partition);
+            let Some(p) = topic.as_ref().and_then(|t| t.partition(fp.partition)) else {
+                pd.error_code = ErrorCode::UnknownTopicOrPartition.code();
+                has_error = true;
+                parts.push(pd);
+                continue;
+            };
+            let hw = p.high_watermark();
+            let log = p.lock();
+            let start = log.log_start_offset();
+            let end = log.next_offset();
+            pd.high_watermark = hw;
+            pd.last_stable_offset = hw;
+            if version >= 5 {
+                pd.log_start_offset = start;
+            }
+            if read_committed {
+                pd.aborted_transactions = Some(Vec::new());
+            }
+            let offset = fp.fetch_offset;
+            if offset < start || offset > end {
+                pd.error_code = ErrorCode::OffsetOutOfRange.code();
+                has_error = true;
+            } else if offset < hw && remaining > 0 {
+                let limit = (fp.partition_max_bytes.max(0) as usize).min(remaining);
+                match log.read(offset, limit, hw, total == 0) {
+                    Ok(data) => {
+                        total += data.len();
+                        remaining = remaining.saturating_sub(data.len());
+                        pd.records = Some(Bytes::from(data));
+                    }
+                    Err(LogError::OffsetOutOfRange { .. }) => {
+                        pd.error_code = ErrorCode::OffsetOutOfRange.code();
+                        has_error = true;
+                    }
+                    Err(e) => {
+                        tracing::error!(partition = %p.name(), error = %e, "read failed");
+                        pd.error_code = ErrorCode::KafkaStorageError.code();
+                        has_error = true;
+                    }
+                }
+            }
+            if pd.records.is_none() {
+                pd.records = Some(Bytes::new());
+            }
+            parts.push(pd);
+        }
+        topics.push(
+            FetchableTopicResponse::default()
+                .with_topic(ft.topic.clone())
+                .with_partitions(parts),
+        );
+    }
+    Round {
+        resp: FetchResponse::default().with_responses(topics),
+        bytes: total,
+        has_error,
+    }
+}
+
+pub async fn fetch(b: Arc<Broker>, req: FetchRequest, version: i16) -> FetchResponse {
+    let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT);
+    let deadline = Instant::now() + wait;
+    let min_bytes = req.min_bytes.max(1) as usize;
+    loop {
+        // Register for wake-ups before reading, so no append slips between.
+        let notified = b.data_notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let round = fetch_once(&b, &req, version);
+        if round.bytes >= min_bytes || round.has_error || Instant::now() >= deadline {
+            return round.resp;
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+pub fn list_offsets(b: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|lt| {
+            let topic = b.topics.get(lt.name.0.as_str());
+            let parts = lt
+                .partitions
+                .into_iter()
+                .map(|lp| {
+                    let mut r = ListOffsetsPartitionResponse::default()
+                        .with_partition_index(lp.partition_index)
+                        .with_timestamp(-1)
+                        .with_offset(-1);
+                    let Some(p) = topic.as_ref().and_then(|t| t.partition(lp.partition_index)) else {
+                        r.error_code = ErrorCode::UnknownTopicOrPartition.code();
+                        return r;
+                    };
+                    if version >= 4 {
+                        r.leader_epoch = 0;
+                    }
+                    let hw = p.high_watermark();
+                    let log = p.lock();
+                    match lp.timestamp {
+                        // EARLIEST and EARLIEST_LOCAL
+                        -2 | -4 => r.offset = log.log_start_offset(),
+                        // LATEST: the high watermark, which is also the last stable offset
+                        -1 => r.offset = hw,
+                        // MAX_TIMESTAMP
+                        -3 => {
+                            let max = log.max_timestamp();
+                            if max >= 0 {
+                                if let Ok(Some((off, ts))) = log.offset_for_timestamp(max) {
+                                    if off < hw {
+                                        r.offset = off;
+                                        r.timestamp = ts;
+                                    }
+                                }
+                            }
+                        }
+                        ts if ts >= 0 => match log.offset_for_timestamp(ts) {
+                            Ok(Some((off, found))) if off < hw => {
+                                r.offset = off;
+                                r.timestamp = found;
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::error!(partition = %p.name(), error = %e, "timestamp lookup failed");
+                                r.error_code = ErrorCode::KafkaStorageError.code();
+                            }
+                        },
+                        _ => r.error_code = ErrorCode::InvalidRequest.code(),
+                    }
+                    r
+                })
+                .collect();
+            ListOffsetsTopicResponse::default()
+                .with_name(lt.name)
+                .with_partitions(parts)
+        })
+        .collect();
+    ListOffsetsResponse::default().with_topics(topics)
+}

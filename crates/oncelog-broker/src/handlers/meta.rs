@@ -1,0 +1,124 @@
+//! ApiVersions and Metadata.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
+use kafka_protocol::messages::metadata_request::MetadataRequest;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{BrokerId, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use super::SUPPORTED;
+use crate::error::ErrorCode;
+use crate::topics::{Topic, TopicError};
+use crate::Broker;
+
+pub fn api_versions(_version: i16, unsupported: bool) -> ApiVersionsResponse {
+    let keys = SUPPORTED
+        .iter()
+        .map(|(k, lo, hi)| {
+            ApiVersion::default()
+                .with_api_key(*k as i16)
+                .with_min_version(*lo)
+                .with_max_version(*hi)
+        })
+        .collect();
+    let code = if unsupported {
+        ErrorCode::UnsupportedVersion
+    } else {
+        ErrorCode::None
+    };
+    ApiVersionsResponse::default()
+        .with_error_code(code.code())
+        .with_api_keys(keys)
+}
+
+fn topic_entry(b: &Broker, t: &Topic, version: i16) -> MetadataResponseTopic {
+    let meta = t.meta();
+    let node = BrokerId(b.config.node_id);
+    let parts = (0..t.partition_count())
+        .map(|i| {
+            let mut p = MetadataResponsePartition::default()
+                .with_partition_index(i)
+                .with_leader_id(node)
+                .with_replica_nodes(vec![node])
+                .with_isr_nodes(vec![node]);
+            if version >= 7 {
+                p.leader_epoch = 0;
+            }
+            p
+        })
+        .collect();
+    let mut e = MetadataResponseTopic::default()
+        .with_name(Some(TopicName(StrBytes::from_string(meta.name.clone()))))
+        .with_partitions(parts);
+    if version >= 10 {
+        e.topic_id = meta.id;
+    }
+    e
+}
+
+fn error_entry(name: &str, code: ErrorCode) -> MetadataResponseTopic {
+    MetadataResponseTopic::default()
+        .with_name(Some(TopicName(StrBytes::from_string(name.to_string()))))
+        .with_error_code(code.code())
+}
+
+pub fn metadata(b: &Arc<Broker>, req: MetadataRequest, version: i16) -> MetadataResponse {
+    let brokers = vec![MetadataResponseBroker::default()
+        .with_node_id(BrokerId(b.config.node_id))
+        .with_host(StrBytes::from_string(b.config.advertised_host.clone()))
+        .with_port(b.config.advertised_port)];
+    let mut resp = MetadataResponse::default().with_brokers(brokers);
+    if version >= 1 {
+        resp.controller_id = BrokerId(b.config.node_id);
+    }
+    if version >= 2 {
+        resp.cluster_id = Some(StrBytes::from_string(b.topics.cluster_id().to_string()));
+    }
+    let auto_create = b.config.auto_create_topics && (version < 4 || req.allow_auto_topic_creation);
+    let wanted: Option<Vec<String>> = match req.topics {
+        None => None,
+        Some(v) if v.is_empty() && version == 0 => None,
+        Some(v) => Some(
+            v.into_iter()
+                .filter_map(|t| t.name.map(|n| n.0.to_string()))
+                .collect(),
+        ),
+    };
+    resp.topics = match wanted {
+        None => b
+            .topics
+            .all()
+            .iter()
+            .map(|t| topic_entry(b, t, version))
+            .collect(),
+        Some(names) => names
+            .iter()
+            .map(|name| match b.topics.get(name) {
+                Some(t) => topic_entry(b, &t, version),
+                None if auto_create => {
+                    match b.topics.create(name, -1, Default::default(), false) {
+                        Ok(t) => topic_entry(b, &t, version),
+                        // Raced with another creator: serve what exists.
+                        Err(TopicError::AlreadyExists(_)) => match b.topics.get(name) {
+                            Some(t) => topic_entry(b, &t, version),
+                            None => error_entry(name, ErrorCode::LeaderNotAvailable),
+                        },
+                        Err(TopicError::InvalidName(..)) => {
+                            error_entry(name, ErrorCode::InvalidTopicException)
+                        }
+                        Err(e) => {
+                            tracing::error!(topic = %name, error = %e, "auto-create failed");
+                            error_entry(name, ErrorCode::KafkaStorageError)
+                        }
+                    }
+                }
+                None => error_entry(name, ErrorCode::UnknownTopicOrPartition),
+            })
+            .collect(),
+    };
+    resp
+}

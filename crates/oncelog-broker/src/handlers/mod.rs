@@ -1,0 +1,174 @@
+//! Request handlers, one module per API family, and the table of API
+//! versions we serve. Only what is really implemented is advertised.
+
+mod admin;
+mod fetch;
+mod meta;
+mod produce;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
+use kafka_protocol::protocol::{Decodable, Encodable};
+
+use crate::Broker;
+
+/// A response still being produced (waiting for a sync or a long poll).
+/// `None` means no response is sent (acks=0 produce).
+pub type Pending = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
+
+/// The APIs and version ranges we serve.
+pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 10),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 8),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
+];
+
+pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
+    SUPPORTED
+        .iter()
+        .find(|(k, _, _)| *k == key)
+        .map(|(_, lo, hi)| (*lo, *hi))
+}
+
+/// Why a frame closes its connection.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {0} bytes is shorter than a request header")]
+    Short(usize),
+    #[error("unknown API key {0}")]
+    UnknownApi(i16),
+    #[error("API {0:?} is not supported")]
+    UnsupportedApi(ApiKey),
+    #[error("API {key:?} version {version} is not supported (we serve {lo}..={hi})")]
+    UnsupportedVersion {
+        key: ApiKey,
+        version: i16,
+        lo: i16,
+        hi: i16,
+    },
+    #[error("malformed {key:?} v{version} request: {why}")]
+    Malformed {
+        key: ApiKey,
+        version: i16,
+        why: String,
+    },
+}
+
+/// Encodes a framed response (length prefix, header, body).
+pub fn encode_response(
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    body: &ResponseKind,
+) -> Option<Bytes> {
+    let mut buf = BytesMut::with_capacity(256);
+    buf.put_i32(0);
+    let header = ResponseHeader::default().with_correlation_id(correlation_id);
+    let res = header
+        .encode(&mut buf, key.response_header_version(version))
+        .and_then(|_| body.encode(&mut buf, version));
+    if let Err(e) = res {
+        // Our bug, not the client's: say so loudly and drop the connection.
+        tracing::error!(api = ?key, version, error = %e, "could not encode response");
+        return None;
+    }
+    let len = (buf.len() - 4) as i32;
+    buf[..4].copy_from_slice(&len.to_be_bytes());
+    Some(buf.freeze())
+}
+
+fn ready(b: Option<Bytes>) -> Pending {
+    Box::pin(std::future::ready(b))
+}
+
+fn be_i16(b: &[u8]) -> i16 {
+    i16::from_be_bytes([b[0], b[1]])
+}
+
+/// Handles one request frame (without its length prefix). Work that must
+/// happen in arrival order (appends) is done before this returns; waits are
+/// left in the returned future.
+pub fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameError> {
+    if frame.len() < 8 {
+        return Err(FrameError::Short(frame.len()));
+    }
+    let raw_key = be_i16(&frame[0..2]);
+    let version = be_i16(&frame[2..4]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let key = ApiKey::try_from(raw_key).map_err(|_| FrameError::UnknownApi(raw_key))?;
+    let Some((lo, hi)) = supported_range(key) else {
+        return Err(FrameError::UnsupportedApi(key));
+    };
+    if key == ApiKey::ApiVersions && !(lo..=hi).contains(&version) {
+        // KIP-511: answer in v0 with UNSUPPORTED_VERSION and our ranges, so
+        // the client can retry with a version we know.
+        tracing::debug!(version, "ApiVersions version unsupported, answering v0");
+        let body = ResponseKind::ApiVersions(meta::api_versions(0, true));
+        return Ok(ready(encode_response(key, 0, correlation_id, &body)));
+    }
+    if !(lo..=hi).contains(&version) {
+        return Err(FrameError::UnsupportedVersion {
+            key,
+            version,
+            lo,
+            hi,
+        });
+    }
+    let malformed = |why: String| FrameError::Malformed { key, version, why };
+    let mut buf = frame;
+    let header = RequestHeader::decode(&mut buf, key.request_header_version(version))
+        .map_err(|e| malformed(format!("header: {e}")))?;
+    let req = RequestKind::decode(key, &mut buf, version).map_err(|e| malformed(e.to_string()))?;
+    tracing::debug!(api = ?key, version, correlation_id, client = ?header.client_id, "request");
+    let b = broker.clone();
+    let respond = move |body: ResponseKind| encode_response(key, version, correlation_id, &body);
+    Ok(match req {
+        RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(
+            meta::api_versions(version, false),
+        ))),
+        RequestKind::Metadata(r) => ready(respond(ResponseKind::Metadata(meta::metadata(
+            &b, r, version,
+        )))),
+        RequestKind::CreateTopics(r) => ready(respond(ResponseKind::CreateTopics(
+            admin::create_topics(&b, r, version),
+        ))),
+        RequestKind::DeleteTopics(r) => ready(respond(ResponseKind::DeleteTopics(
+            admin::delete_topics(&b, r, version),
+        ))),
+        RequestKind::CreatePartitions(r) => ready(respond(ResponseKind::CreatePartitions(
+            admin::create_partitions(&b, r),
+        ))),
+        RequestKind::DescribeConfigs(r) => ready(respond(ResponseKind::DescribeConfigs(
+            admin::describe_configs(&b, r, version),
+        ))),
+        RequestKind::IncrementalAlterConfigs(r) => ready(respond(
+            ResponseKind::IncrementalAlterConfigs(admin::incremental_alter_configs(&b, r)),
+        )),
+        RequestKind::ListOffsets(r) => ready(respond(ResponseKind::ListOffsets(
+            fetch::list_offsets(&b, r, version),
+        ))),
+        RequestKind::Produce(r) => {
+            let wait = produce::produce(&b, r, version);
+            Box::pin(async move {
+                let resp = wait.await?;
+                respond(ResponseKind::Produce(resp))
+            })
+        }
+        RequestKind::Fetch(r) => Box::pin(async move {
+            let resp = fetch::fetch(b, r, version).await;
+            respond(ResponseKind::Fetch(resp))
+        }),
+        _ => return Err(FrameError::UnsupportedApi(key)),
+    })
+}

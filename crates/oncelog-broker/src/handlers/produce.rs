@@ -1,0 +1,200 @@
+//! Produce: validate each partition's batch by its header, append it, and
+//! answer once it is durable (or, in interval-flush mode, once written).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use kafka_protocol::messages::produce_request::ProduceRequest;
+use kafka_protocol::messages::produce_response::{
+    PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+use oncelog_log::batch::{self, BatchError};
+use oncelog_log::LogError;
+use tokio::sync::oneshot;
+
+use crate::durability::SyncRequest;
+use crate::error::ErrorCode;
+use crate::Broker;
+
+enum Outcome {
+    Done {
+        code: ErrorCode,
+        base_offset: i64,
+        message: Option<String>,
+    },
+    Waiting {
+        base_offset: i64,
+        rx: oneshot::Receiver<Result<(), String>>,
+    },
+}
+
+fn failed(code: ErrorCode, message: impl Into<String>) -> Outcome {
+    Outcome::Done {
+        code,
+        base_offset: -1,
+        message: Some(message.into()),
+    }
+}
+
+fn batch_error_code(e: &BatchError) -> ErrorCode {
+    match e {
+        BatchError::BadMagic(_) => ErrorCode::InvalidRecord,
+        _ => ErrorCode::CorruptMessage,
+    }
+}
+
+fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::Bytes>, ack: bool) -> Outcome {
+    let Some(t) = b.topics.get(topic) else {
+        return failed(ErrorCode::UnknownTopicOrPartition, format!("unknown topic {topic}"));
+    };
+    let Some(p) = t.partition(index) else {
+        return failed(ErrorCode::UnknownTopicOrPartition, format!("unknown partition {topic}-{index}"));
+    };
+    let Some(records) = records.filter(|r| !r.is_empty()) else {
+        return failed(ErrorCode::InvalidRecord, "no records");
+    };
+    let h = match batch::validate_client_batch(&records) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(partition = %p.name(), error = %e, "rejected produce batch");
+            return failed(batch_error_code(&e), e.to_string());
+        }
+    };
+    if h.total_size() != records.len() {
+        return failed(
+            ErrorCode::InvalidRecord,
+            "a produce request must carry exactly one record batch per partition",
+        );
+    }
+    if h.is_control() {
+        return failed(ErrorCode::InvalidRecord, "clients are not allowed to write control records");
+    }
+    if h.is_transactional() {
+        return failed(
+            ErrorCode::InvalidRecord,
+            "transactional batches are not supported by this broker yet",
+        );
+    }
+    if h.producer_id() >= 0 && h.base_sequence() < 0 {
+        return failed(ErrorCode::InvalidRecord, "idempotent batch without a base sequence");
+    }
+    let max = b.topics.max_message_bytes(&t.meta());
+    if records.len() as i64 > max {
+        return failed(
+            ErrorCode::MessageTooLarge,
+            format!("batch of {} bytes exceeds max.message.bytes {max}", records.len()),
+        );
+    }
+    let mut data = BytesMut::from(&records[..]);
+    let (info, end, generation) = {
+        let mut log = p.lock();
+        match log.append(&mut data) {
+            Ok(info) => (info, log.next_offset(), p.generation.load(std::sync::atomic::Ordering::Acquire)),
+            Err(LogError::Io { op, path, source }) => {
+                tracing::error!(partition = %p.name(), op, path = %path.display(), error = %source,
+                    "append failed; not acknowledged");
+                return failed(ErrorCode::KafkaStorageError, format!("{op} failed: {source}"));
+            }
+            Err(e) => {
+                tracing::error!(partition = %p.name(), error = %e, "append failed; not acknowledged");
+                return failed(ErrorCode::KafkaStorageError, e.to_string());
+            }
+        }
+    };
+    if b.interval_flush() {
+        p.advance_high_watermark(end);
+        b.data_notify.notify_waiters();
+        return Outcome::Done {
+            code: ErrorCode::None,
+            base_offset: info.base_offset,
+            message: None,
+        };
+    }
+    let (tx, rx) = oneshot::channel();
+    b.syncer.request(SyncRequest {
+        partition: p,
+        end_offset: info.last_offset + 1,
+        generation,
+        reply: tx,
+    });
+    let _ = ack;
+    Outcome::Waiting {
+        base_offset: info.base_offset,
+        rx,
+    }
+}
+
+/// Appends now; the returned future waits for durability and yields the
+/// response (`None` for acks=0, which gets no response).
+pub fn produce(
+    b: &Arc<Broker>,
+    req: ProduceRequest,
+    version: i16,
+) -> Pin<Box<dyn Future<Output = Option<ProduceResponse>> + Send>> {
+    let acks = req.acks;
+    let valid_acks = matches!(acks, 0 | 1 | -1);
+    let mut results: Vec<(StrBytes, Vec<(i32, Outcome)>)> = Vec::with_capacity(req.topic_data.len());
+    for td in req.topic_data {
+        let name = td.name.0.clone();
+        let mut parts = Vec::with_capacity(td.partition_data.len());
+        for pd in td.partition_data {
+            let out = if !valid_acks {
+                failed(ErrorCode::InvalidRequiredAcks, format!("acks={acks} is not 0, 1 or -1"))
+            } else {
+                append_one(b, &name, pd.index, pd.records, acks != 0)
+            };
+            parts.push((pd.index, out));
+        }
+        results.push((name, parts));
+    }
+    let b = b.clone();
+    Box::pin(async move {
+        let mut topics = Vec::with_capacity(results.len());
+        for (name, parts) in results {
+            let mut responses = Vec::with_capacity(parts.len());
+            for (index, out) in parts {
+                let (code, base_offset, message) = match out {
+                    Outcome::Done {
+                        code,
+                        base_offset,
+                        message,
+                    } => (code, base_offset, message),
+                    Outcome::Waiting { base_offset, rx } => match rx.await {
+                        Ok(Ok(())) => (ErrorCode::None, base_offset, None),
+                        Ok(Err(e)) => (ErrorCode::KafkaStorageError, -1, Some(e)),
+                        Err(_) => (ErrorCode::KafkaStorageError, -1, Some("sync abandoned".into())),
+                    },
+                };
+                let mut r = PartitionProduceResponse::default()
+                    .with_index(index)
+                    .with_error_code(code.code())
+                    .with_base_offset(base_offset);
+                if version >= 5 {
+                    let log_start = b
+                        .topics
+                        .get(&name)
+                        .and_then(|t| t.partition(index))
+                        .map(|p| p.log_start_offset())
+                        .unwrap_or(-1);
+                    r.log_start_offset = log_start;
+                }
+                if version >= 8 {
+                    r.error_message = message.map(StrBytes::from_string);
+                }
+                responses.push(r);
+            }
+            topics.push(
+                TopicProduceResponse::default()
+                    .with_name(kafka_protocol::messages::TopicName(name))
+                    .with_partition_responses(responses),
+            );
+        }
+        if acks == 0 {
+            return None;
+        }
+        Some(ProduceResponse::default().with_responses(topics))
+    })
+}

@@ -1,0 +1,471 @@
+//! Topics and partitions: the durable topic catalogue (`topics.json`,
+//! replaced atomically) and each partition's log with its high watermark.
+//!
+//! The high watermark is the end of the durable prefix of the log: with
+//! fsync-before-ack (the default) a consumer never sees a byte that a crash
+//! could take back. In interval-flush mode it follows the log end offset.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use oncelog_log::{Log, LogConfig, LogError};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::config::BrokerConfig;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TopicMeta {
+    pub name: String,
+    pub id: Uuid,
+    pub partitions: i32,
+    #[serde(default)]
+    pub configs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Catalogue {
+    cluster_id: String,
+    topics: Vec<TopicMeta>,
+}
+
+pub struct Partition {
+    pub topic: String,
+    pub index: i32,
+    log: Mutex<Log>,
+    high_watermark: AtomicI64,
+    log_start: AtomicI64,
+    /// Moves whenever the log is cut back, so waiters on truncated bytes fail.
+    pub generation: AtomicU64,
+}
+
+impl Partition {
+    pub fn lock(&self) -> MutexGuard<'_, Log> {
+        // A panic while holding the lock must not wedge the partition forever;
+        // the log's own state is updated only after each step succeeds.
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn high_watermark(&self) -> i64 {
+        self.high_watermark.load(Ordering::Acquire)
+    }
+
+    /// Moves the high watermark forward (never back); true if it moved.
+    pub fn advance_high_watermark(&self, to: i64) -> bool {
+        self.high_watermark.fetch_max(to, Ordering::AcqRel) < to
+    }
+
+    /// Sets the high watermark after a truncation.
+    pub fn reset_high_watermark(&self, to: i64) {
+        self.high_watermark.store(to, Ordering::Release);
+    }
+
+    pub fn log_start_offset(&self) -> i64 {
+        self.log_start.load(Ordering::Acquire)
+    }
+
+    pub fn refresh_log_start(&self, log: &Log) {
+        self.log_start
+            .store(log.log_start_offset(), Ordering::Release);
+    }
+
+    pub fn name(&self) -> String {
+        format!("{}-{}", self.topic, self.index)
+    }
+}
+
+pub struct Topic {
+    pub meta: RwLock<TopicMeta>,
+    pub partitions: RwLock<Vec<Arc<Partition>>>,
+}
+
+impl Topic {
+    pub fn partition(&self, i: i32) -> Option<Arc<Partition>> {
+        let ps = self.partitions.read().unwrap_or_else(|p| p.into_inner());
+        usize::try_from(i).ok().and_then(|i| ps.get(i).cloned())
+    }
+    pub fn partition_count(&self) -> i32 {
+        self.partitions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .len() as i32
+    }
+    pub fn meta(&self) -> TopicMeta {
+        self.meta.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopicError {
+    #[error("topic {0} already exists")]
+    AlreadyExists(String),
+    #[error("topic {0} does not exist")]
+    Unknown(String),
+    #[error("invalid topic name {0:?}: {1}")]
+    InvalidName(String, &'static str),
+    #[error("invalid partition count {0}")]
+    InvalidPartitions(String),
+    #[error("invalid config: {0}")]
+    InvalidConfig(String),
+    #[error("storage: {0}")]
+    Storage(String),
+}
+
+impl From<LogError> for TopicError {
+    fn from(e: LogError) -> Self {
+        TopicError::Storage(e.to_string())
+    }
+}
+
+pub struct Topics {
+    dir: PathBuf,
+    config: BrokerConfig,
+    cluster_id: String,
+    map: RwLock<HashMap<String, Arc<Topic>>>,
+    /// Serializes catalogue changes (create, delete, alter) and their file write.
+    write_lock: Mutex<()>,
+}
+
+pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
+    let bad = |why| Err(TopicError::InvalidName(name.to_string(), why));
+    if name.is_empty() {
+        return bad("empty");
+    }
+    if name == "." || name == ".." {
+        return bad("'.' and '..' are not allowed");
+    }
+    if name.len() > 249 {
+        return bad("longer than 249 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return bad("only ASCII letters, digits, '.', '_' and '-' are allowed");
+    }
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Topics {
+    /// Loads the catalogue and opens (recovering) every partition log.
+    pub fn open(config: &BrokerConfig) -> Result<Self, TopicError> {
+        let dir = config.data_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            TopicError::Storage(format!("create data dir {}: {e}", dir.display()))
+        })?;
+        let path = dir.join("topics.json");
+        let cat: Catalogue = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+                TopicError::Storage(format!("{} is not valid: {e}", path.display()))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Catalogue {
+                cluster_id: Uuid::new_v4().simple().to_string(),
+                topics: Vec::new(),
+            },
+            Err(e) => return Err(TopicError::Storage(format!("read {}: {e}", path.display()))),
+        };
+        let topics = Self {
+            dir,
+            config: config.clone(),
+            cluster_id: cat.cluster_id.clone(),
+            map: RwLock::new(HashMap::new()),
+            write_lock: Mutex::new(()),
+        };
+        let started = std::time::Instant::now();
+        let mut map = HashMap::new();
+        for meta in cat.topics {
+            let t = topics.open_topic(meta)?;
+            let name = t.meta().name.clone();
+            map.insert(name, t);
+        }
+        tracing::info!(topics = map.len(), elapsed_ms = started.elapsed().as_millis() as u64, "logs opened");
+        *topics.map.write().unwrap_or_else(|p| p.into_inner()) = map;
+        topics.persist()?;
+        Ok(topics)
+    }
+
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    fn partition_dir(&self, topic: &str, p: i32) -> PathBuf {
+        self.dir.join(format!("{topic}-{p}"))
+    }
+
+    pub fn log_config(&self, meta: &TopicMeta) -> LogConfig {
+        let get = |k: &str| -> i64 {
+            meta.configs
+                .get(k)
+                .cloned()
+                .or_else(|| self.config.topic_default(k))
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or(-1)
+        };
+        LogConfig {
+            segment_bytes: get("segment.bytes").max(1024) as u64,
+            segment_ms: get("segment.ms"),
+            index_interval_bytes: get("index.interval.bytes").max(1) as u64,
+            retention_bytes: get("retention.bytes"),
+            retention_ms: get("retention.ms"),
+        }
+    }
+
+    pub fn max_message_bytes(&self, meta: &TopicMeta) -> i64 {
+        meta.configs
+            .get("max.message.bytes")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(self.config.message_max_bytes)
+    }
+
+    fn open_partition(&self, meta: &TopicMeta, p: i32) -> Result<Arc<Partition>, TopicError> {
+        let dir = self.partition_dir(&meta.name, p);
+        let (log, report) = Log::open(&dir, self.log_config(meta))?;
+        if report.bytes_dropped > 0 {
+            tracing::warn!(
+                partition = %format!("{}-{}", meta.name, p),
+                bytes_dropped = report.bytes_dropped,
+                reason = report.problem.as_deref().unwrap_or(""),
+                "recovery truncated torn or corrupt tail: bytes_dropped={}",
+                report.bytes_dropped
+            );
+        }
+        let end = log.next_offset();
+        let start = log.log_start_offset();
+        Ok(Arc::new(Partition {
+            topic: meta.name.clone(),
+            index: p,
+            log: Mutex::new(log),
+            high_watermark: AtomicI64::new(end),
+            log_start: AtomicI64::new(start),
+            generation: AtomicU64::new(0),
+        }))
+    }
+
+    fn open_topic(&self, meta: TopicMeta) -> Result<Arc<Topic>, TopicError> {
+        let mut parts = Vec::with_capacity(meta.partitions as usize);
+        for p in 0..meta.partitions {
+            parts.push(self.open_partition(&meta, p)?);
+        }
+        Ok(Arc::new(Topic {
+            meta: RwLock::new(meta),
+            partitions: RwLock::new(parts),
+        }))
+    }
+
+    fn persist(&self) -> Result<(), TopicError> {
+        let mut topics: Vec<TopicMeta> = self
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|t| t.meta())
+            .collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        let cat = Catalogue {
+            cluster_id: self.cluster_id.clone(),
+            topics,
+        };
+        let data = serde_json::to_vec_pretty(&cat)
+            .map_err(|e| TopicError::Storage(format!("encode catalogue: {e}")))?;
+        write_atomically(&self.dir, "topics.json", &data)
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Topic>> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Topic>> {
+        let mut v: Vec<_> = self
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by_key(|t| t.meta().name);
+        v
+    }
+
+    pub fn all_partitions(&self) -> Vec<Arc<Partition>> {
+        self.all()
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+            })
+            .collect()
+    }
+
+    /// Creates a topic (or only checks that it could be, with `validate_only`).
+    pub fn create(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+        validate_only: bool,
+    ) -> Result<Arc<Topic>, TopicError> {
+        validate_topic_name(name)?;
+        let partitions = if partitions == -1 {
+            self.config.num_partitions
+        } else {
+            partitions
+        };
+        if partitions <= 0 || partitions > 100_000 {
+            return Err(TopicError::InvalidPartitions(format!(
+                "number of partitions must be between 1 and 100000, got {partitions}"
+            )));
+        }
+        for (k, v) in &configs {
+            crate::config::validate_topic_config(k, v).map_err(TopicError::InvalidConfig)?;
+        }
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.get(name).is_some() {
+            return Err(TopicError::AlreadyExists(name.into()));
+        }
+        let meta = TopicMeta {
+            name: name.into(),
+            id: Uuid::new_v4(),
+            partitions,
+            configs,
+        };
+        if validate_only {
+            return Ok(Arc::new(Topic {
+                meta: RwLock::new(meta),
+                partitions: RwLock::new(Vec::new()),
+            }));
+        }
+        // A leftover directory of a deleted topic must not come back to life.
+        for p in 0..partitions {
+            let d = self.partition_dir(name, p);
+            if d.exists() {
+                std::fs::remove_dir_all(&d).map_err(|e| {
+                    TopicError::Storage(format!("remove stale {}: {e}", d.display()))
+                })?;
+            }
+        }
+        let t = self.open_topic(meta)?;
+        self.map
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), t.clone());
+        self.persist()?;
+        tracing::info!(topic = name, partitions, "topic created");
+        Ok(t)
+    }
+
+    pub fn delete(&self, name: &str) -> Result<(), TopicError> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let t = self
+            .map
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+            .ok_or_else(|| TopicError::Unknown(name.into()))?;
+        self.persist()?;
+        let parts = std::mem::take(&mut *t.partitions.write().unwrap_or_else(|p| p.into_inner()));
+        for p in parts {
+            let dir = self.partition_dir(name, p.index);
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove deleted partition");
+            }
+        }
+        tracing::info!(topic = name, "topic deleted");
+        Ok(())
+    }
+
+    pub fn add_partitions(&self, name: &str, count: i32, validate_only: bool) -> Result<(), TopicError> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let t = self.get(name).ok_or_else(|| TopicError::Unknown(name.into()))?;
+        let meta = t.meta();
+        let cur = t.partition_count();
+        if count <= cur {
+            return Err(TopicError::InvalidPartitions(format!(
+                "topic currently has {cur} partitions, {count} would not be an increase"
+            )));
+        }
+        if count > 100_000 {
+            return Err(TopicError::InvalidPartitions(format!("{count} partitions is too many")));
+        }
+        if validate_only {
+            return Ok(());
+        }
+        let mut new = Vec::new();
+        for p in cur..count {
+            new.push(self.open_partition(&meta, p)?);
+        }
+        t.partitions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(new);
+        t.meta.write().unwrap_or_else(|p| p.into_inner()).partitions = count;
+        self.persist()?;
+        tracing::info!(topic = name, from = cur, to = count, "partitions added");
+        Ok(())
+    }
+
+    /// Replaces a topic's configs and applies the log settings to its partitions.
+    pub fn set_configs(&self, name: &str, configs: BTreeMap<String, String>) -> Result<(), TopicError> {
+        for (k, v) in &configs {
+            crate::config::validate_topic_config(k, v).map_err(TopicError::InvalidConfig)?;
+        }
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let t = self.get(name).ok_or_else(|| TopicError::Unknown(name.into()))?;
+        let meta = {
+            let mut m = t.meta.write().unwrap_or_else(|p| p.into_inner());
+            m.configs = configs;
+            m.clone()
+        };
+        let lc = self.log_config(&meta);
+        for p in t.partitions.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            p.lock().set_config(lc.clone());
+        }
+        self.persist()
+    }
+
+    /// Runs retention on every partition.
+    pub fn apply_retention(&self) {
+        let now = now_ms();
+        for p in self.all_partitions() {
+            let mut log = p.lock();
+            match log.apply_retention(now) {
+                Ok(0) => {}
+                Ok(n) => {
+                    p.refresh_log_start(&log);
+                    tracing::info!(partition = %p.name(), segments = n, log_start_offset = log.log_start_offset(), "retention");
+                }
+                Err(e) => tracing::error!(partition = %p.name(), error = %e, "retention failed"),
+            }
+        }
+    }
+}
+
+/// Writes `name` in `dir` through a temporary file, fsync and rename, so a
+/// crash leaves either the old or the new content.
+pub fn write_atomically(dir: &Path, name: &str, data: &[u8]) -> Result<(), TopicError> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let dst = dir.join(name);
+    let res = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &dst)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    res.map_err(|e| TopicError::Storage(format!("write {}: {e}", dst.display())))
+}

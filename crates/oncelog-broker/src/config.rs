@@ -79,8 +79,10 @@ where
 impl BrokerConfig {
     /// Builds a config from defaults overlaid with `overrides` (Kafka names).
     pub fn from_map(overrides: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
-        let mut m: BTreeMap<&str, String> =
-            SETTINGS.iter().map(|(k, v, _)| (*k, v.to_string())).collect();
+        let mut m: BTreeMap<&str, String> = SETTINGS
+            .iter()
+            .map(|(k, v, _)| (*k, v.to_string()))
+            .collect();
         for (k, v) in overrides {
             let Some(slot) = m.get_mut(k.as_str()) else {
                 return Err(ConfigError::Unknown(k.clone()));
@@ -107,12 +109,18 @@ impl BrokerConfig {
             advertised_port,
             node_id: parse("node.id", &get("node.id"))?,
             max_frame_bytes: parse("socket.request.max.bytes", &get("socket.request.max.bytes"))?,
-            auto_create_topics: parse("auto.create.topics.enable", &get("auto.create.topics.enable"))?,
+            auto_create_topics: parse(
+                "auto.create.topics.enable",
+                &get("auto.create.topics.enable"),
+            )?,
             num_partitions: parse("num.partitions", &get("num.partitions"))?,
             message_max_bytes: parse("message.max.bytes", &get("message.max.bytes"))?,
             segment_bytes: parse("log.segment.bytes", &get("log.segment.bytes"))?,
             segment_ms: parse("log.roll.ms", &get("log.roll.ms"))?,
-            index_interval_bytes: parse("log.index.interval.bytes", &get("log.index.interval.bytes"))?,
+            index_interval_bytes: parse(
+                "log.index.interval.bytes",
+                &get("log.index.interval.bytes"),
+            )?,
             retention_ms: parse("log.retention.ms", &get("log.retention.ms"))?,
             retention_bytes: parse("log.retention.bytes", &get("log.retention.bytes"))?,
             retention_check_interval_ms: parse(
@@ -139,7 +147,10 @@ impl BrokerConfig {
         positive("log.segment.bytes", c.segment_bytes)?;
         positive("log.index.interval.bytes", c.index_interval_bytes)?;
         positive("socket.request.max.bytes", c.max_frame_bytes as i64)?;
-        positive("log.retention.check.interval.ms", c.retention_check_interval_ms as i64)?;
+        positive(
+            "log.retention.check.interval.ms",
+            c.retention_check_interval_ms as i64,
+        )?;
         Ok(c)
     }
 
@@ -247,7 +258,9 @@ pub fn validate_topic_config(key: &str, value: &str) -> Result<(), String> {
             "CreateTime" | "LogAppendTime" => Ok(()),
             _ => Err(format!("invalid message.timestamp.type {value}")),
         },
-        "preallocate" | "unclean.leader.election.enable" | "message.downconversion.enable"
+        "preallocate"
+        | "unclean.leader.election.enable"
+        | "message.downconversion.enable"
         | "remote.storage.enable" => value
             .parse::<bool>()
             .map(|_| ())
@@ -292,7 +305,10 @@ mod tests {
     fn unknown_and_bad_values_rejected() {
         let mut m = BTreeMap::new();
         m.insert("nope".to_string(), "1".to_string());
-        assert!(matches!(BrokerConfig::from_map(&m), Err(ConfigError::Unknown(_))));
+        assert!(matches!(
+            BrokerConfig::from_map(&m),
+            Err(ConfigError::Unknown(_))
+        ));
         let mut m = BTreeMap::new();
         m.insert("num.partitions".to_string(), "zero".to_string());
         assert!(BrokerConfig::from_map(&m).is_err());

@@ -54,11 +54,7 @@ impl Syncer {
     }
 }
 
-fn run(
-    rx: mpsc::Receiver<SyncRequest>,
-    notify: Arc<Notify>,
-    syncs: Arc<AtomicU64>,
-) {
+fn run(rx: mpsc::Receiver<SyncRequest>, notify: Arc<Notify>, syncs: Arc<AtomicU64>) {
     while let Ok(first) = rx.recv() {
         let mut groups: HashMap<usize, (Arc<Partition>, Vec<SyncRequest>)> = HashMap::new();
         let mut add = |r: SyncRequest| {

@@ -20,7 +20,11 @@ use crate::Broker;
 /// Requests read ahead of their responses on one connection.
 const MAX_IN_FLIGHT: usize = 64;
 
-pub async fn serve(broker: Arc<Broker>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    broker: Arc<Broker>,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {

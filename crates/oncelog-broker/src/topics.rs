@@ -159,9 +159,8 @@ impl Topics {
     /// Loads the catalogue and opens (recovering) every partition log.
     pub fn open(config: &BrokerConfig) -> Result<Self, TopicError> {
         let dir = config.data_dir.clone();
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            TopicError::Storage(format!("create data dir {}: {e}", dir.display()))
-        })?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| TopicError::Storage(format!("create data dir {}: {e}", dir.display())))?;
         let path = dir.join("topics.json");
         let cat: Catalogue = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| {
@@ -187,7 +186,11 @@ impl Topics {
             let name = t.meta().name.clone();
             map.insert(name, t);
         }
-        tracing::info!(topics = map.len(), elapsed_ms = started.elapsed().as_millis() as u64, "logs opened");
+        tracing::info!(
+            topics = map.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "logs opened"
+        );
         *topics.map.write().unwrap_or_else(|p| p.into_inner()) = map;
         topics.persist()?;
         Ok(topics)
@@ -388,9 +391,16 @@ impl Topics {
         Ok(())
     }
 
-    pub fn add_partitions(&self, name: &str, count: i32, validate_only: bool) -> Result<(), TopicError> {
+    pub fn add_partitions(
+        &self,
+        name: &str,
+        count: i32,
+        validate_only: bool,
+    ) -> Result<(), TopicError> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let t = self.get(name).ok_or_else(|| TopicError::Unknown(name.into()))?;
+        let t = self
+            .get(name)
+            .ok_or_else(|| TopicError::Unknown(name.into()))?;
         let meta = t.meta();
         let cur = t.partition_count();
         if count <= cur {
@@ -399,7 +409,9 @@ impl Topics {
             )));
         }
         if count > 100_000 {
-            return Err(TopicError::InvalidPartitions(format!("{count} partitions is too many")));
+            return Err(TopicError::InvalidPartitions(format!(
+                "{count} partitions is too many"
+            )));
         }
         if validate_only {
             return Ok(());
@@ -419,19 +431,30 @@ impl Topics {
     }
 
     /// Replaces a topic's configs and applies the log settings to its partitions.
-    pub fn set_configs(&self, name: &str, configs: BTreeMap<String, String>) -> Result<(), TopicError> {
+    pub fn set_configs(
+        &self,
+        name: &str,
+        configs: BTreeMap<String, String>,
+    ) -> Result<(), TopicError> {
         for (k, v) in &configs {
             crate::config::validate_topic_config(k, v).map_err(TopicError::InvalidConfig)?;
         }
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let t = self.get(name).ok_or_else(|| TopicError::Unknown(name.into()))?;
+        let t = self
+            .get(name)
+            .ok_or_else(|| TopicError::Unknown(name.into()))?;
         let meta = {
             let mut m = t.meta.write().unwrap_or_else(|p| p.into_inner());
             m.configs = configs;
             m.clone()
         };
         let lc = self.log_config(&meta);
-        for p in t.partitions.read().unwrap_or_else(|p| p.into_inner()).iter() {
+        for p in t
+            .partitions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             p.lock().set_config(lc.clone());
         }
         self.persist()

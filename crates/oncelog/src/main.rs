@@ -8,8 +8,17 @@ use clap::{Parser, Subcommand};
 use oncelog_broker::config::SETTINGS;
 use oncelog_broker::{Broker, BrokerConfig};
 
+mod alloc_guard;
+
+#[global_allocator]
+static GLOBAL: alloc_guard::Guard = alloc_guard::Guard;
+
 #[derive(Parser)]
-#[command(name = "oncelog", version, about = "A Kafka-compatible streaming broker built for exactly-once")]
+#[command(
+    name = "oncelog",
+    version,
+    about = "A Kafka-compatible streaming broker built for exactly-once"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -87,6 +96,7 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
         Command::Serve(args) => serve(args),

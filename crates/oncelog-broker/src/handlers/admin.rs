@@ -13,7 +13,9 @@ use kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult, CreateTopicsResponse,
 };
 use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
-use kafka_protocol::messages::delete_topics_response::{DeletableTopicResult, DeleteTopicsResponse};
+use kafka_protocol::messages::delete_topics_response::{
+    DeletableTopicResult, DeleteTopicsResponse,
+};
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsRequest;
 use kafka_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResponse, DescribeConfigsResult,
@@ -61,13 +63,20 @@ fn config_type(key: &str) -> i8 {
         | "message.downconversion.enable"
         | "remote.storage.enable" => 1,
         "min.cleanable.dirty.ratio" => 6,
-        "min.insync.replicas" | "index.interval.bytes" | "max.message.bytes" | "segment.bytes"
+        "min.insync.replicas"
+        | "index.interval.bytes"
+        | "max.message.bytes"
+        | "segment.bytes"
         | "segment.index.bytes" => 3,
         _ => 5,
     }
 }
 
-pub fn create_topics(b: &Arc<Broker>, req: CreateTopicsRequest, version: i16) -> CreateTopicsResponse {
+pub fn create_topics(
+    b: &Arc<Broker>,
+    req: CreateTopicsRequest,
+    version: i16,
+) -> CreateTopicsResponse {
     let mut seen = HashSet::new();
     let dups: HashSet<String> = req
         .topics
@@ -89,36 +98,62 @@ pub fn create_topics(b: &Arc<Broker>, req: CreateTopicsRequest, version: i16) ->
                 r
             };
             if dups.contains(&name) {
-                return fail(r, ErrorCode::InvalidRequest, format!("topic {name} appears more than once"));
+                return fail(
+                    r,
+                    ErrorCode::InvalidRequest,
+                    format!("topic {name} appears more than once"),
+                );
             }
             if !matches!(t.replication_factor, -1 | 1) && t.assignments.is_empty() {
                 return fail(
                     r,
                     ErrorCode::InvalidReplicationFactor,
-                    format!("replication factor {} is larger than the 1 available broker", t.replication_factor),
+                    format!(
+                        "replication factor {} is larger than the 1 available broker",
+                        t.replication_factor
+                    ),
                 );
             }
             let mut partitions = t.num_partitions;
             if !t.assignments.is_empty() {
                 if t.num_partitions != -1 || t.replication_factor != -1 {
-                    return fail(r, ErrorCode::InvalidRequest,
-                        "both replica assignments and partitions/replication factor were given".into());
+                    return fail(
+                        r,
+                        ErrorCode::InvalidRequest,
+                        "both replica assignments and partitions/replication factor were given"
+                            .into(),
+                    );
                 }
                 let ok = t.assignments.iter().enumerate().all(|(i, a)| {
-                    a.partition_index == i as i32 && a.broker_ids.len() == 1 && a.broker_ids[0].0 == b.config.node_id
+                    a.partition_index == i as i32
+                        && a.broker_ids.len() == 1
+                        && a.broker_ids[0].0 == b.config.node_id
                 });
                 if !ok {
-                    return fail(r, ErrorCode::InvalidReplicaAssignment,
-                        format!("assignments must name partitions 0.. in order, each on broker {}", b.config.node_id));
+                    return fail(
+                        r,
+                        ErrorCode::InvalidReplicaAssignment,
+                        format!(
+                            "assignments must name partitions 0.. in order, each on broker {}",
+                            b.config.node_id
+                        ),
+                    );
                 }
                 partitions = t.assignments.len() as i32;
             }
             let configs: BTreeMap<String, String> = t
                 .configs
                 .iter()
-                .filter_map(|c| c.value.as_ref().map(|v| (c.name.to_string(), v.to_string())))
+                .filter_map(|c| {
+                    c.value
+                        .as_ref()
+                        .map(|v| (c.name.to_string(), v.to_string()))
+                })
                 .collect();
-            match b.topics.create(&name, partitions, configs, req.validate_only) {
+            match b
+                .topics
+                .create(&name, partitions, configs, req.validate_only)
+            {
                 Ok(topic) => {
                     if version >= 5 {
                         let meta = topic.meta();
@@ -157,7 +192,11 @@ pub fn create_topics(b: &Arc<Broker>, req: CreateTopicsRequest, version: i16) ->
     CreateTopicsResponse::default().with_topics(topics)
 }
 
-pub fn delete_topics(b: &Arc<Broker>, req: DeleteTopicsRequest, version: i16) -> DeleteTopicsResponse {
+pub fn delete_topics(
+    b: &Arc<Broker>,
+    req: DeleteTopicsRequest,
+    version: i16,
+) -> DeleteTopicsResponse {
     let targets: Vec<(Option<String>, uuid::Uuid)> = if version >= 6 {
         req.topics
             .into_iter()
@@ -208,17 +247,25 @@ pub fn delete_topics(b: &Arc<Broker>, req: DeleteTopicsRequest, version: i16) ->
     DeleteTopicsResponse::default().with_responses(responses)
 }
 
-pub fn create_partitions(b: &Arc<Broker>, req: CreatePartitionsRequest) -> CreatePartitionsResponse {
+pub fn create_partitions(
+    b: &Arc<Broker>,
+    req: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
     let results = req
         .topics
         .into_iter()
         .map(|t| {
             let name = t.name.0.to_string();
             let mut r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
-            let cur = b.topics.get(&name).map(|t| t.partition_count()).unwrap_or(0);
+            let cur = b
+                .topics
+                .get(&name)
+                .map(|t| t.partition_count())
+                .unwrap_or(0);
             let bad_assign = t.assignments.as_ref().is_some_and(|a| {
                 a.len() as i32 != t.count - cur
-                    || a.iter().any(|x| x.broker_ids.len() != 1 || x.broker_ids[0].0 != b.config.node_id)
+                    || a.iter()
+                        .any(|x| x.broker_ids.len() != 1 || x.broker_ids[0].0 != b.config.node_id)
             });
             let res = if bad_assign {
                 r.error_code = ErrorCode::InvalidReplicaAssignment.code();
@@ -240,7 +287,11 @@ pub fn create_partitions(b: &Arc<Broker>, req: CreatePartitionsRequest) -> Creat
     CreatePartitionsResponse::default().with_results(results)
 }
 
-pub fn describe_configs(b: &Arc<Broker>, req: DescribeConfigsRequest, version: i16) -> DescribeConfigsResponse {
+pub fn describe_configs(
+    b: &Arc<Broker>,
+    req: DescribeConfigsRequest,
+    version: i16,
+) -> DescribeConfigsResponse {
     let results = req
         .resources
         .into_iter()
@@ -278,7 +329,10 @@ pub fn describe_configs(b: &Arc<Broker>, req: DescribeConfigsRequest, version: i
                     }
                     None => {
                         out.error_code = ErrorCode::UnknownTopicOrPartition.code();
-                        out.error_message = Some(s(format!("topic {} does not exist", res.resource_name.as_str())));
+                        out.error_message = Some(s(format!(
+                            "topic {} does not exist",
+                            res.resource_name.as_str()
+                        )));
                     }
                 },
                 RESOURCE_BROKER
@@ -289,8 +343,17 @@ pub fn describe_configs(b: &Arc<Broker>, req: DescribeConfigsRequest, version: i
                         .iter()
                         .filter(|(k, _, _)| wanted(k))
                         .map(|(k, default, _)| {
-                            let v = b.config.raw.get(*k).cloned().unwrap_or_else(|| default.to_string());
-                            let src = if v == *default { SOURCE_DEFAULT } else { SOURCE_STATIC_BROKER };
+                            let v = b
+                                .config
+                                .raw
+                                .get(*k)
+                                .cloned()
+                                .unwrap_or_else(|| default.to_string());
+                            let src = if v == *default {
+                                SOURCE_DEFAULT
+                            } else {
+                                SOURCE_STATIC_BROKER
+                            };
                             let mut e = entry(k, Some(v), src);
                             e.read_only = true;
                             if version >= 3 {
@@ -339,7 +402,10 @@ pub fn incremental_alter_configs(
             }
             let name = res.resource_name.to_string();
             let Some(t) = b.topics.get(&name) else {
-                fail(ErrorCode::UnknownTopicOrPartition, format!("topic {name} does not exist"));
+                fail(
+                    ErrorCode::UnknownTopicOrPartition,
+                    format!("topic {name} does not exist"),
+                );
                 return out;
             };
             let mut configs = t.meta().configs;
@@ -352,7 +418,10 @@ pub fn incremental_alter_configs(
                     .or_else(|| b.config.topic_default(&key))
                     .unwrap_or_default();
                 let list = |v: &str| -> Vec<String> {
-                    v.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect()
+                    v.split(',')
+                        .map(|x| x.trim().to_string())
+                        .filter(|x| !x.is_empty())
+                        .collect()
                 };
                 match c.config_operation {
                     0 => {
@@ -372,11 +441,17 @@ pub fn incremental_alter_configs(
                     }
                     3 if config_type(&key) == 7 => {
                         let remove = list(&value);
-                        let items: Vec<String> = list(&current).into_iter().filter(|x| !remove.contains(x)).collect();
+                        let items: Vec<String> = list(&current)
+                            .into_iter()
+                            .filter(|x| !remove.contains(x))
+                            .collect();
                         configs.insert(key, items.join(","));
                     }
                     op => {
-                        fail(ErrorCode::InvalidConfig, format!("operation {op} is not valid for {key}"));
+                        fail(
+                            ErrorCode::InvalidConfig,
+                            format!("operation {op} is not valid for {key}"),
+                        );
                         return out;
                     }
                 }

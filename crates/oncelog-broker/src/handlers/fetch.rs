@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::FetchRequest;
-use kafka_protocol::messages::fetch_response::{FetchResponse, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::fetch_response::{
+    FetchResponse, FetchableTopicResponse, PartitionData,
+};
 use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,

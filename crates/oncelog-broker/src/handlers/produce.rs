@@ -46,12 +46,24 @@ fn batch_error_code(e: &BatchError) -> ErrorCode {
     }
 }
 
-fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::Bytes>, ack: bool) -> Outcome {
+fn append_one(
+    b: &Arc<Broker>,
+    topic: &str,
+    index: i32,
+    records: Option<bytes::Bytes>,
+    ack: bool,
+) -> Outcome {
     let Some(t) = b.topics.get(topic) else {
-        return failed(ErrorCode::UnknownTopicOrPartition, format!("unknown topic {topic}"));
+        return failed(
+            ErrorCode::UnknownTopicOrPartition,
+            format!("unknown topic {topic}"),
+        );
     };
     let Some(p) = t.partition(index) else {
-        return failed(ErrorCode::UnknownTopicOrPartition, format!("unknown partition {topic}-{index}"));
+        return failed(
+            ErrorCode::UnknownTopicOrPartition,
+            format!("unknown partition {topic}-{index}"),
+        );
     };
     let Some(records) = records.filter(|r| !r.is_empty()) else {
         return failed(ErrorCode::InvalidRecord, "no records");
@@ -70,7 +82,10 @@ fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::B
         );
     }
     if h.is_control() {
-        return failed(ErrorCode::InvalidRecord, "clients are not allowed to write control records");
+        return failed(
+            ErrorCode::InvalidRecord,
+            "clients are not allowed to write control records",
+        );
     }
     if h.is_transactional() {
         return failed(
@@ -79,24 +94,37 @@ fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::B
         );
     }
     if h.producer_id() >= 0 && h.base_sequence() < 0 {
-        return failed(ErrorCode::InvalidRecord, "idempotent batch without a base sequence");
+        return failed(
+            ErrorCode::InvalidRecord,
+            "idempotent batch without a base sequence",
+        );
     }
     let max = b.topics.max_message_bytes(&t.meta());
     if records.len() as i64 > max {
         return failed(
             ErrorCode::MessageTooLarge,
-            format!("batch of {} bytes exceeds max.message.bytes {max}", records.len()),
+            format!(
+                "batch of {} bytes exceeds max.message.bytes {max}",
+                records.len()
+            ),
         );
     }
     let mut data = BytesMut::from(&records[..]);
     let (info, end, generation) = {
         let mut log = p.lock();
         match log.append(&mut data) {
-            Ok(info) => (info, log.next_offset(), p.generation.load(std::sync::atomic::Ordering::Acquire)),
+            Ok(info) => (
+                info,
+                log.next_offset(),
+                p.generation.load(std::sync::atomic::Ordering::Acquire),
+            ),
             Err(LogError::Io { op, path, source }) => {
                 tracing::error!(partition = %p.name(), op, path = %path.display(), error = %source,
                     "append failed; not acknowledged");
-                return failed(ErrorCode::KafkaStorageError, format!("{op} failed: {source}"));
+                return failed(
+                    ErrorCode::KafkaStorageError,
+                    format!("{op} failed: {source}"),
+                );
             }
             Err(e) => {
                 tracing::error!(partition = %p.name(), error = %e, "append failed; not acknowledged");
@@ -136,13 +164,17 @@ pub fn produce(
 ) -> Pin<Box<dyn Future<Output = Option<ProduceResponse>> + Send>> {
     let acks = req.acks;
     let valid_acks = matches!(acks, 0 | 1 | -1);
-    let mut results: Vec<(StrBytes, Vec<(i32, Outcome)>)> = Vec::with_capacity(req.topic_data.len());
+    let mut results: Vec<(StrBytes, Vec<(i32, Outcome)>)> =
+        Vec::with_capacity(req.topic_data.len());
     for td in req.topic_data {
         let name = td.name.0.clone();
         let mut parts = Vec::with_capacity(td.partition_data.len());
         for pd in td.partition_data {
             let out = if !valid_acks {
-                failed(ErrorCode::InvalidRequiredAcks, format!("acks={acks} is not 0, 1 or -1"))
+                failed(
+                    ErrorCode::InvalidRequiredAcks,
+                    format!("acks={acks} is not 0, 1 or -1"),
+                )
             } else {
                 append_one(b, &name, pd.index, pd.records, acks != 0)
             };
@@ -165,7 +197,11 @@ pub fn produce(
                     Outcome::Waiting { base_offset, rx } => match rx.await {
                         Ok(Ok(())) => (ErrorCode::None, base_offset, None),
                         Ok(Err(e)) => (ErrorCode::KafkaStorageError, -1, Some(e)),
-                        Err(_) => (ErrorCode::KafkaStorageError, -1, Some("sync abandoned".into())),
+                        Err(_) => (
+                            ErrorCode::KafkaStorageError,
+                            -1,
+                            Some("sync abandoned".into()),
+                        ),
                     },
                 };
                 let mut r = PartitionProduceResponse::default()

@@ -3,6 +3,8 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
+use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
+use kafka_protocol::messages::find_coordinator_response::{Coordinator, FindCoordinatorResponse};
 use kafka_protocol::messages::metadata_request::MetadataRequest;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
@@ -120,5 +122,62 @@ pub fn metadata(b: &Arc<Broker>, req: MetadataRequest, version: i16) -> Metadata
             })
             .collect(),
     };
+    resp
+}
+
+/// FindCoordinator: on a single node this broker coordinates every group
+/// and transactional id. Key types other than group (0) and transaction (1)
+/// get INVALID_REQUEST.
+pub fn find_coordinator(
+    b: &Arc<Broker>,
+    req: FindCoordinatorRequest,
+    version: i16,
+) -> FindCoordinatorResponse {
+    let host = StrBytes::from_string(b.config.advertised_host.clone());
+    let node = BrokerId(b.config.node_id);
+    let port = b.config.advertised_port;
+    let known = matches!(req.key_type, 0 | 1);
+    let code = if known {
+        ErrorCode::None
+    } else {
+        ErrorCode::InvalidRequest
+    };
+    let message =
+        (!known).then(|| StrBytes::from_string(format!("unknown key type {}", req.key_type)));
+    let mut resp = FindCoordinatorResponse::default();
+    if version >= 4 {
+        resp.coordinators = req
+            .coordinator_keys
+            .into_iter()
+            .map(|key| {
+                let mut c = Coordinator::default()
+                    .with_key(key)
+                    .with_error_code(code.code())
+                    .with_error_message(message.clone());
+                if known {
+                    c.node_id = node;
+                    c.host = host.clone();
+                    c.port = port;
+                } else {
+                    c.node_id = BrokerId(-1);
+                    c.port = -1;
+                }
+                c
+            })
+            .collect();
+    } else {
+        resp.error_code = code.code();
+        if version >= 1 {
+            resp.error_message = message;
+        }
+        if known {
+            resp.node_id = node;
+            resp.host = host;
+            resp.port = port;
+        } else {
+            resp.node_id = BrokerId(-1);
+            resp.port = -1;
+        }
+    }
     resp
 }

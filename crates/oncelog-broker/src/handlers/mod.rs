@@ -26,6 +26,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Fetch, 4, 12),
     (ApiKey::ListOffsets, 1, 8),
     (ApiKey::Metadata, 0, 12),
+    (ApiKey::FindCoordinator, 0, 4),
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
@@ -140,6 +141,9 @@ pub fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameErro
         RequestKind::Metadata(r) => ready(respond(ResponseKind::Metadata(meta::metadata(
             &b, r, version,
         )))),
+        RequestKind::FindCoordinator(r) => ready(respond(ResponseKind::FindCoordinator(
+            meta::find_coordinator(&b, r, version),
+        ))),
         RequestKind::CreateTopics(r) => ready(respond(ResponseKind::CreateTopics(
             admin::create_topics(&b, r, version),
         ))),

@@ -27,6 +27,8 @@ pub struct Broker {
     pub syncer: Syncer,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
+    /// Bytes of record batches appended since start (for bytes-per-sync figures).
+    pub appended_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl Broker {
@@ -40,6 +42,7 @@ impl Broker {
             topics,
             syncer,
             data_notify,
+            appended_bytes: Default::default(),
         }))
     }
 
@@ -67,6 +70,15 @@ impl Broker {
             }
         }
         failed
+    }
+
+    /// (fdatasync calls by group commit, bytes appended) since start.
+    pub fn io_counters(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.syncer.syncs.load(Relaxed),
+            self.appended_bytes.load(Relaxed),
+        )
     }
 
     /// Background work: retention and, in interval mode, periodic flushes.

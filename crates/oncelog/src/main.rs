@@ -139,7 +139,8 @@ fn serve(args: ServeArgs) -> Result<()> {
         if failed > 0 {
             bail!("{failed} partitions could not be flushed at shutdown");
         }
-        tracing::info!("flushed; stopped cleanly");
+        let (syncs, appended_bytes) = broker.io_counters();
+        tracing::info!(syncs, appended_bytes, "flushed; stopped cleanly");
         Ok(())
     })
 }

@@ -46,13 +46,7 @@ fn batch_error_code(e: &BatchError) -> ErrorCode {
     }
 }
 
-fn append_one(
-    b: &Arc<Broker>,
-    topic: &str,
-    index: i32,
-    records: Option<bytes::Bytes>,
-    ack: bool,
-) -> Outcome {
+fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::Bytes>) -> Outcome {
     let Some(t) = b.topics.get(topic) else {
         return failed(
             ErrorCode::UnknownTopicOrPartition,
@@ -132,6 +126,8 @@ fn append_one(
             }
         }
     };
+    b.appended_bytes
+        .fetch_add(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
     if b.interval_flush() {
         p.advance_high_watermark(end);
         b.data_notify.notify_waiters();
@@ -148,7 +144,6 @@ fn append_one(
         generation,
         reply: tx,
     });
-    let _ = ack;
     Outcome::Waiting {
         base_offset: info.base_offset,
         rx,
@@ -176,7 +171,7 @@ pub fn produce(
                     format!("acks={acks} is not 0, 1 or -1"),
                 )
             } else {
-                append_one(b, &name, pd.index, pd.records, acks != 0)
+                append_one(b, &name, pd.index, pd.records)
             };
             parts.push((pd.index, out));
         }

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The project's test command. Idempotent: on a fresh Debian 12 machine (with
+# Python 3.11, Java 17, Maven and cargo) it installs what the tests need, then
+# builds the workspace, runs the Rust tests and the integration tests against
+# a real `oncelog serve` with third-party clients. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT="$PWD"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO=(sudo)
+fi
+
+apt_install() {
+  "${SUDO[@]}" apt-get update -qq
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+hash_of() { sha256sum "$@" | sha256sum | cut -d' ' -f1; }
+
+# Run a noisy setup command; show its output only if it fails.
+quiet() {
+  local out
+  out="$(mktemp)"
+  if ! "$@" >"$out" 2>&1; then
+    cat "$out" >&2
+    rm -f "$out"
+    echo "failed: $*" >&2
+    return 1
+  fi
+  rm -f "$out"
+}
+
+# --- system packages --------------------------------------------------------
+if ! command -v kcat >/dev/null 2>&1; then
+  step "installing kcat"
+  apt_install kcat
+fi
+
+# --- Python clients ---------------------------------------------------------
+VENV="$ROOT/.venv"
+if [ ! -x "$VENV/bin/python" ]; then
+  step "creating $VENV"
+  rm -rf "$VENV"
+  if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
+    # Debian's python3 needs python3-venv for ensurepip.
+    rm -rf "$VENV"
+    apt_install python3-venv
+    python3 -m venv "$VENV"
+  fi
+fi
+REQ_HASH="$(hash_of tests/requirements.txt)"
+if [ "$(cat "$VENV/.requirements.sha256" 2>/dev/null || true)" != "$REQ_HASH" ]; then
+  step "installing tests/requirements.txt"
+  quiet "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
+  echo "$REQ_HASH" >"$VENV/.requirements.sha256"
+fi
+
+# --- Java client jars (kafka-clients + slf4j-nop into .tools/java-lib) -------
+JAVA_LIB="$ROOT/.tools/java-lib"
+POM_HASH="$(hash_of tests/java/pom.xml)"
+if [ "$(cat "$JAVA_LIB/.pom.sha256" 2>/dev/null || true)" != "$POM_HASH" ]; then
+  step "fetching Java client jars"
+  rm -rf "$JAVA_LIB"
+  quiet mvn -q -B -f tests/java/pom.xml dependency:copy-dependencies
+  echo "$POM_HASH" >"$JAVA_LIB/.pom.sha256"
+fi
+
+# --- Rust -------------------------------------------------------------------
+step "cargo build --release --workspace"
+cargo build --release --workspace
+
+step "cargo test --release --workspace"
+cargo test --release --workspace
+
+# --- integration tests --------------------------------------------------------
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+export ONCELOG_BIN="${ONCELOG_BIN:-$TARGET_DIR/release/oncelog}"
+step "pytest tests (broker: $ONCELOG_BIN)"
+"$VENV/bin/pytest" -v tests

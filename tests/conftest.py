@@ -1,0 +1,249 @@
+"""Fixtures that run a real `oncelog serve` process for the integration tests.
+
+The binary is target/release/oncelog, or $ONCELOG_BIN. Every broker a test
+starts gets its own data directory and loopback port, its stderr goes to a log
+file next to the data directory, and whatever is still running at teardown is
+killed by PID.
+"""
+
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_BIN = REPO_ROOT / "target" / "release" / "oncelog"
+READY_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 20.0
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    """Runs in the child before exec: SIGKILL the broker if pytest dies, so a
+    killed test run leaves no broker behind."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def oncelog_bin():
+    path = Path(os.environ.get("ONCELOG_BIN", DEFAULT_BIN))
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(
+            f"broker binary {path} not found: run `cargo build --release` "
+            "(or set ONCELOG_BIN)", pytrace=False)
+    return path
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout, interval=0.05, what="condition"):
+    """Poll predicate() until it returns a truthy value; return that value.
+    Fails the test when the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Broker:
+    """One `oncelog serve` process; restartable on the same data dir and port."""
+
+    def __init__(self, binary, data_dir, port, log_path, overrides=None):
+        self.binary = Path(binary)
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.host = "127.0.0.1"
+        self.log_path = Path(log_path)
+        self.overrides = dict(overrides or {})
+        self.proc = None
+        self.starts = 0
+        self._log_start_offset = 0
+
+    # -- addresses
+    @property
+    def bootstrap(self):
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    def argv(self):
+        argv = [str(self.binary), "serve", "--data-dir", str(self.data_dir),
+                "--listen", self.bootstrap]
+        for key, value in self.overrides.items():
+            argv += ["-o", f"{key}={value}"]
+        return argv
+
+    # -- lifecycle
+    def start(self, timeout=READY_TIMEOUT_S):
+        assert not self.alive, "broker already running"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"==== test harness: start #{self.starts + 1}: {' '.join(self.argv())}\n".encode())
+            log.flush()
+            self._log_start_offset = log.tell()
+            env = dict(os.environ)
+            env["NO_COLOR"] = "1"
+            env.setdefault("RUST_BACKTRACE", "1")
+            self.proc = subprocess.Popen(
+                self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                env=env, cwd=str(self.data_dir.parent), preexec_fn=_die_with_parent)
+        self.starts += 1
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout=READY_TIMEOUT_S):
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"broker exited with status {self.proc.returncode} before accepting "
+                    f"connections; log tail:\n{self.log_tail()}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.5):
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"broker not accepting connections on {self.bootstrap} after "
+                    f"{timeout}s; log tail:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    @property
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout=STOP_TIMEOUT_S):
+        """Clean shutdown with SIGTERM. Fails if the broker does not exit in
+        time (it is then killed) or exits with a non-zero status."""
+        assert self.alive, "broker is not running"
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            raise AssertionError(
+                f"broker did not exit within {timeout}s of SIGTERM; log tail:\n{self.log_tail()}")
+        if rc != 0:
+            raise AssertionError(
+                f"broker exited with status {rc} after SIGTERM; log tail:\n{self.log_tail()}")
+        return rc
+
+    def kill9(self):
+        if self.alive:
+            self.proc.send_signal(signal.SIGKILL)
+        if self.proc is not None:
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def restart(self, timeout=READY_TIMEOUT_S):
+        """SIGTERM (if running), then start again on the same dir and port."""
+        if self.alive:
+            self.stop()
+        return self.start(timeout)
+
+    # -- observation
+    def log_text(self, since_last_start=False):
+        """The broker's stderr (ANSI colours stripped); optionally only what
+        the current (or last) process wrote."""
+        try:
+            with open(self.log_path, "rb") as f:
+                if since_last_start:
+                    f.seek(self._log_start_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        return _ANSI.sub("", data.decode("utf-8", "replace"))
+
+    def log_tail(self, lines=60):
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def rss_kib(self):
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS line")
+
+    def partition_dir(self, topic, partition):
+        return self.data_dir / f"{topic}-{partition}"
+
+    def segment_files(self, topic, partition):
+        """Segment .log files of a partition, ordered by base offset."""
+        d = self.partition_dir(topic, partition)
+        files = [p for p in d.iterdir() if re.fullmatch(r"\d{20}\.log", p.name)]
+        return sorted(files, key=lambda p: int(p.stem))
+
+    def __repr__(self):
+        return f"Broker({self.bootstrap}, pid={self.pid}, dir={self.data_dir})"
+
+
+class BrokerFactory:
+    def __init__(self, base_dir):
+        self.base_dir = Path(base_dir)
+        self.brokers = []
+
+    def __call__(self, overrides=None, start=True, **kw):
+        """Make (and by default start) a broker. Overrides are Kafka config
+        names: pass a dict ({"log.segment.bytes": 65536}) and/or keywords whose
+        underscores stand for dots (log_segment_bytes=65536)."""
+        opts = dict(overrides or {})
+        for key, value in kw.items():
+            opts[key.replace("_", ".")] = value
+        n = len(self.brokers)
+        root = self.base_dir / f"broker{n}"
+        b = Broker(oncelog_bin(), root / "data", free_port(), root / "broker.log", opts)
+        self.brokers.append(b)
+        if start:
+            b.start()
+        return b
+
+    def cleanup(self):
+        for b in self.brokers:
+            if b.alive:
+                b.kill9()
+        for b in self.brokers:
+            if b.starts:
+                print(f"---- {b} log tail ----\n{b.log_tail(40)}")
+
+
+@pytest.fixture
+def broker_factory(tmp_path):
+    factory = BrokerFactory(tmp_path)
+    yield factory
+    factory.cleanup()
+
+
+@pytest.fixture
+def broker(broker_factory):
+    return broker_factory()
+
+
+@pytest.fixture(scope="module")
+def module_broker_factory(tmp_path_factory):
+    factory = BrokerFactory(tmp_path_factory.mktemp("brokers"))
+    yield factory
+    factory.cleanup()

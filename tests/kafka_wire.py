@@ -1,0 +1,386 @@
+"""Hand-encoded Kafka wire frames and record batches, for tests that must send
+bytes no well-behaved client would send, and for reading segment files.
+
+Only what the tests need is here: request framing, a v2 record batch encoder,
+the Produce v3 request/response, the ApiVersions v0 response, and a walker over
+the record batches of a segment file.
+"""
+
+import socket
+import struct
+import time
+
+import crc32c as _crc32c
+
+# Error codes (Kafka wire numbers).
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+UNSUPPORTED_VERSION = 35
+INVALID_RECORD = 87
+
+API_PRODUCE = 0
+API_FETCH = 1
+API_LIST_OFFSETS = 2
+API_METADATA = 3
+API_API_VERSIONS = 18
+
+BATCH_HEADER_LEN = 61
+# Offsets of fields inside a record batch (from the start of the batch).
+OFF_LENGTH = 8
+OFF_MAGIC = 16
+OFF_CRC = 17
+OFF_ATTRIBUTES = 21
+OFF_LAST_OFFSET_DELTA = 23
+OFF_BASE_TIMESTAMP = 27
+OFF_MAX_TIMESTAMP = 35
+OFF_RECORD_COUNT = 57
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+
+
+def crc32c(data):
+    return _crc32c.crc32c(data)
+
+
+# ---------------------------------------------------------------- primitives
+
+def i8(v):
+    return struct.pack(">b", v)
+
+
+def i16(v):
+    return struct.pack(">h", v)
+
+
+def i32(v):
+    return struct.pack(">i", v)
+
+
+def u32(v):
+    return struct.pack(">I", v)
+
+
+def i64(v):
+    return struct.pack(">q", v)
+
+
+def string(s):
+    """Non-nullable string (int16 length)."""
+    b = s.encode() if isinstance(s, str) else s
+    return i16(len(b)) + b
+
+
+def nullable_string(s):
+    if s is None:
+        return i16(-1)
+    return string(s)
+
+
+def nbytes(b):
+    """Nullable bytes (int32 length)."""
+    if b is None:
+        return i32(-1)
+    return i32(len(b)) + b
+
+
+def uvarint(v):
+    out = bytearray()
+    while True:
+        byte = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def varint(v):
+    """Zigzag-encoded signed varint/varlong."""
+    return uvarint((v << 1) ^ (v >> 63))
+
+
+def compact_string(s):
+    b = s.encode()
+    return uvarint(len(b) + 1) + b
+
+
+# ------------------------------------------------------------- record batch
+
+def encode_record(offset_delta, timestamp_delta, key, value, headers=()):
+    body = bytearray()
+    body += i8(0)  # record attributes (unused)
+    body += varint(timestamp_delta)
+    body += varint(offset_delta)
+    if key is None:
+        body += varint(-1)
+    else:
+        body += varint(len(key)) + key
+    if value is None:
+        body += varint(-1)
+    else:
+        body += varint(len(value)) + value
+    body += varint(len(headers))
+    for hk, hv in headers:
+        hkb = hk.encode()
+        body += varint(len(hkb)) + hkb
+        if hv is None:
+            body += varint(-1)
+        else:
+            body += varint(len(hv)) + hv
+    return varint(len(body)) + bytes(body)
+
+
+def encode_batch(records, base_offset=0, base_timestamp=None, attributes=0,
+                 producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                 partition_leader_epoch=-1):
+    """Build an uncompressed v2 record batch.
+
+    records: list of (key, value, headers) tuples, or pre-encoded record bytes
+    (then the caller is responsible for the offset deltas).
+    """
+    if base_timestamp is None:
+        base_timestamp = int(time.time() * 1000)
+    encoded = []
+    for i, r in enumerate(records):
+        if isinstance(r, (bytes, bytearray)):
+            encoded.append(bytes(r))
+        else:
+            key, value, headers = r
+            encoded.append(encode_record(i, 0, key, value, headers))
+    tail = (
+        i16(attributes)
+        + i32(len(records) - 1)          # lastOffsetDelta
+        + i64(base_timestamp)            # baseTimestamp
+        + i64(base_timestamp)            # maxTimestamp
+        + i64(producer_id)
+        + i16(producer_epoch)
+        + i32(base_sequence)
+        + i32(len(records))
+        + b"".join(encoded)
+    )
+    crc = crc32c(tail)
+    after_length = i32(partition_leader_epoch) + i8(2) + u32(crc) + tail
+    return i64(base_offset) + i32(len(after_length)) + after_length
+
+
+def control_commit_record():
+    """The single record of a COMMIT control batch (key: version 0, type 1;
+    value: version 0, coordinator epoch 0)."""
+    return encode_record(0, 0, i16(0) + i16(1), i16(0) + i32(0), ())
+
+
+def with_bad_crc(batch):
+    b = bytearray(batch)
+    b[OFF_CRC] ^= 0xFF
+    return bytes(b)
+
+
+def with_length(batch, new_length):
+    b = bytearray(batch)
+    b[OFF_LENGTH:OFF_LENGTH + 4] = i32(new_length)
+    return bytes(b)
+
+
+# --------------------------------------------------------------- requests
+
+def request_header_v1(api_key, api_version, correlation_id, client_id="oncelog-tests"):
+    return i16(api_key) + i16(api_version) + i32(correlation_id) + nullable_string(client_id)
+
+
+def request_header_v2(api_key, api_version, correlation_id, client_id="oncelog-tests"):
+    return request_header_v1(api_key, api_version, correlation_id, client_id) + uvarint(0)
+
+
+def frame(payload):
+    return i32(len(payload)) + payload
+
+
+def produce_v3_body(topic, partition, records, acks=-1, timeout_ms=10000):
+    return (
+        nullable_string(None)          # transactional_id
+        + i16(acks)
+        + i32(timeout_ms)
+        + i32(1) + string(topic)       # topics[1]
+        + i32(1) + i32(partition)      # partitions[1]
+        + nbytes(records)
+    )
+
+
+def produce_request(version, correlation_id, topic, partition, records, acks=-1):
+    """Produce request with request header v1 and the v3 body layout. Right
+    for v3..v8 (non-flexible); other versions are sent only to be refused."""
+    return frame(request_header_v1(API_PRODUCE, version, correlation_id)
+                 + produce_v3_body(topic, partition, records, acks))
+
+
+def api_versions_request(version, correlation_id):
+    if version >= 3:
+        body = compact_string("oncelog-tests") + compact_string("0.0.0") + uvarint(0)
+        return frame(request_header_v2(API_API_VERSIONS, version, correlation_id) + body)
+    return frame(request_header_v1(API_API_VERSIONS, version, correlation_id))
+
+
+# -------------------------------------------------------------- responses
+
+class Reader:
+    def __init__(self, data):
+        self.data = data
+        self.pos = 0
+
+    def take(self, n):
+        if self.pos + n > len(self.data):
+            raise ValueError(f"short response: need {n} bytes at {self.pos}, have {len(self.data)}")
+        b = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def i16(self):
+        return struct.unpack(">h", self.take(2))[0]
+
+    def i32(self):
+        return struct.unpack(">i", self.take(4))[0]
+
+    def i64(self):
+        return struct.unpack(">q", self.take(8))[0]
+
+    def string(self):
+        n = self.i16()
+        if n < 0:
+            return None
+        return self.take(n).decode()
+
+    def remaining(self):
+        return len(self.data) - self.pos
+
+
+def parse_produce_v3_response(body):
+    """Body after the v0 response header. Returns ({(topic, partition): (error,
+    base_offset, log_append_time)}, throttle_ms); rejects trailing bytes."""
+    r = Reader(body)
+    out = {}
+    for _ in range(r.i32()):
+        name = r.string()
+        for _ in range(r.i32()):
+            idx = r.i32()
+            err = r.i16()
+            base = r.i64()
+            append_time = r.i64()
+            out[(name, idx)] = (err, base, append_time)
+    throttle = r.i32()
+    if r.remaining():
+        raise ValueError(f"{r.remaining()} trailing bytes in Produce v3 response")
+    return out, throttle
+
+
+def parse_api_versions_v0_response(body):
+    r = Reader(body)
+    err = r.i16()
+    apis = {}
+    for _ in range(r.i32()):
+        key = r.i16()
+        apis[key] = (r.i16(), r.i16())
+    if r.remaining():
+        raise ValueError(f"{r.remaining()} trailing bytes in ApiVersions v0 response")
+    return err, apis
+
+
+# ------------------------------------------------------------------ socket
+
+class Conn:
+    """A blocking TCP connection with a deadline on every read."""
+
+    def __init__(self, host, port, timeout=10.0):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.settimeout(timeout)
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def recv_exact(self, n):
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError(f"EOF after {len(buf)} of {n} bytes")
+            buf += chunk
+        return bytes(buf)
+
+    def recv_frame(self):
+        size = struct.unpack(">i", self.recv_exact(4))[0]
+        if size < 4 or size > 64 * 1024 * 1024:
+            raise ValueError(f"implausible response size {size}")
+        return self.recv_exact(size)
+
+    def recv_response(self, correlation_id):
+        """Read one frame; check and strip the v0 response header."""
+        data = self.recv_frame()
+        (cid,) = struct.unpack(">i", data[:4])
+        if cid != correlation_id:
+            raise ValueError(f"correlation id {cid}, expected {correlation_id}")
+        return data[4:]
+
+    def wait_closed(self, timeout=10.0):
+        """True if the peer closes the connection (EOF or reset) within
+        timeout without sending anything; raises if data arrives instead."""
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+        if data:
+            raise AssertionError(f"expected the connection to close, got {len(data)} bytes: {data[:64]!r}")
+        return True
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ------------------------------------------------------------ segment files
+
+class BatchInfo:
+    __slots__ = ("pos", "size", "base_offset", "last_offset", "attributes",
+                 "record_count", "max_timestamp", "crc", "crc_ok")
+
+    def __repr__(self):
+        return (f"BatchInfo(pos={self.pos}, size={self.size}, base={self.base_offset}, "
+                f"last={self.last_offset}, attrs={self.attributes:#x}, crc_ok={self.crc_ok})")
+
+
+def walk_batches(data):
+    """Yield BatchInfo for every complete batch in a segment's bytes, stopping
+    at the first incomplete one. Returns nothing about the torn tail: compare
+    the end of the last batch with len(data)."""
+    pos = 0
+    while pos + 12 <= len(data):
+        base, length = struct.unpack_from(">qi", data, pos)
+        size = 12 + length
+        if length < BATCH_HEADER_LEN - 12 or pos + size > len(data):
+            return
+        b = BatchInfo()
+        b.pos = pos
+        b.size = size
+        b.base_offset = base
+        (b.crc,) = struct.unpack_from(">I", data, pos + OFF_CRC)
+        (b.attributes,) = struct.unpack_from(">h", data, pos + OFF_ATTRIBUTES)
+        (delta,) = struct.unpack_from(">i", data, pos + OFF_LAST_OFFSET_DELTA)
+        (b.record_count,) = struct.unpack_from(">i", data, pos + OFF_RECORD_COUNT)
+        (b.max_timestamp,) = struct.unpack_from(">q", data, pos + OFF_MAX_TIMESTAMP)
+        b.last_offset = base + delta
+        b.crc_ok = crc32c(bytes(data[pos + OFF_ATTRIBUTES:pos + size])) == b.crc
+        yield b
+        pos += size

@@ -1,0 +1,205 @@
+"""Retention by size and by time, what a fetch below the log start offset
+gets, and ListOffsets by timestamp across segments."""
+
+import random
+import time
+
+import pytest
+
+from clients import (Consumer, DeliveryTracker, KafkaError, Producer,
+                     TopicPartition, consume_confluent, consumer_config,
+                     create_topic, flush_all, kp_consumer, producer_config,
+                     unique_topic, watermarks)
+from conftest import wait_until
+import kafka_wire
+
+SEGMENT_BYTES = 65536
+RETENTION_BYTES = 200000
+
+
+def produce_timed(b, topic, n, base_ts, step_ms=10, size=1000, tag=b"m"):
+    """n messages to partition 0 with timestamps base_ts + i * step_ms."""
+    tracker = DeliveryTracker()
+    # Batches well below the segment size, so segments hold many batches and
+    # retention works at a granularity finer than the data set.
+    p = Producer(producer_config(b.bootstrap, linger_ms=5, batch_size=16384))
+    values = []
+    for i in range(n):
+        v = b"%s-%06d-" % (tag, i) + bytes([65 + i % 26]) * size
+        values.append(v)
+        p.produce(topic, value=v, partition=0, timestamp=base_ts + i * step_ms, on_delivery=tracker)
+        p.poll(0)
+    flush_all(p)
+    assert not tracker.failed, tracker.failed[:3]
+    return values, sorted(off for _, off, _, _ in tracker.acked)
+
+
+def disk_state(b, topic):
+    segs = b.segment_files(topic, 0)
+    return [int(s.stem) for s in segs], sum(s.stat().st_size for s in segs)
+
+
+def offsets_for_times_confluent(b, topic, ts):
+    c = Consumer(consumer_config(b.bootstrap))
+    try:
+        [tp] = c.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=30)
+        assert tp.error is None, tp.error
+        return tp.offset
+    finally:
+        c.close()
+
+
+def expect_offset_out_of_range_confluent(b, topic, offset):
+    c = Consumer(consumer_config(b.bootstrap, auto_offset_reset="error"))
+    try:
+        c.assign([TopicPartition(topic, 0, offset)])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error() is None:
+                pytest.fail(f"fetch at {offset} returned a record at offset {msg.offset()}")
+            err = msg.error()
+            assert err.code() == KafkaError._AUTO_OFFSET_RESET, f"unexpected error {err}"
+            assert "out of range" in err.str().lower(), f"unexpected error text {err.str()!r}"
+            return
+        pytest.fail(f"no OFFSET_OUT_OF_RANGE for a fetch at offset {offset} within 30 s")
+    finally:
+        c.close()
+
+
+def expect_offset_out_of_range_kafka_python(b, topic, offset):
+    from kafka import TopicPartition as KTP
+    from kafka.errors import OffsetOutOfRangeError
+    c = kp_consumer(b.bootstrap)
+    try:
+        tp = KTP(topic, 0)
+        c.assign([tp])
+        c.seek(tp, offset)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                recs = c.poll(timeout_ms=500)
+            except OffsetOutOfRangeError as e:
+                assert e.args and e.args[0] == {tp: offset}, e.args
+                return
+            assert not recs, f"fetch at {offset} returned records: {recs}"
+        pytest.fail(f"kafka-python saw no OffsetOutOfRangeError at offset {offset} within 30 s")
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(300)
+def test_size_retention_deletes_old_segments_and_fetch_below_start_is_out_of_range(broker_factory):
+    b = broker_factory({"log.segment.bytes": SEGMENT_BYTES,
+                        "log.retention.bytes": RETENTION_BYTES,
+                        "log.retention.check.interval.ms": 300})
+    topic = unique_topic("ret-size")
+    create_topic(b.bootstrap, topic, partitions=1)
+    base_ts = (int(time.time()) - 3600) * 1000
+    n = 2000
+    values, offsets = produce_timed(b, topic, n, base_ts)          # ~2 MB
+    assert offsets == list(range(n))
+
+    lo = wait_until(lambda: watermarks(b.bootstrap, topic, 0)[0], 60, interval=0.2,
+                    what="the log start offset to move past 0")
+    assert lo > 0
+
+    def settled():
+        bases, size = disk_state(b, topic)
+        lo, hi = watermarks(b.bootstrap, topic, 0)
+        return (size <= RETENTION_BYTES + SEGMENT_BYTES and bases and lo == bases[0], (bases, size, lo, hi))
+
+    deadline = time.monotonic() + 30
+    ok, state = settled()
+    while not ok and time.monotonic() < deadline:
+        time.sleep(0.2)
+        ok, state = settled()
+    bases, size, lo, hi = state
+    assert ok, (f"retention did not settle: segments {bases}, {size} bytes on disk "
+                f"(limit {RETENTION_BYTES} + one {SEGMENT_BYTES}-byte segment), log start {lo}")
+    assert hi == n
+    # Retention keeps at least retention.bytes worth of the newest data.
+    assert size >= RETENTION_BYTES - SEGMENT_BYTES, f"only {size} bytes kept"
+
+    expect_offset_out_of_range_confluent(b, topic, 0)
+    expect_offset_out_of_range_confluent(b, topic, lo - 1)
+    expect_offset_out_of_range_kafka_python(b, topic, lo - 1)
+
+    got = consume_confluent(b.bootstrap, topic, [0], start=lo)[0]
+    assert [r.offset for r in got] == list(range(lo, n))
+    assert [r.value for r in got] == values[lo:]
+    assert [r.ts for r in got] == [base_ts + 10 * i for i in range(lo, n)]
+
+    # ListOffsets by timestamp on what is left.
+    for k in (lo, lo + 1, (lo + n) // 2, n - 1):
+        ts = base_ts + 10 * k
+        assert offsets_for_times_confluent(b, topic, ts) == k
+        assert offsets_for_times_confluent(b, topic, ts - 5) == k
+    assert offsets_for_times_confluent(b, topic, base_ts - 60000) == lo
+    assert offsets_for_times_confluent(b, topic, base_ts + 10 * n + 60000) == -1
+
+
+@pytest.mark.timeout(300)
+def test_list_offsets_by_timestamp_across_segments(broker_factory):
+    b = broker_factory({"log.segment.bytes": SEGMENT_BYTES})
+    topic = unique_topic("ts-lookup")
+    create_topic(b.bootstrap, topic, partitions=1)
+    base_ts = (int(time.time()) - 3600) * 1000
+    n = 3000
+    _, offsets = produce_timed(b, topic, n, base_ts, size=300)
+    assert offsets == list(range(n))
+    assert len(b.segment_files(topic, 0)) >= 5, "expected the data to span several segments"
+
+    from kafka import TopicPartition as KTP
+    kc = kp_consumer(b.bootstrap)
+    try:
+        tp = KTP(topic, 0)
+        rng = random.Random(7)
+        probes = sorted(set([0, 1, n - 1] + [rng.randrange(n) for _ in range(40)]))
+        for k in probes:
+            ts = base_ts + 10 * k
+            assert offsets_for_times_confluent(b, topic, ts) == k, f"timestamp of offset {k}"
+            assert offsets_for_times_confluent(b, topic, ts - 9) == k, f"just before offset {k}"
+            found = kc.offsets_for_times({tp: ts}, timeout_ms=30000)[tp]
+            assert found is not None and (found.offset, found.timestamp) == (k, ts), found
+        assert offsets_for_times_confluent(b, topic, 0) == 0
+        assert offsets_for_times_confluent(b, topic, base_ts + 10 * n) == -1
+        assert kc.offsets_for_times({tp: base_ts + 10 * n}, timeout_ms=30000)[tp] is None
+        assert kc.beginning_offsets([tp])[tp] == 0
+        assert kc.end_offsets([tp])[tp] == n
+    finally:
+        kc.close()
+
+
+@pytest.mark.timeout(300)
+def test_time_retention_deletes_only_expired_segments(broker_factory):
+    retention_ms = 3600 * 1000
+    b = broker_factory({"log.segment.bytes": SEGMENT_BYTES,
+                        "log.retention.ms": retention_ms,
+                        "log.retention.check.interval.ms": 300})
+    topic = unique_topic("ret-time")
+    create_topic(b.bootstrap, topic, partitions=1)
+    now_ms = int(time.time() * 1000)
+    old_values, old_offsets = produce_timed(b, topic, 500, now_ms - 2 * retention_ms, tag=b"old")
+    new_values, new_offsets = produce_timed(b, topic, 500, now_ms, tag=b"new")
+    assert old_offsets + new_offsets == list(range(1000))
+
+    def first_segment_has_young_data():
+        bases, _ = disk_state(b, topic)
+        lo, _ = watermarks(b.bootstrap, topic, 0)
+        if not bases or lo != bases[0] or lo == 0:
+            return None
+        first = b.segment_files(topic, 0)[0]
+        batches = list(kafka_wire.walk_batches(first.read_bytes()))
+        if max(x.max_timestamp for x in batches) < int(time.time() * 1000) - retention_ms:
+            return None
+        return lo
+
+    lo = wait_until(first_segment_has_young_data, 60, interval=0.2,
+                    what="expired segments to be deleted up to the first one with young data")
+    assert 0 < lo <= 500, f"log start offset {lo}: young records were deleted or nothing was"
+    got = consume_confluent(b.bootstrap, topic, [0], start=lo)[0]
+    assert [r.value for r in got] == (old_values + new_values)[lo:]
+    expect_offset_out_of_range_confluent(b, topic, lo - 1)

@@ -100,6 +100,7 @@ fn run(rx: mpsc::Receiver<SyncRequest>, notify: Arc<Notify>, syncs: Arc<AtomicU6
                         if let Err(te) = log.truncate_to(durable) {
                             tracing::error!(partition = %p.name(), error = %te, "truncation after failed sync failed");
                         }
+                        log.rebuild_after_truncation();
                     }
                     let msg = format!("fdatasync failed: {e}");
                     for r in reqs {

@@ -9,7 +9,10 @@ pub mod config;
 pub mod durability;
 pub mod error;
 pub mod handlers;
+pub mod producer_ids;
+pub mod producer_state;
 pub mod server;
+pub mod snapshot;
 pub mod topics;
 
 use std::sync::Arc;
@@ -24,6 +27,7 @@ use topics::{TopicError, Topics};
 pub struct Broker {
     pub config: BrokerConfig,
     pub topics: Topics,
+    pub producer_ids: producer_ids::ProducerIds,
     pub syncer: Syncer,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
@@ -35,11 +39,13 @@ impl Broker {
     /// Opens the data directory, recovering every partition.
     pub fn open(config: BrokerConfig) -> Result<Arc<Self>, TopicError> {
         let topics = Topics::open(&config)?;
+        let producer_ids = producer_ids::ProducerIds::open(&config.data_dir)?;
         let data_notify = Arc::new(Notify::new());
         let syncer = Syncer::start(data_notify.clone());
         Ok(Arc::new(Self {
             config,
             topics,
+            producer_ids,
             syncer,
             data_notify,
             appended_bytes: Default::default(),

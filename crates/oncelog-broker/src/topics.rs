@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use oncelog_log::{Log, LogConfig, LogError};
+use oncelog_log::{batch, Log, LogConfig, LogError};
+
+use crate::producer_state::{ProducerBatch, ProducerState};
+use crate::snapshot;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -31,10 +34,110 @@ struct Catalogue {
     topics: Vec<TopicMeta>,
 }
 
+/// A partition's log and the state derived from it, under one lock so that
+/// every append and its state change happen together.
+pub struct PartitionState {
+    pub log: Log,
+    pub producers: ProducerState,
+}
+
+impl std::ops::Deref for PartitionState {
+    type Target = Log;
+    fn deref(&self) -> &Log {
+        &self.log
+    }
+}
+
+impl std::ops::DerefMut for PartitionState {
+    fn deref_mut(&mut self) -> &mut Log {
+        &mut self.log
+    }
+}
+
+impl PartitionState {
+    /// Builds the producer state from the newest usable snapshot plus the
+    /// log after it.
+    pub fn load(log: Log, name: &str) -> Self {
+        let end = log.next_offset();
+        let mut producers = ProducerState::new();
+        let mut from = log.log_start_offset().min(0);
+        if let Some((off, snap)) = snapshot::load_latest(log.dir(), end) {
+            producers = snap;
+            from = off;
+        }
+        let mut st = Self { log, producers };
+        if let Err(e) = st.replay_from(from) {
+            tracing::error!(partition = name, error = %e, "producer state replay failed; rebuilding from the start");
+            st.producers = ProducerState::new();
+            if let Err(e) = st.replay_from(0) {
+                tracing::error!(partition = name, error = %e, "producer state replay failed");
+            }
+        }
+        st
+    }
+
+    fn replay_from(&mut self, from: i64) -> Result<(), LogError> {
+        let producers = &mut self.producers;
+        self.log.replay(from, |b| replay_batch(producers, b))
+    }
+
+    /// Rebuilds the producer state after the log was cut back.
+    pub fn rebuild_after_truncation(&mut self) {
+        snapshot::remove_after(self.log.dir(), self.log.next_offset());
+        let mut producers = ProducerState::new();
+        let mut from = 0;
+        if let Some((off, snap)) = snapshot::load_latest(self.log.dir(), self.log.next_offset()) {
+            producers = snap;
+            from = off;
+        }
+        self.producers = producers;
+        if let Err(e) = self.replay_from(from) {
+            tracing::error!(dir = %self.log.dir().display(), error = %e, "producer state replay failed");
+        }
+    }
+}
+
+/// Applies one replayed batch (header bytes, or a whole control batch).
+pub fn replay_batch(producers: &mut ProducerState, b: &[u8]) {
+    let Ok(h) = batch::BatchHeader::new(b) else {
+        return;
+    };
+    if h.producer_id() < 0 {
+        return;
+    }
+    if h.is_control() {
+        if let Some((ty, coordinator_epoch)) = batch::control_record(b) {
+            if ty == batch::CONTROL_ABORT || ty == batch::CONTROL_COMMIT {
+                producers.apply_marker(
+                    h.producer_id(),
+                    h.producer_epoch(),
+                    coordinator_epoch,
+                    h.base_offset(),
+                    ty == batch::CONTROL_ABORT,
+                    h.max_timestamp(),
+                );
+            }
+        }
+    } else {
+        producers.apply_batch(&producer_batch(&h), h.base_offset(), h.last_offset());
+    }
+}
+
+pub fn producer_batch(h: &batch::BatchHeader<'_>) -> ProducerBatch {
+    ProducerBatch {
+        producer_id: h.producer_id(),
+        epoch: h.producer_epoch(),
+        first_seq: h.base_sequence(),
+        last_seq: h.last_sequence(),
+        transactional: h.is_transactional(),
+        max_timestamp: h.max_timestamp(),
+    }
+}
+
 pub struct Partition {
     pub topic: String,
     pub index: i32,
-    log: Mutex<Log>,
+    log: Mutex<PartitionState>,
     high_watermark: AtomicI64,
     log_start: AtomicI64,
     /// Moves whenever the log is cut back, so waiters on truncated bytes fail.
@@ -42,7 +145,7 @@ pub struct Partition {
 }
 
 impl Partition {
-    pub fn lock(&self) -> MutexGuard<'_, Log> {
+    pub fn lock(&self) -> MutexGuard<'_, PartitionState> {
         // A panic while holding the lock must not wedge the partition forever;
         // the log's own state is updated only after each step succeeds.
         self.log.lock().unwrap_or_else(|p| p.into_inner())
@@ -246,7 +349,7 @@ impl Topics {
         Ok(Arc::new(Partition {
             topic: meta.name.clone(),
             index: p,
-            log: Mutex::new(log),
+            log: Mutex::new(PartitionState::load(log, &format!("{}-{}", meta.name, p))),
             high_watermark: AtomicI64::new(end),
             log_start: AtomicI64::new(start),
             generation: AtomicU64::new(0),

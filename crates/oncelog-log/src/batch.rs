@@ -280,6 +280,86 @@ impl<'a> Iterator for BatchIter<'a> {
     }
 }
 
+fn get_varint(b: &[u8], pos: &mut usize) -> Option<i64> {
+    let mut v: u64 = 0;
+    let mut shift = 0;
+    loop {
+        let byte = *b.get(*pos)?;
+        *pos += 1;
+        v |= ((byte & 0x7f) as u64) << shift;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+    Some(((v >> 1) as i64) ^ -((v & 1) as i64))
+}
+
+/// Control record types.
+pub const CONTROL_ABORT: i16 = 0;
+pub const CONTROL_COMMIT: i16 = 1;
+
+/// For a whole control batch: its record's (type, coordinator epoch).
+/// Types 0 = ABORT and 1 = COMMIT are transaction markers; others (KRaft's)
+/// are returned as they are, for the caller to ignore. The value's
+/// coordinator epoch is -1 when the record has none.
+pub fn control_record(b: &[u8]) -> Option<(i16, i32)> {
+    let h = BatchHeader::new(b).ok()?;
+    if !h.is_control() || h.records_count() < 1 {
+        return None;
+    }
+    let mut pos = HEADER_LEN;
+    let _len = get_varint(b, &mut pos)?;
+    pos += 1; // attributes
+    let _ts = get_varint(b, &mut pos)?;
+    let _od = get_varint(b, &mut pos)?;
+    let klen = usize::try_from(get_varint(b, &mut pos)?).ok()?;
+    let key = b.get(pos..pos.checked_add(klen)?)?;
+    pos += klen;
+    if key.len() < 4 {
+        return None;
+    }
+    let ty = i16::from_be_bytes([key[2], key[3]]);
+    let vlen = get_varint(b, &mut pos)?;
+    let mut coordinator_epoch = -1;
+    if vlen >= 6 {
+        let v = b.get(pos..pos + 6)?;
+        coordinator_epoch = i32::from_be_bytes([v[2], v[3], v[4], v[5]]);
+    }
+    Some((ty, coordinator_epoch))
+}
+
+/// Builds a transaction marker: a control batch holding one record whose
+/// key is (version 0, type) and value (version 0, coordinator epoch).
+pub fn build_marker(
+    producer_id: i64,
+    producer_epoch: i16,
+    commit: bool,
+    coordinator_epoch: i32,
+    timestamp: i64,
+) -> Vec<u8> {
+    let ty = if commit {
+        CONTROL_COMMIT
+    } else {
+        CONTROL_ABORT
+    };
+    let mut key = Vec::with_capacity(4);
+    key.extend_from_slice(&0i16.to_be_bytes());
+    key.extend_from_slice(&ty.to_be_bytes());
+    let mut value = Vec::with_capacity(6);
+    value.extend_from_slice(&0i16.to_be_bytes());
+    value.extend_from_slice(&coordinator_epoch.to_be_bytes());
+    let mut b = BatchBuilder::new(timestamp).record(0, Some(&key), Some(&value));
+    b.attributes = ATTR_TRANSACTIONAL | ATTR_CONTROL;
+    b.producer_id = producer_id;
+    b.producer_epoch = producer_epoch;
+    b.base_sequence = -1;
+    b.build()
+}
+
 /// Builds batches for tests and internal records. Not used on the hot path.
 #[derive(Debug, Clone)]
 pub struct BatchBuilder {
@@ -423,6 +503,21 @@ mod tests {
             .record(0, None, None)
             .build();
         assert_eq!(BatchHeader::new(&b).unwrap().last_sequence(), 0);
+    }
+
+    #[test]
+    fn marker_round_trips() {
+        let m = build_marker(42, 3, true, 7, 1000);
+        let h = validate(&m).unwrap();
+        assert!(h.is_control() && h.is_transactional());
+        assert_eq!(
+            (h.producer_id(), h.producer_epoch(), h.base_sequence()),
+            (42, 3, -1)
+        );
+        assert_eq!(control_record(&m), Some((CONTROL_COMMIT, 7)));
+        let a = build_marker(42, 4, false, 8, 1000);
+        assert_eq!(control_record(&a), Some((CONTROL_ABORT, 8)));
+        assert_eq!(control_record(&a[..a.len() - 3]), None);
     }
 
     proptest! {

@@ -68,6 +68,8 @@ impl Default for LogConfig {
 /// What an append did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AppendInfo {
+    /// Set when this append started a new segment at its base offset.
+    pub rolled: bool,
     pub base_offset: i64,
     pub last_offset: i64,
     pub max_timestamp: i64,
@@ -204,16 +206,19 @@ impl Log {
         let size = h.total_size() as u64;
         let now = now_ms();
         let act = self.active();
+        let mut rolled = false;
         if act.size > 0
             && (act.size + size > self.config.segment_bytes
                 || (self.config.segment_ms > 0 && now - act.created_ms >= self.config.segment_ms))
         {
             self.roll(now)?;
+            rolled = true;
         }
         let base = self.next_offset();
         batch::set_base_offset(data, base);
         let h = batch::BatchHeader::new(data)?;
         let info = AppendInfo {
+            rolled,
             base_offset: base,
             last_offset: h.last_offset(),
             max_timestamp: h.max_timestamp(),
@@ -272,6 +277,36 @@ impl Log {
             i += 1;
         }
         Ok(Vec::new())
+    }
+
+    /// Calls `f` with every batch whose offsets reach `from` or beyond, in
+    /// order: the 61 header bytes, or the whole batch for control batches
+    /// (whose single record says COMMIT or ABORT). Used to rebuild state.
+    pub fn replay(&self, from: i64, mut f: impl FnMut(&[u8])) -> Result<(), LogError> {
+        for seg in &self.segments {
+            if seg.next_offset <= from {
+                continue;
+            }
+            let mut pos = if seg.base_offset >= from {
+                0
+            } else {
+                match seg.find_position(from)? {
+                    Some(p) => p,
+                    None => continue,
+                }
+            };
+            while let Some(h) = seg.header_bytes_at(pos)? {
+                let v = batch::BatchHeader::new(&h)?;
+                let size = v.total_size() as u64;
+                if v.is_control() {
+                    f(&seg.batch_at(pos)?);
+                } else {
+                    f(&h);
+                }
+                pos += size;
+            }
+        }
+        Ok(())
     }
 
     /// The offset of the first record with timestamp ≥ `ts`, or `None`.

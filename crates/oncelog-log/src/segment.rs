@@ -241,6 +241,18 @@ impl Segment {
         Ok(())
     }
 
+    /// The raw header bytes of the batch at `pos`, if a whole header is there.
+    pub fn header_bytes_at(&self, pos: u64) -> Result<Option<[u8; HEADER_LEN]>, LogError> {
+        if pos + HEADER_LEN as u64 > self.size {
+            return Ok(None);
+        }
+        let mut h = [0u8; HEADER_LEN];
+        self.file
+            .read_exact_at(&mut h, pos)
+            .map_err(|e| io_err("read", &self.log_path(), e))?;
+        Ok(Some(h))
+    }
+
     /// Reads the header at `pos`: (base offset, last offset, total size, max timestamp).
     pub fn header_at(&self, pos: u64) -> Result<Option<(i64, i64, u64, i64)>, LogError> {
         if pos + HEADER_LEN as u64 > self.size {

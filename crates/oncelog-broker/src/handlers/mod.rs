@@ -5,6 +5,7 @@ mod admin;
 mod fetch;
 mod meta;
 mod produce;
+mod txn;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,6 +34,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
+    (ApiKey::InitProducerId, 0, 4),
 ];
 
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
@@ -143,6 +145,9 @@ pub fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameErro
         )))),
         RequestKind::FindCoordinator(r) => ready(respond(ResponseKind::FindCoordinator(
             meta::find_coordinator(&b, r, version),
+        ))),
+        RequestKind::InitProducerId(r) => ready(respond(ResponseKind::InitProducerId(
+            txn::init_producer_id(&b, r, version),
         ))),
         RequestKind::CreateTopics(r) => ready(respond(ResponseKind::CreateTopics(
             admin::create_topics(&b, r, version),

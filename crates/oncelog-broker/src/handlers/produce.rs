@@ -17,6 +17,9 @@ use tokio::sync::oneshot;
 
 use crate::durability::SyncRequest;
 use crate::error::ErrorCode;
+use crate::producer_state::{ProduceReject, Verdict};
+use crate::snapshot;
+use crate::topics::producer_batch;
 use crate::Broker;
 
 enum Outcome {
@@ -103,51 +106,87 @@ fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::B
             ),
         );
     }
+    let pb = (h.producer_id() >= 0).then(|| producer_batch(&h));
     let mut data = BytesMut::from(&records[..]);
-    let (info, end, generation) = {
-        let mut log = p.lock();
-        match log.append(&mut data) {
-            Ok(info) => (
-                info,
-                log.next_offset(),
-                p.generation.load(std::sync::atomic::Ordering::Acquire),
-            ),
-            Err(LogError::Io { op, path, source }) => {
-                tracing::error!(partition = %p.name(), op, path = %path.display(), error = %source,
-                    "append failed; not acknowledged");
-                return failed(
-                    ErrorCode::KafkaStorageError,
-                    format!("{op} failed: {source}"),
-                );
-            }
-            Err(e) => {
-                tracing::error!(partition = %p.name(), error = %e, "append failed; not acknowledged");
-                return failed(ErrorCode::KafkaStorageError, e.to_string());
+    let (base_offset, end, generation) = {
+        let mut st = p.lock();
+        let mut duplicate = None;
+        if let Some(pb) = &pb {
+            match st.producers.check(pb) {
+                Ok(Verdict::Append) => {}
+                Ok(Verdict::Duplicate {
+                    first_offset,
+                    last_offset,
+                }) => duplicate = Some((first_offset, last_offset)),
+                Err(r) => {
+                    let code = match r {
+                        ProduceReject::InvalidProducerEpoch { .. } => {
+                            ErrorCode::InvalidProducerEpoch
+                        }
+                        ProduceReject::OutOfOrderSequence { .. }
+                        | ProduceReject::NewEpochNotAtZero { .. } => {
+                            ErrorCode::OutOfOrderSequenceNumber
+                        }
+                        ProduceReject::InvalidTxnState => ErrorCode::InvalidTxnState,
+                    };
+                    tracing::warn!(partition = %p.name(), producer_id = pb.producer_id, epoch = pb.epoch,
+                        first_seq = pb.first_seq, reason = %r, "produce rejected");
+                    return failed(code, r.to_string());
+                }
             }
         }
+        let generation = p.generation.load(std::sync::atomic::Ordering::Acquire);
+        match duplicate {
+            Some((first, last)) => {
+                tracing::debug!(partition = %p.name(), first, last, "duplicate batch answered with its original offsets");
+                (first, last + 1, generation)
+            }
+            None => match st.append(&mut data) {
+                Ok(info) => {
+                    if info.rolled {
+                        // State as of the new segment's base, before this batch.
+                        snapshot::write(st.log.dir(), info.base_offset, &st.producers);
+                    }
+                    if let Some(pb) = &pb {
+                        st.producers
+                            .apply_batch(pb, info.base_offset, info.last_offset);
+                    }
+                    b.appended_bytes
+                        .fetch_add(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    (info.base_offset, info.last_offset + 1, generation)
+                }
+                Err(LogError::Io { op, path, source }) => {
+                    tracing::error!(partition = %p.name(), op, path = %path.display(), error = %source,
+                        "append failed; not acknowledged");
+                    return failed(
+                        ErrorCode::KafkaStorageError,
+                        format!("{op} failed: {source}"),
+                    );
+                }
+                Err(e) => {
+                    tracing::error!(partition = %p.name(), error = %e, "append failed; not acknowledged");
+                    return failed(ErrorCode::KafkaStorageError, e.to_string());
+                }
+            },
+        }
     };
-    b.appended_bytes
-        .fetch_add(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
     if b.interval_flush() {
-        p.advance_high_watermark(end);
+        p.advance_high_watermark(p.lock().next_offset());
         b.data_notify.notify_waiters();
         return Outcome::Done {
             code: ErrorCode::None,
-            base_offset: info.base_offset,
+            base_offset,
             message: None,
         };
     }
     let (tx, rx) = oneshot::channel();
     b.syncer.request(SyncRequest {
         partition: p,
-        end_offset: info.last_offset + 1,
+        end_offset: end,
         generation,
         reply: tx,
     });
-    Outcome::Waiting {
-        base_offset: info.base_offset,
-        rx,
-    }
+    Outcome::Waiting { base_offset, rx }
 }
 
 /// Appends now; the returned future waits for durability and yields the

@@ -9,9 +9,11 @@ the average bytes per sync. The raw baseline is then measured on the same
 filesystem in the same run: sequential write + fdatasync at exactly that
 sync size. Figures are medians over --runs runs.
 
-Optionally (--kafka-home DIR with an Apache Kafka 4.x distribution) the
-same load runs against Apache Kafka with flush.messages=1 and with its
-defaults, and the ratios are printed.
+Optionally (--kafka, with the broker jars that `bash bench/kafka/fetch.sh`
+puts in .tools/kafka-lib) each run also loads Apache Kafka 4.x (single node,
+KRaft, see bench/kafka_ref.py) the same way twice: with flush.messages=1
+(an fsync after every append, the durable comparison) and with its defaults
+(acknowledged from the page cache), and the ratios oncelog/Kafka are printed.
 
 Bounded: every run stops after --messages messages or --seconds seconds.
 Loopback only.
@@ -31,7 +33,16 @@ import time
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kafka_ref  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The two Apache Kafka variants loaded by --kafka: name -> broker configs.
+KAFKA_VARIANTS = {
+    "fsync": ["flush.messages=1"],  # log.flush.interval.messages=1
+    "default": [],
+}
 
 
 def free_port():
@@ -144,6 +155,25 @@ def run_oncelog(binary, args, tmp, i):
     return r
 
 
+def run_kafka(args, tmp, i, variant):
+    """The same load against a fresh Apache Kafka; None (and a note) if it fails."""
+    kb = kafka_ref.KafkaBroker(os.path.join(tmp, f"kafka-{variant}-{i}"),
+                               configs=KAFKA_VARIANTS[variant], lib=args.kafka_lib)
+    try:
+        kb.start()
+        return load(kb.bootstrap, "bench", args.partitions, args.size, args.messages, args.seconds)
+    except Exception as e:  # noqa: BLE001 - a reference peer failing must not lose oncelog's figures
+        print(f"  Apache Kafka ({variant}) failed: {e}", flush=True)
+        return None
+    finally:
+        kb.stop()
+
+
+def fmt_load(r):
+    return (f"{r['msgs_per_s']:.0f} msgs/s {r['mb_per_s']:.1f} MB/s "
+            f"ack p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms")
+
+
 def raw_fdatasync(dirpath, sync_bytes, total_bytes, seconds):
     """Sequential write + fdatasync of `sync_bytes` chunks: MB/s and sync p50/p99."""
     path = os.path.join(dirpath, "raw-baseline.bin")
@@ -176,7 +206,21 @@ def main():
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--dir", default=None, help="where data dirs go (default: a temp dir under ./target)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--kafka", action="store_true",
+                    help="also load Apache Kafka (flush.messages=1 and defaults) each run")
+    ap.add_argument("--kafka-lib", default=None,
+                    help="Kafka broker jars (default $KAFKA_LIB or .tools/kafka-lib)")
     args = ap.parse_args()
+
+    kafka_variants = []
+    if args.kafka:
+        why = kafka_ref.unavailable(args.kafka_lib)
+        if why:
+            print(f"Apache Kafka: not available ({why}); skipped", flush=True)
+        else:
+            kafka_variants = list(KAFKA_VARIANTS)
+            print(f"Apache Kafka {kafka_ref.kafka_version(args.kafka_lib)} as reference "
+                  f"(single node, KRaft; fsync = flush.messages=1, default = no fsync)", flush=True)
 
     base = args.dir or os.path.join(ROOT, "target")
     os.makedirs(base, exist_ok=True)
@@ -194,6 +238,16 @@ def main():
                   flush=True)
             if r["errors"] or r["acked"] != r["sent"]:
                 print(f"  WARNING: {r['errors']} delivery errors, {r['sent'] - r['acked']} unacknowledged", flush=True)
+            r["kafka"] = {}
+            for v in kafka_variants:
+                k = run_kafka(args, tmp, i, v)
+                r["kafka"][v] = k
+                if k is None:
+                    continue
+                print(f"  Apache Kafka {v:<7}: {fmt_load(k)}", flush=True)
+                if k["errors"] or k["acked"] != k["sent"]:
+                    print(f"  WARNING: Kafka {v}: {k['errors']} delivery errors, "
+                          f"{k['sent'] - k['acked']} unacknowledged", flush=True)
     med = lambda k: statistics.median(x[k] for x in results)
     medraw = lambda k: statistics.median(x["raw"][k] for x in results)
     summary = {
@@ -213,6 +267,26 @@ def main():
           f"p99 {summary['oncelog_ack_p99_ms']:.2f} ms; raw write+fdatasync at "
           f"{summary['bytes_per_sync'] / 1024:.0f} KiB/sync {summary['raw_mb_per_s']:.1f} MB/s; "
           f"ratio {summary['ratio_to_raw']:.2f}")
+    for v in kafka_variants:
+        ks = [x["kafka"][v] for x in results if x["kafka"].get(v)]
+        if not ks:
+            print(f"Apache Kafka {v}: no successful run")
+            continue
+        kmed = lambda k: statistics.median(x[k] for x in ks)
+        for key in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms"):
+            name = key.replace("p50", "ack_p50").replace("p99", "ack_p99")
+            summary[f"kafka_{v}_{name}"] = kmed(key)
+        summary[f"kafka_{v}_runs"] = len(ks)
+        tput = summary["oncelog_msgs_per_s"] / summary[f"kafka_{v}_msgs_per_s"]
+        p99 = summary["oncelog_ack_p99_ms"] / summary[f"kafka_{v}_ack_p99_ms"]
+        summary[f"oncelog_over_kafka_{v}_msgs_per_s"] = tput
+        summary[f"oncelog_over_kafka_{v}_ack_p99"] = p99
+        print(f"Apache Kafka {kafka_ref.kafka_version(args.kafka_lib)} {v:<7} (median of {len(ks)}): "
+              f"{summary[f'kafka_{v}_msgs_per_s']:.0f} msgs/s, {summary[f'kafka_{v}_mb_per_s']:.1f} MB/s, "
+              f"ack p50 {summary[f'kafka_{v}_ack_p50_ms']:.2f} ms, p99 {summary[f'kafka_{v}_ack_p99_ms']:.2f} ms; "
+              f"oncelog/Kafka: throughput x{tput:.2f}, ack p99 x{p99:.2f}")
+    if kafka_variants:
+        summary["kafka_version"] = kafka_ref.kafka_version(args.kafka_lib)
     if args.json:
         print(json.dumps(summary))
 

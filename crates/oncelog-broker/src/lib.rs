@@ -14,6 +14,8 @@ pub mod producer_state;
 pub mod server;
 pub mod snapshot;
 pub mod topics;
+pub mod txn_coordinator;
+pub mod txn_service;
 
 use std::sync::Arc;
 
@@ -23,11 +25,15 @@ pub use config::BrokerConfig;
 use durability::Syncer;
 use topics::{TopicError, Topics};
 
+/// How often transactions are checked against their timeout.
+pub const TXN_REAPER_INTERVAL_MS: u64 = 1000;
+
 /// Shared broker state.
 pub struct Broker {
     pub config: BrokerConfig,
     pub topics: Topics,
     pub producer_ids: producer_ids::ProducerIds,
+    pub txn: txn_service::TxnService,
     pub syncer: Syncer,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
@@ -40,12 +46,14 @@ impl Broker {
     pub fn open(config: BrokerConfig) -> Result<Arc<Self>, TopicError> {
         let topics = Topics::open(&config)?;
         let producer_ids = producer_ids::ProducerIds::open(&config.data_dir)?;
+        let txn = txn_service::TxnService::open(&config.data_dir)?;
         let data_notify = Arc::new(Notify::new());
         let syncer = Syncer::start(data_notify.clone());
         Ok(Arc::new(Self {
             config,
             topics,
             producer_ids,
+            txn,
             syncer,
             data_notify,
             appended_bytes: Default::default(),
@@ -89,6 +97,18 @@ impl Broker {
 
     /// Background work: retention and, in interval mode, periodic flushes.
     pub fn spawn_background(self: &Arc<Self>) {
+        let b = self.clone();
+        tokio::spawn(async move {
+            // Finish what a previous run left between Prepare and Complete,
+            // then abort transactions that outlive their timeout.
+            b.txn.recover(&b).await;
+            let mut tick =
+                tokio::time::interval(std::time::Duration::from_millis(TXN_REAPER_INTERVAL_MS));
+            loop {
+                tick.tick().await;
+                b.txn.abort_timed_out(&b).await;
+            }
+        });
         let b = self.clone();
         tokio::spawn(async move {
             let period = std::time::Duration::from_millis(b.config.retention_check_interval_ms);

@@ -117,11 +117,23 @@ fn in_sequence(last: i32, next: i32) -> bool {
     next == last.wrapping_add(1) && next >= 0 || (last == i32::MAX && next == 0)
 }
 
+/// An aborted transaction's range, as Fetch reports it to read_committed consumers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbortedTxn {
+    pub producer_id: i64,
+    pub first_offset: i64,
+    /// The ABORT marker's offset.
+    pub last_offset: i64,
+}
+
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerState {
     producers: HashMap<i64, ProducerEntry>,
     /// First offset of each open transaction → producer id.
     ongoing: BTreeMap<i64, i64>,
+    /// Aborted transactions in marker order (the partition's abort index).
+    #[serde(default)]
+    aborted: Vec<AbortedTxn>,
 }
 
 impl ProducerState {
@@ -272,12 +284,34 @@ impl ProducerState {
         e.last_timestamp = e.last_timestamp.max(timestamp);
         let first = e.current_txn_first_offset.take()?;
         self.ongoing.remove(&first);
+        if aborted {
+            self.aborted.push(AbortedTxn {
+                producer_id: pid,
+                first_offset: first,
+                last_offset: offset,
+            });
+        }
         Some(CompletedTxn {
             producer_id: pid,
             first_offset: first,
             last_offset: offset,
             aborted,
         })
+    }
+
+    /// Aborted transactions that overlap [from, upper): what a read_committed
+    /// fetch from `from` that returns data below `upper` must be told.
+    pub fn aborted_overlapping(&self, from: i64, upper: i64) -> Vec<AbortedTxn> {
+        self.aborted
+            .iter()
+            .filter(|a| a.last_offset >= from && a.first_offset < upper)
+            .copied()
+            .collect()
+    }
+
+    /// Drops abort-index entries wholly below the log start offset.
+    pub fn trim_aborted(&mut self, log_start: i64) {
+        self.aborted.retain(|a| a.last_offset >= log_start);
     }
 
     /// Forgets producers idle since before `cutoff` (ms), never one with an
@@ -414,6 +448,10 @@ mod tests {
             }
         );
         assert_eq!(s.first_unstable_offset(), None);
+        assert_eq!(s.aborted_overlapping(0, 100).len(), 1);
+        assert_eq!(s.aborted_overlapping(71, 100).len(), 0);
+        assert_eq!(s.aborted_overlapping(0, 50).len(), 0);
+        assert_eq!(s.aborted_overlapping(60, 51).len(), 1);
         // A marker with an older coordinator epoch is fenced.
         assert_eq!(
             s.check_marker(7, 0, 0),

@@ -58,11 +58,7 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         let _ = wr.shutdown().await;
     });
     let max = broker.config.max_frame_bytes;
-    loop {
-        let len = match rd.read_i32().await {
-            Ok(n) => n,
-            Err(_) => break,
-        };
+    while let Ok(len) = rd.read_i32().await {
         if len < 0 || len as usize > max {
             tracing::warn!(%peer, frame_bytes = len, max_bytes = max, "frame size out of bounds; closing connection");
             break;

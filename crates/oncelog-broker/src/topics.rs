@@ -81,6 +81,13 @@ impl PartitionState {
         self.log.replay(from, |b| replay_batch(producers, b))
     }
 
+    /// The last stable offset given the high watermark.
+    pub fn last_stable_offset(&self, hw: i64) -> i64 {
+        self.producers
+            .first_unstable_offset()
+            .map_or(hw, |f| f.min(hw))
+    }
+
     /// Rebuilds the producer state after the log was cut back.
     pub fn rebuild_after_truncation(&mut self) {
         snapshot::remove_after(self.log.dir(), self.log.next_offset());
@@ -572,6 +579,8 @@ impl Topics {
                 Ok(0) => {}
                 Ok(n) => {
                     p.refresh_log_start(&log);
+                    let start = log.log_start_offset();
+                    log.producers.trim_aborted(start);
                     tracing::info!(partition = %p.name(), segments = n, log_start_offset = log.log_start_offset(), "retention");
                 }
                 Err(e) => tracing::error!(partition = %p.name(), error = %e, "retention failed"),

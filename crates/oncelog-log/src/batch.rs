@@ -270,7 +270,7 @@ impl<'a> Iterator for BatchIter<'a> {
             Ok(h) => {
                 let at = self.pos;
                 self.pos += h.total_size();
-                Some(Ok((at, BatchHeader { buf: &rest[..] })))
+                Some(Ok((at, BatchHeader { buf: rest })))
             }
             Err(e) => {
                 self.pos = self.buf.len();
@@ -296,6 +296,47 @@ fn get_varint(b: &[u8], pos: &mut usize) -> Option<i64> {
         }
     }
     Some(((v >> 1) as i64) ^ -((v & 1) as i64))
+}
+
+/// A record's key and value.
+pub type KeyValue<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
+/// The (key, value) of every record in an uncompressed batch, for internal
+/// logs (never used on the produce or fetch path). `None` if the batch is
+/// compressed or malformed.
+pub fn records(b: &[u8]) -> Option<Vec<KeyValue<'_>>> {
+    let h = BatchHeader::new(b).ok()?;
+    if h.compression() != 0 {
+        return None;
+    }
+    let end = h.total_size().min(b.len());
+    let mut pos = HEADER_LEN;
+    let mut out = Vec::new();
+    for _ in 0..h.records_count() {
+        let len = usize::try_from(get_varint(b, &mut pos)?).ok()?;
+        let rec_end = pos.checked_add(len)?;
+        if rec_end > end {
+            return None;
+        }
+        let mut p = pos + 1;
+        get_varint(b, &mut p)?; // timestamp delta
+        get_varint(b, &mut p)?; // offset delta
+        let field = |p: &mut usize| -> Option<Option<&[u8]>> {
+            let n = get_varint(b, p)?;
+            if n < 0 {
+                return Some(None);
+            }
+            let n = usize::try_from(n).ok()?;
+            let s = b.get(*p..p.checked_add(n)?)?;
+            *p += n;
+            Some(Some(s))
+        };
+        let key = field(&mut p)?;
+        let value = field(&mut p)?;
+        out.push((key, value));
+        pos = rec_end;
+    }
+    Some(out)
 }
 
 /// Control record types.
@@ -503,6 +544,25 @@ mod tests {
             .record(0, None, None)
             .build();
         assert_eq!(BatchHeader::new(&b).unwrap().last_sequence(), 0);
+    }
+
+    #[test]
+    fn records_decode() {
+        let b = BatchBuilder::new(5)
+            .record(0, Some(b"k1"), Some(b"v1"))
+            .record(1, None, Some(b""))
+            .record(2, Some(b"k3"), None)
+            .build();
+        let r = records(&b).unwrap();
+        assert_eq!(
+            r,
+            vec![
+                (Some(&b"k1"[..]), Some(&b"v1"[..])),
+                (None, Some(&b""[..])),
+                (Some(&b"k3"[..]), None)
+            ]
+        );
+        assert!(records(&b[..b.len() - 2]).is_none());
     }
 
     #[test]

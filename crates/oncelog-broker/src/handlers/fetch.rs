@@ -1,9 +1,11 @@
 //! Fetch (with long poll) and ListOffsets.
 //!
-//! Reads never go past the high watermark (the durable prefix). Without
-//! transactions the last stable offset equals the high watermark, so
-//! read_committed and read_uncommitted see the same data; read_uncommitted
-//! gets no aborted-transaction list (null), as Kafka sends.
+//! Reads never go past the high watermark (the durable prefix);
+//! read_committed reads stop at the last stable offset (the first offset of
+//! the earliest open transaction, capped at the high watermark) and get the
+//! aborted transactions overlapping what they read. read_uncommitted gets no
+//! aborted-transaction list (null), as Kafka sends. Control batches are
+//! always delivered; clients skip them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,12 +13,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::FetchRequest;
 use kafka_protocol::messages::fetch_response::{
-    FetchResponse, FetchableTopicResponse, PartitionData,
+    AbortedTransaction, FetchResponse, FetchableTopicResponse, PartitionData,
 };
 use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
 };
+use kafka_protocol::messages::ProducerId;
 use oncelog_log::LogError;
 use tokio::time::Instant;
 
@@ -53,21 +56,33 @@ fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
             let log = p.lock();
             let start = log.log_start_offset();
             let end = log.next_offset();
+            let lso = log.last_stable_offset(hw);
+            let upper = if read_committed { lso } else { hw };
             pd.high_watermark = hw;
-            pd.last_stable_offset = hw;
+            pd.last_stable_offset = lso;
             if version >= 5 {
                 pd.log_start_offset = start;
             }
             if read_committed {
-                pd.aborted_transactions = Some(Vec::new());
+                pd.aborted_transactions = Some(
+                    log.producers
+                        .aborted_overlapping(fp.fetch_offset, upper)
+                        .into_iter()
+                        .map(|a| {
+                            AbortedTransaction::default()
+                                .with_producer_id(ProducerId(a.producer_id))
+                                .with_first_offset(a.first_offset)
+                        })
+                        .collect(),
+                );
             }
             let offset = fp.fetch_offset;
             if offset < start || offset > end {
                 pd.error_code = ErrorCode::OffsetOutOfRange.code();
                 has_error = true;
-            } else if offset < hw && remaining > 0 {
+            } else if offset < upper && remaining > 0 {
                 let limit = (fp.partition_max_bytes.max(0) as usize).min(remaining);
-                match log.read(offset, limit, hw, total == 0) {
+                match log.read(offset, limit, upper, total == 0) {
                     Ok(data) => {
                         total += data.len();
                         remaining = remaining.saturating_sub(data.len());
@@ -123,6 +138,7 @@ pub async fn fetch(b: Arc<Broker>, req: FetchRequest, version: i16) -> FetchResp
 }
 
 pub fn list_offsets(b: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
+    let read_committed = version >= 2 && req.isolation_level == 1;
     let topics = req
         .topics
         .into_iter()
@@ -148,7 +164,8 @@ pub fn list_offsets(b: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> L
                     match lp.timestamp {
                         // EARLIEST and EARLIEST_LOCAL
                         -2 | -4 => r.offset = log.log_start_offset(),
-                        // LATEST: the high watermark, which is also the last stable offset
+                        // LATEST: the high watermark, or the last stable offset for read_committed
+                        -1 if read_committed => r.offset = log.last_stable_offset(hw),
                         -1 => r.offset = hw,
                         // MAX_TIMESTAMP
                         -3 => {
@@ -163,7 +180,9 @@ pub fn list_offsets(b: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> L
                             }
                         }
                         ts if ts >= 0 => match log.offset_for_timestamp(ts) {
-                            Ok(Some((off, found))) if off < hw => {
+                            Ok(Some((off, found)))
+                                if off < if read_committed { log.last_stable_offset(hw) } else { hw } =>
+                            {
                                 r.offset = off;
                                 r.timestamp = found;
                             }

@@ -35,6 +35,8 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
 ];
 
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
@@ -146,9 +148,18 @@ pub fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameErro
         RequestKind::FindCoordinator(r) => ready(respond(ResponseKind::FindCoordinator(
             meta::find_coordinator(&b, r, version),
         ))),
-        RequestKind::InitProducerId(r) => ready(respond(ResponseKind::InitProducerId(
-            txn::init_producer_id(&b, r, version),
-        ))),
+        RequestKind::InitProducerId(r) => Box::pin(async move {
+            let resp = txn::init_producer_id(b, r, version).await;
+            respond(ResponseKind::InitProducerId(resp))
+        }),
+        RequestKind::AddPartitionsToTxn(r) => Box::pin(async move {
+            let resp = txn::add_partitions_to_txn(b, r, version).await;
+            respond(ResponseKind::AddPartitionsToTxn(resp))
+        }),
+        RequestKind::EndTxn(r) => Box::pin(async move {
+            let resp = txn::end_txn(b, r, version).await;
+            respond(ResponseKind::EndTxn(resp))
+        }),
         RequestKind::CreateTopics(r) => ready(respond(ResponseKind::CreateTopics(
             admin::create_topics(&b, r, version),
         ))),

@@ -20,6 +20,7 @@ use crate::error::ErrorCode;
 use crate::producer_state::{ProduceReject, Verdict};
 use crate::snapshot;
 use crate::topics::producer_batch;
+use crate::txn_service::VerifyError;
 use crate::Broker;
 
 enum Outcome {
@@ -84,10 +85,10 @@ fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::B
             "clients are not allowed to write control records",
         );
     }
-    if h.is_transactional() {
+    if h.is_transactional() && h.producer_id() < 0 {
         return failed(
             ErrorCode::InvalidRecord,
-            "transactional batches are not supported by this broker yet",
+            "transactional batch without a producer id",
         );
     }
     if h.producer_id() >= 0 && h.base_sequence() < 0 {
@@ -113,6 +114,24 @@ fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::B
         let mut duplicate = None;
         if let Some(pb) = &pb {
             match st.producers.check(pb) {
+                Ok(Verdict::Append) if pb.transactional => {
+                    // The batch must belong to its producer's open transaction
+                    // holding this partition (zombies and late writes are refused).
+                    if let Err(e) = b.txn.verify(pb.producer_id, pb.epoch, topic, index) {
+                        let (code, why) = match e {
+                            VerifyError::StaleEpoch => {
+                                (ErrorCode::InvalidProducerEpoch, "producer epoch is fenced")
+                            }
+                            VerifyError::NotInTransaction => (
+                                ErrorCode::InvalidTxnState,
+                                "partition is not part of an ongoing transaction of this producer",
+                            ),
+                        };
+                        tracing::warn!(partition = %p.name(), producer_id = pb.producer_id, epoch = pb.epoch, reason = why,
+                            "transactional produce refused");
+                        return failed(code, why);
+                    }
+                }
                 Ok(Verdict::Append) => {}
                 Ok(Verdict::Duplicate {
                     first_offset,
@@ -197,7 +216,7 @@ pub fn produce(
     version: i16,
 ) -> Pin<Box<dyn Future<Output = Option<ProduceResponse>> + Send>> {
     let acks = req.acks;
-    let valid_acks = matches!(acks, 0 | 1 | -1);
+    let valid_acks = (-1..=1).contains(&acks);
     let mut results: Vec<(StrBytes, Vec<(i32, Outcome)>)> =
         Vec::with_capacity(req.topic_data.len());
     for td in req.topic_data {

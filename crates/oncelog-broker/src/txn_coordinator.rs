@@ -1,0 +1,454 @@
+//! The transaction coordinator's state machine: transactional id → producer
+//! identity, epoch and transaction state. Pure: each `plan_*` function takes
+//! the current metadata and a request and returns the metadata to persist
+//! (or an error); the caller persists it, writes markers, and answers.
+//!
+//! States and transitions follow Kafka's (PROTOCOL-BRIEF §2.1–2.5), with one
+//! deliberate difference: InitProducerId on an id with an open transaction
+//! fences it (epoch + 1), aborts it with that epoch, and answers the new
+//! producer with that same epoch once the abort is durable, instead of
+//! answering CONCURRENT_TRANSACTIONS and bumping a second time on the retry.
+//! Epoch `i16::MAX` is never handed to a client; an exhausted epoch moves the
+//! id to a fresh producer id at epoch 0.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnState {
+    Empty,
+    Ongoing,
+    PrepareCommit,
+    PrepareAbort,
+    CompleteCommit,
+    CompleteAbort,
+}
+
+impl TxnState {
+    pub fn name(self) -> &'static str {
+        match self {
+            TxnState::Empty => "Empty",
+            TxnState::Ongoing => "Ongoing",
+            TxnState::PrepareCommit => "PrepareCommit",
+            TxnState::PrepareAbort => "PrepareAbort",
+            TxnState::CompleteCommit => "CompleteCommit",
+            TxnState::CompleteAbort => "CompleteAbort",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnMeta {
+    pub transactional_id: String,
+    pub producer_id: i64,
+    pub prev_producer_id: i64,
+    pub epoch: i16,
+    /// The epoch before the last client-requested bump (KIP-360 retries).
+    pub last_epoch: i16,
+    pub timeout_ms: i32,
+    pub state: TxnState,
+    pub partitions: BTreeSet<(String, i32)>,
+    pub start_ms: i64,
+    pub update_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CoordError {
+    #[error("a transition of this transactional id is in progress")]
+    ConcurrentTransactions,
+    #[error("producer fenced: a newer producer with the same transactional id exists")]
+    ProducerFenced,
+    #[error("producer id does not match the transactional id")]
+    InvalidProducerIdMapping,
+    #[error("the request is not valid in the transaction's current state")]
+    InvalidTxnState,
+}
+
+/// An epoch at or past this must not be bumped for a client again.
+pub fn exhausted(epoch: i16) -> bool {
+    epoch >= i16::MAX - 1
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitPlan {
+    /// Persist this (state Empty) and answer with its producer id and epoch.
+    Ready(TxnMeta),
+    /// The id has an open transaction: persist this (PrepareAbort, epoch
+    /// bumped), write ABORT markers with that epoch to its partitions,
+    /// complete it, then answer with [`complete_fence`]'s identity.
+    Fence(TxnMeta),
+}
+
+/// Plans InitProducerId for a transactional id.
+pub fn plan_init(
+    existing: Option<&TxnMeta>,
+    id: &str,
+    timeout_ms: i32,
+    expected: Option<(i64, i16)>,
+    now: i64,
+    new_pid: &mut dyn FnMut() -> i64,
+) -> Result<InitPlan, CoordError> {
+    let Some(m) = existing else {
+        return Ok(InitPlan::Ready(TxnMeta {
+            transactional_id: id.to_string(),
+            producer_id: new_pid(),
+            prev_producer_id: -1,
+            epoch: 0,
+            last_epoch: -1,
+            timeout_ms,
+            state: TxnState::Empty,
+            partitions: BTreeSet::new(),
+            start_ms: -1,
+            update_ms: now,
+        }));
+    };
+    if matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
+        return Err(CoordError::ConcurrentTransactions);
+    }
+    if let Some((pid, epoch)) = expected {
+        let ok = m.producer_id == pid || (m.prev_producer_id == pid && exhausted(epoch));
+        if !ok {
+            return Err(CoordError::ProducerFenced);
+        }
+    }
+    let mut n = m.clone();
+    n.timeout_ms = timeout_ms;
+    n.update_ms = now;
+    if m.state == TxnState::Ongoing {
+        // Fence the current producer: every marker of the abort carries the
+        // bumped epoch, so its in-flight writes are refused everywhere.
+        n.epoch = m.epoch.saturating_add(1);
+        n.last_epoch = -1;
+        n.state = TxnState::PrepareAbort;
+        return Ok(InitPlan::Fence(n));
+    }
+    if exhausted(m.epoch) {
+        n.prev_producer_id = m.producer_id;
+        n.producer_id = new_pid();
+        n.epoch = 0;
+        n.last_epoch = -1;
+    } else {
+        match expected {
+            None => {
+                n.epoch = m.epoch + 1;
+                n.last_epoch = -1;
+            }
+            Some((pid, epoch)) if pid == m.producer_id && epoch == m.epoch => {
+                n.epoch = m.epoch + 1;
+                n.last_epoch = m.epoch;
+            }
+            // A retry of a bump that already happened: answer it again.
+            Some((pid, epoch)) if pid == m.producer_id && epoch == m.last_epoch && epoch >= 0 => {
+                return Ok(InitPlan::Ready(m.clone()));
+            }
+            Some((pid, _)) if pid == m.prev_producer_id => {
+                // Retry after a rotation: the current identity is the answer.
+                return Ok(InitPlan::Ready(m.clone()));
+            }
+            Some(_) => return Err(CoordError::ProducerFenced),
+        }
+    }
+    n.state = TxnState::Empty;
+    n.partitions.clear();
+    n.start_ms = -1;
+    Ok(InitPlan::Ready(n))
+}
+
+/// After a fencing abort completed: the identity handed to the new producer
+/// (the fencing epoch, or a fresh producer id when that epoch is exhausted).
+pub fn complete_fence(fenced: &TxnMeta, now: i64, new_pid: &mut dyn FnMut() -> i64) -> TxnMeta {
+    let mut n = complete(fenced, now);
+    if exhausted(n.epoch) {
+        n.prev_producer_id = n.producer_id;
+        n.producer_id = new_pid();
+        n.epoch = 0;
+    }
+    n
+}
+
+/// Plans AddPartitionsToTxn. `Ok(None)`: nothing to persist.
+pub fn plan_add_partitions(
+    m: Option<&TxnMeta>,
+    pid: i64,
+    epoch: i16,
+    partitions: &[(String, i32)],
+    now: i64,
+) -> Result<Option<TxnMeta>, CoordError> {
+    let m = check_identity(m, pid, epoch)?;
+    match m.state {
+        TxnState::PrepareCommit | TxnState::PrepareAbort => {
+            return Err(CoordError::ConcurrentTransactions)
+        }
+        TxnState::Ongoing if partitions.iter().all(|p| m.partitions.contains(p)) => {
+            return Ok(None)
+        }
+        _ => {}
+    }
+    let mut n = m.clone();
+    if n.state != TxnState::Ongoing {
+        n.start_ms = now;
+        n.partitions.clear();
+    }
+    n.partitions.extend(partitions.iter().cloned());
+    n.state = TxnState::Ongoing;
+    n.update_ms = now;
+    Ok(Some(n))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndPlan {
+    /// A retry of an end that already completed: answer NONE.
+    AlreadyDone,
+    /// Persist this (PrepareCommit / PrepareAbort), write the markers, complete.
+    Prepare(TxnMeta),
+}
+
+/// Plans EndTxn (transaction version 1: the epoch stays the same).
+pub fn plan_end(
+    m: Option<&TxnMeta>,
+    pid: i64,
+    epoch: i16,
+    commit: bool,
+    now: i64,
+) -> Result<EndPlan, CoordError> {
+    let m = check_identity(m, pid, epoch)?;
+    use TxnState::*;
+    match (m.state, commit) {
+        (Ongoing, _) => {
+            let mut n = m.clone();
+            n.state = if commit { PrepareCommit } else { PrepareAbort };
+            n.update_ms = now;
+            Ok(EndPlan::Prepare(n))
+        }
+        (PrepareCommit, true) | (PrepareAbort, false) => Err(CoordError::ConcurrentTransactions),
+        (CompleteCommit, true) | (CompleteAbort, false) => Ok(EndPlan::AlreadyDone),
+        _ => Err(CoordError::InvalidTxnState),
+    }
+}
+
+/// The metadata once all markers of a Prepare* state are written.
+pub fn complete(m: &TxnMeta, now: i64) -> TxnMeta {
+    let mut n = m.clone();
+    n.state = match m.state {
+        TxnState::PrepareCommit => TxnState::CompleteCommit,
+        _ => TxnState::CompleteAbort,
+    };
+    n.partitions.clear();
+    n.update_ms = now;
+    n
+}
+
+/// If this transaction has outlived its timeout, the fencing abort to run.
+pub fn plan_timeout(m: &TxnMeta, now: i64) -> Option<TxnMeta> {
+    if m.state != TxnState::Ongoing || m.start_ms < 0 || now - m.start_ms <= m.timeout_ms as i64 {
+        return None;
+    }
+    let mut n = m.clone();
+    n.epoch = m.epoch.saturating_add(1);
+    n.last_epoch = -1;
+    n.state = TxnState::PrepareAbort;
+    n.update_ms = now;
+    Some(n)
+}
+
+fn check_identity(m: Option<&TxnMeta>, pid: i64, epoch: i16) -> Result<&TxnMeta, CoordError> {
+    let m = m.ok_or(CoordError::InvalidProducerIdMapping)?;
+    if m.producer_id != pid {
+        return Err(CoordError::InvalidProducerIdMapping);
+    }
+    if m.epoch != epoch {
+        return Err(CoordError::ProducerFenced);
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pids() -> impl FnMut() -> i64 {
+        let mut n = 100;
+        move || {
+            n += 1;
+            n
+        }
+    }
+
+    fn ready(p: InitPlan) -> TxnMeta {
+        match p {
+            InitPlan::Ready(m) => m,
+            other => panic!("expected Ready, got {other:?}"),
+        }
+    }
+
+    fn tp(t: &str, p: i32) -> (String, i32) {
+        (t.to_string(), p)
+    }
+
+    #[test]
+    fn first_init_then_bumps() {
+        let mut next = pids();
+        let m = ready(plan_init(None, "t", 60000, None, 1, &mut next).unwrap());
+        assert_eq!((m.producer_id, m.epoch, m.state), (101, 0, TxnState::Empty));
+        let m2 = ready(plan_init(Some(&m), "t", 60000, None, 2, &mut next).unwrap());
+        assert_eq!((m2.producer_id, m2.epoch), (101, 1));
+    }
+
+    #[test]
+    fn init_on_open_transaction_fences_and_answers_the_fencing_epoch() {
+        let mut next = pids();
+        let m = ready(plan_init(None, "fare-writer-7", 60000, None, 1, &mut next).unwrap());
+        let m = plan_add_partitions(Some(&m), 101, 0, &[tp("fares", 2)], 5)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.state, TxnState::Ongoing);
+        let InitPlan::Fence(f) =
+            plan_init(Some(&m), "fare-writer-7", 60000, None, 9, &mut next).unwrap()
+        else {
+            panic!("expected a fence");
+        };
+        assert_eq!(
+            (f.producer_id, f.epoch, f.state),
+            (101, 1, TxnState::PrepareAbort)
+        );
+        assert_eq!(
+            f.partitions.len(),
+            1,
+            "the abort goes to the open partitions"
+        );
+        let done = complete_fence(&f, 10, &mut next);
+        assert_eq!(
+            (done.producer_id, done.epoch, done.state),
+            (101, 1, TxnState::CompleteAbort)
+        );
+        // The zombie (epoch 0) is fenced at the coordinator.
+        assert_eq!(
+            plan_end(Some(&done), 101, 0, true, 11),
+            Err(CoordError::ProducerFenced)
+        );
+        assert_eq!(
+            plan_add_partitions(Some(&done), 101, 0, &[tp("fares", 2)], 11),
+            Err(CoordError::ProducerFenced)
+        );
+        // The new producer (epoch 1) goes on.
+        let o = plan_add_partitions(Some(&done), 101, 1, &[tp("fares", 2)], 12)
+            .unwrap()
+            .unwrap();
+        assert_eq!(o.start_ms, 12);
+        let EndPlan::Prepare(p) = plan_end(Some(&o), 101, 1, true, 13).unwrap() else {
+            panic!()
+        };
+        assert_eq!(p.state, TxnState::PrepareCommit);
+        let c = complete(&p, 14);
+        assert_eq!(c.state, TxnState::CompleteCommit);
+        assert_eq!(
+            plan_end(Some(&c), 101, 1, true, 15),
+            Ok(EndPlan::AlreadyDone)
+        );
+        assert_eq!(
+            plan_end(Some(&c), 101, 1, false, 15),
+            Err(CoordError::InvalidTxnState)
+        );
+    }
+
+    #[test]
+    fn end_state_table() {
+        let mut next = pids();
+        let m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
+        assert_eq!(
+            plan_end(Some(&m), 101, 0, true, 2),
+            Err(CoordError::InvalidTxnState)
+        );
+        assert_eq!(
+            plan_end(Some(&m), 999, 0, true, 2),
+            Err(CoordError::InvalidProducerIdMapping)
+        );
+        assert_eq!(
+            plan_end(None, 101, 0, true, 2),
+            Err(CoordError::InvalidProducerIdMapping)
+        );
+        let o = plan_add_partitions(Some(&m), 101, 0, &[tp("a", 0)], 3)
+            .unwrap()
+            .unwrap();
+        // Adding a partition already in the set writes nothing.
+        assert_eq!(
+            plan_add_partitions(Some(&o), 101, 0, &[tp("a", 0)], 4),
+            Ok(None)
+        );
+        let EndPlan::Prepare(pa) = plan_end(Some(&o), 101, 0, false, 5).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            plan_end(Some(&pa), 101, 0, false, 6),
+            Err(CoordError::ConcurrentTransactions)
+        );
+        assert_eq!(
+            plan_end(Some(&pa), 101, 0, true, 6),
+            Err(CoordError::InvalidTxnState)
+        );
+        assert_eq!(
+            plan_add_partitions(Some(&pa), 101, 0, &[tp("a", 1)], 6),
+            Err(CoordError::ConcurrentTransactions)
+        );
+        assert_eq!(
+            plan_init(Some(&pa), "t", 1000, None, 6, &mut next),
+            Err(CoordError::ConcurrentTransactions)
+        );
+    }
+
+    #[test]
+    fn kip360_bump_and_retry() {
+        let mut next = pids();
+        let m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
+        let b = ready(plan_init(Some(&m), "t", 1000, Some((101, 0)), 2, &mut next).unwrap());
+        assert_eq!((b.epoch, b.last_epoch), (1, 0));
+        // The same request again (its answer was lost): same identity, no second bump.
+        let r = ready(plan_init(Some(&b), "t", 1000, Some((101, 0)), 3, &mut next).unwrap());
+        assert_eq!(r.epoch, 1);
+        // Someone with a stale epoch is fenced.
+        let b2 = ready(plan_init(Some(&r), "t", 1000, Some((101, 1)), 4, &mut next).unwrap());
+        assert_eq!(b2.epoch, 2);
+        assert_eq!(
+            plan_init(Some(&b2), "t", 1000, Some((101, 0)), 5, &mut next),
+            Err(CoordError::ProducerFenced)
+        );
+        assert_eq!(
+            plan_init(Some(&b2), "t", 1000, Some((555, 0)), 5, &mut next),
+            Err(CoordError::ProducerFenced)
+        );
+    }
+
+    #[test]
+    fn exhausted_epoch_rotates_the_producer_id() {
+        let mut next = pids();
+        let mut m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
+        m.epoch = i16::MAX - 1;
+        let r = ready(plan_init(Some(&m), "t", 1000, None, 2, &mut next).unwrap());
+        assert_eq!((r.producer_id, r.prev_producer_id, r.epoch), (102, 101, 0));
+        // A fence at the edge uses i16::MAX for the markers, then rotates.
+        let mut o = plan_add_partitions(Some(&r), 102, 0, &[tp("a", 0)], 3)
+            .unwrap()
+            .unwrap();
+        o.epoch = i16::MAX - 1;
+        let InitPlan::Fence(f) = plan_init(Some(&o), "t", 1000, None, 4, &mut next).unwrap() else {
+            panic!()
+        };
+        assert_eq!(f.epoch, i16::MAX);
+        let done = complete_fence(&f, 5, &mut next);
+        assert_eq!((done.producer_id, done.epoch), (103, 0));
+    }
+
+    #[test]
+    fn timeout_fences_only_expired_ongoing() {
+        let mut next = pids();
+        let m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
+        assert_eq!(plan_timeout(&m, 1_000_000), None);
+        let o = plan_add_partitions(Some(&m), 101, 0, &[tp("a", 0)], 100)
+            .unwrap()
+            .unwrap();
+        assert_eq!(plan_timeout(&o, 1100), None);
+        let f = plan_timeout(&o, 1101).unwrap();
+        assert_eq!((f.epoch, f.state), (1, TxnState::PrepareAbort));
+    }
+}

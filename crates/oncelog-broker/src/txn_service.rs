@@ -1,0 +1,500 @@
+//! The transaction coordinator's I/O: its internal log
+//! (`__transaction_state-0` in the data directory, one record per state
+//! change, key = transactional id, value = the metadata as JSON), marker
+//! delivery to partitions, the timeout reaper, and recovery at start.
+//!
+//! Ordering, for every state change: the new metadata is appended and
+//! fsynced to the internal log before anything that depends on it happens
+//! (a Prepare record before any marker; markers durable before Complete;
+//! Complete before the answer). A Prepare* state found at start is driven
+//! to completion again; markers are idempotent for a partition's producer
+//! state (a second marker for a closed transaction closes nothing).
+//!
+//! All coordinator operations take one async lock; a produce only reads the
+//! small `ongoing` map (producer id → epoch and partitions of its open
+//! transaction), which is updated before markers are written, so a batch
+//! either lands before its transaction's marker or is refused.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use oncelog_log::batch::{self, BatchBuilder, BatchIter};
+use oncelog_log::{Log, LogConfig};
+use tokio::sync::{oneshot, Mutex};
+
+use crate::durability::SyncRequest;
+use crate::snapshot;
+use crate::topics::TopicError;
+use crate::txn_coordinator::{self as tc, CoordError, EndPlan, InitPlan, TxnMeta, TxnState};
+use crate::Broker;
+
+/// Identity of a producer's open transaction, for produce verification.
+#[derive(Debug, Clone)]
+pub struct OngoingTxn {
+    pub epoch: i16,
+    pub partitions: BTreeSet<(String, i32)>,
+}
+
+struct Inner {
+    txns: HashMap<String, TxnMeta>,
+    log: Log,
+}
+
+pub struct TxnService {
+    inner: Mutex<Inner>,
+    ongoing: RwLock<HashMap<i64, OngoingTxn>>,
+    /// Stamped into every marker; partitions refuse markers from an older one.
+    pub coordinator_epoch: i32,
+}
+
+/// Why a produce of a transactional batch is refused by verification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerifyError {
+    /// The producer's epoch is older than the coordinator's.
+    StaleEpoch,
+    /// No open transaction holds this partition for this producer.
+    NotInTransaction,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl TxnService {
+    pub fn open(data_dir: &Path) -> Result<Self, TopicError> {
+        let dir = data_dir.join("__transaction_state-0");
+        let config = LogConfig {
+            segment_bytes: 100 << 20,
+            retention_bytes: -1,
+            retention_ms: -1,
+            ..LogConfig::default()
+        };
+        let (log, report) = Log::open(&dir, config)?;
+        if report.bytes_dropped > 0 {
+            tracing::warn!(
+                bytes_dropped = report.bytes_dropped,
+                "transaction log tail truncated at recovery"
+            );
+        }
+        let mut txns: HashMap<String, TxnMeta> = HashMap::new();
+        let mut offset = log.log_start_offset();
+        let end = log.next_offset();
+        while offset < end {
+            let chunk = log.read(offset, 4 << 20, end, true)?;
+            if chunk.is_empty() {
+                break;
+            }
+            for item in BatchIter::new(&chunk) {
+                let (at, h) =
+                    item.map_err(|e| TopicError::Storage(format!("transaction log: {e}")))?;
+                let whole = &chunk[at..at + h.total_size()];
+                for (key, value) in batch::records(whole).unwrap_or_default() {
+                    let Some(key) = key.and_then(|k| std::str::from_utf8(k).ok()) else {
+                        continue;
+                    };
+                    match value {
+                        None => {
+                            txns.remove(key);
+                        }
+                        Some(v) => match serde_json::from_slice::<TxnMeta>(v) {
+                            Ok(m) => {
+                                txns.insert(key.to_string(), m);
+                            }
+                            Err(e) => {
+                                return Err(TopicError::Storage(format!(
+                                    "transaction log record for {key}: {e}"
+                                )))
+                            }
+                        },
+                    }
+                }
+                offset = h.next_offset();
+            }
+        }
+        let ongoing = txns
+            .values()
+            .filter(|m| m.state == TxnState::Ongoing)
+            .map(|m| {
+                (
+                    m.producer_id,
+                    OngoingTxn {
+                        epoch: m.epoch,
+                        partitions: m.partitions.clone(),
+                    },
+                )
+            })
+            .collect();
+        tracing::info!(
+            transactional_ids = txns.len(),
+            "transaction coordinator loaded"
+        );
+        Ok(Self {
+            inner: Mutex::new(Inner { txns, log }),
+            ongoing: RwLock::new(ongoing),
+            coordinator_epoch: 0,
+        })
+    }
+
+    /// Checks that a transactional batch belongs to an open transaction.
+    pub fn verify(
+        &self,
+        pid: i64,
+        epoch: i16,
+        topic: &str,
+        partition: i32,
+    ) -> Result<(), VerifyError> {
+        let map = self.ongoing.read().unwrap_or_else(|p| p.into_inner());
+        match map.get(&pid) {
+            Some(o) if epoch < o.epoch => Err(VerifyError::StaleEpoch),
+            Some(o)
+                if epoch == o.epoch && o.partitions.contains(&(topic.to_string(), partition)) =>
+            {
+                Ok(())
+            }
+            _ => Err(VerifyError::NotInTransaction),
+        }
+    }
+
+    /// Appends and fsyncs the new metadata, then makes it current.
+    fn persist(&self, inner: &mut Inner, meta: TxnMeta) -> Result<(), String> {
+        let value = serde_json::to_vec(&meta).map_err(|e| e.to_string())?;
+        let mut b = BatchBuilder::new(now_ms())
+            .record(0, Some(meta.transactional_id.as_bytes()), Some(&value))
+            .build();
+        let before = inner.log.next_offset();
+        let res = tokio::task::block_in_place(|| -> Result<(), String> {
+            inner.log.append(&mut b).map_err(|e| e.to_string())?;
+            inner.log.sync().map_err(|e| e.to_string())
+        });
+        if let Err(e) = res {
+            tracing::error!(transactional_id = %meta.transactional_id, error = %e,
+                "transaction log write failed; state change not made");
+            if let Err(te) = inner.log.truncate_to(before) {
+                tracing::error!(error = %te, "could not cut back the transaction log");
+            }
+            return Err(e);
+        }
+        {
+            let mut map = self.ongoing.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(old) = inner.txns.get(&meta.transactional_id) {
+                map.remove(&old.producer_id);
+            }
+            if meta.state == TxnState::Ongoing {
+                map.insert(
+                    meta.producer_id,
+                    OngoingTxn {
+                        epoch: meta.epoch,
+                        partitions: meta.partitions.clone(),
+                    },
+                );
+            }
+        }
+        inner.txns.insert(meta.transactional_id.clone(), meta);
+        Ok(())
+    }
+
+    /// Persists a Prepare* state, writes its markers, persists the Complete state.
+    async fn finish(
+        &self,
+        b: &Arc<Broker>,
+        inner: &mut Inner,
+        prepared: TxnMeta,
+    ) -> Result<TxnMeta, String> {
+        self.persist(inner, prepared.clone())?;
+        let commit = prepared.state == TxnState::PrepareCommit;
+        write_markers(b, &prepared, commit, self.coordinator_epoch).await;
+        let done = tc::complete(&prepared, now_ms());
+        self.persist(inner, done.clone())?;
+        tracing::info!(transactional_id = %prepared.transactional_id, producer_id = prepared.producer_id,
+            epoch = prepared.epoch, commit, partitions = prepared.partitions.len(), "transaction completed");
+        Ok(done)
+    }
+
+    /// InitProducerId for a transactional id: (pid, epoch).
+    pub async fn init_producer_id(
+        &self,
+        b: &Arc<Broker>,
+        id: &str,
+        timeout_ms: i32,
+        expected: Option<(i64, i16)>,
+    ) -> Result<(i64, i16), TxnError> {
+        let mut inner = self.inner.lock().await;
+        let mut alloc_err = None;
+        let mut new_pid = || match b.producer_ids.next() {
+            Ok(p) => p,
+            Err(e) => {
+                alloc_err = Some(e.to_string());
+                -1
+            }
+        };
+        let plan = tc::plan_init(
+            inner.txns.get(id),
+            id,
+            timeout_ms,
+            expected,
+            now_ms(),
+            &mut new_pid,
+        )
+        .map_err(TxnError::Coord)?;
+        if let Some(e) = alloc_err.take() {
+            return Err(TxnError::Storage(e));
+        }
+        let meta = match plan {
+            InitPlan::Ready(m) => {
+                self.persist(&mut inner, m.clone())
+                    .map_err(TxnError::Storage)?;
+                m
+            }
+            InitPlan::Fence(f) => {
+                tracing::warn!(
+                    transactional_id = id,
+                    producer_id = f.producer_id,
+                    new_epoch = f.epoch,
+                    partitions = f.partitions.len(),
+                    "producer fenced by a new InitProducerId; aborting its open transaction"
+                );
+                let done = self
+                    .finish(b, &mut inner, f)
+                    .await
+                    .map_err(TxnError::Storage)?;
+                let mut alloc_err = None;
+                let mut new_pid = || match b.producer_ids.next() {
+                    Ok(p) => p,
+                    Err(e) => {
+                        alloc_err = Some(e.to_string());
+                        -1
+                    }
+                };
+                let ready = tc::complete_fence(&done, now_ms(), &mut new_pid);
+                if let Some(e) = alloc_err {
+                    return Err(TxnError::Storage(e));
+                }
+                if ready != done {
+                    self.persist(&mut inner, ready.clone())
+                        .map_err(TxnError::Storage)?;
+                }
+                ready
+            }
+        };
+        tracing::debug!(
+            transactional_id = id,
+            producer_id = meta.producer_id,
+            epoch = meta.epoch,
+            "InitProducerId"
+        );
+        Ok((meta.producer_id, meta.epoch))
+    }
+
+    pub async fn add_partitions(
+        &self,
+        id: &str,
+        pid: i64,
+        epoch: i16,
+        partitions: &[(String, i32)],
+    ) -> Result<(), TxnError> {
+        let mut inner = self.inner.lock().await;
+        match tc::plan_add_partitions(inner.txns.get(id), pid, epoch, partitions, now_ms()) {
+            Ok(None) => Ok(()),
+            Ok(Some(m)) => self.persist(&mut inner, m).map_err(TxnError::Storage),
+            Err(e) => {
+                if e == CoordError::ProducerFenced {
+                    tracing::warn!(
+                        transactional_id = id,
+                        producer_id = pid,
+                        epoch,
+                        "AddPartitionsToTxn from a fenced producer"
+                    );
+                }
+                Err(TxnError::Coord(e))
+            }
+        }
+    }
+
+    pub async fn end_txn(
+        &self,
+        b: &Arc<Broker>,
+        id: &str,
+        pid: i64,
+        epoch: i16,
+        commit: bool,
+    ) -> Result<(), TxnError> {
+        let mut inner = self.inner.lock().await;
+        match tc::plan_end(inner.txns.get(id), pid, epoch, commit, now_ms()) {
+            Ok(EndPlan::AlreadyDone) => Ok(()),
+            Ok(EndPlan::Prepare(p)) => self
+                .finish(b, &mut inner, p)
+                .await
+                .map(|_| ())
+                .map_err(TxnError::Storage),
+            Err(e) => {
+                if e == CoordError::ProducerFenced {
+                    tracing::warn!(
+                        transactional_id = id,
+                        producer_id = pid,
+                        epoch,
+                        commit,
+                        "EndTxn from a fenced producer"
+                    );
+                }
+                Err(TxnError::Coord(e))
+            }
+        }
+    }
+
+    /// Drives every Prepare* transaction found at start to completion.
+    pub async fn recover(&self, b: &Arc<Broker>) {
+        let mut inner = self.inner.lock().await;
+        let pending: Vec<TxnMeta> = inner
+            .txns
+            .values()
+            .filter(|m| matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort))
+            .cloned()
+            .collect();
+        for m in pending {
+            tracing::info!(transactional_id = %m.transactional_id, state = m.state.name(), "re-driving transaction markers after restart");
+            let commit = m.state == TxnState::PrepareCommit;
+            write_markers(b, &m, commit, self.coordinator_epoch).await;
+            let done = tc::complete(&m, now_ms());
+            if let Err(e) = self.persist(&mut inner, done) {
+                tracing::error!(transactional_id = %m.transactional_id, error = %e, "could not complete a recovered transaction");
+            }
+        }
+    }
+
+    /// Aborts (with an epoch bump) every transaction past its timeout.
+    pub async fn abort_timed_out(&self, b: &Arc<Broker>) {
+        let mut inner = self.inner.lock().await;
+        let now = now_ms();
+        let expired: Vec<TxnMeta> = inner
+            .txns
+            .values()
+            .filter_map(|m| tc::plan_timeout(m, now))
+            .collect();
+        for f in expired {
+            tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, new_epoch = f.epoch,
+                timeout_ms = f.timeout_ms, "transaction timed out; aborting it and fencing its producer");
+            if let Err(e) = self.finish(b, &mut inner, f).await {
+                tracing::error!(error = %e, "timeout abort failed");
+            }
+        }
+    }
+
+    pub async fn describe(&self, id: &str) -> Option<TxnMeta> {
+        self.inner.lock().await.txns.get(id).cloned()
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TxnError {
+    #[error("{0}")]
+    Coord(CoordError),
+    #[error("storage: {0}")]
+    Storage(String),
+}
+
+/// Writes one marker per partition of `meta` and waits until all are
+/// durable, retrying a partition whose write or sync fails.
+async fn write_markers(b: &Arc<Broker>, meta: &TxnMeta, commit: bool, coordinator_epoch: i32) {
+    let mut waits = Vec::new();
+    for (topic, index) in &meta.partitions {
+        waits.push((
+            topic.clone(),
+            *index,
+            write_marker(b, topic, *index, meta, commit, coordinator_epoch),
+        ));
+    }
+    for (topic, index, first) in waits {
+        let mut attempt = first;
+        let mut tries = 0u32;
+        loop {
+            let res = match attempt {
+                Ok(Some(rx)) => match rx.await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err("sync abandoned".to_string()),
+                },
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            match res {
+                Ok(()) => break,
+                Err(e) => {
+                    tries += 1;
+                    tracing::error!(partition = %format!("{topic}-{index}"), transactional_id = %meta.transactional_id,
+                        error = %e, tries, "transaction marker not written; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(
+                        200 * tries.min(10) as u64,
+                    ))
+                    .await;
+                    attempt = write_marker(b, &topic, index, meta, commit, coordinator_epoch);
+                }
+            }
+        }
+    }
+}
+
+/// Appends one marker; `Ok(None)` when there is nothing to write there.
+fn write_marker(
+    b: &Arc<Broker>,
+    topic: &str,
+    index: i32,
+    meta: &TxnMeta,
+    commit: bool,
+    coordinator_epoch: i32,
+) -> Result<Option<oneshot::Receiver<Result<(), String>>>, String> {
+    let Some(p) = b.topics.get(topic).and_then(|t| t.partition(index)) else {
+        tracing::info!(partition = %format!("{topic}-{index}"), "marker skipped: partition no longer exists");
+        return Ok(None);
+    };
+    let (end, generation) = {
+        let mut st = p.lock();
+        if let Err(e) = st
+            .producers
+            .check_marker(meta.producer_id, meta.epoch, coordinator_epoch)
+        {
+            tracing::error!(partition = %p.name(), producer_id = meta.producer_id, epoch = meta.epoch, error = %e,
+                "marker refused by the partition");
+            return Ok(None);
+        }
+        let mut m = batch::build_marker(
+            meta.producer_id,
+            meta.epoch,
+            commit,
+            coordinator_epoch,
+            now_ms(),
+        );
+        let info = st.append(&mut m).map_err(|e| e.to_string())?;
+        if info.rolled {
+            snapshot::write(st.log.dir(), info.base_offset, &st.producers);
+        }
+        st.producers.apply_marker(
+            meta.producer_id,
+            meta.epoch,
+            coordinator_epoch,
+            info.base_offset,
+            !commit,
+            now_ms(),
+        );
+        (
+            info.last_offset + 1,
+            p.generation.load(std::sync::atomic::Ordering::Acquire),
+        )
+    };
+    if b.interval_flush() {
+        p.advance_high_watermark(end);
+        b.data_notify.notify_waiters();
+        return Ok(None);
+    }
+    let (tx, rx) = oneshot::channel();
+    b.syncer.request(SyncRequest {
+        partition: p,
+        end_offset: end,
+        generation,
+        reply: tx,
+    });
+    Ok(Some(rx))
+}

@@ -1,0 +1,211 @@
+"""Transactions with real librdkafka producers: commit and abort, read_committed
+readers, zombie fencing (scenario S1), timeouts, and a restart in between."""
+
+import struct
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from clients import consumer_config, create_topic, flush_all, producer_config, unique_topic
+from conftest import wait_until
+
+
+def txn_producer(bootstrap, txn_id, **extra):
+    conf = producer_config(bootstrap, **{"transactional.id": txn_id, "enable.idempotence": True,
+                                         "linger.ms": 1})
+    conf.update(extra)
+    return Producer(conf)
+
+
+def read_partition(bootstrap, topic, partition, start, isolation, until_offset, timeout=30):
+    """(offset, value) of every record from `start` until the consumer's
+    position reaches `until_offset` (markers take offsets but are not records)."""
+    c = Consumer(consumer_config(bootstrap, **{"isolation.level": isolation,
+                                               "enable.partition.eof": True}))
+    c.assign([TopicPartition(topic, partition, start)])
+    out = []
+    try:
+        def done():
+            for m in c.consume(100, timeout=0.3):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise AssertionError(m.error())
+                out.append((m.offset(), m.value()))
+            pos = c.position([TopicPartition(topic, partition)])[0].offset
+            return pos >= until_offset
+        wait_until(done, timeout, what=f"position {until_offset} ({isolation})")
+    finally:
+        c.close()
+    return out
+
+
+def segment_batches(broker, topic, partition):
+    """(base_offset, attributes, producer_id, producer_epoch) of every batch on disk."""
+    import kafka_wire as kw
+    out = []
+    for seg in broker.segment_files(topic, partition):
+        data = seg.read_bytes()
+        for b in kw.walk_batches(data):
+            pid, epoch = struct.unpack_from(">qh", data, b.pos + 43)
+            out.append((b.base_offset, b.attributes, pid, epoch))
+    return out
+
+
+def test_commit_and_abort_read_committed(broker):
+    topic = unique_topic("txn")
+    create_topic(broker.bootstrap, topic, partitions=2)
+    p = txn_producer(broker.bootstrap, "basic-" + topic)
+    p.init_transactions(30)
+    for round_ in range(6):
+        p.begin_transaction()
+        for i in range(10):
+            p.produce(topic, value=f"r{round_}-{i}".encode(), partition=i % 2)
+        if round_ % 2 == 0:
+            p.commit_transaction(30)
+        else:
+            p.flush(30)  # make sure the data is written before it is aborted
+            p.abort_transaction(30)
+    hw = {}
+    c = Consumer(consumer_config(broker.bootstrap))
+    for part in (0, 1):
+        hw[part] = c.get_watermark_offsets(TopicPartition(topic, part), timeout=10, cached=False)[1]
+    c.close()
+    # 6 rounds x 5 records + 6 markers per partition.
+    assert hw == {0: 36, 1: 36}
+    for part in (0, 1):
+        committed = read_partition(broker.bootstrap, topic, part, 0, "read_committed", hw[part])
+        values = [v.decode() for _, v in committed]
+        assert values == [f"r{r}-{i}" for r in (0, 2, 4) for i in range(part, 10, 2)]
+        everything = read_partition(broker.bootstrap, topic, part, 0, "read_uncommitted", hw[part])
+        assert len(everything) == 30, "read_uncommitted sees aborted data, never markers"
+
+
+def test_open_transaction_holds_back_read_committed(broker):
+    topic = unique_topic("lso")
+    create_topic(broker.bootstrap, topic)
+    plain = Producer(producer_config(broker.bootstrap))
+    for i in range(5):
+        plain.produce(topic, value=b"plain-%d" % i, partition=0)
+    flush_all(plain)
+    p = txn_producer(broker.bootstrap, "lso-" + topic)
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"pending", partition=0)
+    p.flush(30)
+    for i in range(5, 8):
+        plain.produce(topic, value=b"plain-%d" % i, partition=0)
+    flush_all(plain)
+    c = Consumer(consumer_config(broker.bootstrap, **{"isolation.level": "read_committed"}))
+    # ListOffsets latest with read_committed is the last stable offset.
+    lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+    c.close()
+    assert hi == 5, f"read_committed end offset must stop at the open transaction, got {hi}"
+    before = read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 5)
+    assert [v for _, v in before] == [b"plain-%d" % i for i in range(5)]
+    p.commit_transaction(30)
+    after = read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 10)
+    assert [v for _, v in after] == [b"plain-%d" % i for i in range(5)] + [b"pending"] + \
+        [b"plain-%d" % i for i in range(5, 8)]
+
+
+def test_s1_zombie_fare_writer_is_fenced(broker):
+    topic = "fares"
+    create_topic(broker.bootstrap, topic, partitions=3)
+    plain = Producer(producer_config(broker.bootstrap))
+    for i in range(40):
+        plain.produce(topic, value=b"fare-%d" % i, partition=2)
+    flush_all(plain)
+
+    a = txn_producer(broker.bootstrap, "fare-writer-7")
+    a.init_transactions(30)
+    a.begin_transaction()
+    delivered = []
+    a.produce(topic, value=b"trip-9001", partition=2,
+              on_delivery=lambda err, msg: delivered.append((err, msg.offset())))
+    a.flush(30)
+    assert delivered == [(None, 40)]
+
+    b = txn_producer(broker.bootstrap, "fare-writer-7")
+    b.init_transactions(30)
+    b.begin_transaction()
+    got = []
+    b.produce(topic, value=b"trip-9001", partition=2,
+              on_delivery=lambda err, msg: got.append((err, msg.offset())))
+    b.commit_transaction(30)
+    assert got == [(None, 42)]
+
+    # On disk: A's record (epoch 0) at 40, the fencing ABORT marker (epoch 1)
+    # at 41, B's record (epoch 1) at 42, its COMMIT marker at 43.
+    batches = {off: (attrs, pid, epoch) for off, attrs, pid, epoch in segment_batches(broker, topic, 2)}
+    a_pid = batches[40][1]
+    assert batches[40] == (0x10, a_pid, 0)
+    assert batches[41] == (0x30, a_pid, 1)
+    assert batches[42] == (0x10, a_pid, 1)
+    assert batches[43] == (0x30, a_pid, 1)
+
+    # The zombie wakes up: its write and its commit are refused; it is fenced (fatal).
+    errors = []
+    a.produce(topic, value=b"trip-9002", partition=2, on_delivery=lambda err, msg: errors.append(err))
+    try:
+        a.flush(30)
+    except (KafkaException, SystemError) as e:
+        # librdkafka raises the fatal error out of the poll that delivers it.
+        errors.append(e)
+    assert errors and errors[0] is not None
+    with pytest.raises(KafkaException) as e:
+        a.commit_transaction(10)
+    assert e.value.args[0].fatal(), str(e.value)
+    assert "fenced" in str(e.value).lower(), str(e.value)
+    assert "fenced" in broker.log_text().lower()
+
+    committed = read_partition(broker.bootstrap, topic, 2, 40, "read_committed", 44)
+    assert committed == [(42, b"trip-9001")]
+    uncommitted = read_partition(broker.bootstrap, topic, 2, 40, "read_uncommitted", 44)
+    assert uncommitted == [(40, b"trip-9001"), (42, b"trip-9001")]
+    assert not any(v == b"trip-9002" for _, v in uncommitted)
+
+
+def test_transaction_timeout_aborts_and_fences(broker):
+    topic = unique_topic("timeout")
+    create_topic(broker.bootstrap, topic)
+    p = txn_producer(broker.bootstrap, "slow-" + topic, **{"transaction.timeout.ms": 2000, "message.timeout.ms": 2000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"late", partition=0)
+    p.flush(30)
+    # The coordinator aborts it after the timeout: read_committed moves on.
+    after = read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 2, timeout=20)
+    assert after == []
+    assert "timed out" in broker.log_text()
+    with pytest.raises(KafkaException):
+        p.commit_transaction(10)
+
+
+def test_transactions_survive_restart(broker):
+    topic = unique_topic("txn-restart")
+    create_topic(broker.bootstrap, topic)
+    txn_id = "restart-" + topic
+    p = txn_producer(broker.bootstrap, txn_id)
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"committed", partition=0)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"open-at-crash", partition=0)
+    p.flush(30)
+    broker.kill9()
+    broker.start()
+    # The open transaction is still open after the restart (LSO pinned) ...
+    c = Consumer(consumer_config(broker.bootstrap, **{"isolation.level": "read_committed"}))
+    assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1] == 2
+    c.close()
+    # ... until a new producer with the same id fences and aborts it.
+    q = txn_producer(broker.bootstrap, txn_id)
+    q.init_transactions(30)
+    q.begin_transaction()
+    q.produce(topic, value=b"after", partition=0)
+    q.commit_transaction(30)
+    got = read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 6)
+    assert [v for _, v in got] == [b"committed", b"after"]

@@ -37,8 +37,8 @@ def java_classpath(tmp_path_factory):
     assert any(j.name.startswith("kafka-clients-4.") for j in jars), jars
     classes = tmp_path_factory.mktemp("java-classes")
     cp = ":".join(str(j) for j in jars)
-    proc = subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(classes), "-cp", cp,
-                           str(JAVA_DIR / "JavaClientCheck.java")],
+    proc = subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(classes), "-cp", cp]
+                          + [str(p) for p in sorted(JAVA_DIR.glob("*.java"))],
                           capture_output=True, timeout=300)
     assert proc.returncode == 0, f"javac failed:\n{proc.stdout.decode()}{proc.stderr.decode()}"
     return f"{classes}:{cp}"
@@ -74,3 +74,22 @@ def test_java_client_produce_and_consume(broker, java_classpath, compression, pa
             i = int(r.key.decode().removeprefix("jkey-"))
             assert i % partitions == p and r.headers == [("seq", f"h-{i}".encode())], r
             assert r.value.startswith(f"java-value-{i};".encode()), r
+
+
+@pytest.mark.timeout(300)
+def test_java_client_transactions_and_fencing(broker, java_classpath):
+    """The Java client (idempotence on by default) commits and aborts
+    transactions across partitions, and a zombie with the same transactional
+    id is fenced by a newer instance; read_committed sees only the committed."""
+    topic = unique_topic("java-txn")
+    create_topic(broker.bootstrap, topic, partitions=3)
+    proc = subprocess.run(
+        ["java", "-Xmx512m", "-cp", java_classpath, "JavaTxnCheck",
+         broker.bootstrap, topic, "3", "java-txn-" + topic],
+        capture_output=True, timeout=240)
+    out = proc.stdout.decode()
+    err = proc.stderr.decode()
+    result = [line for line in out.splitlines() if line.startswith("RESULT")]
+    assert proc.returncode == 0 and result and result[-1].startswith("RESULT ok"), \
+        f"java exited {proc.returncode}\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
+    assert "committed=101 all=202" in result[-1], result[-1]

@@ -39,6 +39,10 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("log.cleanup.policy", "delete", "stored and reported (topic: cleanup.policy); compaction is not implemented yet"),
     ("log.flush.interval.ms", "0", "0 = fdatasync before every acknowledgement (group commit); N > 0 = acknowledge after the write and fdatasync every N ms: a machine crash can lose the last N ms of acknowledged writes"),
     ("fetch.max.bytes", "57671680", "upper bound on bytes returned by one Fetch"),
+    ("transaction.max.timeout.ms", "900000", "largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above)"),
+    ("transactional.id.expiration.ms", "604800000", "forget a transactional id idle (no open transaction) this long"),
+    ("transaction.version", "2", "finalized transaction.version feature: 2 lets KIP-890 clients (Java 4.x) use EndTxn v5 and Produce v12; 1 keeps them on the classic protocol"),
+    ("producer.id.expiration.ms", "86400000", "partitions forget an idle producer id this long after its last write, never one with an open transaction"),
 ];
 
 #[derive(Debug, Clone)]
@@ -61,6 +65,10 @@ pub struct BrokerConfig {
     pub cleanup_policy: String,
     pub flush_interval_ms: u64,
     pub fetch_max_bytes: usize,
+    pub transaction_max_timeout_ms: i32,
+    pub transactional_id_expiration_ms: i64,
+    pub producer_id_expiration_ms: i64,
+    pub transaction_version: i16,
     /// Every setting as text, after overrides (for DescribeConfigs).
     pub raw: BTreeMap<String, String>,
 }
@@ -130,6 +138,19 @@ impl BrokerConfig {
             cleanup_policy: get("log.cleanup.policy"),
             flush_interval_ms: parse("log.flush.interval.ms", &get("log.flush.interval.ms"))?,
             fetch_max_bytes: parse("fetch.max.bytes", &get("fetch.max.bytes"))?,
+            transaction_max_timeout_ms: parse(
+                "transaction.max.timeout.ms",
+                &get("transaction.max.timeout.ms"),
+            )?,
+            transactional_id_expiration_ms: parse(
+                "transactional.id.expiration.ms",
+                &get("transactional.id.expiration.ms"),
+            )?,
+            producer_id_expiration_ms: parse(
+                "producer.id.expiration.ms",
+                &get("producer.id.expiration.ms"),
+            )?,
+            transaction_version: parse("transaction.version", &get("transaction.version"))?,
             raw: m.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         };
         let positive = |k: &str, v: i64| {

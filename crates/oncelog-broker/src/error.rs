@@ -15,6 +15,7 @@ pub enum ErrorCode {
     MessageTooLarge = 10,
     InvalidTopicException = 17,
     RecordListTooLarge = 18,
+    NotEnoughReplicas = 19,
     InvalidRequiredAcks = 21,
     UnsupportedVersion = 35,
     TopicAlreadyExists = 36,

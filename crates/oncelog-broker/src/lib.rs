@@ -25,6 +25,13 @@ pub use config::BrokerConfig;
 use durability::Syncer;
 use topics::{TopicError, Topics};
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 /// How often transactions are checked against their timeout.
 pub const TXN_REAPER_INTERVAL_MS: u64 = 1000;
 
@@ -107,6 +114,8 @@ impl Broker {
             loop {
                 tick.tick().await;
                 b.txn.abort_timed_out(&b).await;
+                let cutoff = now_ms() - b.config.transactional_id_expiration_ms;
+                b.txn.expire_ids(cutoff).await;
             }
         });
         let b = self.clone();

@@ -573,8 +573,13 @@ impl Topics {
     /// Runs retention on every partition.
     pub fn apply_retention(&self) {
         let now = now_ms();
+        let producer_cutoff = now - self.config.producer_id_expiration_ms;
         for p in self.all_partitions() {
             let mut log = p.lock();
+            let expired = log.producers.expire(producer_cutoff);
+            if expired > 0 {
+                tracing::info!(partition = %p.name(), expired, "idle producer ids expired");
+            }
             match log.apply_retention(now) {
                 Ok(0) => {}
                 Ok(n) => {

@@ -227,6 +227,58 @@ pub fn plan_end(
     }
 }
 
+/// Plans EndTxn v5 (KIP-890 transaction version 2): every end bumps the
+/// epoch; markers carry the bumped epoch and the answer hands it (or, when it
+/// is exhausted, a fresh producer id at epoch 0) to the client for its next
+/// transaction. A retry is recognised by the stored epoch being one past the
+/// request's. An abort with nothing open still bumps the epoch (no markers).
+pub fn plan_end_v2(
+    m: Option<&TxnMeta>,
+    pid: i64,
+    epoch: i16,
+    commit: bool,
+    now: i64,
+) -> Result<EndPlan, CoordError> {
+    use TxnState::*;
+    let m = m.ok_or(CoordError::InvalidProducerIdMapping)?;
+    // A retry across a producer id rotation: the old identity at the last epoch.
+    let rotated_retry =
+        m.prev_producer_id == pid && pid >= 0 && exhausted(epoch.saturating_add(1)) && m.epoch == 0;
+    if m.producer_id != pid && !rotated_retry {
+        return Err(CoordError::InvalidProducerIdMapping);
+    }
+    let current = m.producer_id == pid && epoch == m.epoch;
+    let retry = rotated_retry || (m.producer_id == pid && m.epoch as i32 == epoch as i32 + 1);
+    let bump = |state: TxnState| {
+        let mut n = m.clone();
+        n.epoch = m.epoch.saturating_add(1);
+        n.last_epoch = m.epoch;
+        n.state = state;
+        n.update_ms = now;
+        Ok(EndPlan::Prepare(n))
+    };
+    match (m.state, commit) {
+        (PrepareCommit | PrepareAbort, _) if retry => Err(CoordError::ConcurrentTransactions),
+        (PrepareCommit | PrepareAbort, _) => Err(CoordError::ProducerFenced),
+        (Ongoing, _) if current => bump(if commit { PrepareCommit } else { PrepareAbort }),
+        (Ongoing, _) => Err(CoordError::ProducerFenced),
+        (CompleteCommit, true) | (CompleteAbort, false) if retry => Ok(EndPlan::AlreadyDone),
+        // A commit racing a timeout abort: fenced, not a fatal state error (KAFKA-20785).
+        (CompleteAbort, true) if retry => Err(CoordError::ProducerFenced),
+        (Empty | CompleteCommit | CompleteAbort, false) if current => bump(PrepareAbort),
+        (Empty | CompleteCommit | CompleteAbort, true) if current => {
+            Err(CoordError::InvalidTxnState)
+        }
+        (CompleteCommit, false) if retry => Err(CoordError::InvalidTxnState),
+        _ => Err(CoordError::ProducerFenced),
+    }
+}
+
+/// After a TV2 end completed: the identity for the next transaction.
+pub fn complete_v2(prepared: &TxnMeta, now: i64, new_pid: &mut dyn FnMut() -> i64) -> TxnMeta {
+    complete_fence(prepared, now, new_pid)
+}
+
 /// The metadata once all markers of a Prepare* state are written.
 pub fn complete(m: &TxnMeta, now: i64) -> TxnMeta {
     let mut n = m.clone();
@@ -394,6 +446,86 @@ mod tests {
         assert_eq!(
             plan_init(Some(&pa), "t", 1000, None, 6, &mut next),
             Err(CoordError::ConcurrentTransactions)
+        );
+    }
+
+    #[test]
+    fn tv2_end_bumps_every_time_and_recognises_retries() {
+        let mut next = pids();
+        let m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
+        // Empty + commit is a client bug; Empty + abort bumps (no markers).
+        assert_eq!(
+            plan_end_v2(Some(&m), 101, 0, true, 2),
+            Err(CoordError::InvalidTxnState)
+        );
+        let EndPlan::Prepare(ea) = plan_end_v2(Some(&m), 101, 0, false, 2).unwrap() else {
+            panic!()
+        };
+        assert_eq!((ea.epoch, ea.state), (1, TxnState::PrepareAbort));
+        let ea = complete_v2(&ea, 3, &mut next);
+        assert_eq!((ea.epoch, ea.state), (1, TxnState::CompleteAbort));
+        // A retry of that abort (request epoch 0, stored 1) is answered NONE.
+        assert_eq!(
+            plan_end_v2(Some(&ea), 101, 0, false, 4),
+            Ok(EndPlan::AlreadyDone)
+        );
+        // A commit retry racing a timeout abort is fenced, not INVALID_TXN_STATE.
+        assert_eq!(
+            plan_end_v2(Some(&ea), 101, 0, true, 4),
+            Err(CoordError::ProducerFenced)
+        );
+        let o = plan_add_partitions(Some(&ea), 101, 1, &[tp("a", 0)], 5)
+            .unwrap()
+            .unwrap();
+        let EndPlan::Prepare(pc) = plan_end_v2(Some(&o), 101, 1, true, 6).unwrap() else {
+            panic!()
+        };
+        assert_eq!((pc.epoch, pc.state), (2, TxnState::PrepareCommit));
+        assert_eq!(
+            plan_end_v2(Some(&pc), 101, 1, true, 6),
+            Err(CoordError::ConcurrentTransactions)
+        );
+        let c = complete_v2(&pc, 7, &mut next);
+        assert_eq!(
+            plan_end_v2(Some(&c), 101, 1, true, 8),
+            Ok(EndPlan::AlreadyDone)
+        );
+        assert_eq!(
+            plan_end_v2(Some(&c), 101, 1, false, 8),
+            Err(CoordError::InvalidTxnState)
+        );
+        assert_eq!(
+            plan_end_v2(Some(&c), 101, 0, true, 8),
+            Err(CoordError::ProducerFenced)
+        );
+        assert_eq!(
+            plan_end_v2(Some(&c), 7, 2, true, 8),
+            Err(CoordError::InvalidProducerIdMapping)
+        );
+    }
+
+    #[test]
+    fn tv2_end_at_the_last_epoch_rotates_the_producer_id() {
+        let mut next = pids();
+        let mut m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
+        m.epoch = i16::MAX - 2;
+        let o = plan_add_partitions(Some(&m), 101, i16::MAX - 2, &[tp("a", 0)], 2)
+            .unwrap()
+            .unwrap();
+        let EndPlan::Prepare(p) = plan_end_v2(Some(&o), 101, i16::MAX - 2, true, 3).unwrap() else {
+            panic!()
+        };
+        assert_eq!(p.epoch, i16::MAX - 1);
+        let c = complete_v2(&p, 4, &mut next);
+        assert_eq!((c.producer_id, c.prev_producer_id, c.epoch), (102, 101, 0));
+        // The retry with the old identity is recognised.
+        assert_eq!(
+            plan_end_v2(Some(&c), 101, i16::MAX - 2, true, 5),
+            Ok(EndPlan::AlreadyDone)
+        );
+        assert_eq!(
+            plan_end_v2(Some(&c), 101, 7, true, 5),
+            Err(CoordError::InvalidProducerIdMapping)
         );
     }
 

@@ -159,25 +159,30 @@ impl TxnService {
         }
     }
 
-    /// Appends and fsyncs the new metadata, then makes it current.
-    fn persist(&self, inner: &mut Inner, meta: TxnMeta) -> Result<(), String> {
-        let value = serde_json::to_vec(&meta).map_err(|e| e.to_string())?;
+    /// Appends one record (a tombstone when `value` is `None`) to the
+    /// internal log and fsyncs it; on failure the log is cut back.
+    fn append_record(inner: &mut Inner, key: &str, value: Option<&[u8]>) -> Result<(), String> {
         let mut b = BatchBuilder::new(now_ms())
-            .record(0, Some(meta.transactional_id.as_bytes()), Some(&value))
+            .record(0, Some(key.as_bytes()), value)
             .build();
         let before = inner.log.next_offset();
         let res = tokio::task::block_in_place(|| -> Result<(), String> {
             inner.log.append(&mut b).map_err(|e| e.to_string())?;
             inner.log.sync().map_err(|e| e.to_string())
         });
-        if let Err(e) = res {
-            tracing::error!(transactional_id = %meta.transactional_id, error = %e,
-                "transaction log write failed; state change not made");
+        if let Err(e) = &res {
+            tracing::error!(transactional_id = key, error = %e, "transaction log write failed; state change not made");
             if let Err(te) = inner.log.truncate_to(before) {
                 tracing::error!(error = %te, "could not cut back the transaction log");
             }
-            return Err(e);
         }
+        res
+    }
+
+    /// Appends and fsyncs the new metadata, then makes it current.
+    fn persist(&self, inner: &mut Inner, meta: TxnMeta) -> Result<(), String> {
+        let value = serde_json::to_vec(&meta).map_err(|e| e.to_string())?;
+        Self::append_record(inner, &meta.transactional_id, Some(&value))?;
         {
             let mut map = self.ongoing.write().unwrap_or_else(|p| p.into_inner());
             if let Some(old) = inner.txns.get(&meta.transactional_id) {
@@ -207,7 +212,19 @@ impl TxnService {
         self.persist(inner, prepared.clone())?;
         let commit = prepared.state == TxnState::PrepareCommit;
         write_markers(b, &prepared, commit, self.coordinator_epoch).await;
-        let done = tc::complete(&prepared, now_ms());
+        // Complete; an exhausted epoch moves the id to a fresh producer id.
+        let mut alloc_err = None;
+        let mut new_pid = || match b.producer_ids.next() {
+            Ok(p) => p,
+            Err(e) => {
+                alloc_err = Some(e.to_string());
+                -1
+            }
+        };
+        let done = tc::complete_fence(&prepared, now_ms(), &mut new_pid);
+        if let Some(e) = alloc_err {
+            return Err(e);
+        }
         self.persist(inner, done.clone())?;
         tracing::info!(transactional_id = %prepared.transactional_id, producer_id = prepared.producer_id,
             epoch = prepared.epoch, commit, partitions = prepared.partitions.len(), "transaction completed");
@@ -257,27 +274,9 @@ impl TxnService {
                     partitions = f.partitions.len(),
                     "producer fenced by a new InitProducerId; aborting its open transaction"
                 );
-                let done = self
-                    .finish(b, &mut inner, f)
+                self.finish(b, &mut inner, f)
                     .await
-                    .map_err(TxnError::Storage)?;
-                let mut alloc_err = None;
-                let mut new_pid = || match b.producer_ids.next() {
-                    Ok(p) => p,
-                    Err(e) => {
-                        alloc_err = Some(e.to_string());
-                        -1
-                    }
-                };
-                let ready = tc::complete_fence(&done, now_ms(), &mut new_pid);
-                if let Some(e) = alloc_err {
-                    return Err(TxnError::Storage(e));
-                }
-                if ready != done {
-                    self.persist(&mut inner, ready.clone())
-                        .map_err(TxnError::Storage)?;
-                }
-                ready
+                    .map_err(TxnError::Storage)?
             }
         };
         tracing::debug!(
@@ -314,6 +313,8 @@ impl TxnService {
         }
     }
 
+    /// EndTxn; `tv2` for EndTxn v5 (every end bumps the epoch). Returns the
+    /// producer id and epoch the client uses next.
     pub async fn end_txn(
         &self,
         b: &Arc<Broker>,
@@ -321,14 +322,21 @@ impl TxnService {
         pid: i64,
         epoch: i16,
         commit: bool,
-    ) -> Result<(), TxnError> {
+        tv2: bool,
+    ) -> Result<(i64, i16), TxnError> {
         let mut inner = self.inner.lock().await;
-        match tc::plan_end(inner.txns.get(id), pid, epoch, commit, now_ms()) {
-            Ok(EndPlan::AlreadyDone) => Ok(()),
+        let meta = inner.txns.get(id);
+        let plan = if tv2 {
+            tc::plan_end_v2(meta, pid, epoch, commit, now_ms())
+        } else {
+            tc::plan_end(meta, pid, epoch, commit, now_ms())
+        };
+        match plan {
+            Ok(EndPlan::AlreadyDone) => Ok(meta.map_or((pid, epoch), |m| (m.producer_id, m.epoch))),
             Ok(EndPlan::Prepare(p)) => self
                 .finish(b, &mut inner, p)
                 .await
-                .map(|_| ())
+                .map(|m| (m.producer_id, m.epoch))
                 .map_err(TxnError::Storage),
             Err(e) => {
                 if e == CoordError::ProducerFenced {
@@ -380,6 +388,30 @@ impl TxnService {
             if let Err(e) = self.finish(b, &mut inner, f).await {
                 tracing::error!(error = %e, "timeout abort failed");
             }
+        }
+    }
+
+    /// Forgets transactional ids idle (no open transaction) since before
+    /// `cutoff`, writing a tombstone for each.
+    pub async fn expire_ids(&self, cutoff: i64) {
+        let mut inner = self.inner.lock().await;
+        let idle: Vec<String> = inner
+            .txns
+            .values()
+            .filter(|m| {
+                matches!(
+                    m.state,
+                    TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort
+                ) && m.update_ms < cutoff
+            })
+            .map(|m| m.transactional_id.clone())
+            .collect();
+        for id in idle {
+            if Self::append_record(&mut inner, &id, None).is_err() {
+                return;
+            }
+            inner.txns.remove(&id);
+            tracing::info!(transactional_id = %id, "transactional id expired");
         }
     }
 

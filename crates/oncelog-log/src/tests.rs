@@ -228,3 +228,45 @@ fn timestamp_lookup_finds_first_record() {
     assert_eq!(log.offset_for_timestamp(5003).unwrap(), Some((18, 6000)));
     assert_eq!(log.offset_for_timestamp(1_000_000).unwrap(), None);
 }
+
+#[test]
+fn rolls_by_age() {
+    let d = tempfile::tempdir().unwrap();
+    let mut c = cfg(1 << 20);
+    c.segment_ms = 50;
+    let (mut log, _) = Log::open(d.path(), c).unwrap();
+    log.append(&mut batch(0, 1, 10)).unwrap();
+    log.append(&mut batch(0, 1, 10)).unwrap();
+    assert_eq!(log.segment_count(), 1);
+    std::thread::sleep(std::time::Duration::from_millis(80));
+    let info = log.append(&mut batch(0, 1, 10)).unwrap();
+    assert!(info.rolled);
+    assert_eq!(log.segment_count(), 2);
+    assert_eq!(info.base_offset, 2);
+}
+
+#[test]
+fn replay_visits_every_batch_and_whole_control_batches() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut log, _) = Log::open(d.path(), cfg(2048)).unwrap();
+    for i in 0..30 {
+        log.append(&mut batch(i, 2, 40)).unwrap();
+    }
+    log.append(&mut batch::build_marker(9, 0, true, 3, 0))
+        .unwrap();
+    let mut seen = Vec::new();
+    log.replay(10, |b| {
+        let h = batch::BatchHeader::new(b).unwrap();
+        seen.push((h.base_offset(), h.is_control(), b.len()));
+    })
+    .unwrap();
+    assert_eq!(seen.first().unwrap().0, 10);
+    assert_eq!(seen.len(), 26);
+    let (off, control, len) = *seen.last().unwrap();
+    assert_eq!((off, control), (60, true));
+    assert!(len > batch::HEADER_LEN, "control batches come whole");
+    assert_eq!(
+        batch::control_record(&log.read(60, 1000, i64::MAX, true).unwrap()),
+        Some((1, 3))
+    );
+}

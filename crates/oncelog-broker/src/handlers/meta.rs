@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
+use kafka_protocol::messages::api_versions_response::{
+    ApiVersion, ApiVersionsResponse, FinalizedFeatureKey, SupportedFeatureKey,
+};
 use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
 use kafka_protocol::messages::find_coordinator_response::{Coordinator, FindCoordinatorResponse};
 use kafka_protocol::messages::metadata_request::MetadataRequest;
@@ -17,7 +19,7 @@ use crate::error::ErrorCode;
 use crate::topics::{Topic, TopicError};
 use crate::Broker;
 
-pub fn api_versions(_version: i16, unsupported: bool) -> ApiVersionsResponse {
+pub fn api_versions(b: &Broker, version: i16, unsupported: bool) -> ApiVersionsResponse {
     let keys = SUPPORTED
         .iter()
         .map(|(k, lo, hi)| {
@@ -32,9 +34,24 @@ pub fn api_versions(_version: i16, unsupported: bool) -> ApiVersionsResponse {
     } else {
         ErrorCode::None
     };
-    ApiVersionsResponse::default()
+    let mut resp = ApiVersionsResponse::default()
         .with_error_code(code.code())
-        .with_api_keys(keys)
+        .with_api_keys(keys);
+    if version >= 3 && !unsupported {
+        // KIP-890: the Java client uses transaction version 2 (EndTxn v5,
+        // Produce v12) only when the finalized `transaction.version` is 2.
+        let tv = b.config.transaction_version;
+        resp.supported_features = vec![SupportedFeatureKey::default()
+            .with_name(StrBytes::from_static_str("transaction.version"))
+            .with_min_version(0)
+            .with_max_version(2)];
+        resp.finalized_features_epoch = 1;
+        resp.finalized_features = vec![FinalizedFeatureKey::default()
+            .with_name(StrBytes::from_static_str("transaction.version"))
+            .with_min_version_level(tv)
+            .with_max_version_level(tv)];
+    }
+    resp
 }
 
 fn topic_entry(b: &Broker, t: &Topic, version: i16) -> MetadataResponseTopic {

@@ -23,7 +23,7 @@ pub type Pending = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
 
 /// The APIs and version ranges we serve.
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
-    (ApiKey::Produce, 3, 10),
+    (ApiKey::Produce, 3, 12),
     (ApiKey::Fetch, 4, 12),
     (ApiKey::ListOffsets, 1, 8),
     (ApiKey::Metadata, 0, 12),
@@ -34,9 +34,9 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
-    (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::InitProducerId, 0, 5),
     (ApiKey::AddPartitionsToTxn, 0, 3),
-    (ApiKey::EndTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 5),
 ];
 
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
@@ -104,7 +104,7 @@ fn be_i16(b: &[u8]) -> i16 {
 /// Handles one request frame (without its length prefix). Work that must
 /// happen in arrival order (appends) is done before this returns; waits are
 /// left in the returned future.
-pub fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameError> {
+pub async fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameError> {
     if frame.len() < 8 {
         return Err(FrameError::Short(frame.len()));
     }
@@ -119,7 +119,7 @@ pub fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameErro
         // KIP-511: answer in v0 with UNSUPPORTED_VERSION and our ranges, so
         // the client can retry with a version we know.
         tracing::debug!(version, "ApiVersions version unsupported, answering v0");
-        let body = ResponseKind::ApiVersions(meta::api_versions(0, true));
+        let body = ResponseKind::ApiVersions(meta::api_versions(broker, 0, true));
         return Ok(ready(encode_response(key, 0, correlation_id, &body)));
     }
     if !(lo..=hi).contains(&version) {
@@ -140,7 +140,7 @@ pub fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameErro
     let respond = move |body: ResponseKind| encode_response(key, version, correlation_id, &body);
     Ok(match req {
         RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(
-            meta::api_versions(version, false),
+            meta::api_versions(&b, version, false),
         ))),
         RequestKind::Metadata(r) => ready(respond(ResponseKind::Metadata(meta::metadata(
             &b, r, version,
@@ -179,7 +179,7 @@ pub fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameErro
             fetch::list_offsets(&b, r, version),
         ))),
         RequestKind::Produce(r) => {
-            let wait = produce::produce(&b, r, version);
+            let wait = produce::produce(&b, r, version).await;
             Box::pin(async move {
                 let resp = wait.await?;
                 respond(ResponseKind::Produce(resp))

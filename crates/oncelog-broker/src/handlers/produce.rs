@@ -20,7 +20,8 @@ use crate::error::ErrorCode;
 use crate::producer_state::{ProduceReject, Verdict};
 use crate::snapshot;
 use crate::topics::producer_batch;
-use crate::txn_service::VerifyError;
+use crate::txn_coordinator::CoordError;
+use crate::txn_service::{TxnError, VerifyError};
 use crate::Broker;
 
 enum Outcome {
@@ -208,13 +209,73 @@ fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::B
     Outcome::Waiting { base_offset, rx }
 }
 
+/// KIP-890 part 2 (Produce v12): a transactional batch adds its partition
+/// to its producer's transaction on the client's behalf. Returns the
+/// partitions that could not be added, with the code to answer.
+async fn implicit_add(
+    b: &Arc<Broker>,
+    req: &ProduceRequest,
+    version: i16,
+) -> Vec<(String, i32, ErrorCode)> {
+    let Some(id) = req.transactional_id.as_ref().filter(|_| version >= 12) else {
+        return Vec::new();
+    };
+    let mut ident = None;
+    let mut parts = Vec::new();
+    for td in &req.topic_data {
+        for pd in &td.partition_data {
+            let Some(h) = pd
+                .records
+                .as_ref()
+                .and_then(|r| batch::BatchHeader::new(r).ok())
+            else {
+                continue;
+            };
+            let exists = b
+                .topics
+                .get(td.name.0.as_str())
+                .and_then(|t| t.partition(pd.index))
+                .is_some();
+            if h.is_transactional() && h.producer_id() >= 0 && exists {
+                ident = Some((h.producer_id(), h.producer_epoch()));
+                parts.push((td.name.0.to_string(), pd.index));
+            }
+        }
+    }
+    let Some((pid, epoch)) = ident else {
+        return Vec::new();
+    };
+    match b
+        .txn
+        .add_partitions(id.0.as_str(), pid, epoch, &parts)
+        .await
+    {
+        Ok(()) => Vec::new(),
+        Err(e) => {
+            // Never PRODUCER_FENCED in a produce answer; retriable coordinator
+            // states become NOT_ENOUGH_REPLICAS, which every client retries.
+            let code = match e {
+                TxnError::Coord(CoordError::ProducerFenced) => ErrorCode::InvalidProducerEpoch,
+                TxnError::Coord(CoordError::ConcurrentTransactions) | TxnError::Storage(_) => {
+                    ErrorCode::NotEnoughReplicas
+                }
+                TxnError::Coord(_) => ErrorCode::InvalidTxnState,
+            };
+            tracing::warn!(transactional_id = %id.0.as_str(), producer_id = pid, epoch, error = %e,
+                "implicit add to transaction refused");
+            parts.into_iter().map(|(t, i)| (t, i, code)).collect()
+        }
+    }
+}
+
 /// Appends now; the returned future waits for durability and yields the
 /// response (`None` for acks=0, which gets no response).
-pub fn produce(
+pub async fn produce(
     b: &Arc<Broker>,
     req: ProduceRequest,
     version: i16,
 ) -> Pin<Box<dyn Future<Output = Option<ProduceResponse>> + Send>> {
+    let implicit = implicit_add(b, &req, version).await;
     let acks = req.acks;
     let valid_acks = (-1..=1).contains(&acks);
     let mut results: Vec<(StrBytes, Vec<(i32, Outcome)>)> =
@@ -223,11 +284,16 @@ pub fn produce(
         let name = td.name.0.clone();
         let mut parts = Vec::with_capacity(td.partition_data.len());
         for pd in td.partition_data {
+            let refused = implicit
+                .iter()
+                .find(|(t, i, _)| t == name.as_str() && *i == pd.index);
             let out = if !valid_acks {
                 failed(
                     ErrorCode::InvalidRequiredAcks,
                     format!("acks={acks} is not 0, 1 or -1"),
                 )
+            } else if let Some((_, _, code)) = refused {
+                failed(*code, "the partition could not be added to the transaction")
             } else {
                 append_one(b, &name, pd.index, pd.records)
             };

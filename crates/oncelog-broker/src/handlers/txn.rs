@@ -23,9 +23,6 @@ use crate::txn_coordinator::CoordError;
 use crate::txn_service::TxnError;
 use crate::Broker;
 
-/// Upper bound on `transaction.timeout.ms` (Kafka's `transaction.max.timeout.ms`).
-pub const MAX_TXN_TIMEOUT_MS: i32 = 900_000;
-
 fn txn_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
     match e {
         TxnError::Coord(CoordError::ConcurrentTransactions) => ErrorCode::ConcurrentTransactions,
@@ -60,7 +57,9 @@ pub async fn init_producer_id(
             }
         };
     };
-    if req.transaction_timeout_ms <= 0 || req.transaction_timeout_ms > MAX_TXN_TIMEOUT_MS {
+    if req.transaction_timeout_ms <= 0
+        || req.transaction_timeout_ms > b.config.transaction_max_timeout_ms
+    {
         return resp.with_error_code(ErrorCode::InvalidTransactionTimeout.code());
     }
     let expected =
@@ -147,7 +146,9 @@ pub async fn add_partitions_to_txn(
 
 pub async fn end_txn(b: Arc<Broker>, req: EndTxnRequest, version: i16) -> EndTxnResponse {
     let id = req.transactional_id.0.to_string();
-    let code = match b
+    let tv2 = version >= 5;
+    let mut resp = EndTxnResponse::default();
+    let res = b
         .txn
         .end_txn(
             &b,
@@ -155,11 +156,23 @@ pub async fn end_txn(b: Arc<Broker>, req: EndTxnRequest, version: i16) -> EndTxn
             req.producer_id.0,
             req.producer_epoch,
             req.committed,
+            tv2,
         )
-        .await
-    {
-        Ok(()) => ErrorCode::None,
-        Err(e) => txn_error_code(&e, version >= 2),
-    };
-    EndTxnResponse::default().with_error_code(code.code())
+        .await;
+    match res {
+        Ok((pid, epoch)) => {
+            if tv2 {
+                resp.producer_id = ProducerId(pid);
+                resp.producer_epoch = epoch;
+            }
+        }
+        Err(e) => {
+            resp.error_code = txn_error_code(&e, version >= 2).code();
+            if tv2 {
+                resp.producer_id = ProducerId(-1);
+                resp.producer_epoch = -1;
+            }
+        }
+    }
+    resp
 }

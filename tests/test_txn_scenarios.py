@@ -1,0 +1,211 @@
+"""Seed scenarios S3 and S4 and Kafka's own transaction integration cases,
+with librdkafka producers and consumers against a real broker."""
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from clients import consumer_config, create_topic, flush_all, producer_config, unique_topic
+from conftest import wait_until
+from test_transactions import read_partition, txn_producer
+
+
+def lso(bootstrap, topic, partition):
+    c = Consumer(consumer_config(bootstrap, **{"isolation.level": "read_committed"}))
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)[1]
+    finally:
+        c.close()
+
+
+def read_all_committed(bootstrap, topic, partitions, timeout=60):
+    """Every read_committed record of every partition, up to the LSO."""
+    out = []
+    for p in range(partitions):
+        end = lso(bootstrap, topic, p)
+        if end == 0:
+            continue
+        out += [(p, o, v) for o, v in read_partition(bootstrap, topic, p, 0, "read_committed", end, timeout)]
+    return out
+
+
+def test_s3_one_id_per_shard_only_the_restarted_shard_is_fenced(broker):
+    topic = unique_topic("s3")
+    create_topic(broker.bootstrap, topic, partitions=12)
+    shards = [txn_producer(broker.bootstrap, f"fare-writer-{i}") for i in range(12)]
+    for p in shards:
+        p.init_transactions(30)
+    committed = []
+    for round_ in range(3):
+        for i, p in enumerate(shards):
+            p.begin_transaction()
+            v = f"shard{i}-round{round_}".encode()
+            p.produce(topic, value=v, partition=i)
+            p.commit_transaction(30)
+            committed.append(v)
+    # Shard 7's owner is restarted while its old process has a transaction open.
+    shards[7].begin_transaction()
+    shards[7].produce(topic, value=b"shard7-lost", partition=7)
+    shards[7].flush(30)
+    new7 = txn_producer(broker.bootstrap, "fare-writer-7")
+    new7.init_transactions(30)
+    with pytest.raises(KafkaException):
+        shards[7].commit_transaction(10)
+    # The other eleven go on without an error.
+    for round_ in range(3, 5):
+        for i, p in enumerate(shards):
+            if i == 7:
+                p = new7
+            p.begin_transaction()
+            v = f"shard{i}-round{round_}".encode()
+            p.produce(topic, value=v, partition=i)
+            p.commit_transaction(30)
+            committed.append(v)
+    got = read_all_committed(broker.bootstrap, topic, 12)
+    values = [v for _, _, v in got]
+    assert sorted(values) == sorted(committed), "every committed record read exactly once"
+    assert b"shard7-lost" not in values
+    fences = [line for line in broker.log_text().splitlines() if "fenced" in line and "WARN" in line]
+    assert fences and all("fare-writer-7" in line for line in fences), fences
+
+
+def test_s4_fresh_id_per_start_pins_lso_until_timeout(broker):
+    topic = unique_topic("s4")
+    create_topic(broker.bootstrap, topic)
+    old = txn_producer(broker.bootstrap, "fare-writer-7-a3f9",
+                       **{"transaction.timeout.ms": 3000, "message.timeout.ms": 3000})
+    old.init_transactions(30)
+    old.begin_transaction()
+    old.produce(topic, value=b"orphan", partition=0)
+    old.flush(30)
+    # The old process vanishes without a word; a new one starts with a fresh id.
+    new = txn_producer(broker.bootstrap, "fare-writer-7-b812")
+    new.init_transactions(30)
+    new.begin_transaction()
+    new.produce(topic, value=b"fresh", partition=0)
+    new.commit_transaction(30)
+    assert "fenced" not in broker.log_text(), "a fresh id fences nothing"
+    # The orphan pins the last stable offset: read_committed sees nothing yet.
+    assert lso(broker.bootstrap, topic, 0) == 0
+    # Until the coordinator aborts it after transaction.timeout.ms.
+    wait_until(lambda: lso(broker.bootstrap, topic, 0) == 4, 20, interval=0.3,
+               what="the timed-out transaction to be aborted")
+    assert "transaction timed out" in broker.log_text()
+    got = read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 4)
+    assert [v for _, v in got] == [b"fresh"]
+    # Two idempotent producers (no transactional id) write the same partition freely.
+    a = Producer(producer_config(broker.bootstrap, **{"enable.idempotence": True}))
+    b = Producer(producer_config(broker.bootstrap, **{"enable.idempotence": True}))
+    for i in range(100):
+        a.produce(topic, value=b"a%d" % i, partition=0)
+        b.produce(topic, value=b"b%d" % i, partition=0)
+    flush_all(a)
+    flush_all(b)
+    got = read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 204)
+    assert len(got) == 201 and len({v for _, v in got}) == 201
+
+
+def test_fencing_on_add_partitions(broker):
+    topic = unique_topic("fence-add")
+    create_topic(broker.bootstrap, topic, partitions=2)
+    zombie = txn_producer(broker.bootstrap, "fence-add-" + topic)
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(topic, value=b"z0", partition=0)
+    zombie.flush(30)
+    fresh = txn_producer(broker.bootstrap, "fence-add-" + topic)
+    fresh.init_transactions(30)
+    # A partition the zombie has not added yet: AddPartitionsToTxn is fenced.
+    errors = []
+    zombie.produce(topic, value=b"z1", partition=1, on_delivery=lambda e, m: errors.append(e))
+    try:
+        zombie.flush(10)
+    except (KafkaException, SystemError) as e:
+        errors.append(e)
+    with pytest.raises(KafkaException) as e:
+        zombie.commit_transaction(10)
+    assert "fenced" in str(e.value).lower(), str(e.value)
+    assert read_all_committed(broker.bootstrap, topic, 2) == []
+    assert "AddPartitionsToTxn from a fenced producer" in broker.log_text()
+
+
+def test_fencing_after_transaction_timeout(broker):
+    topic = unique_topic("fence-timeout")
+    create_topic(broker.bootstrap, topic)
+    # librdkafka's smallest transaction.timeout.ms is 1000.
+    p = txn_producer(broker.bootstrap, "short-" + topic,
+                     **{"transaction.timeout.ms": 1000, "message.timeout.ms": 1000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"first", partition=0)
+    p.flush(10)
+    wait_until(lambda: "transaction timed out" in broker.log_text(), 10, what="the timeout abort")
+    errors = []
+    p.produce(topic, value=b"second", partition=0, on_delivery=lambda e, m: errors.append(e))
+    try:
+        p.flush(10)
+    except (KafkaException, SystemError) as e:
+        errors.append(e)
+    with pytest.raises(KafkaException):
+        p.commit_transaction(10)
+    assert read_all_committed(broker.bootstrap, topic, 1) == [], "nothing of a timed-out transaction is visible"
+    line = [x for x in broker.log_text().splitlines() if "timed out" in x][0]
+    assert "short-" + topic in line and "new_epoch=1" in line, line
+
+
+def test_markers_across_many_partitions(broker):
+    topic = unique_topic("wide")
+    create_topic(broker.bootstrap, topic, partitions=12)
+    p = txn_producer(broker.bootstrap, "wide-" + topic)
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(6000):
+        p.produce(topic, value=b"c%05d" % i, partition=i % 12)
+    p.commit_transaction(60)
+    p.begin_transaction()
+    for i in range(6000):
+        p.produce(topic, value=b"a%05d" % i, partition=i % 12)
+    p.flush(60)
+    p.abort_transaction(60)
+    got = read_all_committed(broker.bootstrap, topic, 12)
+    assert sorted(v for _, _, v in got) == [b"c%05d" % i for i in range(6000)]
+    for part in range(12):
+        assert lso(broker.bootstrap, topic, part) == 1002, "500 + marker + 500 + marker"
+
+
+def test_long_poll_spanning_an_aborted_transaction(broker):
+    """A read_committed consumer already waiting in a long poll sees only the
+    committed transaction that follows an aborted one."""
+    topic = unique_topic("longpoll")
+    create_topic(broker.bootstrap, topic)
+    c = Consumer(consumer_config(broker.bootstrap, **{"isolation.level": "read_committed",
+                                                      "fetch.wait.max.ms": 5000}))
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = []
+    stop = time.monotonic() + 20
+
+    def poll():
+        while time.monotonic() < stop and len(got) < 3:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+
+    t = threading.Thread(target=poll)
+    t.start()
+    time.sleep(0.5)
+    p = txn_producer(broker.bootstrap, "lp-" + topic)
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, value=b"aborted-%d" % i, partition=0)
+    p.flush(30)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, value=b"committed-%d" % i, partition=0)
+    p.commit_transaction(30)
+    t.join(25)
+    c.close()
+    assert got == [b"committed-0", b"committed-1", b"committed-2"]

@@ -32,6 +32,22 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Failpoints for crash tests: when `ONCELOG_FAILPOINTS` (a comma-separated
+/// list, read once) names `name`, the process aborts on the spot, as a power
+/// cut would stop it. Unset in normal operation.
+pub fn fail_point(name: &str) {
+    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let points = POINTS.get_or_init(|| {
+        std::env::var("ONCELOG_FAILPOINTS")
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+            .unwrap_or_default()
+    });
+    if points.iter().any(|p| p == name) {
+        tracing::error!(failpoint = name, "failpoint hit: aborting the process");
+        std::process::abort();
+    }
+}
+
 /// How often transactions are checked against their timeout.
 pub const TXN_REAPER_INTERVAL_MS: u64 = 1000;
 

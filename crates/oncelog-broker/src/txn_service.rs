@@ -211,7 +211,9 @@ impl TxnService {
     ) -> Result<TxnMeta, String> {
         self.persist(inner, prepared.clone())?;
         let commit = prepared.state == TxnState::PrepareCommit;
+        crate::fail_point(if commit { "txn-after-prepare-commit" } else { "txn-after-prepare-abort" });
         write_markers(b, &prepared, commit, self.coordinator_epoch).await;
+        crate::fail_point("txn-after-markers");
         // Complete; an exhausted epoch moves the id to a fresh producer id.
         let mut alloc_err = None;
         let mut new_pid = || match b.producer_ids.next() {

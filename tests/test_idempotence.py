@@ -159,3 +159,28 @@ def test_librdkafka_idempotent_producer_across_restart(broker):
     dups = {v: at for v, at in seen.items() if len(at) > 1}
     assert not dups, f"{len(dups)} duplicated values, e.g. {list(dups.items())[:3]}"
     assert len(seen) == n
+
+
+def test_lost_acks_are_retried_without_duplicates(broker_factory, monkeypatch):
+    """The broker dies after making a batch durable but before answering;
+    librdkafka retries it after the restart, and the retry is recognised as a
+    duplicate from the producer state rebuilt from the log."""
+    monkeypatch.setenv("ONCELOG_FAILPOINTS", "produce-before-ack")
+    b = broker_factory()
+    topic = unique_topic("lost-ack")
+    create_topic(b.bootstrap, topic)
+    monkeypatch.delenv("ONCELOG_FAILPOINTS")
+    p = Producer(producer_config(b.bootstrap, **{"enable.idempotence": True, "linger.ms": 20,
+                                                 "message.timeout.ms": 60000}))
+    tr = DeliveryTracker()
+    for i in range(2000):
+        p.produce(topic, value=b"v%05d" % i, partition=0, on_delivery=tr)
+    p.poll(0.5)
+    wait_until(lambda: not b.alive, 20, what="the failpoint to stop the broker before its first ack")
+    assert not tr.acked, "nothing was acknowledged before the crash"
+    b.start()
+    flush_all(p, 60)
+    assert not tr.failed and len(tr.acked) == 2000
+    got = read_values(b.bootstrap, topic, 2000)
+    assert [v for _, v in got] == [b"v%05d" % i for i in range(2000)], "no duplicate, no gap"
+    assert [o for _, o, _, _ in sorted(tr.acked, key=lambda a: a[1])] == list(range(2000))

@@ -39,7 +39,12 @@ pub fn fail_point(name: &str) {
     static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     let points = POINTS.get_or_init(|| {
         std::env::var("ONCELOG_FAILPOINTS")
-            .map(|v| v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
             .unwrap_or_default()
     });
     if points.iter().any(|p| p == name) {

@@ -211,7 +211,11 @@ impl TxnService {
     ) -> Result<TxnMeta, String> {
         self.persist(inner, prepared.clone())?;
         let commit = prepared.state == TxnState::PrepareCommit;
-        crate::fail_point(if commit { "txn-after-prepare-commit" } else { "txn-after-prepare-abort" });
+        crate::fail_point(if commit {
+            "txn-after-prepare-commit"
+        } else {
+            "txn-after-prepare-abort"
+        });
         write_markers(b, &prepared, commit, self.coordinator_epoch).await;
         crate::fail_point("txn-after-markers");
         // Complete; an exhausted epoch moves the id to a fresh producer id.

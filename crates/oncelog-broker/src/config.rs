@@ -42,6 +42,10 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("transaction.max.timeout.ms", "900000", "largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above)"),
     ("transactional.id.expiration.ms", "604800000", "forget a transactional id idle (no open transaction) this long"),
     ("transaction.version", "2", "finalized transaction.version feature: 2 lets KIP-890 clients (Java 4.x) use EndTxn v5 and Produce v12; 1 keeps them on the classic protocol"),
+    ("group.initial.rebalance.delay.ms", "3000", "how long a new group waits for more members before its first rebalance"),
+    ("group.min.session.timeout.ms", "6000", "smallest session.timeout.ms a consumer may ask for"),
+    ("group.max.session.timeout.ms", "1800000", "largest session.timeout.ms a consumer may ask for"),
+    ("offsets.retention.minutes", "10080", "committed offsets of a group without members are kept this long"),
     ("producer.id.expiration.ms", "86400000", "partitions forget an idle producer id this long after its last write, never one with an open transaction"),
 ];
 
@@ -69,6 +73,10 @@ pub struct BrokerConfig {
     pub transactional_id_expiration_ms: i64,
     pub producer_id_expiration_ms: i64,
     pub transaction_version: i16,
+    pub group_initial_rebalance_delay_ms: u64,
+    pub group_min_session_timeout_ms: i32,
+    pub group_max_session_timeout_ms: i32,
+    pub offsets_retention_minutes: i64,
     /// Every setting as text, after overrides (for DescribeConfigs).
     pub raw: BTreeMap<String, String>,
 }
@@ -151,6 +159,22 @@ impl BrokerConfig {
                 &get("producer.id.expiration.ms"),
             )?,
             transaction_version: parse("transaction.version", &get("transaction.version"))?,
+            group_initial_rebalance_delay_ms: parse(
+                "group.initial.rebalance.delay.ms",
+                &get("group.initial.rebalance.delay.ms"),
+            )?,
+            group_min_session_timeout_ms: parse(
+                "group.min.session.timeout.ms",
+                &get("group.min.session.timeout.ms"),
+            )?,
+            group_max_session_timeout_ms: parse(
+                "group.max.session.timeout.ms",
+                &get("group.max.session.timeout.ms"),
+            )?,
+            offsets_retention_minutes: parse(
+                "offsets.retention.minutes",
+                &get("offsets.retention.minutes"),
+            )?,
             raw: m.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         };
         let positive = |k: &str, v: i64| {

@@ -8,6 +8,7 @@
 pub mod config;
 pub mod durability;
 pub mod error;
+pub mod groups;
 pub mod handlers;
 pub mod producer_ids;
 pub mod producer_state;
@@ -62,6 +63,7 @@ pub struct Broker {
     pub topics: Topics,
     pub producer_ids: producer_ids::ProducerIds,
     pub txn: txn_service::TxnService,
+    pub groups: groups::Groups,
     pub syncer: Syncer,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
@@ -75,6 +77,17 @@ impl Broker {
         let topics = Topics::open(&config)?;
         let producer_ids = producer_ids::ProducerIds::open(&config.data_dir)?;
         let txn = txn_service::TxnService::open(&config.data_dir)?;
+        let groups = groups::Groups::open(
+            &config.data_dir,
+            groups::GroupSettings {
+                initial_rebalance_delay: std::time::Duration::from_millis(
+                    config.group_initial_rebalance_delay_ms,
+                ),
+                min_session_timeout_ms: config.group_min_session_timeout_ms,
+                max_session_timeout_ms: config.group_max_session_timeout_ms,
+                offsets_retention_ms: config.offsets_retention_minutes.saturating_mul(60_000),
+            },
+        )?;
         let data_notify = Arc::new(Notify::new());
         let syncer = Syncer::start(data_notify.clone());
         Ok(Arc::new(Self {
@@ -82,6 +95,7 @@ impl Broker {
             topics,
             producer_ids,
             txn,
+            groups,
             syncer,
             data_notify,
             appended_bytes: Default::default(),
@@ -125,6 +139,14 @@ impl Broker {
 
     /// Background work: retention and, in interval mode, periodic flushes.
     pub fn spawn_background(self: &Arc<Self>) {
+        let b = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                b.groups.tick().await;
+            }
+        });
         let b = self.clone();
         tokio::spawn(async move {
             // Finish what a previous run left between Prepare and Complete,

@@ -83,7 +83,7 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
             tracing::debug!(%peer, "connection closed mid-frame");
             break;
         }
-        match dispatch(&broker, buf.freeze()).await {
+        match dispatch(&broker, buf.freeze(), peer).await {
             Ok(pending) => {
                 if tx.send(pending).await.is_err() {
                     break;

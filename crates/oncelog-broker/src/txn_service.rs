@@ -439,6 +439,18 @@ pub enum TxnError {
 async fn write_markers(b: &Arc<Broker>, meta: &TxnMeta, commit: bool, coordinator_epoch: i32) {
     let mut waits = Vec::new();
     for (topic, index) in &meta.partitions {
+        if topic == crate::groups::OFFSETS_TOPIC {
+            // The group coordinator's side: pending offsets become committed or go.
+            let mut tries = 0u32;
+            while let Err(e) = b.groups.complete_txn(meta.producer_id, commit).await {
+                tries += 1;
+                tracing::error!(transactional_id = %meta.transactional_id, error = %e, tries,
+                    "offsets marker not written; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(200 * tries.min(10) as u64))
+                    .await;
+            }
+            continue;
+        }
         waits.push((
             topic.clone(),
             *index,

@@ -3,6 +3,7 @@
 
 mod admin;
 mod fetch;
+mod group;
 mod meta;
 mod produce;
 mod txn;
@@ -36,6 +37,17 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::InitProducerId, 0, 5),
     (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 4),
+    (ApiKey::TxnOffsetCommit, 0, 5),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::EndTxn, 0, 5),
 ];
 
@@ -104,7 +116,11 @@ fn be_i16(b: &[u8]) -> i16 {
 /// Handles one request frame (without its length prefix). Work that must
 /// happen in arrival order (appends) is done before this returns; waits are
 /// left in the returned future.
-pub async fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, FrameError> {
+pub async fn dispatch(
+    broker: &Arc<Broker>,
+    frame: Bytes,
+    peer: std::net::SocketAddr,
+) -> Result<Pending, FrameError> {
     if frame.len() < 8 {
         return Err(FrameError::Short(frame.len()));
     }
@@ -151,6 +167,58 @@ pub async fn dispatch(broker: &Arc<Broker>, frame: Bytes) -> Result<Pending, Fra
         RequestKind::InitProducerId(r) => Box::pin(async move {
             let resp = txn::init_producer_id(b, r, version).await;
             respond(ResponseKind::InitProducerId(resp))
+        }),
+        RequestKind::JoinGroup(r) => {
+            let client_id = header
+                .client_id
+                .as_ref()
+                .map(|c| c.to_string())
+                .unwrap_or_default();
+            let host = format!("/{}", peer.ip());
+            Box::pin(async move {
+                let resp = group::join_group(b, r, version, client_id, host).await;
+                respond(ResponseKind::JoinGroup(resp))
+            })
+        }
+        RequestKind::SyncGroup(r) => Box::pin(async move {
+            let resp = group::sync_group(b, r, version).await;
+            respond(ResponseKind::SyncGroup(resp))
+        }),
+        RequestKind::Heartbeat(r) => Box::pin(async move {
+            let resp = group::heartbeat(b, r).await;
+            respond(ResponseKind::Heartbeat(resp))
+        }),
+        RequestKind::LeaveGroup(r) => Box::pin(async move {
+            let resp = group::leave_group(b, r, version).await;
+            respond(ResponseKind::LeaveGroup(resp))
+        }),
+        RequestKind::OffsetCommit(r) => Box::pin(async move {
+            let resp = group::offset_commit(b, r, version).await;
+            respond(ResponseKind::OffsetCommit(resp))
+        }),
+        RequestKind::OffsetFetch(r) => Box::pin(async move {
+            let resp = group::offset_fetch(b, r, version).await;
+            respond(ResponseKind::OffsetFetch(resp))
+        }),
+        RequestKind::ListGroups(r) => Box::pin(async move {
+            let resp = group::list_groups(b, r, version).await;
+            respond(ResponseKind::ListGroups(resp))
+        }),
+        RequestKind::DescribeGroups(r) => Box::pin(async move {
+            let resp = group::describe_groups(b, r, version).await;
+            respond(ResponseKind::DescribeGroups(resp))
+        }),
+        RequestKind::DeleteGroups(r) => Box::pin(async move {
+            let resp = group::delete_groups(b, r).await;
+            respond(ResponseKind::DeleteGroups(resp))
+        }),
+        RequestKind::AddOffsetsToTxn(r) => Box::pin(async move {
+            let resp = group::add_offsets_to_txn(b, r, version).await;
+            respond(ResponseKind::AddOffsetsToTxn(resp))
+        }),
+        RequestKind::TxnOffsetCommit(r) => Box::pin(async move {
+            let resp = group::txn_offset_commit(b, r, version).await;
+            respond(ResponseKind::TxnOffsetCommit(resp))
         }),
         RequestKind::AddPartitionsToTxn(r) => Box::pin(async move {
             let resp = txn::add_partitions_to_txn(b, r, version).await;

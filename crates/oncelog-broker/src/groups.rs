@@ -1,0 +1,973 @@
+//! The classic consumer-group coordinator and committed offsets.
+//!
+//! Membership (JoinGroup / SyncGroup / Heartbeat / LeaveGroup) lives in
+//! memory: after a restart members rejoin, as they do after a coordinator
+//! move in Kafka. Committed offsets live in an internal log
+//! (`__consumer_offsets-0`, one JSON record per change, fsynced before the
+//! answer) and are replayed at start.
+//!
+//! Transactional offset commits (TxnOffsetCommit) are kept *pending* per
+//! producer id, also in the offsets log, until the transaction's marker
+//! reaches the group coordinator: COMMIT makes them the committed offsets,
+//! ABORT drops them. While a partition has pending offsets, OffsetFetch with
+//! `require_stable` answers UNSTABLE_OFFSET_COMMIT (KIP-447), so a new owner
+//! never starts from a stale offset.
+//!
+//! Group state machine (Kafka's): Empty → PreparingRebalance (a join) →
+//! CompletingRebalance (every member rejoined, or the rebalance timeout
+//! passed: JoinGroup answers go out, the leader gets the member list) →
+//! Stable (the leader's SyncGroup delivered the assignments). A join, a
+//! leave or an expired session sends a Stable group back to
+//! PreparingRebalance; heartbeats then answer REBALANCE_IN_PROGRESS so
+//! members rejoin.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use oncelog_log::batch::{self, BatchBuilder, BatchIter};
+use oncelog_log::{Log, LogConfig};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, Mutex};
+
+use crate::error::ErrorCode;
+use crate::topics::TopicError;
+
+/// The pseudo-partition that stands for a group's offsets in a transaction.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupState {
+    Empty,
+    PreparingRebalance,
+    CompletingRebalance,
+    Stable,
+}
+
+impl GroupState {
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupState::Empty => "Empty",
+            GroupState::PreparingRebalance => "PreparingRebalance",
+            GroupState::CompletingRebalance => "CompletingRebalance",
+            GroupState::Stable => "Stable",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetMeta {
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<String>,
+    pub commit_ms: i64,
+}
+
+/// What a JoinGroup waiter receives.
+#[derive(Debug, Clone)]
+pub struct JoinResult {
+    pub error: ErrorCode,
+    pub generation: i32,
+    pub protocol_type: Option<String>,
+    pub protocol: Option<String>,
+    pub leader: String,
+    pub member_id: String,
+    /// (member id, instance id, metadata) — for the leader only.
+    pub members: Vec<(String, Option<String>, Bytes)>,
+}
+
+pub struct Member {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout: Duration,
+    pub rebalance_timeout: Duration,
+    pub protocols: Vec<(String, Bytes)>,
+    pub assignment: Bytes,
+    pub last_seen: Instant,
+    join_waiter: Option<oneshot::Sender<JoinResult>>,
+    sync_waiter: Option<oneshot::Sender<(ErrorCode, Bytes)>>,
+}
+
+pub struct Group {
+    pub id: String,
+    pub state: GroupState,
+    pub generation: i32,
+    pub protocol_type: Option<String>,
+    pub protocol: Option<String>,
+    pub leader: Option<String>,
+    pub members: BTreeMap<String, Member>,
+    /// When the join phase must end (rebalance timeout), and the earliest it may
+    /// (the initial rebalance delay of an empty group).
+    join_deadline: Option<Instant>,
+    join_not_before: Option<Instant>,
+    pub offsets: HashMap<(String, i32), OffsetMeta>,
+    /// Producer id → offsets committed in its open transaction.
+    pub pending: HashMap<i64, HashMap<(String, i32), OffsetMeta>>,
+}
+
+impl Group {
+    fn new(id: &str) -> Self {
+        Self {
+            id: id.to_string(),
+            state: GroupState::Empty,
+            generation: 0,
+            protocol_type: None,
+            protocol: None,
+            leader: None,
+            members: BTreeMap::new(),
+            join_deadline: None,
+            join_not_before: None,
+            offsets: HashMap::new(),
+            pending: HashMap::new(),
+        }
+    }
+
+    pub fn has_pending(&self, topic: &str, partition: i32) -> bool {
+        let k = (topic.to_string(), partition);
+        self.pending.values().any(|m| m.contains_key(&k))
+    }
+
+    /// Starts (or keeps) a rebalance.
+    fn prepare_rebalance(&mut self, now: Instant, initial_delay: Duration) {
+        if self.state == GroupState::PreparingRebalance {
+            return;
+        }
+        // Members waiting for their assignment learn that a new round started.
+        for m in self.members.values_mut() {
+            if let Some(w) = m.sync_waiter.take() {
+                let _ = w.send((ErrorCode::RebalanceInProgress, Bytes::new()));
+            }
+        }
+        let timeout = self
+            .members
+            .values()
+            .map(|m| m.rebalance_timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(60));
+        self.join_deadline = Some(now + timeout);
+        self.join_not_before = (self.state == GroupState::Empty).then(|| now + initial_delay);
+        self.state = GroupState::PreparingRebalance;
+    }
+
+    fn all_joined(&self) -> bool {
+        !self.members.is_empty() && self.members.values().all(|m| m.join_waiter.is_some())
+    }
+
+    /// Ends the join phase: drops members that did not rejoin, picks the
+    /// protocol, bumps the generation and answers every JoinGroup.
+    fn complete_join(&mut self) {
+        self.members.retain(|_, m| m.join_waiter.is_some());
+        self.join_deadline = None;
+        self.join_not_before = None;
+        if self.members.is_empty() {
+            self.state = GroupState::Empty;
+            self.generation += 1;
+            self.protocol = None;
+            self.leader = None;
+            return;
+        }
+        self.generation += 1;
+        if self
+            .leader
+            .as_ref()
+            .is_none_or(|l| !self.members.contains_key(l))
+        {
+            self.leader = self.members.keys().next().cloned();
+        }
+        // The first protocol of the leader's list that every member supports.
+        let leader = self.leader.clone().unwrap_or_default();
+        let candidates: Vec<String> = self
+            .members
+            .get(&leader)
+            .map(|m| m.protocols.iter().map(|(n, _)| n.clone()).collect())
+            .unwrap_or_default();
+        self.protocol = candidates.into_iter().find(|p| {
+            self.members
+                .values()
+                .all(|m| m.protocols.iter().any(|(n, _)| n == p))
+        });
+        self.state = GroupState::CompletingRebalance;
+        let proto = self.protocol.clone();
+        let members: Vec<(String, Option<String>, Bytes)> = self
+            .members
+            .values()
+            .map(|m| {
+                let meta = m
+                    .protocols
+                    .iter()
+                    .find(|(n, _)| Some(n) == proto.as_ref())
+                    .map(|(_, md)| md.clone())
+                    .unwrap_or_default();
+                (m.id.clone(), m.instance_id.clone(), meta)
+            })
+            .collect();
+        for m in self.members.values_mut() {
+            m.assignment = Bytes::new();
+            if let Some(w) = m.join_waiter.take() {
+                let _ = w.send(JoinResult {
+                    error: ErrorCode::None,
+                    generation: self.generation,
+                    protocol_type: self.protocol_type.clone(),
+                    protocol: proto.clone(),
+                    leader: leader.clone(),
+                    member_id: m.id.clone(),
+                    members: if m.id == leader {
+                        members.clone()
+                    } else {
+                        Vec::new()
+                    },
+                });
+            }
+        }
+    }
+
+    fn remove_member(&mut self, id: &str, now: Instant, initial_delay: Duration) {
+        if let Some(mut m) = self.members.remove(id) {
+            if let Some(w) = m.join_waiter.take() {
+                let _ = w.send(join_error(ErrorCode::UnknownMemberId, id));
+            }
+            if let Some(w) = m.sync_waiter.take() {
+                let _ = w.send((ErrorCode::UnknownMemberId, Bytes::new()));
+            }
+        }
+        if self.leader.as_deref() == Some(id) {
+            self.leader = None;
+        }
+        if self.members.is_empty() {
+            self.state = GroupState::Empty;
+            self.join_deadline = None;
+            self.join_not_before = None;
+            self.generation += 1;
+            self.protocol = None;
+        } else {
+            self.prepare_rebalance(now, initial_delay);
+            if self.state == GroupState::PreparingRebalance && self.all_joined() {
+                self.complete_join();
+            }
+        }
+    }
+}
+
+fn join_error(error: ErrorCode, member_id: &str) -> JoinResult {
+    JoinResult {
+        error,
+        generation: -1,
+        protocol_type: None,
+        protocol: None,
+        leader: String::new(),
+        member_id: member_id.to_string(),
+        members: Vec::new(),
+    }
+}
+
+/// Records of the offsets log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "t")]
+enum OffsetRecord {
+    #[serde(rename = "offset")]
+    Commit {
+        group: String,
+        topic: String,
+        partition: i32,
+        meta: OffsetMeta,
+    },
+    #[serde(rename = "txn_offset")]
+    TxnCommit {
+        pid: i64,
+        group: String,
+        topic: String,
+        partition: i32,
+        meta: OffsetMeta,
+    },
+    #[serde(rename = "txn_end")]
+    TxnEnd { pid: i64, commit: bool },
+    #[serde(rename = "delete")]
+    Delete {
+        group: String,
+        topic: Option<String>,
+        partition: Option<i32>,
+    },
+}
+
+pub struct GroupSettings {
+    pub initial_rebalance_delay: Duration,
+    pub min_session_timeout_ms: i32,
+    pub max_session_timeout_ms: i32,
+    pub offsets_retention_ms: i64,
+}
+
+pub struct Groups {
+    state: Mutex<Inner>,
+    settings: GroupSettings,
+    next_member: AtomicU64,
+}
+
+struct Inner {
+    groups: HashMap<String, Group>,
+    log: Log,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn apply(groups: &mut HashMap<String, Group>, rec: OffsetRecord) {
+    match rec {
+        OffsetRecord::Commit {
+            group,
+            topic,
+            partition,
+            meta,
+        } => {
+            let g = groups
+                .entry(group.clone())
+                .or_insert_with(|| Group::new(&group));
+            g.offsets.insert((topic, partition), meta);
+        }
+        OffsetRecord::TxnCommit {
+            pid,
+            group,
+            topic,
+            partition,
+            meta,
+        } => {
+            let g = groups
+                .entry(group.clone())
+                .or_insert_with(|| Group::new(&group));
+            g.pending
+                .entry(pid)
+                .or_default()
+                .insert((topic, partition), meta);
+        }
+        OffsetRecord::TxnEnd { pid, commit } => {
+            for g in groups.values_mut() {
+                if let Some(p) = g.pending.remove(&pid) {
+                    if commit {
+                        g.offsets.extend(p);
+                    }
+                }
+            }
+        }
+        OffsetRecord::Delete {
+            group,
+            topic,
+            partition,
+        } => match (topic, partition) {
+            (Some(t), Some(p)) => {
+                if let Some(g) = groups.get_mut(&group) {
+                    g.offsets.remove(&(t, p));
+                }
+            }
+            _ => {
+                groups.remove(&group);
+            }
+        },
+    }
+}
+
+/// Errors of the membership calls.
+pub type GroupResult<T> = Result<T, ErrorCode>;
+
+pub struct JoinRequest {
+    pub group: String,
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    pub protocol_type: String,
+    pub protocols: Vec<(String, Bytes)>,
+    /// JoinGroup v4+: a first join without a member id is told its id and rejoins.
+    pub require_known_member_id: bool,
+}
+
+impl Groups {
+    pub fn open(data_dir: &Path, settings: GroupSettings) -> Result<Self, TopicError> {
+        let dir = data_dir.join("__consumer_offsets-0");
+        let config = LogConfig {
+            segment_bytes: 100 << 20,
+            retention_bytes: -1,
+            retention_ms: -1,
+            ..LogConfig::default()
+        };
+        let (log, report) = Log::open(&dir, config)?;
+        if report.bytes_dropped > 0 {
+            tracing::warn!(
+                bytes_dropped = report.bytes_dropped,
+                "offsets log tail truncated at recovery"
+            );
+        }
+        let mut groups = HashMap::new();
+        let mut offset = log.log_start_offset();
+        let end = log.next_offset();
+        while offset < end {
+            let chunk = log.read(offset, 4 << 20, end, true)?;
+            if chunk.is_empty() {
+                break;
+            }
+            for item in BatchIter::new(&chunk) {
+                let (at, h) = item.map_err(|e| TopicError::Storage(format!("offsets log: {e}")))?;
+                for (_, value) in
+                    batch::records(&chunk[at..at + h.total_size()]).unwrap_or_default()
+                {
+                    let Some(v) = value else { continue };
+                    let rec: OffsetRecord = serde_json::from_slice(v)
+                        .map_err(|e| TopicError::Storage(format!("offsets log record: {e}")))?;
+                    apply(&mut groups, rec);
+                }
+                offset = h.next_offset();
+            }
+        }
+        tracing::info!(groups = groups.len(), "group coordinator loaded");
+        Ok(Self {
+            state: Mutex::new(Inner { groups, log }),
+            settings,
+            next_member: AtomicU64::new(0),
+        })
+    }
+
+    /// Appends records to the offsets log and fsyncs them, then applies them.
+    fn persist(inner: &mut Inner, recs: Vec<OffsetRecord>) -> Result<(), String> {
+        if recs.is_empty() {
+            return Ok(());
+        }
+        let mut values = Vec::with_capacity(recs.len());
+        for r in &recs {
+            values.push(serde_json::to_vec(r).map_err(|e| e.to_string())?);
+        }
+        let mut bb = BatchBuilder::new(now_ms());
+        for (i, v) in values.iter().enumerate() {
+            bb = bb.record(i as i64, None, Some(v));
+        }
+        let mut b = bb.build();
+        let before = inner.log.next_offset();
+        let res = tokio::task::block_in_place(|| -> Result<(), String> {
+            inner.log.append(&mut b).map_err(|e| e.to_string())?;
+            inner.log.sync().map_err(|e| e.to_string())
+        });
+        if let Err(e) = res {
+            tracing::error!(error = %e, "offsets log write failed; not acknowledged");
+            if let Err(te) = inner.log.truncate_to(before) {
+                tracing::error!(error = %te, "could not cut back the offsets log");
+            }
+            return Err(e);
+        }
+        for r in recs {
+            apply(&mut inner.groups, r);
+        }
+        Ok(())
+    }
+
+    fn new_member_id(&self, client_id: &str) -> String {
+        let n = self.next_member.fetch_add(1, Ordering::Relaxed);
+        format!("{client_id}-{}-{n}", uuid::Uuid::new_v4().simple())
+    }
+
+    /// JoinGroup: returns when the join phase completes (or at once on error).
+    pub async fn join(&self, req: JoinRequest) -> JoinResult {
+        if req.group.is_empty() {
+            return join_error(ErrorCode::InvalidGroupId, &req.member_id);
+        }
+        if req.session_timeout_ms < self.settings.min_session_timeout_ms
+            || req.session_timeout_ms > self.settings.max_session_timeout_ms
+        {
+            return join_error(ErrorCode::InvalidSessionTimeout, &req.member_id);
+        }
+        let rx = {
+            let mut inner = self.state.lock().await;
+            let now = Instant::now();
+            let delay = self.settings.initial_rebalance_delay;
+            let g = inner
+                .groups
+                .entry(req.group.clone())
+                .or_insert_with(|| Group::new(&req.group));
+            if let Some(pt) = &g.protocol_type {
+                if !g.members.is_empty() && pt != &req.protocol_type {
+                    return join_error(ErrorCode::InconsistentGroupProtocol, &req.member_id);
+                }
+            }
+            if !g.members.is_empty()
+                && !req.protocols.iter().any(|(n, _)| {
+                    g.members
+                        .values()
+                        .all(|m| m.protocols.iter().any(|(x, _)| x == n))
+                })
+            {
+                return join_error(ErrorCode::InconsistentGroupProtocol, &req.member_id);
+            }
+            let mut member_id = req.member_id.clone();
+            if member_id.is_empty() {
+                // A static member coming back replaces its previous incarnation.
+                let previous = req.instance_id.as_ref().and_then(|iid| {
+                    g.members
+                        .values()
+                        .find(|m| m.instance_id.as_ref() == Some(iid))
+                        .map(|m| m.id.clone())
+                });
+                member_id = self.new_member_id(&req.client_id);
+                if let Some(old) = previous {
+                    if let Some(mut m) = g.members.remove(&old) {
+                        if let Some(w) = m.join_waiter.take() {
+                            let _ = w.send(join_error(ErrorCode::FencedInstanceId, &old));
+                        }
+                        if let Some(w) = m.sync_waiter.take() {
+                            let _ = w.send((ErrorCode::FencedInstanceId, Bytes::new()));
+                        }
+                    }
+                    if g.leader.as_deref() == Some(old.as_str()) {
+                        g.leader = Some(member_id.clone());
+                    }
+                } else if req.require_known_member_id {
+                    // KIP-394: tell the client its id; it rejoins with it.
+                    return join_error(ErrorCode::MemberIdRequired, &member_id);
+                }
+            } else if !g.members.contains_key(&member_id) {
+                // v4+: the id we handed out with MEMBER_ID_REQUIRED (or one
+                // from before a restart) is accepted; older versions rejoin.
+                if !req.require_known_member_id {
+                    return join_error(ErrorCode::UnknownMemberId, &member_id);
+                }
+            } else if let Some(m) = g.members.get(&member_id) {
+                if m.instance_id.is_some() && m.instance_id != req.instance_id {
+                    return join_error(ErrorCode::FencedInstanceId, &member_id);
+                }
+            }
+            let (tx, rx) = oneshot::channel();
+            let m =
+                g.members
+                    .entry(member_id.clone())
+                    .or_insert_with(|| Member {
+                        id: member_id.clone(),
+                        instance_id: req.instance_id.clone(),
+                        client_id: req.client_id.clone(),
+                        client_host: req.client_host.clone(),
+                        session_timeout: Duration::from_millis(req.session_timeout_ms as u64),
+                        rebalance_timeout: Duration::from_millis(
+                            req.rebalance_timeout_ms.max(0) as u64
+                        ),
+                        protocols: Vec::new(),
+                        assignment: Bytes::new(),
+                        last_seen: now,
+                        join_waiter: None,
+                        sync_waiter: None,
+                    });
+            m.protocols = req.protocols.clone();
+            m.session_timeout = Duration::from_millis(req.session_timeout_ms as u64);
+            m.rebalance_timeout = Duration::from_millis(req.rebalance_timeout_ms.max(0) as u64);
+            m.last_seen = now;
+            if let Some(old) = m.join_waiter.replace(tx) {
+                let _ = old.send(join_error(ErrorCode::UnknownMemberId, &member_id));
+            }
+            g.protocol_type = Some(req.protocol_type.clone());
+            g.prepare_rebalance(now, delay);
+            if g.all_joined() && g.join_not_before.is_none_or(|t| now >= t) {
+                g.complete_join();
+            }
+            rx
+        };
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => join_error(ErrorCode::UnknownMemberId, &req.member_id),
+        }
+    }
+
+    pub async fn sync(
+        &self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        assignments: Vec<(String, Bytes)>,
+    ) -> (ErrorCode, Bytes, Option<String>, Option<String>) {
+        let rx = {
+            let mut inner = self.state.lock().await;
+            let Some(g) = inner.groups.get_mut(group) else {
+                return (ErrorCode::UnknownMemberId, Bytes::new(), None, None);
+            };
+            let proto = (g.protocol_type.clone(), g.protocol.clone());
+            let Some(m) = g.members.get_mut(member_id) else {
+                return (ErrorCode::UnknownMemberId, Bytes::new(), None, None);
+            };
+            m.last_seen = Instant::now();
+            if generation != g.generation {
+                return (ErrorCode::IllegalGeneration, Bytes::new(), None, None);
+            }
+            match g.state {
+                GroupState::Empty => return (ErrorCode::UnknownMemberId, Bytes::new(), None, None),
+                GroupState::PreparingRebalance => {
+                    return (ErrorCode::RebalanceInProgress, Bytes::new(), None, None)
+                }
+                GroupState::Stable => {
+                    let a = m.assignment.clone();
+                    return (ErrorCode::None, a, proto.0, proto.1);
+                }
+                GroupState::CompletingRebalance => {}
+            }
+            let (tx, rx) = oneshot::channel();
+            m.sync_waiter = Some(tx);
+            if g.leader.as_deref() == Some(member_id) {
+                let given: HashMap<String, Bytes> = assignments.into_iter().collect();
+                for m in g.members.values_mut() {
+                    m.assignment = given.get(&m.id).cloned().unwrap_or_default();
+                    if let Some(w) = m.sync_waiter.take() {
+                        let _ = w.send((ErrorCode::None, m.assignment.clone()));
+                    }
+                }
+                g.state = GroupState::Stable;
+                tracing::info!(
+                    group,
+                    generation,
+                    members = g.members.len(),
+                    protocol = g.protocol.as_deref().unwrap_or(""),
+                    "group stable"
+                );
+            }
+            rx
+        };
+        let (code, a) = rx
+            .await
+            .unwrap_or((ErrorCode::RebalanceInProgress, Bytes::new()));
+        let inner = self.state.lock().await;
+        let proto = inner
+            .groups
+            .get(group)
+            .map(|g| (g.protocol_type.clone(), g.protocol.clone()))
+            .unwrap_or((None, None));
+        (code, a, proto.0, proto.1)
+    }
+
+    pub async fn heartbeat(&self, group: &str, generation: i32, member_id: &str) -> ErrorCode {
+        let mut inner = self.state.lock().await;
+        let Some(g) = inner.groups.get_mut(group) else {
+            return ErrorCode::UnknownMemberId;
+        };
+        let state = g.state;
+        let gen = g.generation;
+        let Some(m) = g.members.get_mut(member_id) else {
+            return ErrorCode::UnknownMemberId;
+        };
+        m.last_seen = Instant::now();
+        match state {
+            GroupState::PreparingRebalance => ErrorCode::RebalanceInProgress,
+            _ if generation != gen => ErrorCode::IllegalGeneration,
+            _ => ErrorCode::None,
+        }
+    }
+
+    /// LeaveGroup for each (member id, instance id); codes per member.
+    pub async fn leave(
+        &self,
+        group: &str,
+        members: Vec<(String, Option<String>)>,
+    ) -> Vec<ErrorCode> {
+        let mut inner = self.state.lock().await;
+        let delay = self.settings.initial_rebalance_delay;
+        let Some(g) = inner.groups.get_mut(group) else {
+            return members.iter().map(|_| ErrorCode::UnknownMemberId).collect();
+        };
+        let now = Instant::now();
+        members
+            .into_iter()
+            .map(|(id, iid)| {
+                let id = if id.is_empty() {
+                    iid.as_ref()
+                        .and_then(|i| {
+                            g.members
+                                .values()
+                                .find(|m| m.instance_id.as_ref() == Some(i))
+                        })
+                        .map(|m| m.id.clone())
+                        .unwrap_or_default()
+                } else {
+                    id
+                };
+                if g.members.contains_key(&id) {
+                    tracing::info!(group, member = %id, "member left");
+                    g.remove_member(&id, now, delay);
+                    ErrorCode::None
+                } else {
+                    ErrorCode::UnknownMemberId
+                }
+            })
+            .collect()
+    }
+
+    /// Checks that (member, generation) may commit for `group`; generation -1
+    /// with no member is a standalone commit, allowed while the group is empty.
+    fn check_commit(
+        g: Option<&Group>,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+    ) -> ErrorCode {
+        let Some(g) = g else {
+            return if generation < 0 {
+                ErrorCode::None
+            } else {
+                ErrorCode::IllegalGeneration
+            };
+        };
+        if generation < 0 && member_id.is_empty() {
+            return if g.members.is_empty() {
+                ErrorCode::None
+            } else {
+                ErrorCode::UnknownMemberId
+            };
+        }
+        let Some(m) = g.members.get(member_id) else {
+            return ErrorCode::UnknownMemberId;
+        };
+        if instance_id.is_some() && m.instance_id.as_deref() != instance_id {
+            return ErrorCode::FencedInstanceId;
+        }
+        if generation != g.generation {
+            return ErrorCode::IllegalGeneration;
+        }
+        if g.state == GroupState::PreparingRebalance {
+            return ErrorCode::RebalanceInProgress;
+        }
+        ErrorCode::None
+    }
+
+    /// OffsetCommit: one code for the whole request (membership), or per-partition storage errors.
+    pub async fn commit(
+        &self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+        offsets: Vec<(String, i32, OffsetMeta)>,
+    ) -> ErrorCode {
+        let mut inner = self.state.lock().await;
+        let code = Self::check_commit(inner.groups.get(group), generation, member_id, instance_id);
+        if code != ErrorCode::None {
+            return code;
+        }
+        if let Some(m) = inner
+            .groups
+            .get_mut(group)
+            .and_then(|g| g.members.get_mut(member_id))
+        {
+            m.last_seen = Instant::now();
+        }
+        let recs = offsets
+            .into_iter()
+            .map(|(topic, partition, meta)| OffsetRecord::Commit {
+                group: group.to_string(),
+                topic,
+                partition,
+                meta,
+            })
+            .collect();
+        match Self::persist(&mut inner, recs) {
+            Ok(()) => ErrorCode::None,
+            Err(_) => ErrorCode::CoordinatorNotAvailable,
+        }
+    }
+
+    /// TxnOffsetCommit: pending until the transaction's marker. KIP-447:
+    /// a non-empty member id must belong to the group's current generation.
+    pub async fn txn_commit(
+        &self,
+        group: &str,
+        pid: i64,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+        offsets: Vec<(String, i32, OffsetMeta)>,
+    ) -> ErrorCode {
+        let mut inner = self.state.lock().await;
+        if !member_id.is_empty() {
+            let code =
+                Self::check_commit(inner.groups.get(group), generation, member_id, instance_id);
+            if code != ErrorCode::None && code != ErrorCode::RebalanceInProgress {
+                return code;
+            }
+        }
+        let recs = offsets
+            .into_iter()
+            .map(|(topic, partition, meta)| OffsetRecord::TxnCommit {
+                pid,
+                group: group.to_string(),
+                topic,
+                partition,
+                meta,
+            })
+            .collect();
+        match Self::persist(&mut inner, recs) {
+            Ok(()) => ErrorCode::None,
+            Err(_) => ErrorCode::CoordinatorNotAvailable,
+        }
+    }
+
+    /// The transaction of `pid` ended: its pending offsets become committed
+    /// (or are dropped). Durable before it returns.
+    pub async fn complete_txn(&self, pid: i64, commit: bool) -> Result<(), String> {
+        let mut inner = self.state.lock().await;
+        if !inner.groups.values().any(|g| g.pending.contains_key(&pid)) {
+            return Ok(());
+        }
+        Self::persist(&mut inner, vec![OffsetRecord::TxnEnd { pid, commit }])?;
+        tracing::debug!(producer_id = pid, commit, "transactional offsets completed");
+        Ok(())
+    }
+
+    /// OffsetFetch. `None` topics: every committed partition of the group.
+    /// Per partition: (topic, partition, offset or -1, leader epoch, metadata, error).
+    pub async fn fetch_offsets(
+        &self,
+        group: &str,
+        topics: Option<Vec<(String, Vec<i32>)>>,
+        require_stable: bool,
+    ) -> Vec<(String, i32, i64, i32, Option<String>, ErrorCode)> {
+        let inner = self.state.lock().await;
+        let g = inner.groups.get(group);
+        let wanted: Vec<(String, i32)> = match topics {
+            Some(ts) => ts
+                .into_iter()
+                .flat_map(|(t, ps)| ps.into_iter().map(move |p| (t.clone(), p)))
+                .collect(),
+            None => {
+                let mut v: Vec<(String, i32)> = g
+                    .map(|g| g.offsets.keys().cloned().collect())
+                    .unwrap_or_default();
+                v.sort();
+                v
+            }
+        };
+        wanted
+            .into_iter()
+            .map(|(t, p)| {
+                if require_stable && g.is_some_and(|g| g.has_pending(&t, p)) {
+                    return (t, p, -1, -1, None, ErrorCode::UnstableOffsetCommit);
+                }
+                match g.and_then(|g| g.offsets.get(&(t.clone(), p))) {
+                    Some(m) => (
+                        t,
+                        p,
+                        m.offset,
+                        m.leader_epoch,
+                        m.metadata.clone(),
+                        ErrorCode::None,
+                    ),
+                    None => (t, p, -1, -1, Some(String::new()), ErrorCode::None),
+                }
+            })
+            .collect()
+    }
+
+    /// (group id, protocol type, state) of every group.
+    pub async fn list(&self) -> Vec<(String, String, &'static str)> {
+        let inner = self.state.lock().await;
+        let mut v: Vec<_> = inner
+            .groups
+            .values()
+            .map(|g| {
+                (
+                    g.id.clone(),
+                    g.protocol_type.clone().unwrap_or_default(),
+                    g.state.name(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Runs `f` on a group, if it exists.
+    pub async fn with_group<R>(&self, group: &str, f: impl FnOnce(&Group) -> R) -> Option<R> {
+        let inner = self.state.lock().await;
+        inner.groups.get(group).map(f)
+    }
+
+    /// DeleteGroups: only empty groups (NON_EMPTY_GROUP otherwise).
+    pub async fn delete(&self, group: &str) -> ErrorCode {
+        let mut inner = self.state.lock().await;
+        match inner.groups.get(group) {
+            None => ErrorCode::GroupIdNotFound,
+            Some(g) if !g.members.is_empty() => ErrorCode::NonEmptyGroup,
+            Some(_) => {
+                let rec = OffsetRecord::Delete {
+                    group: group.to_string(),
+                    topic: None,
+                    partition: None,
+                };
+                match Self::persist(&mut inner, vec![rec]) {
+                    Ok(()) => {
+                        tracing::info!(group, "group deleted");
+                        ErrorCode::None
+                    }
+                    Err(_) => ErrorCode::CoordinatorNotAvailable,
+                }
+            }
+        }
+    }
+
+    /// Timers: ends join phases, expires sessions, drops old offsets of empty groups.
+    pub async fn tick(&self) {
+        let mut inner = self.state.lock().await;
+        let now = Instant::now();
+        let delay = self.settings.initial_rebalance_delay;
+        for g in inner.groups.values_mut() {
+            if g.state == GroupState::PreparingRebalance {
+                let ready = g.all_joined() && g.join_not_before.is_none_or(|t| now >= t);
+                let expired = g.join_deadline.is_some_and(|d| now >= d);
+                if ready || expired {
+                    if expired && !ready {
+                        let late: Vec<String> = g
+                            .members
+                            .values()
+                            .filter(|m| m.join_waiter.is_none())
+                            .map(|m| m.id.clone())
+                            .collect();
+                        for id in &late {
+                            tracing::info!(group = %g.id, member = %id, "member did not rejoin in time; removed");
+                        }
+                    }
+                    g.complete_join();
+                }
+            }
+            let expired: Vec<String> = g
+                .members
+                .values()
+                .filter(|m| {
+                    m.join_waiter.is_none() && now.duration_since(m.last_seen) > m.session_timeout
+                })
+                .map(|m| m.id.clone())
+                .collect();
+            for id in expired {
+                tracing::info!(group = %g.id, member = %id, "member session expired; removed");
+                g.remove_member(&id, now, delay);
+            }
+        }
+        // Offsets retention for groups without members.
+        let cutoff = now_ms() - self.settings.offsets_retention_ms;
+        let mut old = Vec::new();
+        for g in inner.groups.values() {
+            if g.members.is_empty() {
+                for ((t, p), m) in &g.offsets {
+                    if m.commit_ms < cutoff && !g.has_pending(t, *p) {
+                        old.push(OffsetRecord::Delete {
+                            group: g.id.clone(),
+                            topic: Some(t.clone()),
+                            partition: Some(*p),
+                        });
+                    }
+                }
+            }
+        }
+        if !old.is_empty() {
+            let n = old.len();
+            if Self::persist(&mut inner, old).is_ok() {
+                tracing::info!(offsets = n, "expired committed offsets removed");
+            }
+        }
+    }
+}

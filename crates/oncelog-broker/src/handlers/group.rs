@@ -1,0 +1,545 @@
+//! Consumer-group APIs (classic protocol) and the transactional offset
+//! commit APIs: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
+//! OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, AddOffsetsToTxn,
+//! TxnOffsetCommit.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::add_offsets_to_txn_request::AddOffsetsToTxnRequest;
+use kafka_protocol::messages::add_offsets_to_txn_response::AddOffsetsToTxnResponse;
+use kafka_protocol::messages::delete_groups_request::DeleteGroupsRequest;
+use kafka_protocol::messages::delete_groups_response::{
+    DeletableGroupResult, DeleteGroupsResponse,
+};
+use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
+use kafka_protocol::messages::describe_groups_response::{
+    DescribeGroupsResponse, DescribedGroup, DescribedGroupMember,
+};
+use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
+use kafka_protocol::messages::heartbeat_response::HeartbeatResponse;
+use kafka_protocol::messages::join_group_request::JoinGroupRequest;
+use kafka_protocol::messages::join_group_response::{JoinGroupResponse, JoinGroupResponseMember};
+use kafka_protocol::messages::leave_group_request::LeaveGroupRequest;
+use kafka_protocol::messages::leave_group_response::{LeaveGroupResponse, MemberResponse};
+use kafka_protocol::messages::list_groups_request::ListGroupsRequest;
+use kafka_protocol::messages::list_groups_response::{ListGroupsResponse, ListedGroup};
+use kafka_protocol::messages::offset_commit_request::OffsetCommitRequest;
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponse, OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequest;
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponse, OffsetFetchResponsePartition, OffsetFetchResponseTopic,
+};
+use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
+use kafka_protocol::messages::sync_group_response::SyncGroupResponse;
+use kafka_protocol::messages::txn_offset_commit_request::TxnOffsetCommitRequest;
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponse, TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::{GroupId, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::error::ErrorCode;
+use crate::groups::{JoinRequest, OffsetMeta, OFFSETS_TOPIC};
+use crate::txn_coordinator::CoordError;
+use crate::txn_service::{TxnError, VerifyError};
+use crate::Broker;
+
+fn s(v: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(v.into())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub async fn join_group(
+    b: Arc<Broker>,
+    req: JoinGroupRequest,
+    version: i16,
+    client_id: String,
+    client_host: String,
+) -> JoinGroupResponse {
+    let r = b
+        .groups
+        .join(JoinRequest {
+            group: req.group_id.0.to_string(),
+            member_id: req.member_id.to_string(),
+            instance_id: req.group_instance_id.as_ref().map(|x| x.to_string()),
+            client_id,
+            client_host,
+            session_timeout_ms: req.session_timeout_ms,
+            rebalance_timeout_ms: if version >= 1 {
+                req.rebalance_timeout_ms
+            } else {
+                req.session_timeout_ms
+            },
+            protocol_type: req.protocol_type.to_string(),
+            protocols: req
+                .protocols
+                .iter()
+                .map(|p| (p.name.to_string(), p.metadata.clone()))
+                .collect(),
+            require_known_member_id: version >= 4,
+        })
+        .await;
+    let mut resp = JoinGroupResponse::default()
+        .with_error_code(r.error.code())
+        .with_generation_id(r.generation)
+        .with_leader(s(r.leader))
+        .with_member_id(s(r.member_id))
+        .with_members(
+            r.members
+                .into_iter()
+                .map(|(id, iid, meta)| {
+                    let mut m = JoinGroupResponseMember::default()
+                        .with_member_id(s(id))
+                        .with_metadata(meta);
+                    if version >= 5 {
+                        m.group_instance_id = iid.map(s);
+                    }
+                    m
+                })
+                .collect(),
+        );
+    if version >= 7 {
+        resp.protocol_type = r.protocol_type.map(s);
+        resp.protocol_name = r.protocol.map(s);
+    } else {
+        resp.protocol_name = Some(s(r.protocol.unwrap_or_default()));
+    }
+    resp
+}
+
+pub async fn sync_group(b: Arc<Broker>, req: SyncGroupRequest, version: i16) -> SyncGroupResponse {
+    let assignments = req
+        .assignments
+        .iter()
+        .map(|a| (a.member_id.to_string(), a.assignment.clone()))
+        .collect();
+    let (code, assignment, ptype, pname) = b
+        .groups
+        .sync(
+            req.group_id.0.as_str(),
+            req.generation_id,
+            req.member_id.as_str(),
+            assignments,
+        )
+        .await;
+    let mut resp = SyncGroupResponse::default()
+        .with_error_code(code.code())
+        .with_assignment(assignment);
+    if version >= 5 {
+        resp.protocol_type = ptype.map(s);
+        resp.protocol_name = pname.map(s);
+    }
+    resp
+}
+
+pub async fn heartbeat(b: Arc<Broker>, req: HeartbeatRequest) -> HeartbeatResponse {
+    let code = b
+        .groups
+        .heartbeat(
+            req.group_id.0.as_str(),
+            req.generation_id,
+            req.member_id.as_str(),
+        )
+        .await;
+    HeartbeatResponse::default().with_error_code(code.code())
+}
+
+pub async fn leave_group(
+    b: Arc<Broker>,
+    req: LeaveGroupRequest,
+    version: i16,
+) -> LeaveGroupResponse {
+    let members: Vec<(String, Option<String>)> = if version >= 3 {
+        req.members
+            .iter()
+            .map(|m| {
+                (
+                    m.member_id.to_string(),
+                    m.group_instance_id.as_ref().map(|x| x.to_string()),
+                )
+            })
+            .collect()
+    } else {
+        vec![(req.member_id.to_string(), None)]
+    };
+    let codes = b
+        .groups
+        .leave(req.group_id.0.as_str(), members.clone())
+        .await;
+    let mut resp = LeaveGroupResponse::default();
+    if version >= 3 {
+        resp.members = members
+            .into_iter()
+            .zip(codes)
+            .map(|((id, iid), c)| {
+                MemberResponse::default()
+                    .with_member_id(s(id))
+                    .with_group_instance_id(iid.map(s))
+                    .with_error_code(c.code())
+            })
+            .collect();
+    } else {
+        resp.error_code = codes.first().copied().unwrap_or(ErrorCode::None).code();
+    }
+    resp
+}
+
+pub async fn offset_commit(
+    b: Arc<Broker>,
+    req: OffsetCommitRequest,
+    version: i16,
+) -> OffsetCommitResponse {
+    let group = req.group_id.0.to_string();
+    let mut offsets = Vec::new();
+    let mut unknown = Vec::new();
+    for t in &req.topics {
+        for p in &t.partitions {
+            let exists = b
+                .topics
+                .get(t.name.0.as_str())
+                .and_then(|x| x.partition(p.partition_index))
+                .is_some();
+            if !exists {
+                unknown.push((t.name.0.to_string(), p.partition_index));
+                continue;
+            }
+            offsets.push((
+                t.name.0.to_string(),
+                p.partition_index,
+                OffsetMeta {
+                    offset: p.committed_offset,
+                    leader_epoch: if version >= 6 {
+                        p.committed_leader_epoch
+                    } else {
+                        -1
+                    },
+                    metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
+                    commit_ms: now_ms(),
+                },
+            ));
+        }
+    }
+    let iid = if version >= 7 {
+        req.group_instance_id.as_ref().map(|x| x.to_string())
+    } else {
+        None
+    };
+    let code = if offsets.is_empty() {
+        ErrorCode::None
+    } else {
+        b.groups
+            .commit(
+                &group,
+                req.generation_id_or_member_epoch,
+                req.member_id.as_str(),
+                iid.as_deref(),
+                offsets,
+            )
+            .await
+    };
+    let topics = req
+        .topics
+        .iter()
+        .map(|t| {
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let c = if unknown.contains(&(t.name.0.to_string(), p.partition_index)) {
+                        ErrorCode::UnknownTopicOrPartition
+                    } else {
+                        code
+                    };
+                    OffsetCommitResponsePartition::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(c.code())
+                })
+                .collect();
+            OffsetCommitResponseTopic::default()
+                .with_name(t.name.clone())
+                .with_partitions(parts)
+        })
+        .collect();
+    OffsetCommitResponse::default().with_topics(topics)
+}
+
+pub async fn offset_fetch(
+    b: Arc<Broker>,
+    req: OffsetFetchRequest,
+    version: i16,
+) -> OffsetFetchResponse {
+    let topics = req.topics.as_ref().map(|ts| {
+        ts.iter()
+            .map(|t| (t.name.0.to_string(), t.partition_indexes.clone()))
+            .collect::<Vec<_>>()
+    });
+    let require_stable = version >= 7 && req.require_stable;
+    let rows = b
+        .groups
+        .fetch_offsets(req.group_id.0.as_str(), topics, require_stable)
+        .await;
+    let mut by_topic: Vec<(String, Vec<OffsetFetchResponsePartition>)> = Vec::new();
+    for (t, p, off, epoch, meta, code) in rows {
+        let mut part = OffsetFetchResponsePartition::default()
+            .with_partition_index(p)
+            .with_committed_offset(off)
+            .with_metadata(meta.map(s))
+            .with_error_code(code.code());
+        if version >= 5 {
+            part.committed_leader_epoch = epoch;
+        }
+        match by_topic.iter_mut().find(|(n, _)| *n == t) {
+            Some((_, v)) => v.push(part),
+            None => by_topic.push((t, vec![part])),
+        }
+    }
+    OffsetFetchResponse::default().with_topics(
+        by_topic
+            .into_iter()
+            .map(|(t, ps)| {
+                OffsetFetchResponseTopic::default()
+                    .with_name(TopicName(s(t)))
+                    .with_partitions(ps)
+            })
+            .collect(),
+    )
+}
+
+pub async fn list_groups(
+    b: Arc<Broker>,
+    req: ListGroupsRequest,
+    version: i16,
+) -> ListGroupsResponse {
+    let groups = b
+        .groups
+        .list()
+        .await
+        .into_iter()
+        .filter(|(_, _, st)| {
+            version < 4
+                || req.states_filter.is_empty()
+                || req.states_filter.iter().any(|f| f.as_str() == *st)
+        })
+        .map(|(id, ptype, st)| {
+            let mut g = ListedGroup::default()
+                .with_group_id(GroupId(s(id)))
+                .with_protocol_type(s(ptype));
+            if version >= 4 {
+                g.group_state = s(st);
+            }
+            if version >= 5 {
+                g.group_type = s("classic");
+            }
+            g
+        })
+        .collect();
+    ListGroupsResponse::default().with_groups(groups)
+}
+
+pub async fn describe_groups(
+    b: Arc<Broker>,
+    req: DescribeGroupsRequest,
+    version: i16,
+) -> DescribeGroupsResponse {
+    let mut out = Vec::new();
+    for gid in req.groups {
+        let described = b
+            .groups
+            .with_group(gid.0.as_str(), |g| {
+                let proto = g.protocol.clone().unwrap_or_default();
+                let members = g
+                    .members
+                    .values()
+                    .map(|m| {
+                        let meta = m
+                            .protocols
+                            .iter()
+                            .find(|(n, _)| *n == proto)
+                            .map(|(_, md)| md.clone())
+                            .unwrap_or_default();
+                        let mut dm = DescribedGroupMember::default()
+                            .with_member_id(s(m.id.clone()))
+                            .with_client_id(s(m.client_id.clone()))
+                            .with_client_host(s(m.client_host.clone()))
+                            .with_member_metadata(meta)
+                            .with_member_assignment(m.assignment.clone());
+                        if version >= 4 {
+                            dm.group_instance_id = m.instance_id.clone().map(s);
+                        }
+                        dm
+                    })
+                    .collect();
+                (
+                    g.state.name(),
+                    g.protocol_type.clone().unwrap_or_default(),
+                    proto,
+                    members,
+                )
+            })
+            .await;
+        let mut d = DescribedGroup::default().with_group_id(gid);
+        match described {
+            Some((state, ptype, proto, members)) => {
+                d.group_state = s(state);
+                d.protocol_type = s(ptype);
+                d.protocol_data = s(proto);
+                d.members = members;
+            }
+            None => d.group_state = s("Dead"),
+        }
+        out.push(d);
+    }
+    DescribeGroupsResponse::default().with_groups(out)
+}
+
+pub async fn delete_groups(b: Arc<Broker>, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let mut results = Vec::new();
+    for gid in req.groups_names {
+        let code = b.groups.delete(gid.0.as_str()).await;
+        results.push(
+            DeletableGroupResult::default()
+                .with_group_id(gid)
+                .with_error_code(code.code()),
+        );
+    }
+    DeleteGroupsResponse::default().with_results(results)
+}
+
+fn add_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
+    match e {
+        TxnError::Coord(CoordError::ConcurrentTransactions) => ErrorCode::ConcurrentTransactions,
+        TxnError::Coord(CoordError::ProducerFenced) if fenced_known => ErrorCode::ProducerFenced,
+        TxnError::Coord(CoordError::ProducerFenced) => ErrorCode::InvalidProducerEpoch,
+        TxnError::Coord(CoordError::InvalidProducerIdMapping) => {
+            ErrorCode::InvalidProducerIdMapping
+        }
+        TxnError::Coord(CoordError::InvalidTxnState) => ErrorCode::InvalidTxnState,
+        TxnError::Storage(_) => ErrorCode::CoordinatorNotAvailable,
+    }
+}
+
+/// AddOffsetsToTxn: ties the group's offsets to the transaction, so its
+/// marker reaches the group coordinator.
+pub async fn add_offsets_to_txn(
+    b: Arc<Broker>,
+    req: AddOffsetsToTxnRequest,
+    version: i16,
+) -> AddOffsetsToTxnResponse {
+    let res = b
+        .txn
+        .add_partitions(
+            req.transactional_id.0.as_str(),
+            req.producer_id.0,
+            req.producer_epoch,
+            &[(OFFSETS_TOPIC.to_string(), 0)],
+        )
+        .await;
+    let code = match res {
+        Ok(()) => ErrorCode::None,
+        Err(e) => add_error_code(&e, version >= 2),
+    };
+    AddOffsetsToTxnResponse::default().with_error_code(code.code())
+}
+
+pub async fn txn_offset_commit(
+    b: Arc<Broker>,
+    req: TxnOffsetCommitRequest,
+    version: i16,
+) -> TxnOffsetCommitResponse {
+    let pid = req.producer_id.0;
+    let epoch = req.producer_epoch;
+    let group = req.group_id.0.to_string();
+    let mut code = ErrorCode::None;
+    if version >= 5 {
+        // KIP-890 transaction version 2: the offsets join the transaction implicitly.
+        if let Err(e) = b
+            .txn
+            .add_partitions(
+                req.transactional_id.0.as_str(),
+                pid,
+                epoch,
+                &[(OFFSETS_TOPIC.to_string(), 0)],
+            )
+            .await
+        {
+            code = match add_error_code(&e, true) {
+                ErrorCode::ProducerFenced => ErrorCode::InvalidProducerEpoch,
+                c => c,
+            };
+        }
+    }
+    if code == ErrorCode::None {
+        code = match b.txn.verify(pid, epoch, OFFSETS_TOPIC, 0) {
+            Ok(()) => ErrorCode::None,
+            Err(VerifyError::StaleEpoch) => ErrorCode::InvalidProducerEpoch,
+            Err(VerifyError::NotInTransaction) => ErrorCode::InvalidTxnState,
+        };
+    }
+    if code == ErrorCode::None {
+        let offsets = req
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(|p| {
+                    (
+                        t.name.0.to_string(),
+                        p.partition_index,
+                        OffsetMeta {
+                            offset: p.committed_offset,
+                            leader_epoch: if version >= 2 {
+                                p.committed_leader_epoch
+                            } else {
+                                -1
+                            },
+                            metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
+                            commit_ms: now_ms(),
+                        },
+                    )
+                })
+            })
+            .collect();
+        let (generation, member, iid) = if version >= 3 {
+            (
+                req.generation_id,
+                req.member_id.to_string(),
+                req.group_instance_id.as_ref().map(|x| x.to_string()),
+            )
+        } else {
+            (-1, String::new(), None)
+        };
+        code = b
+            .groups
+            .txn_commit(&group, pid, generation, &member, iid.as_deref(), offsets)
+            .await;
+    }
+    if code != ErrorCode::None {
+        tracing::warn!(group = %group, producer_id = pid, epoch, error = ?code, "TxnOffsetCommit refused");
+    }
+    let topics = req
+        .topics
+        .iter()
+        .map(|t| {
+            TxnOffsetCommitResponseTopic::default()
+                .with_name(t.name.clone())
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            TxnOffsetCommitResponsePartition::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(code.code())
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    TxnOffsetCommitResponse::default().with_topics(topics)
+}

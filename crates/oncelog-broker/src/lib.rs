@@ -57,6 +57,20 @@ pub fn fail_point(name: &str) {
 /// How often transactions are checked against their timeout.
 pub const TXN_REAPER_INTERVAL_MS: u64 = 1000;
 
+/// One partition's consumer lag for a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LagRow {
+    pub topic: String,
+    pub partition: i32,
+    pub committed: i64,
+    pub last_stable_offset: i64,
+    pub high_watermark: i64,
+    /// Records a read_committed consumer still has to read.
+    pub lag_committed: i64,
+    /// Records a read_uncommitted consumer still has to read.
+    pub lag_uncommitted: i64,
+}
+
 /// Shared broker state.
 pub struct Broker {
     pub config: BrokerConfig,
@@ -126,6 +140,43 @@ impl Broker {
             }
         }
         failed
+    }
+
+    /// Consumer lag of a group, per partition it has committed offsets for:
+    /// against the last stable offset (what a read_committed consumer can
+    /// reach) and the high watermark.
+    pub async fn group_lag(&self, group: &str) -> Vec<LagRow> {
+        let committed = self.groups.fetch_offsets(group, None, false).await;
+        committed
+            .into_iter()
+            .map(|(topic, partition, offset, _, _, _)| {
+                let (hw, lso) = match self.topics.get(&topic).and_then(|t| t.partition(partition)) {
+                    Some(p) => {
+                        let hw = p.high_watermark();
+                        let lso = p.lock().last_stable_offset(hw);
+                        (hw, lso)
+                    }
+                    None => (-1, -1),
+                };
+                LagRow {
+                    topic,
+                    partition,
+                    committed: offset,
+                    last_stable_offset: lso,
+                    high_watermark: hw,
+                    lag_committed: if offset >= 0 && lso >= 0 {
+                        (lso - offset).max(0)
+                    } else {
+                        -1
+                    },
+                    lag_uncommitted: if offset >= 0 && hw >= 0 {
+                        (hw - offset).max(0)
+                    } else {
+                        -1
+                    },
+                }
+            })
+            .collect()
     }
 
     /// (fdatasync calls by group commit, bytes appended) since start.

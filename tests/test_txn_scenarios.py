@@ -209,3 +209,53 @@ def test_long_poll_spanning_an_aborted_transaction(broker):
     t.join(25)
     c.close()
     assert got == [b"committed-0", b"committed-1", b"committed-2"]
+
+
+def test_s2_one_id_eight_replicas_fence_each_other(broker):
+    """Eight replicas share one transactional id and re-initialise whenever
+    they are fenced. They keep fencing each other; every fence is a warning
+    naming the id; exactly the records whose commit succeeded are visible."""
+    topic = unique_topic("s2")
+    create_topic(broker.bootstrap, topic)
+    deadline = time.monotonic() + 8
+    lock = threading.Lock()
+    committed, fenced_seen = [], [0]
+
+    def replica(n):
+        seq = 0
+        while time.monotonic() < deadline:
+            p = txn_producer(broker.bootstrap, "fare-writer", **{"message.timeout.ms": 5000,
+                                                                "transaction.timeout.ms": 5000})
+            try:
+                p.init_transactions(10)
+                while time.monotonic() < deadline:
+                    v = f"r{n}-{seq}".encode()
+                    seq += 1
+                    p.begin_transaction()
+                    p.produce(topic, value=v, partition=0)
+                    p.commit_transaction(10)
+                    with lock:
+                        committed.append(v)
+            except (KafkaException, SystemError):
+                with lock:
+                    fenced_seen[0] += 1
+            finally:
+                try:
+                    p.flush(0)
+                except (KafkaException, SystemError):
+                    pass
+
+    threads = [threading.Thread(target=replica, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    alarms = [x for x in broker.log_text().splitlines()
+              if "WARN" in x and "fenced" in x and "fare-writer" in x]
+    assert len(alarms) >= 8, f"only {len(alarms)} fence warnings"
+    assert fenced_seen[0] >= 1
+    got = read_all_committed(broker.bootstrap, topic, 1)
+    values = sorted(v for _, _, v in got)
+    assert values == sorted(committed), "exactly the successfully committed records are visible"
+    print(f"S2: {len(committed)} commits, {fenced_seen[0]} fenced replicas, {len(alarms)} fence warnings")

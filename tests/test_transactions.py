@@ -209,3 +209,48 @@ def test_transactions_survive_restart(broker):
     q.commit_transaction(30)
     got = read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 6)
     assert [v for _, v in got] == [b"committed", b"after"]
+
+
+def test_kafka_python_transactions(broker):
+    """A third client: kafka-python's transactional producer commits and aborts,
+    is fenced by a newer instance, and its read_committed consumer sees only
+    what was committed."""
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.errors import KafkaError as KPError
+    from kafka.structs import TopicPartition as KTP
+
+    topic = unique_topic("kp-txn")
+    create_topic(broker.bootstrap, topic, partitions=2)
+    txn_id = "kp-" + topic
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=txn_id)
+    p.init_transactions()
+    p.begin_transaction()
+    for i in range(10):
+        p.send(topic, value=b"commit-%d" % i, partition=i % 2)
+    p.commit_transaction()
+    p.begin_transaction()
+    for i in range(10):
+        p.send(topic, value=b"abort-%d" % i, partition=i % 2)
+    p.flush()
+    p.abort_transaction()
+    p.begin_transaction()
+    p.send(topic, value=b"zombie", partition=0).get(timeout=30)
+    q = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=txn_id)
+    q.init_transactions()
+    q.begin_transaction()
+    q.send(topic, value=b"fresh", partition=1)
+    q.commit_transaction()
+    with pytest.raises(KPError):
+        p.send(topic, value=b"zombie-2", partition=0).get(timeout=30)
+        p.commit_transaction()
+    p.close(timeout=5)
+    q.close(timeout=5)
+
+    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, isolation_level="read_committed",
+                      enable_auto_commit=False, group_id=None, consumer_timeout_ms=3000)
+    tps = [KTP(topic, 0), KTP(topic, 1)]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    got = sorted(m.value for m in c)
+    c.close()
+    assert got == sorted([b"commit-%d" % i for i in range(10)] + [b"fresh"])

@@ -276,6 +276,7 @@ impl TxnService {
                 tracing::warn!(
                     transactional_id = id,
                     producer_id = f.producer_id,
+                    old_epoch = f.epoch - 1,
                     new_epoch = f.epoch,
                     partitions = f.partitions.len(),
                     "producer fenced by a new InitProducerId; aborting its open transaction"
@@ -389,7 +390,7 @@ impl TxnService {
             .filter_map(|m| tc::plan_timeout(m, now))
             .collect();
         for f in expired {
-            tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, new_epoch = f.epoch,
+            tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, old_epoch = f.epoch - 1, new_epoch = f.epoch,
                 timeout_ms = f.timeout_ms, "transaction timed out; aborting it and fencing its producer");
             if let Err(e) = self.finish(b, &mut inner, f).await {
                 tracing::error!(error = %e, "timeout abort failed");

@@ -69,6 +69,17 @@ if [ "$(cat "$JAVA_LIB/.pom.sha256" 2>/dev/null || true)" != "$POM_HASH" ]; then
   echo "$POM_HASH" >"$JAVA_LIB/.pom.sha256"
 fi
 
+# --- Apache Kafka reference broker jars (.tools/kafka-lib), for the
+# differential conformance tests and `bench/produce_bench.py --kafka` ---------
+KAFKA_LIB="$ROOT/.tools/kafka-lib"
+KPOM_HASH="$(hash_of bench/kafka/pom.xml)"
+if [ "$(cat "$KAFKA_LIB/.pom.sha256" 2>/dev/null || true)" != "$KPOM_HASH" ]; then
+  step "fetching Apache Kafka broker jars"
+  rm -rf "$KAFKA_LIB"
+  quiet mvn -q -B -f bench/kafka/pom.xml dependency:copy-dependencies
+  echo "$KPOM_HASH" >"$KAFKA_LIB/.pom.sha256"
+fi
+
 # --- Rust -------------------------------------------------------------------
 step "cargo build --release --workspace"
 cargo build --release --workspace

@@ -302,9 +302,12 @@ impl ProducerState {
     /// Aborted transactions that overlap [from, upper): what a read_committed
     /// fetch from `from` that returns data below `upper` must be told.
     pub fn aborted_overlapping(&self, from: i64, upper: i64) -> Vec<AbortedTxn> {
-        self.aborted
+        // Entries are in marker (last offset) order: skip the ones that
+        // ended before `from` without scanning them.
+        let start = self.aborted.partition_point(|a| a.last_offset < from);
+        self.aborted[start..]
             .iter()
-            .filter(|a| a.last_offset >= from && a.first_offset < upper)
+            .filter(|a| a.first_offset < upper)
             .copied()
             .collect()
     }
@@ -459,6 +462,36 @@ mod tests {
         );
         // A marker for a producer with no open data closes nothing.
         assert_eq!(s.apply_marker(7, 1, 1, 71, false, 6), None);
+    }
+
+    proptest::proptest! {
+        /// A producer sends batches in order and retries any of its last five
+        /// at random moments (lost acks). Every retry is recognised and
+        /// answered with the original offsets, and every new batch is appended.
+        #[test]
+        fn retries_never_append_twice(ops in proptest::collection::vec((1i32..5, 0usize..8), 1..200)) {
+            let mut s = ProducerState::new();
+            let mut sent: Vec<(ProducerBatch, i64, i64)> = Vec::new();
+            let mut next_seq = 0i32;
+            let mut next_offset = 0i64;
+            for (n, retry) in ops {
+                if retry < 5 && retry < sent.len() {
+                    let (b, first, last) = sent[sent.len() - 1 - retry];
+                    proptest::prop_assert_eq!(
+                        s.check(&b).unwrap(),
+                        Verdict::Duplicate { first_offset: first, last_offset: last }
+                    );
+                    continue;
+                }
+                let b = batch(1, 0, next_seq, n);
+                proptest::prop_assert_eq!(s.check(&b).unwrap(), Verdict::Append);
+                let (first, last) = (next_offset, next_offset + n as i64 - 1);
+                s.apply_batch(&b, first, last);
+                sent.push((b, first, last));
+                next_seq += n;
+                next_offset += n as i64;
+            }
+        }
     }
 
     #[test]

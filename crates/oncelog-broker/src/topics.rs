@@ -60,7 +60,7 @@ impl PartitionState {
     pub fn load(log: Log, name: &str) -> Self {
         let end = log.next_offset();
         let mut producers = ProducerState::new();
-        let mut from = log.log_start_offset().min(0);
+        let mut from = log.log_start_offset();
         if let Some((off, snap)) = snapshot::load_latest(log.dir(), end) {
             producers = snap;
             from = off;

@@ -514,19 +514,49 @@ impl Groups {
                 });
                 member_id = self.new_member_id(&req.client_id);
                 if let Some(old) = previous {
-                    if let Some(mut m) = g.members.remove(&old) {
-                        if let Some(w) = m.join_waiter.take() {
-                            let _ = w.send(join_error(ErrorCode::FencedInstanceId, &old));
-                        }
-                        if let Some(w) = m.sync_waiter.take() {
-                            let _ = w.send((ErrorCode::FencedInstanceId, Bytes::new()));
-                        }
+                    let Some(mut m) = g.members.remove(&old) else {
+                        return join_error(ErrorCode::UnknownMemberId, &req.member_id);
+                    };
+                    if let Some(w) = m.join_waiter.take() {
+                        let _ = w.send(join_error(ErrorCode::FencedInstanceId, &old));
                     }
-                    if g.leader.as_deref() == Some(old.as_str()) {
+                    if let Some(w) = m.sync_waiter.take() {
+                        let _ = w.send((ErrorCode::FencedInstanceId, Bytes::new()));
+                    }
+                    let was_leader = g.leader.as_deref() == Some(old.as_str());
+                    let keeps_protocol = g
+                        .protocol
+                        .as_ref()
+                        .is_some_and(|p| req.protocols.iter().any(|(n, _)| n == p));
+                    tracing::info!(group = %g.id, instance = ?req.instance_id, old_member = %old,
+                        new_member = %member_id, "static member rejoined");
+                    if g.state == GroupState::Stable && !was_leader && keeps_protocol {
+                        // KIP-345: a static follower coming back to a stable
+                        // group keeps its assignment; no rebalance.
+                        m.id = member_id.clone();
+                        m.protocols = req.protocols.clone();
+                        m.client_id = req.client_id.clone();
+                        m.client_host = req.client_host.clone();
+                        m.session_timeout = Duration::from_millis(req.session_timeout_ms as u64);
+                        m.rebalance_timeout =
+                            Duration::from_millis(req.rebalance_timeout_ms.max(0) as u64);
+                        m.last_seen = Instant::now();
+                        g.members.insert(member_id.clone(), m);
+                        return JoinResult {
+                            error: ErrorCode::None,
+                            generation: g.generation,
+                            protocol_type: g.protocol_type.clone(),
+                            protocol: g.protocol.clone(),
+                            leader: g.leader.clone().unwrap_or_default(),
+                            member_id,
+                            members: Vec::new(),
+                        };
+                    }
+                    if was_leader {
                         g.leader = Some(member_id.clone());
                     }
-                } else if req.require_known_member_id {
-                    // KIP-394: tell the client its id; it rejoins with it.
+                } else if req.require_known_member_id && req.instance_id.is_none() {
+                    // KIP-394: tell a dynamic member its id; it rejoins with it.
                     return join_error(ErrorCode::MemberIdRequired, &member_id);
                 }
             } else if !g.members.contains_key(&member_id) {

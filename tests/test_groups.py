@@ -1,0 +1,1071 @@
+"""Consumer groups (classic protocol) and transactional offset commits against
+a real `oncelog serve`: rebalancing with eager and cooperative assignors,
+session timeouts, static membership, committed offsets across restarts,
+librdkafka / kafka-python / Java members in one group, the admin API, the
+S7 consume-transform-produce copier, and require_stable offset fetches while
+a transaction's offsets are pending.
+
+Assignment is client-side: the broker only has to carry the members'
+protocols and metadata faithfully, time members out, and keep the
+generations straight. Every wait has a deadline; everything is on loopback.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import (Consumer, ConsumerGroupState, ConsumerGroupTopicPartitions,
+                             KafkaError, KafkaException, Producer, TopicPartition)
+
+import kafka_wire as kw
+from clients import (admin, consumer_config, create_topic, flush_all, producer_config,
+                     unique_topic)
+from conftest import _die_with_parent
+from test_java import java_classpath  # noqa: F401  (fixture)
+from test_transactions import read_partition, txn_producer
+from test_txn_scenarios import lso
+
+TESTS_DIR = Path(__file__).resolve().parent
+GROUP_MEMBER = TESTS_DIR / "group_member.py"
+COPIER = TESTS_DIR / "copier.py"
+
+# Rebalance as soon as a member joins (the broker default is 3000 like Kafka).
+GROUP_OVERRIDES = {"group.initial.rebalance.delay.ms": 0}
+
+SESSION_TIMEOUT_MS = 6000
+HEARTBEAT_MS = 500
+
+API_OFFSET_FETCH = 9
+UNSTABLE_OFFSET_COMMIT = 88
+
+
+# ------------------------------------------------------------------ helpers
+
+def group_conf(bootstrap, group, **extra):
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "broker.address.family": "v4",
+        "group.id": group,
+        "session.timeout.ms": SESSION_TIMEOUT_MS,
+        "heartbeat.interval.ms": HEARTBEAT_MS,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 100,
+    }
+    conf.update(extra)
+    return conf
+
+
+def seed(bootstrap, topic, partitions, per_partition, fmt="v{p}-{i}"):
+    p = Producer(producer_config(bootstrap))
+    for i in range(per_partition):
+        for part in range(partitions):
+            p.produce(topic, value=fmt.format(p=part, i=i).encode(), partition=part)
+    flush_all(p)
+
+
+def tp_map(tps):
+    return {tp.partition: tp.offset for tp in tps}
+
+
+class OwnerBook:
+    """Who owns which partition, according to the rebalance callbacks of the
+    in-process members. A member's revoke callback runs before it rejoins,
+    and a partition is handed to another member only in a later
+    generation, so a partition must never be taken while another member
+    still holds it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.owner = {}
+        self.violations = []
+
+    def take(self, member, parts):
+        with self.lock:
+            for p in parts:
+                cur = self.owner.get(p)
+                if cur is not None and cur != member:
+                    self.violations.append(
+                        f"t={time.monotonic():.3f}: {member} was assigned partition {p} "
+                        f"while {cur} still owned it")
+                self.owner[p] = member
+
+    def release(self, member, parts):
+        with self.lock:
+            for p in parts:
+                if self.owner.get(p) == member:
+                    del self.owner[p]
+
+
+class Member:
+    """A confluent-kafka consumer subscribed to one topic, polled by its own
+    thread (heartbeats run in librdkafka's background thread; rebalance
+    callbacks run in the polling thread). Tracks ownership through the
+    callbacks and through assignment()."""
+
+    def __init__(self, name, bootstrap, group, topic, strategy="range", book=None, **extra):
+        self.name = name
+        self.incremental = strategy == "cooperative-sticky"
+        self.book = book
+        self.lock = threading.Lock()
+        self.owned = set()        # from the rebalance callbacks
+        self.assigned = set()     # from assignment() after every poll
+        self.last_change = time.monotonic()
+        self.events = []          # (t, kind, frozenset(partitions))
+        self.records = []         # (partition, offset, value)
+        self.errors = []
+        self.member_id = None
+        self.closed = False
+        self._stop = threading.Event()
+        conf = group_conf(bootstrap, group, **{"client.id": name,
+                                               "partition.assignment.strategy": strategy})
+        conf.update(extra)
+        self.consumer = Consumer(conf)
+        self.consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        self.thread = threading.Thread(target=self._run, name=f"member-{name}", daemon=True)
+        self.thread.start()
+
+    def _event(self, kind, parts):
+        ps = frozenset(tp.partition for tp in parts)
+        with self.lock:
+            self.events.append((time.monotonic(), kind, ps))
+            self.last_change = time.monotonic()
+        return ps
+
+    def _on_assign(self, _c, parts):
+        ps = self._event("assign", parts)
+        old = frozenset()
+        with self.lock:
+            if self.incremental:
+                self.owned |= ps
+            else:
+                old = self.owned - ps
+                self.owned = set(ps)
+        if self.book:
+            if old:
+                self.book.release(self.name, old)
+            self.book.take(self.name, ps)
+
+    def _on_revoke(self, _c, parts):
+        ps = self._event("revoke", parts)
+        with self.lock:
+            if self.incremental:
+                self.owned -= ps
+            else:
+                ps = frozenset(self.owned | ps)
+                self.owned = set()
+        if self.book:
+            self.book.release(self.name, ps)
+
+    def _on_lost(self, _c, parts):
+        ps = self._event("lost", parts)
+        with self.lock:
+            self.owned -= ps
+            if not self.incremental:
+                self.owned = set()
+        if self.book:
+            self.book.release(self.name, ps)
+
+    def _run(self):
+        c = self.consumer
+        try:
+            while not self._stop.is_set():
+                m = c.poll(0.1)
+                if m is not None:
+                    if m.error():
+                        self.errors.append(f"{self.name}: {m.error()}")
+                    else:
+                        with self.lock:
+                            self.records.append((m.partition(), m.offset(), m.value()))
+                a = {tp.partition for tp in c.assignment()}
+                with self.lock:
+                    if a != self.assigned:
+                        self.assigned = a
+                        self.last_change = time.monotonic()
+                self.member_id = c.memberid()
+        except Exception as e:  # noqa: BLE001 - surfaced by wait_balanced
+            self.errors.append(f"{self.name}: {type(e).__name__}: {e}")
+        finally:
+            try:
+                c.close()
+            except Exception as e:  # noqa: BLE001
+                self.errors.append(f"{self.name}: close: {e}")
+            self.closed = True
+
+    def view(self):
+        with self.lock:
+            return frozenset(self.owned), self.owned == self.assigned, self.last_change
+
+    def revoked_since(self, t):
+        with self.lock:
+            return set().union(*[ps for (et, kind, ps) in self.events
+                                 if et >= t and kind in ("revoke", "lost")])
+
+    def events_since(self, t):
+        with self.lock:
+            return [(round(et - t, 3), kind, sorted(ps)) for (et, kind, ps) in self.events if et >= t]
+
+    def record_offsets(self, partition):
+        with self.lock:
+            return [o for (p, o, _) in self.records if p == partition]
+
+    def close(self, timeout=20):
+        self._stop.set()
+        self.thread.join(timeout)
+        assert self.closed, f"{self.name}: consumer close did not finish in {timeout}s"
+
+    def __repr__(self):
+        owned, consistent, t = self.view()
+        return (f"<{self.name} owned={sorted(owned)} assignment()={sorted(self.assigned)} "
+                f"member_id={self.member_id} errors={self.errors[-3:]}>")
+
+
+class ProcMember:
+    """A group member in its own process (tests/group_member.py or the Java
+    JavaGroupMember) that reports its assignment as JSON lines."""
+
+    def __init__(self, name, argv, log_dir):
+        self.name = name
+        self.argv = argv
+        self.stderr_path = Path(log_dir) / f"member-{name}-{time.monotonic_ns()}.stderr"
+        self.lock = threading.Lock()
+        self.owned = set()
+        self.reported = False
+        self.last_change = time.monotonic()
+        self.events = []   # parsed JSON objects
+        self.errors = []
+        self.noise = []
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, cwd=str(TESTS_DIR),
+                                         preexec_fn=_die_with_parent)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    @classmethod
+    def python(cls, client, name, bootstrap, group, topic, log_dir, strategy="range", **opts):
+        argv = [sys.executable, str(GROUP_MEMBER), "--client", client, "--bootstrap", bootstrap,
+                "--group", group, "--topic", topic, "--name", name, "--strategy", strategy]
+        for k, v in opts.items():
+            flag = "--" + k.replace("_", "-")
+            argv += [flag] if v is True else [flag, str(v)]
+        return cls(name, argv, log_dir)
+
+    @classmethod
+    def java(cls, classpath, name, bootstrap, group, topic, log_dir, strategy="range"):
+        argv = ["java", "-Xmx256m", "-cp", classpath, "JavaGroupMember",
+                bootstrap, group, topic, strategy, name]
+        return cls(name, argv, log_dir)
+
+    def _read(self):
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                self.noise.append(line)
+                continue
+            with self.lock:
+                self.events.append(ev)
+                kind = ev.get("event")
+                if kind == "owned":
+                    self.owned = set(ev["partitions"])
+                    self.reported = True
+                    self.last_change = ev["t"]
+                elif kind in ("assigned", "revoked", "lost"):
+                    self.last_change = ev["t"]
+                elif kind == "error":
+                    self.errors.append(f"{self.name}: {ev.get('error')}")
+
+    @property
+    def alive(self):
+        return self.proc.poll() is None
+
+    def view(self):
+        with self.lock:
+            return frozenset(self.owned), self.reported and self.alive, self.last_change
+
+    def events_since(self, t, kinds=("assigned", "revoked", "lost", "owned")):
+        with self.lock:
+            return [(round(e["t"] - t, 3), e["event"], e.get("partitions"))
+                    for e in self.events if e["t"] >= t and e["event"] in kinds]
+
+    def stderr_tail(self, n=30):
+        try:
+            return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+    def close(self, timeout=30):
+        """Close stdin: the member closes its consumer (LeaveGroup) and exits."""
+        if self.alive:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+                raise AssertionError(f"{self.name} did not exit {timeout}s after stdin EOF:\n"
+                                     f"{self.stderr_tail()}")
+        self.reader.join(5)
+
+    def kill9(self):
+        if self.alive:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def sigstop(self):
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def sigcont(self):
+        self.proc.send_signal(signal.SIGCONT)
+
+    def __repr__(self):
+        owned, ok, _ = self.view()
+        tail = self.events[-6:]
+        return (f"<{self.name} alive={self.alive} owned={sorted(owned)} errors={self.errors[-3:]} "
+                f"last events={tail} noise={self.noise[-3:]}\n stderr: {self.stderr_tail(8)}>")
+
+
+@pytest.fixture
+def registry():
+    """Everything a test starts that must not outlive it."""
+    things = []
+    yield things
+    for t in reversed(things):
+        try:
+            if isinstance(t, ProcMember):
+                if t.alive:
+                    t.sigcont()
+                t.kill9()
+            elif isinstance(t, Member):
+                t._stop.set()
+                t.thread.join(15)
+            elif isinstance(t, threading.Thread):
+                t.stop.set()
+                t.join(15)
+            elif isinstance(t, subprocess.Popen):
+                if t.poll() is None:
+                    t.kill()
+                t.wait(10)
+        except Exception:  # noqa: BLE001 - best effort cleanup
+            pass
+
+
+def wait_balanced(members, partitions, sizes=None, timeout=60, stable_for=2.0, book=None):
+    """Wait until the members' assignments cover partitions 0..partitions-1
+    exactly once (with the given sizes, in any order) and nothing changed
+    for stable_for seconds. Returns {name: frozenset}. Fails at once on a
+    member error or an ownership overlap."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for m in members:
+            if m.errors:
+                pytest.fail(f"member {m.name} reported errors: {m.errors}")
+            if isinstance(m, ProcMember) and not m.alive:
+                pytest.fail(f"member {m.name} exited with {m.proc.returncode}: {m!r}")
+        if book and book.violations:
+            pytest.fail("partition owned by two members at once: " + "; ".join(book.violations))
+        views = {m.name: m.view() for m in members}
+        owned = [v[0] for v in views.values()]
+        flat = sorted(p for s in owned for p in s)
+        now = time.monotonic()
+        if (all(v[1] for v in views.values())
+                and flat == list(range(partitions))
+                and (sizes is None or sorted(len(s) for s in owned) == sorted(sizes))
+                and now - max(v[2] for v in views.values()) >= stable_for):
+            return {name: v[0] for name, v in views.items()}
+        if now > deadline:
+            pytest.fail(f"group not balanced over {partitions} partitions (sizes {sizes}) after "
+                        f"{timeout}s: {members!r}")
+        time.sleep(0.1)
+
+
+def wait_for(predicate, timeout, what, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = predicate()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what()}" if callable(what)
+                        else f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------- raw OffsetFetch
+
+def _read_uvarint(r):
+    shift = 0
+    value = 0
+    while True:
+        b = r.take(1)[0]
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value
+        shift += 7
+
+
+def _skip_tags(r):
+    for _ in range(_read_uvarint(r)):
+        _read_uvarint(r)
+        r.take(_read_uvarint(r))
+
+
+def _compact_nullable_string(r):
+    n = _read_uvarint(r)
+    return None if n == 0 else r.take(n - 1).decode()
+
+
+def api_versions(broker):
+    with kw.Conn(broker.host, broker.port) as c:
+        c.send(kw.api_versions_request(0, 1))
+        err, apis = kw.parse_api_versions_v0_response(c.recv_response(1))
+    assert err == kw.NONE
+    return apis
+
+
+def offset_fetch(broker, group, topic, partitions, require_stable):
+    """OffsetFetch v7 (the first version with require_stable) on a raw
+    connection. Returns {partition: (committed_offset, error_code)}."""
+    lo, hi = api_versions(broker)[API_OFFSET_FETCH]
+    assert lo <= 7 <= hi, f"OffsetFetch versions {lo}..{hi} do not include v7 (require_stable)"
+    body = (kw.compact_string(group)
+            + kw.uvarint(1 + 1)
+            + kw.compact_string(topic)
+            + kw.uvarint(len(partitions) + 1) + b"".join(kw.i32(p) for p in partitions)
+            + kw.uvarint(0)                      # topic tagged fields
+            + kw.i8(1 if require_stable else 0)
+            + kw.uvarint(0))                     # request tagged fields
+    cid = 4242
+    with kw.Conn(broker.host, broker.port) as c:
+        c.send(kw.frame(kw.request_header_v2(API_OFFSET_FETCH, 7, cid) + body))
+        r = kw.Reader(c.recv_response(cid))
+    _skip_tags(r)                                # response header v1
+    r.i32()                                      # throttle_time_ms
+    out = {}
+    for _ in range(_read_uvarint(r) - 1):
+        name = _compact_nullable_string(r)
+        assert name == topic, name
+        for _ in range(_read_uvarint(r) - 1):
+            p = r.i32()
+            offset = r.i64()
+            r.i32()                              # committed_leader_epoch
+            _compact_nullable_string(r)          # metadata
+            err = r.i16()
+            _skip_tags(r)
+            out[p] = (offset, err)
+        _skip_tags(r)
+    top_err = r.i16()
+    _skip_tags(r)
+    assert top_err == kw.NONE, f"OffsetFetch error {top_err}"
+    assert r.remaining() == 0, f"{r.remaining()} trailing bytes in OffsetFetch v7 response"
+    return out
+
+
+# ======================================================= 1. rebalancing
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+def test_two_then_three_members_own_every_partition_once(broker_factory, registry, strategy):
+    broker = broker_factory(GROUP_OVERRIDES)
+    topic = unique_topic("grp")
+    create_topic(broker.bootstrap, topic, partitions=6)
+    group = "g-" + topic
+    book = OwnerBook()
+
+    def member(name):
+        m = Member(name, broker.bootstrap, group, topic, strategy=strategy, book=book)
+        registry.append(m)
+        return m
+
+    a = member("a")
+    assert wait_balanced([a], 6, [6], book=book) == {"a": frozenset(range(6))}
+
+    b = member("b")
+    two = wait_balanced([a, b], 6, [3, 3], book=book)
+
+    t_c = time.monotonic()
+    c = member("c")
+    three = wait_balanced([a, b, c], 6, [2, 2, 2], book=book)
+
+    if strategy == "cooperative-sticky":
+        # Incremental: a and b each keep two of their three partitions and
+        # revoke only the one that moves to c (the broker carried their
+        # owned partitions in the subscription metadata).
+        for m in (a, b):
+            assert three[m.name] < two[m.name], (m.name, two, three)
+            assert m.revoked_since(t_c) == set(two[m.name] - three[m.name]), \
+                (m.name, m.events_since(t_c))
+    else:
+        # Eager: every member gave up everything before the new assignment.
+        for m in (a, b):
+            assert m.revoked_since(t_c) >= set(two[m.name]), (m.name, m.events_since(t_c))
+
+    # c leaves with a LeaveGroup: its partitions move on at once, without
+    # waiting for a session timeout.
+    t_leave = time.monotonic()
+    c.close()
+    back = wait_balanced([a, b], 6, [3, 3], book=book, stable_for=1.5)
+    settled = max(a.view()[2], b.view()[2])
+    assert settled - t_leave < SESSION_TIMEOUT_MS / 1000 - 1, \
+        f"rebalance after LeaveGroup took {settled - t_leave:.1f}s"
+    if strategy == "cooperative-sticky":
+        for m in (a, b):
+            assert back[m.name] > three[m.name], (m.name, three, back)
+            assert m.revoked_since(t_leave) == set(), (m.name, m.events_since(t_leave))
+    assert not book.violations, book.violations
+
+
+@pytest.mark.timeout(120)
+def test_initial_rebalance_delay_gathers_members(broker_factory, registry):
+    """With the default group.initial.rebalance.delay.ms (3000), the first
+    rebalance of an empty group waits for more members: two consumers that
+    subscribe together get their first assignment in one generation."""
+    broker = broker_factory()
+    topic = unique_topic("delay")
+    create_topic(broker.bootstrap, topic, partitions=6)
+    group = "g-" + topic
+    t0 = time.monotonic()
+    a = Member("a", broker.bootstrap, group, topic)
+    registry.append(a)
+    time.sleep(0.5)
+    b = Member("b", broker.bootstrap, group, topic)
+    registry.append(b)
+    wait_balanced([a, b], 6, [3, 3], timeout=30)
+    first_assign = min(t for m in (a, b) for (t, kind, _) in m.events if kind == "assign")
+    assert first_assign - t0 >= 2.5, \
+        f"first assignment after {first_assign - t0:.2f}s: the initial delay was not applied"
+    for m in (a, b):
+        assigns = [ps for (_, kind, ps) in m.events if kind == "assign"]
+        assert len(assigns[0]) == 3, f"{m.name}'s first assignment was {sorted(assigns[0])}"
+
+
+# ===================================================== 2. committed offsets
+
+def consume_to_end(c, topic, ends, timeout=30):
+    """Poll c until every partition in ends has been read up to its end.
+    Returns {partition: [offsets]}."""
+    got = {p: [] for p in ends}
+    deadline = time.monotonic() + timeout
+    while any((not got[p] or got[p][-1] < ends[p] - 1) for p in ends):
+        if time.monotonic() > deadline:
+            pytest.fail(f"consumer stuck: got {{p: (first, last, n)}} = "
+                        f"{ {p: (v[:1], v[-1:], len(v)) for p, v in got.items()} }, ends {ends}")
+        m = c.poll(0.2)
+        if m is None:
+            continue
+        if m.error():
+            pytest.fail(f"consumer error: {m.error()}")
+        assert m.topic() == topic
+        got[m.partition()].append(m.offset())
+    return got
+
+
+def committed(bootstrap, group, topic, partitions, **extra):
+    c = Consumer(group_conf(bootstrap, group, **extra))
+    try:
+        res = c.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
+    finally:
+        c.close()
+    for tp in res:
+        assert tp.error is None, tp
+    return {tp.partition: (tp.offset, tp.metadata) for tp in res}
+
+
+@pytest.mark.timeout(180)
+def test_committed_offsets_survive_sigterm_and_kill9(broker_factory):
+    broker = broker_factory(GROUP_OVERRIDES)
+    topic = unique_topic("commit")
+    create_topic(broker.bootstrap, topic, partitions=3)
+    seed(broker.bootstrap, topic, 3, 50)
+    ends = {0: 50, 1: 50, 2: 50}
+    group = "g-" + topic
+    bs = broker.bootstrap
+
+    # A member reads everything and commits explicit offsets with metadata.
+    c1 = Consumer(group_conf(bs, group))
+    c1.subscribe([topic])
+    got = consume_to_end(c1, topic, ends)
+    assert {p: v[0] for p, v in got.items()} == {0: 0, 1: 0, 2: 0}
+    first = {0: 10, 1: 17, 2: 23}
+    c1.commit(offsets=[TopicPartition(topic, p, o, metadata=f"meta-{p}") for p, o in first.items()],
+              asynchronous=False)
+    own = c1.committed([TopicPartition(topic, p) for p in ends], timeout=30)
+    assert {tp.partition: (tp.offset, tp.metadata) for tp in own} == \
+        {p: (o, f"meta-{p}") for p, o in first.items()}
+    c1.close()
+
+    broker.restart()  # SIGTERM
+    assert committed(bs, group, topic, ends) == {p: (o, f"meta-{p}") for p, o in first.items()}
+
+    # A new member resumes from them (auto.offset.reset=error: no fallback).
+    c2 = Consumer(group_conf(bs, group, **{"auto.offset.reset": "error"}))
+    c2.subscribe([topic])
+    got = consume_to_end(c2, topic, ends)
+    assert {p: v[0] for p, v in got.items()} == first
+    assert all(v == list(range(first[p], 50)) for p, v in got.items())
+    c2.commit(asynchronous=False)  # the consumed positions
+    assert {p: o for p, (o, _) in committed(bs, group, topic, ends).items()} == ends
+    second = {0: 30, 1: 35, 2: 40}
+    c2.commit(offsets=[TopicPartition(topic, p, o) for p, o in second.items()], asynchronous=False)
+    c2.close()
+
+    broker.kill9()
+    broker.start()
+    assert {p: o for p, (o, _) in committed(bs, group, topic, ends).items()} == second
+
+    # Auto-commit: the final commit on close is durable too.
+    c3 = Consumer(group_conf(bs, group, **{"auto.offset.reset": "error", "enable.auto.commit": True,
+                                           "auto.commit.interval.ms": 200}))
+    c3.subscribe([topic])
+    got = consume_to_end(c3, topic, ends)
+    assert {p: v[0] for p, v in got.items()} == second
+    c3.close()
+
+    broker.kill9()
+    broker.start()
+    assert {p: o for p, (o, _) in committed(bs, group, topic, ends).items()} == ends
+
+
+# ================================================ 3. session timeout, static
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("client,how", [("confluent", "sigkill"), ("confluent", "sigstop"),
+                                        ("kafka-python", "sigkill")])
+def test_silent_member_is_removed_after_session_timeout(broker_factory, registry, tmp_path, client, how):
+    broker = broker_factory(GROUP_OVERRIDES)
+    topic = unique_topic("session")
+    create_topic(broker.bootstrap, topic, partitions=6)
+    group = "g-" + topic
+    a = Member("a", broker.bootstrap, group, topic)
+    registry.append(a)
+    wait_balanced([a], 6, [6])
+    b = ProcMember.python(client, "b", broker.bootstrap, group, topic, tmp_path,
+                          session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_ms=HEARTBEAT_MS)
+    registry.append(b)
+    wait_balanced([a, b], 6, [3, 3])
+
+    t0 = time.monotonic()
+    if how == "sigkill":
+        b.kill9()      # connections close, no LeaveGroup
+    else:
+        b.sigstop()    # connections stay open, heartbeats stop
+    wait_for(lambda: a.view()[0] == frozenset(range(6)) and a.view()[1], 30,
+             lambda: f"a to take over all partitions: {a!r}")
+    took = a.view()[2] - t0
+    # The member is dropped when its session expires, not before (a closed
+    # connection is not a LeaveGroup), and not much after.
+    assert took >= SESSION_TIMEOUT_MS / 1000 - 1.5, f"b removed {took:.2f}s after it went silent"
+    assert took <= SESSION_TIMEOUT_MS / 1000 + 10, f"b removed only {took:.2f}s after it went silent"
+    wait_balanced([a], 6, [6], stable_for=1.0)
+
+    if how == "sigstop":
+        # Woken up, b finds it was removed, rejoins, and the group rebalances.
+        b.sigcont()
+        wait_balanced([a, b], 6, [3, 3], timeout=45)
+
+
+@pytest.mark.timeout(120)
+def test_static_member_restart_keeps_its_partitions_without_rebalance(broker_factory, registry, tmp_path):
+    broker = broker_factory(GROUP_OVERRIDES)
+    topic = unique_topic("static")
+    create_topic(broker.bootstrap, topic, partitions=6)
+    group = "g-" + topic
+    session_ms = 10000
+    a = Member("a", broker.bootstrap, group, topic)  # dynamic, first: the leader
+    registry.append(a)
+    wait_balanced([a], 6, [6])
+
+    def static_b(name):
+        m = ProcMember.python("confluent", name, broker.bootstrap, group, topic, tmp_path,
+                              session_timeout_ms=session_ms, heartbeat_ms=HEARTBEAT_MS,
+                              instance_id="b-static")
+        registry.append(m)
+        return m
+
+    b1 = static_b("b1")
+    before = wait_balanced([a, b1], 6, [3, 3])
+    b1_member_id = [e for e in b1.events if e["event"] == "owned"][-1]["member_id"]
+
+    t0 = time.monotonic()
+    b1.kill9()
+    b2 = static_b("b2")
+    after = wait_balanced([a, b2], 6, [3, 3], timeout=session_ms / 1000 - 2, stable_for=0.5)
+    took = time.monotonic() - t0
+    assert took < session_ms / 1000 - 2, f"static member took {took:.1f}s to come back"
+    assert after["b2"] == before["b1"] and after["a"] == before["a"], (before, after)
+    b2_member_id = [e for e in b2.events if e["event"] == "owned"][-1]["member_id"]
+    assert b2_member_id and b2_member_id != b1_member_id
+
+    # No rebalance: a saw no callback, neither now nor when b1's session
+    # would have expired.
+    time.sleep(max(0.0, session_ms / 1000 + 2 - (time.monotonic() - t0)))
+    assert a.events_since(t0) == [], a.events_since(t0)
+    assert wait_balanced([a, b2], 6, [3, 3], stable_for=0.5) == after
+
+
+# ===================================================== 4. client interop
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+def test_librdkafka_kafka_python_and_java_members_share_a_group(
+        broker_factory, registry, tmp_path, java_classpath, strategy):  # noqa: F811
+    broker = broker_factory(GROUP_OVERRIDES)
+    topic = unique_topic("interop")
+    create_topic(broker.bootstrap, topic, partitions=6)
+    group = "g-" + topic
+    bs = broker.bootstrap
+
+    rd = ProcMember.python("confluent", "librdkafka", bs, group, topic, tmp_path, strategy=strategy)
+    registry.append(rd)
+    wait_balanced([rd], 6, [6])
+    kp = ProcMember.python("kafka-python", "kafka-python", bs, group, topic, tmp_path, strategy=strategy)
+    registry.append(kp)
+    wait_balanced([rd, kp], 6, [3, 3])
+    jv = ProcMember.java(java_classpath, "java", bs, group, topic, tmp_path, strategy=strategy)
+    registry.append(jv)
+    wait_balanced([rd, kp, jv], 6, [2, 2, 2], timeout=90)
+
+    # The first member (the leader so far) leaves; one of the others leads now.
+    rd.close()
+    assert rd.proc.returncode == 0, rd
+    wait_balanced([kp, jv], 6, [3, 3])
+    jv.close()
+    assert jv.proc.returncode == 0, jv
+    wait_balanced([kp], 6, [6])
+
+
+# =========================================================== 5. admin API
+
+@pytest.mark.timeout(150)
+def test_admin_list_describe_alter_delete_groups(broker_factory, registry):
+    broker = broker_factory(GROUP_OVERRIDES)
+    bs = broker.bootstrap
+    topic = unique_topic("admin")
+    create_topic(bs, topic, partitions=4)
+    seed(bs, topic, 4, 10)
+    live = "live-" + topic
+    simple = "simple-" + topic
+
+    a = Member("admin-a", bs, live, topic)
+    b = Member("admin-b", bs, live, topic)
+    registry += [a, b]
+    shares = wait_balanced([a, b], 4, [2, 2])
+
+    # A "simple" group: offsets committed by a consumer that never joins.
+    s = Consumer(group_conf(bs, simple))
+    s.commit(offsets=[TopicPartition(topic, 0, 4), TopicPartition(topic, 1, 6)], asynchronous=False)
+    s.close()
+
+    ad = admin(bs)
+    listing = ad.list_consumer_groups(request_timeout=15).result(30)
+    assert not listing.errors, listing.errors
+    by_id = {g.group_id: g for g in listing.valid}
+    assert by_id[live].state == ConsumerGroupState.STABLE
+    assert not by_id[live].is_simple_consumer_group
+    assert by_id[simple].state == ConsumerGroupState.EMPTY
+    assert by_id[simple].is_simple_consumer_group
+
+    stable = ad.list_consumer_groups(request_timeout=15, states={ConsumerGroupState.STABLE}).result(30)
+    assert live in {g.group_id for g in stable.valid}
+    assert simple not in {g.group_id for g in stable.valid}
+
+    desc = ad.describe_consumer_groups([live, simple], request_timeout=15)
+    d = desc[live].result(30)
+    assert d.group_id == live
+    assert d.state == ConsumerGroupState.STABLE
+    assert not d.is_simple_consumer_group
+    assert d.partition_assignor == "range"
+    assert d.coordinator.id == 0
+    assert sorted(m.client_id for m in d.members) == ["admin-a", "admin-b"]
+    for m in d.members:
+        mine = a if m.client_id == "admin-a" else b
+        assert m.member_id == mine.member_id
+        assert "127.0.0.1" in m.host, m.host
+        assert {tp.partition for tp in m.assignment.topic_partitions} == shares[m.client_id]
+        assert all(tp.topic == topic for tp in m.assignment.topic_partitions)
+    ds = desc[simple].result(30)
+    assert ds.state == ConsumerGroupState.EMPTY and ds.members == []
+
+    res = ad.list_consumer_group_offsets([ConsumerGroupTopicPartitions(simple)])[simple].result(30)
+    assert {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions} == \
+        {(topic, 0): 4, (topic, 1): 6}
+    res = ad.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(simple, [TopicPartition(topic, 0), TopicPartition(topic, 2)])]
+    )[simple].result(30)
+    assert tp_map(res.topic_partitions) == {0: 4, 2: -1001}
+
+    # A group with members cannot be deleted.
+    with pytest.raises(KafkaException) as e:
+        ad.delete_consumer_groups([live], request_timeout=15)[live].result(30)
+    assert e.value.args[0].code() == KafkaError.NON_EMPTY_GROUP, e.value
+
+    a.close()
+    b.close()
+    wait_for(lambda: ad.describe_consumer_groups([live])[live].result(30).state == ConsumerGroupState.EMPTY,
+             20, "the group to become empty after both members left")
+
+    # Offsets of an empty group can be set from outside; a new member resumes there.
+    altered = ad.alter_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(live, [TopicPartition(topic, p, p + 1) for p in range(4)])]
+    )[live].result(30)
+    assert all(tp.error is None for tp in altered.topic_partitions), altered.topic_partitions
+    res = ad.list_consumer_group_offsets([ConsumerGroupTopicPartitions(live)])[live].result(30)
+    assert tp_map(res.topic_partitions) == {p: p + 1 for p in range(4)}
+    c = Consumer(group_conf(bs, live, **{"auto.offset.reset": "error"}))
+    c.subscribe([topic])
+    got = consume_to_end(c, topic, {p: 10 for p in range(4)})
+    c.close()
+    assert {p: v[0] for p, v in got.items()} == {p: p + 1 for p in range(4)}
+
+    for g, f in ad.delete_consumer_groups([live, simple], request_timeout=15).items():
+        assert f.result(30) is None, g
+    listing = ad.list_consumer_groups(request_timeout=15).result(30)
+    assert not {live, simple} & {g.group_id for g in listing.valid}
+    res = ad.list_consumer_group_offsets([ConsumerGroupTopicPartitions(simple)])[simple].result(30)
+    assert [tp for tp in res.topic_partitions if tp.offset >= 0] == []
+    with pytest.raises(KafkaException) as e:
+        ad.delete_consumer_groups([live], request_timeout=15)[live].result(30)
+    assert e.value.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND, e.value
+
+
+# =================================================== 6. S7 copier loop
+
+class OutputReader(threading.Thread):
+    """A read_committed reader of every partition of a topic from offset 0,
+    running for the whole scenario: it must never see a record twice, nor
+    one from an aborted transaction."""
+
+    def __init__(self, bootstrap, topic, partitions):
+        super().__init__(daemon=True)
+        self.c = Consumer(consumer_config(bootstrap, **{"isolation.level": "read_committed"}))
+        self.c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.values = {p: [] for p in range(partitions)}
+        self.errors = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                for m in self.c.consume(1000, timeout=0.2):
+                    if m.error():
+                        self.errors.append(str(m.error()))
+                        continue
+                    with self.lock:
+                        self.values[m.partition()].append(m.value())
+        finally:
+            self.c.close()
+
+    def count(self):
+        with self.lock:
+            return sum(len(v) for v in self.values.values())
+
+
+@pytest.mark.timeout(300)
+def test_s7_copier_killed_and_fenced_copies_exactly_once(broker_factory, registry, tmp_path):
+    broker = broker_factory(GROUP_OVERRIDES)
+    bs = broker.bootstrap
+    n = int(os.environ.get("ONCELOG_S7_RECORDS", "20000"))
+    parts = 3
+    inp = unique_topic("s7-in")
+    out = unique_topic("s7-out")
+    create_topic(bs, inp, partitions=parts)
+    create_topic(bs, out, partitions=parts)
+    group = "s7-copier-" + inp
+    txn_id = "s7-copier-" + inp
+
+    # Small batches, so the copier's fetches interleave the partitions.
+    p = Producer(producer_config(bs, **{"batch.num.messages": 200}))
+    expected = {q: [] for q in range(parts)}
+    for i in range(n):
+        q = i % parts
+        v = f"rec-{q}-{i:06d}".encode()
+        p.produce(inp, key=b"k%d" % i, value=v, partition=q)
+        expected[q].append(b"out:" + v)
+        if i % 1000 == 0:
+            p.poll(0)
+    flush_all(p)
+    ends = {q: len(expected[q]) for q in range(parts)}
+
+    reader = OutputReader(bs, out, parts)
+    reader.start()
+    registry.append(reader)
+
+    logs = []
+
+    def start_copier():
+        log = tmp_path / f"copier-{len(logs)}.log"
+        logs.append(log)
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(
+                [sys.executable, str(COPIER), "--bootstrap", bs, "--group", group,
+                 "--txn-id", txn_id, "--input", inp, "--output", out,
+                 "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--txn-sleep-ms", "25"],
+                stdin=subprocess.DEVNULL, stdout=f, stderr=f, cwd=str(TESTS_DIR),
+                preexec_fn=_die_with_parent)
+        registry.append(proc)
+        proc.log = log
+        return proc
+
+    def tail(proc, lines=25):
+        return "\n".join(proc.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def committed_now():
+        return {q: o for q, (o, err) in offset_fetch(broker, group, inp, list(range(parts)), False).items()}
+
+    seed_ = int(os.environ.get("ONCELOG_S7_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed_)
+    print(f"S7: {n} records, random seed {seed_}")
+
+    primary = start_copier()
+    kills = 0
+    fenced = 0
+    plan = [("kill", 0.10), ("kill", 0.25), ("fence", 0.45), ("kill", 0.60), ("kill", 0.80)]
+    for action, frac in plan:
+        target = int(frac * n)
+
+        def progressed():
+            if primary.poll() is not None:
+                pytest.fail(f"copier exited with {primary.returncode} on its own:\n{tail(primary)}")
+            if reader.errors:
+                pytest.fail(f"output reader errors: {reader.errors}")
+            return reader.count() >= target
+        wait_for(progressed, 90, lambda: f"copier progress {target}/{n} (at {reader.count()}), "
+                                         f"log:\n{tail(primary)}", interval=0.02)
+        time.sleep(rng.uniform(0.0, 0.3))
+        if action == "kill":
+            primary.send_signal(signal.SIGKILL)
+            assert primary.wait(10) == -signal.SIGKILL
+            kills += 1
+            print(f"S7: kill #{kills} at {reader.count()} copied")
+            primary = start_copier()
+        else:
+            zombie = primary
+            primary = start_copier()
+            try:
+                rc = zombie.wait(60)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the first copier was not fenced within 60s:\n{tail(zombie)}\n"
+                            f"--- new copier:\n{tail(primary)}")
+            assert rc == 3, f"fenced copier exited {rc}, expected 3 (fenced):\n{tail(zombie)}"
+            assert "FENCED" in zombie.log.read_text(), tail(zombie)
+            fenced += 1
+            print(f"S7: fenced the running copier at {reader.count()} copied")
+
+    def done():
+        if primary.poll() is not None:
+            pytest.fail(f"copier exited with {primary.returncode} on its own:\n{tail(primary)}")
+        return reader.count() >= n and committed_now() == ends
+    wait_for(done, 120, lambda: f"the copier to finish: {reader.count()}/{n} copied, committed "
+                                f"{committed_now()} of {ends}; log:\n{tail(primary)}", interval=0.2)
+    primary.send_signal(signal.SIGTERM)
+    assert primary.wait(30) == 0, tail(primary)
+    time.sleep(1.0)  # let the reader drain anything (that must not be there)
+    reader.stop.set()
+    reader.join(15)
+
+    assert kills >= 3 and fenced == 1
+    assert not reader.errors, reader.errors
+    for q in range(parts):
+        got = reader.values[q]
+        assert len(got) == len(set(got)), f"partition {q}: the concurrent reader saw duplicates"
+        assert got == expected[q], \
+            f"partition {q}: {len(got)} records seen, {len(expected[q])} expected; first difference at " \
+            f"{next((i for i, (x, y) in enumerate(zip(got, expected[q])) if x != y), min(len(got), len(expected[q])))}"
+    # A fresh read_committed pass agrees, and the group's lag is zero.
+    aborted = 0
+    for q in range(parts):
+        end = lso(bs, out, q)
+        fresh = [v for _, v in read_partition(bs, out, q, 0, "read_committed", end, timeout=60)]
+        assert fresh == expected[q], f"partition {q}: fresh read_committed pass differs"
+        everything = [v for _, v in read_partition(bs, out, q, 0, "read_uncommitted", end, timeout=60)]
+        extra = len(everything) - len(fresh)
+        assert extra >= 0 and set(everything) == set(expected[q]), f"partition {q}: stray records"
+        aborted += extra
+    # The kills and the fencing cut transactions short after their records
+    # were written: those records exist, read_committed never showed them.
+    print(f"S7: {aborted} records of aborted transactions in the output")
+    assert aborted > 0, "no kill landed inside a transaction"
+    assert {q: o for q, (o, _) in committed(bs, group, inp, range(parts)).items()} == ends
+    assert offset_fetch(broker, group, inp, list(range(parts)), True) == {q: (ends[q], 0) for q in range(parts)}
+    assert "fenced" in broker.log_text().lower()
+
+
+# ====================================== 7. pending transactional offsets
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_new_member_waits_for_pending_transactional_offsets(broker_factory, registry, outcome):
+    broker = broker_factory(GROUP_OVERRIDES)
+    bs = broker.bootstrap
+    topic = unique_topic("unstable")
+    out = unique_topic("unstable-out")
+    create_topic(bs, topic)
+    create_topic(bs, out)
+    seed(bs, topic, 1, 10)
+    group = "g-" + topic
+
+    # The owner: a member of the group that has read offsets 0..6 and
+    # committed 3 the ordinary way.
+    owner = Consumer(group_conf(bs, group, **{"isolation.level": "read_committed"}))
+    owner.subscribe([topic])
+    seen = []
+    deadline = time.monotonic() + 30
+    while not seen or seen[-1] < 6:
+        assert time.monotonic() < deadline, f"owner read only {seen}"
+        m = owner.poll(0.2)
+        if m is not None:
+            assert m.error() is None, m.error()
+            seen.append(m.offset())
+    assert seen[:7] == list(range(7))
+    owner.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+    assert offset_fetch(broker, group, topic, [0], True) == {0: (3, 0)}
+
+    # Its transactional producer adds offset 7 to a transaction, which stays open.
+    p = txn_producer(bs, "unstable-" + topic)
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(out, value=b"derived-from-3..6", partition=0)
+    p.send_offsets_to_transaction([TopicPartition(topic, 0, 7)], owner.consumer_group_metadata(), 30)
+    p.flush(30)
+    assert offset_fetch(broker, group, topic, [0], False) == {0: (3, 0)}, \
+        "pending transactional offsets must not be visible"
+    assert offset_fetch(broker, group, topic, [0], True) == {0: (-1, UNSTABLE_OFFSET_COMMIT)}
+    owner.close()  # the owner leaves the group; its transaction is still open
+
+    # A new member gets the partition, but must not start while the offsets are unstable.
+    n = Member("new", bs, group, topic, **{"isolation.level": "read_committed",
+                                            "auto.offset.reset": "error"})
+    registry.append(n)
+    wait_balanced([n], 1, [1], timeout=30, stable_for=0.5)
+    time.sleep(3.0)
+    assert n.records == [], f"the new member started before the transaction ended: {n.records[:3]}"
+    assert not n.errors, n.errors
+    assert offset_fetch(broker, group, topic, [0], True) == {0: (-1, UNSTABLE_OFFSET_COMMIT)}
+
+    if outcome == "commit":
+        p.commit_transaction(30)
+        start = 7
+    else:
+        p.abort_transaction(30)
+        start = 3
+    wait_for(lambda: n.record_offsets(0)[-1:] == [9], 30,
+             lambda: f"the new member to read up to offset 9: {n!r} {n.record_offsets(0)}")
+    assert n.record_offsets(0) == list(range(start, 10))
+    assert not n.errors, n.errors
+    assert offset_fetch(broker, group, topic, [0], True) == {0: (start, 0)}
+    assert offset_fetch(broker, group, topic, [0], False) == {0: (start, 0)}
+    derived = read_partition(bs, out, 0, 0, "read_committed", lso(bs, out, 0))
+    assert [v for _, v in derived] == ([b"derived-from-3..6"] if outcome == "commit" else [])

@@ -27,12 +27,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use oncelog_log::batch::{self, BatchBuilder, BatchIter};
-use oncelog_log::{Log, LogConfig};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Mutex};
 
 use crate::error::ErrorCode;
+use crate::internal_log::InternalLog;
+use crate::now_ms;
 use crate::topics::TopicError;
 
 /// The pseudo-partition that stands for a group's offsets in a transaction.
@@ -308,14 +308,7 @@ pub struct Groups {
 
 struct Inner {
     groups: HashMap<String, Group>,
-    log: Log,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    log: InternalLog,
 }
 
 fn apply(groups: &mut HashMap<String, Group>, rec: OffsetRecord) {
@@ -391,40 +384,13 @@ pub struct JoinRequest {
 
 impl Groups {
     pub fn open(data_dir: &Path, settings: GroupSettings) -> Result<Self, TopicError> {
-        let dir = data_dir.join("__consumer_offsets-0");
-        let config = LogConfig {
-            segment_bytes: 100 << 20,
-            retention_bytes: -1,
-            retention_ms: -1,
-            ..LogConfig::default()
-        };
-        let (log, report) = Log::open(&dir, config)?;
-        if report.bytes_dropped > 0 {
-            tracing::warn!(
-                bytes_dropped = report.bytes_dropped,
-                "offsets log tail truncated at recovery"
-            );
-        }
+        let (log, records) = InternalLog::open(data_dir, "__consumer_offsets-0")?;
         let mut groups = HashMap::new();
-        let mut offset = log.log_start_offset();
-        let end = log.next_offset();
-        while offset < end {
-            let chunk = log.read(offset, 4 << 20, end, true)?;
-            if chunk.is_empty() {
-                break;
-            }
-            for item in BatchIter::new(&chunk) {
-                let (at, h) = item.map_err(|e| TopicError::Storage(format!("offsets log: {e}")))?;
-                for (_, value) in
-                    batch::records(&chunk[at..at + h.total_size()]).unwrap_or_default()
-                {
-                    let Some(v) = value else { continue };
-                    let rec: OffsetRecord = serde_json::from_slice(v)
-                        .map_err(|e| TopicError::Storage(format!("offsets log record: {e}")))?;
-                    apply(&mut groups, rec);
-                }
-                offset = h.next_offset();
-            }
+        for (_, value) in records {
+            let Some(v) = value else { continue };
+            let rec: OffsetRecord = serde_json::from_slice(&v)
+                .map_err(|e| TopicError::Storage(format!("offsets log record: {e}")))?;
+            apply(&mut groups, rec);
         }
         tracing::info!(groups = groups.len(), "group coordinator loaded");
         Ok(Self {
@@ -443,23 +409,9 @@ impl Groups {
         for r in &recs {
             values.push(serde_json::to_vec(r).map_err(|e| e.to_string())?);
         }
-        let mut bb = BatchBuilder::new(now_ms());
-        for (i, v) in values.iter().enumerate() {
-            bb = bb.record(i as i64, None, Some(v));
-        }
-        let mut b = bb.build();
-        let before = inner.log.next_offset();
-        let res = tokio::task::block_in_place(|| -> Result<(), String> {
-            inner.log.append(&mut b).map_err(|e| e.to_string())?;
-            inner.log.sync().map_err(|e| e.to_string())
-        });
-        if let Err(e) = res {
-            tracing::error!(error = %e, "offsets log write failed; not acknowledged");
-            if let Err(te) = inner.log.truncate_to(before) {
-                tracing::error!(error = %te, "could not cut back the offsets log");
-            }
-            return Err(e);
-        }
+        let slices: Vec<oncelog_log::batch::KeyValue<'_>> =
+            values.iter().map(|v| (None, Some(&v[..]))).collect();
+        inner.log.append(&slices)?;
         for r in recs {
             apply(&mut inner.groups, r);
         }

@@ -10,6 +10,7 @@ pub mod durability;
 pub mod error;
 pub mod groups;
 pub mod handlers;
+pub mod internal_log;
 pub mod producer_ids;
 pub mod producer_state;
 pub mod server;
@@ -26,7 +27,8 @@ pub use config::BrokerConfig;
 use durability::Syncer;
 use topics::{TopicError, Topics};
 
-fn now_ms() -> i64 {
+/// Wall-clock milliseconds since the epoch.
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

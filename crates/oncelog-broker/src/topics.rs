@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
+use crate::now_ms;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TopicMeta {
@@ -256,13 +257,6 @@ pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
         return bad("only ASCII letters, digits, '.', '_' and '-' are allowed");
     }
     Ok(())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl Topics {

@@ -19,15 +19,15 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use oncelog_log::batch::{self, BatchBuilder, BatchIter};
-use oncelog_log::{Log, LogConfig};
+use oncelog_log::batch;
 use tokio::sync::{oneshot, Mutex};
 
 use crate::durability::SyncRequest;
+use crate::internal_log::InternalLog;
 use crate::snapshot;
 use crate::topics::TopicError;
 use crate::txn_coordinator::{self as tc, CoordError, EndPlan, InitPlan, TxnMeta, TxnState};
-use crate::Broker;
+use crate::{now_ms, Broker};
 
 /// Identity of a producer's open transaction, for produce verification.
 #[derive(Debug, Clone)]
@@ -38,7 +38,7 @@ pub struct OngoingTxn {
 
 struct Inner {
     txns: HashMap<String, TxnMeta>,
-    log: Log,
+    log: InternalLog,
 }
 
 pub struct TxnService {
@@ -57,62 +57,24 @@ pub enum VerifyError {
     NotInTransaction,
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 impl TxnService {
     pub fn open(data_dir: &Path) -> Result<Self, TopicError> {
-        let dir = data_dir.join("__transaction_state-0");
-        let config = LogConfig {
-            segment_bytes: 100 << 20,
-            retention_bytes: -1,
-            retention_ms: -1,
-            ..LogConfig::default()
-        };
-        let (log, report) = Log::open(&dir, config)?;
-        if report.bytes_dropped > 0 {
-            tracing::warn!(
-                bytes_dropped = report.bytes_dropped,
-                "transaction log tail truncated at recovery"
-            );
-        }
+        let (log, records) = InternalLog::open(data_dir, "__transaction_state-0")?;
         let mut txns: HashMap<String, TxnMeta> = HashMap::new();
-        let mut offset = log.log_start_offset();
-        let end = log.next_offset();
-        while offset < end {
-            let chunk = log.read(offset, 4 << 20, end, true)?;
-            if chunk.is_empty() {
-                break;
-            }
-            for item in BatchIter::new(&chunk) {
-                let (at, h) =
-                    item.map_err(|e| TopicError::Storage(format!("transaction log: {e}")))?;
-                let whole = &chunk[at..at + h.total_size()];
-                for (key, value) in batch::records(whole).unwrap_or_default() {
-                    let Some(key) = key.and_then(|k| std::str::from_utf8(k).ok()) else {
-                        continue;
-                    };
-                    match value {
-                        None => {
-                            txns.remove(key);
-                        }
-                        Some(v) => match serde_json::from_slice::<TxnMeta>(v) {
-                            Ok(m) => {
-                                txns.insert(key.to_string(), m);
-                            }
-                            Err(e) => {
-                                return Err(TopicError::Storage(format!(
-                                    "transaction log record for {key}: {e}"
-                                )))
-                            }
-                        },
-                    }
+        for (key, value) in records {
+            let Some(key) = key.and_then(|k| String::from_utf8(k).ok()) else {
+                continue;
+            };
+            match value {
+                None => {
+                    txns.remove(&key);
                 }
-                offset = h.next_offset();
+                Some(v) => {
+                    let m = serde_json::from_slice::<TxnMeta>(&v).map_err(|e| {
+                        TopicError::Storage(format!("transaction log record for {key}: {e}"))
+                    })?;
+                    txns.insert(key, m);
+                }
             }
         }
         let ongoing = txns
@@ -159,24 +121,9 @@ impl TxnService {
         }
     }
 
-    /// Appends one record (a tombstone when `value` is `None`) to the
-    /// internal log and fsyncs it; on failure the log is cut back.
+    /// Appends one record (a tombstone when `value` is `None`) and fsyncs it.
     fn append_record(inner: &mut Inner, key: &str, value: Option<&[u8]>) -> Result<(), String> {
-        let mut b = BatchBuilder::new(now_ms())
-            .record(0, Some(key.as_bytes()), value)
-            .build();
-        let before = inner.log.next_offset();
-        let res = tokio::task::block_in_place(|| -> Result<(), String> {
-            inner.log.append(&mut b).map_err(|e| e.to_string())?;
-            inner.log.sync().map_err(|e| e.to_string())
-        });
-        if let Err(e) = &res {
-            tracing::error!(transactional_id = key, error = %e, "transaction log write failed; state change not made");
-            if let Err(te) = inner.log.truncate_to(before) {
-                tracing::error!(error = %te, "could not cut back the transaction log");
-            }
-        }
-        res
+        inner.log.append(&[(Some(key.as_bytes()), value)])
     }
 
     /// Appends and fsyncs the new metadata, then makes it current.

@@ -280,7 +280,8 @@ impl<'a> Iterator for BatchIter<'a> {
     }
 }
 
-fn get_varint(b: &[u8], pos: &mut usize) -> Option<i64> {
+/// Reads a zigzag varint at `pos`, moving `pos` past it.
+pub(crate) fn get_varint(b: &[u8], pos: &mut usize) -> Option<i64> {
     let mut v: u64 = 0;
     let mut shift = 0;
     loop {

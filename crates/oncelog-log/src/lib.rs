@@ -373,24 +373,6 @@ impl Log {
     }
 }
 
-fn read_varint(b: &[u8], pos: &mut usize) -> Option<i64> {
-    let mut v: u64 = 0;
-    let mut shift = 0;
-    loop {
-        let byte = *b.get(*pos)?;
-        *pos += 1;
-        v |= ((byte & 0x7f) as u64) << shift;
-        if byte & 0x80 == 0 {
-            break;
-        }
-        shift += 7;
-        if shift > 63 {
-            return None;
-        }
-    }
-    Some(((v >> 1) as i64) ^ -((v & 1) as i64))
-}
-
 /// In an uncompressed batch, the (offset, timestamp) of the first record
 /// whose timestamp is ≥ `ts`.
 fn first_record_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
@@ -400,11 +382,11 @@ fn first_record_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
     }
     let mut pos = batch::HEADER_LEN;
     for _ in 0..h.records_count() {
-        let len = read_varint(b, &mut pos)?;
+        let len = batch::get_varint(b, &mut pos)?;
         let end = pos.checked_add(usize::try_from(len).ok()?)?;
         let mut p = pos + 1; // record attributes
-        let ts_delta = read_varint(b, &mut p)?;
-        let off_delta = read_varint(b, &mut p)?;
+        let ts_delta = batch::get_varint(b, &mut p)?;
+        let off_delta = batch::get_varint(b, &mut p)?;
         let rts = h.base_timestamp().wrapping_add(ts_delta);
         if rts >= ts {
             return Some((h.base_offset() + off_delta, rts));

@@ -42,19 +42,11 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::error::ErrorCode;
 use crate::groups::{JoinRequest, OffsetMeta, OFFSETS_TOPIC};
-use crate::txn_coordinator::CoordError;
-use crate::txn_service::{TxnError, VerifyError};
-use crate::Broker;
+use crate::txn_service::VerifyError;
+use crate::{now_ms, Broker};
 
 fn s(v: impl Into<String>) -> StrBytes {
     StrBytes::from_string(v.into())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 pub async fn join_group(
@@ -413,19 +405,6 @@ pub async fn delete_groups(b: Arc<Broker>, req: DeleteGroupsRequest) -> DeleteGr
     DeleteGroupsResponse::default().with_results(results)
 }
 
-fn add_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
-    match e {
-        TxnError::Coord(CoordError::ConcurrentTransactions) => ErrorCode::ConcurrentTransactions,
-        TxnError::Coord(CoordError::ProducerFenced) if fenced_known => ErrorCode::ProducerFenced,
-        TxnError::Coord(CoordError::ProducerFenced) => ErrorCode::InvalidProducerEpoch,
-        TxnError::Coord(CoordError::InvalidProducerIdMapping) => {
-            ErrorCode::InvalidProducerIdMapping
-        }
-        TxnError::Coord(CoordError::InvalidTxnState) => ErrorCode::InvalidTxnState,
-        TxnError::Storage(_) => ErrorCode::CoordinatorNotAvailable,
-    }
-}
-
 /// AddOffsetsToTxn: ties the group's offsets to the transaction, so its
 /// marker reaches the group coordinator.
 pub async fn add_offsets_to_txn(
@@ -444,7 +423,7 @@ pub async fn add_offsets_to_txn(
         .await;
     let code = match res {
         Ok(()) => ErrorCode::None,
-        Err(e) => add_error_code(&e, version >= 2),
+        Err(e) => super::txn::txn_error_code(&e, version >= 2),
     };
     AddOffsetsToTxnResponse::default().with_error_code(code.code())
 }
@@ -470,7 +449,7 @@ pub async fn txn_offset_commit(
             )
             .await
         {
-            code = match add_error_code(&e, true) {
+            code = match super::txn::txn_error_code(&e, true) {
                 ErrorCode::ProducerFenced => ErrorCode::InvalidProducerEpoch,
                 c => c,
             };

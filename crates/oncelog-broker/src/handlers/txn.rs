@@ -23,7 +23,9 @@ use crate::txn_coordinator::CoordError;
 use crate::txn_service::TxnError;
 use crate::Broker;
 
-fn txn_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
+/// The wire code for a coordinator error; PRODUCER_FENCED only where the
+/// request version knows it.
+pub(crate) fn txn_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
     match e {
         TxnError::Coord(CoordError::ConcurrentTransactions) => ErrorCode::ConcurrentTransactions,
         TxnError::Coord(CoordError::ProducerFenced) if fenced_known => ErrorCode::ProducerFenced,

@@ -166,6 +166,29 @@ def test_s1_zombie_fare_writer_is_fenced(broker):
     assert uncommitted == [(40, b"trip-9001"), (42, b"trip-9001")]
     assert not any(v == b"trip-9002" for _, v in uncommitted)
 
+    # Step 10, through kafka-python's KIP-664 admin calls: the partition knows
+    # the producer at epoch 1 with no open transaction; the coordinator says
+    # CompleteCommit.
+    from kafka.admin import KafkaAdminClient
+    from kafka.structs import TopicPartition as KTP
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        producers = admin.describe_producers([KTP(topic, 2)])[KTP(topic, 2)].active_producers
+        mine = [x for x in producers if x.producer_id == a_pid]
+        assert len(mine) == 1, producers
+        assert mine[0].producer_epoch == 1 and mine[0].current_transaction_start_offset == -1, mine[0]
+        assert mine[0].last_sequence == 0, mine[0]
+        desc = admin.describe_transactions(["fare-writer-7"])["fare-writer-7"]
+        assert str(desc.state.value if hasattr(desc.state, "value") else desc.state).lower() in (
+            "completecommit", "complete_commit"), desc
+        assert (desc.producer_id, desc.producer_epoch) == (a_pid, 1)
+        listed = [t for per_broker in admin.list_transactions().values() for t in per_broker]
+        assert [(t.transactional_id, t.producer_id) for t in listed] == [("fare-writer-7", a_pid)], listed
+        ongoing = [t for per_broker in admin.list_transactions(state_filters=["Ongoing"]).values() for t in per_broker]
+        assert ongoing == [], ongoing
+    finally:
+        admin.close()
+
 
 def test_transaction_timeout_aborts_and_fences(broker):
     topic = unique_topic("timeout")
@@ -254,3 +277,42 @@ def test_kafka_python_transactions(broker):
     got = sorted(m.value for m in c)
     c.close()
     assert got == sorted([b"commit-%d" % i for i in range(10)] + [b"fresh"])
+
+
+def test_list_and_describe_open_transactions_kafka_python_admin(broker):
+    """KIP-664 ListTransactions filters (state, producer id, duration, id
+    pattern) and DescribeTransactions of an open transaction."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError as KPError
+
+    topic = unique_topic("hang")
+    create_topic(broker.bootstrap, topic, partitions=2)
+    p = txn_producer(broker.bootstrap, "hang-" + topic)
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"x", partition=1)
+    p.flush(30)
+    q = txn_producer(broker.bootstrap, "done-" + topic)
+    q.init_transactions(30)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+
+    def ids(**kw):
+        return sorted(t.transactional_id for per in admin.list_transactions(**kw).values() for t in per)
+    try:
+        assert ids() == sorted(["hang-" + topic, "done-" + topic])
+        assert ids(state_filters=["Ongoing"]) == ["hang-" + topic]
+        assert ids(transactional_id_pattern="hang-.*") == ["hang-" + topic]
+        assert ids(transactional_id_pattern="nothing-.*") == []
+        time.sleep(0.3)
+        assert ids(duration_filter_ms=200) == ["hang-" + topic]
+        assert ids(duration_filter_ms=3_600_000) == []
+        d = admin.describe_transactions(["hang-" + topic])["hang-" + topic]
+        assert d.transaction_start_time_ms > 0
+        assert {(tp.topic, tp.partition) for tp in d.topic_partitions} == {(topic, 1)}
+        pid = d.producer_id
+        assert ids(producer_id_filters=[pid]) == ["hang-" + topic]
+        with pytest.raises(KPError):
+            admin.describe_transactions(["no-such-id"])
+    finally:
+        admin.close()
+        p.abort_transaction(30)

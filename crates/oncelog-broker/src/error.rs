@@ -49,6 +49,8 @@ pub enum ErrorCode {
     MemberIdRequired = 79,
     FencedInstanceId = 82,
     UnstableOffsetCommit = 88,
+    TransactionalIdNotFound = 105,
+    InvalidRegularExpression = 128,
     InvalidRecord = 87,
     ProducerFenced = 90,
     TransactionalIdAuthorizationFailed = 53,

@@ -369,6 +369,11 @@ impl TxnService {
         }
     }
 
+    /// Every known transactional id's metadata.
+    pub async fn list(&self) -> Vec<TxnMeta> {
+        self.inner.lock().await.txns.values().cloned().collect()
+    }
+
     pub async fn describe(&self, id: &str) -> Option<TxnMeta> {
         self.inner.lock().await.txns.get(id).cloned()
     }

@@ -2,6 +2,7 @@
 //! versions we serve. Only what is really implemented is advertised.
 
 mod admin;
+mod admin_txn;
 mod fetch;
 mod group;
 mod meta;
@@ -48,6 +49,9 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::DescribeProducers, 0, 0),
+    (ApiKey::DescribeTransactions, 0, 0),
+    (ApiKey::ListTransactions, 0, 2),
     (ApiKey::EndTxn, 0, 5),
 ];
 
@@ -167,6 +171,17 @@ pub async fn dispatch(
         RequestKind::InitProducerId(r) => Box::pin(async move {
             let resp = txn::init_producer_id(b, r, version).await;
             respond(ResponseKind::InitProducerId(resp))
+        }),
+        RequestKind::DescribeProducers(r) => ready(respond(ResponseKind::DescribeProducers(
+            admin_txn::describe_producers(&b, r),
+        ))),
+        RequestKind::DescribeTransactions(r) => Box::pin(async move {
+            let resp = admin_txn::describe_transactions(b, r).await;
+            respond(ResponseKind::DescribeTransactions(resp))
+        }),
+        RequestKind::ListTransactions(r) => Box::pin(async move {
+            let resp = admin_txn::list_transactions(b, r, version).await;
+            respond(ResponseKind::ListTransactions(resp))
         }),
         RequestKind::JoinGroup(r) => {
             let client_id = header

@@ -43,6 +43,7 @@ pub enum ErrorCode {
     InvalidTransactionTimeout = 50,
     ConcurrentTransactions = 51,
     TransactionCoordinatorFenced = 52,
+    OperationNotAttempted = 55,
     UnknownProducerId = 59,
     NonEmptyGroup = 68,
     GroupIdNotFound = 69,

@@ -37,7 +37,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::InitProducerId, 0, 5),
-    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddPartitionsToTxn, 0, 5),
     (ApiKey::AddOffsetsToTxn, 0, 4),
     (ApiKey::TxnOffsetCommit, 0, 5),
     (ApiKey::JoinGroup, 0, 9),

@@ -8,9 +8,12 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnRequest;
+use kafka_protocol::messages::add_partitions_to_txn_request::{
+    AddPartitionsToTxnRequest, AddPartitionsToTxnTopic,
+};
 use kafka_protocol::messages::add_partitions_to_txn_response::{
-    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResponse, AddPartitionsToTxnTopicResult,
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResponse, AddPartitionsToTxnResult,
+    AddPartitionsToTxnTopicResult,
 };
 use kafka_protocol::messages::end_txn_request::EndTxnRequest;
 use kafka_protocol::messages::end_txn_response::EndTxnResponse;
@@ -20,7 +23,7 @@ use kafka_protocol::messages::ProducerId;
 
 use crate::error::ErrorCode;
 use crate::txn_coordinator::CoordError;
-use crate::txn_service::TxnError;
+use crate::txn_service::{TxnError, VerifyError};
 use crate::Broker;
 
 /// The wire code for a coordinator error; PRODUCER_FENCED only where the
@@ -78,72 +81,108 @@ pub async fn init_producer_id(
     }
 }
 
+/// AddPartitionsToTxn. v0–3: one transaction, from a client. v4–5 (broker
+/// to broker in Kafka, KIP-890 part 1): a batch of transactions, each either
+/// added or, with `verify_only`, only checked.
 pub async fn add_partitions_to_txn(
     b: Arc<Broker>,
     req: AddPartitionsToTxnRequest,
     version: i16,
 ) -> AddPartitionsToTxnResponse {
-    let id = req.v3_and_below_transactional_id.0.to_string();
-    let pid = req.v3_and_below_producer_id.0;
-    let epoch = req.v3_and_below_producer_epoch;
-    // Unknown partitions fail the whole request: they get
-    // UNKNOWN_TOPIC_OR_PARTITION, the others OPERATION_NOT_ATTEMPTED.
-    let mut wanted = Vec::new();
-    let mut unknown = false;
-    for t in &req.v3_and_below_topics {
-        for p in &t.partitions {
-            let exists = b
-                .topics
-                .get(t.name.0.as_str())
-                .and_then(|x| x.partition(*p))
-                .is_some();
-            unknown |= !exists;
-            wanted.push((t.name.0.to_string(), *p, exists));
-        }
+    if version <= 3 {
+        let results = add_one(
+            &b,
+            req.v3_and_below_transactional_id.0.as_str(),
+            req.v3_and_below_producer_id.0,
+            req.v3_and_below_producer_epoch,
+            &req.v3_and_below_topics,
+            false,
+            version >= 2,
+        )
+        .await;
+        return AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results);
     }
-    let code_for = |exists: bool, e: Option<ErrorCode>| -> i16 {
-        if unknown {
-            if exists {
-                55 // OPERATION_NOT_ATTEMPTED
-            } else {
-                ErrorCode::UnknownTopicOrPartition.code()
-            }
-        } else {
-            e.unwrap_or(ErrorCode::None).code()
-        }
-    };
-    let err = if unknown {
-        None
-    } else {
-        let parts: Vec<(String, i32)> = wanted.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
-        b.txn
-            .add_partitions(&id, pid, epoch, &parts)
+    let mut out = Vec::with_capacity(req.transactions.len());
+    for t in &req.transactions {
+        let topic_results = add_one(
+            &b,
+            t.transactional_id.0.as_str(),
+            t.producer_id.0,
+            t.producer_epoch,
+            &t.topics,
+            t.verify_only,
+            true,
+        )
+        .await;
+        out.push(
+            AddPartitionsToTxnResult::default()
+                .with_transactional_id(t.transactional_id.clone())
+                .with_topic_results(topic_results),
+        );
+    }
+    AddPartitionsToTxnResponse::default().with_results_by_transaction(out)
+}
+
+/// One transaction's partitions: unknown partitions fail the whole set (they
+/// get UNKNOWN_TOPIC_OR_PARTITION, the others OPERATION_NOT_ATTEMPTED).
+async fn add_one(
+    b: &Arc<Broker>,
+    id: &str,
+    pid: i64,
+    epoch: i16,
+    topics: &[AddPartitionsToTxnTopic],
+    verify_only: bool,
+    fenced_known: bool,
+) -> Vec<AddPartitionsToTxnTopicResult> {
+    let exists = |t: &str, p: i32| b.topics.get(t).and_then(|x| x.partition(p)).is_some();
+    let unknown = topics
+        .iter()
+        .any(|t| t.partitions.iter().any(|p| !exists(t.name.0.as_str(), *p)));
+    let mut shared = None;
+    if !unknown && !verify_only {
+        let parts: Vec<(String, i32)> = topics
+            .iter()
+            .flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), *p)))
+            .collect();
+        shared = b
+            .txn
+            .add_partitions(id, pid, epoch, &parts)
             .await
             .err()
-            .map(|e| txn_error_code(&e, version >= 2))
-    };
-    let results = req
-        .v3_and_below_topics
+            .map(|e| txn_error_code(&e, fenced_known));
+    }
+    topics
         .iter()
         .map(|t| {
             let parts = t
                 .partitions
                 .iter()
                 .map(|p| {
-                    let exists = wanted
-                        .iter()
-                        .any(|(n, i, e)| n == t.name.0.as_str() && i == p && *e);
+                    let code = if unknown {
+                        if exists(t.name.0.as_str(), *p) {
+                            ErrorCode::OperationNotAttempted
+                        } else {
+                            ErrorCode::UnknownTopicOrPartition
+                        }
+                    } else if verify_only {
+                        match b.txn.verify(pid, epoch, t.name.0.as_str(), *p) {
+                            Ok(()) => ErrorCode::None,
+                            Err(VerifyError::StaleEpoch) => ErrorCode::InvalidProducerEpoch,
+                            Err(VerifyError::NotInTransaction) => ErrorCode::InvalidTxnState,
+                        }
+                    } else {
+                        shared.unwrap_or(ErrorCode::None)
+                    };
                     AddPartitionsToTxnPartitionResult::default()
                         .with_partition_index(*p)
-                        .with_partition_error_code(code_for(exists, err))
+                        .with_partition_error_code(code.code())
                 })
                 .collect();
             AddPartitionsToTxnTopicResult::default()
                 .with_name(t.name.clone())
                 .with_results_by_partition(parts)
         })
-        .collect();
-    AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results)
+        .collect()
 }
 
 pub async fn end_txn(b: Arc<Broker>, req: EndTxnRequest, version: i16) -> EndTxnResponse {

@@ -1,0 +1,140 @@
+//! AddPartitionsToTxn v4/v5 (the batched form Kafka brokers send each other,
+//! with `verify_only`), over a real socket to an in-process server. No
+//! third-party client sends these versions, so the requests are encoded
+//! with the wire codec crate here.
+
+use std::collections::BTreeMap;
+
+use bytes::{Buf, BufMut, BytesMut};
+use kafka_protocol::messages::add_partitions_to_txn_request::{
+    AddPartitionsToTxnRequest, AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
+};
+use kafka_protocol::messages::add_partitions_to_txn_response::AddPartitionsToTxnResponse;
+use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
+use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
+use kafka_protocol::messages::{
+    ApiKey, ProducerId, RequestHeader, ResponseHeader, TopicName, TransactionalId,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use oncelog_broker::{Broker, BrokerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn call<Req: Encodable, Resp: Decodable>(
+    s: &mut TcpStream,
+    key: ApiKey,
+    version: i16,
+    req: &Req,
+) -> Resp {
+    let mut buf = BytesMut::new();
+    buf.put_i32(0);
+    RequestHeader::default()
+        .with_request_api_key(key as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(7)
+        .with_client_id(Some(StrBytes::from_static_str("test")))
+        .encode(&mut buf, key.request_header_version(version))
+        .unwrap();
+    req.encode(&mut buf, version).unwrap();
+    let len = (buf.len() - 4) as i32;
+    buf[..4].copy_from_slice(&len.to_be_bytes());
+    s.write_all(&buf).await.unwrap();
+    let n = s.read_i32().await.unwrap() as usize;
+    let mut resp = vec![0u8; n];
+    s.read_exact(&mut resp).await.unwrap();
+    let mut b = bytes::Bytes::from(resp);
+    let h = ResponseHeader::decode(&mut b, key.response_header_version(version)).unwrap();
+    assert_eq!(h.correlation_id, 7);
+    let r = Resp::decode(&mut b, version).unwrap();
+    assert_eq!(b.remaining(), 0);
+    r
+}
+
+fn txn(
+    id: &str,
+    pid: i64,
+    epoch: i16,
+    topic: &str,
+    parts: Vec<i32>,
+    verify_only: bool,
+) -> AddPartitionsToTxnTransaction {
+    AddPartitionsToTxnTransaction::default()
+        .with_transactional_id(TransactionalId(StrBytes::from_string(id.into())))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_verify_only(verify_only)
+        .with_topics(vec![AddPartitionsToTxnTopic::default()
+            .with_name(TopicName(StrBytes::from_string(topic.into())))
+            .with_partitions(parts)])
+}
+
+fn codes(r: &AddPartitionsToTxnResponse) -> Vec<Vec<i16>> {
+    r.results_by_transaction
+        .iter()
+        .map(|t| {
+            t.topic_results
+                .iter()
+                .flat_map(|x| {
+                    x.results_by_partition
+                        .iter()
+                        .map(|p| p.partition_error_code)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_add_and_verify_only() {
+    let d = tempfile::tempdir().unwrap();
+    let mut m = BTreeMap::new();
+    m.insert("data.dir".to_string(), d.path().display().to_string());
+    m.insert("listen".to_string(), "127.0.0.1:0".to_string());
+    let broker = Broker::open(BrokerConfig::from_map(&m).unwrap()).unwrap();
+    broker
+        .topics
+        .create("t", 3, BTreeMap::new(), false)
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(oncelog_broker::server::serve(
+        broker.clone(),
+        listener,
+        stop_rx,
+    ));
+    let mut s = TcpStream::connect(addr).await.unwrap();
+
+    let init: InitProducerIdResponse = call(
+        &mut s,
+        ApiKey::InitProducerId,
+        4,
+        &InitProducerIdRequest::default()
+            .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("a"))))
+            .with_transaction_timeout_ms(60000)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1),
+    )
+    .await;
+    assert_eq!(init.error_code, 0);
+    let (pid, epoch) = (init.producer_id.0, init.producer_epoch);
+
+    let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
+        txn("a", pid, epoch, "t", vec![0], true),
+        txn("a", pid, epoch, "t", vec![1, 2], false),
+    ]);
+    let r: AddPartitionsToTxnResponse = call(&mut s, ApiKey::AddPartitionsToTxn, 5, &req).await;
+    assert_eq!(r.error_code, 0);
+    // Partition 0 was never added: verification fails (INVALID_TXN_STATE);
+    // 1 and 2 are added.
+    assert_eq!(codes(&r), vec![vec![48], vec![0, 0]]);
+
+    let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
+        txn("a", pid, epoch, "t", vec![1, 2], true),
+        txn("a", pid, epoch - 1, "t", vec![1], true),
+        txn("a", pid, epoch, "missing", vec![0], false),
+    ]);
+    let r: AddPartitionsToTxnResponse = call(&mut s, ApiKey::AddPartitionsToTxn, 4, &req).await;
+    // Verified; an older epoch is stale (INVALID_PRODUCER_EPOCH); an unknown topic fails.
+    assert_eq!(codes(&r), vec![vec![0, 0], vec![47], vec![3]]);
+}

@@ -5,7 +5,7 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from clients import consumer_config, create_topic, flush_all, producer_config, unique_topic
 from conftest import wait_until
@@ -348,3 +348,49 @@ def test_s5_blue_green_with_one_prefix_fences_in_a_loop_and_loses_nothing(broker
         assert mine == [tag.encode() + b":order-%05d" % i for i in range(upto)], \
             f"job {tag}: committed offset {upto}, {len(mine)} records in the output"
     print(f"S5: fenced {fenced}, committed offsets {committed}, {len(out)} output records")
+
+
+def test_txn_offset_commit_with_stale_group_metadata_is_fenced(broker_factory):
+    """KIP-447: offsets sent to a transaction carry the consumer's generation
+    and member id; a stale generation is refused (ILLEGAL_GENERATION), the
+    transaction must abort, and the group's offsets do not move."""
+    b = broker_factory({"group.initial.rebalance.delay.ms": 0})
+    topic = unique_topic("kip447")
+    create_topic(b.bootstrap, topic, partitions=2)
+
+    def member():
+        c = Consumer(consumer_config(b.bootstrap, **{"group.id": "g447", "isolation.level": "read_committed",
+                                                     "auto.offset.reset": "earliest",
+                                                     "heartbeat.interval.ms": 200}))
+        c.subscribe([topic])
+        return c
+
+    c1 = member()
+    wait_until(lambda: c1.poll(0.1) is None and len(c1.assignment()) == 2, 20, what="c1 owns both partitions")
+    stale = c1.consumer_group_metadata()
+    c2 = member()
+
+    def balanced():
+        c1.poll(0.05)
+        c2.poll(0.05)
+        return len(c1.assignment()) == 1 and len(c2.assignment()) == 1
+    wait_until(balanced, 30, what="the group to rebalance to two members")
+
+    p = txn_producer(b.bootstrap, "kip447-" + topic)
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"x", partition=0)
+    with pytest.raises(KafkaException) as e:
+        p.send_offsets_to_transaction([TopicPartition(topic, 0, 5)], stale, 10)
+    assert e.value.args[0].code() == KafkaError.ILLEGAL_GENERATION, e.value
+    p.abort_transaction(30)
+    # With current metadata the same commit goes through.
+    p.begin_transaction()
+    p.produce(topic, value=b"y", partition=0)
+    mine = [tp for tp in c1.assignment()][0]
+    p.send_offsets_to_transaction([TopicPartition(topic, mine.partition, 1)], c1.consumer_group_metadata(), 10)
+    p.commit_transaction(30)
+    got = c1.committed([TopicPartition(topic, mine.partition)], timeout=10)[0].offset
+    assert got == 1
+    c1.close()
+    c2.close()

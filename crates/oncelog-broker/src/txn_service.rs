@@ -11,7 +11,7 @@
 //! state (a second marker for a closed transaction closes nothing).
 //!
 //! All coordinator operations take one async lock; a produce only reads the
-//! small `ongoing` map (producer id → epoch and partitions of its open
+//! small producer view (producer id → current epoch and partitions of its open
 //! transaction), which is updated before markers are written, so a batch
 //! either lands before its transaction's marker or is refused.
 
@@ -29,11 +29,41 @@ use crate::topics::TopicError;
 use crate::txn_coordinator::{self as tc, CoordError, EndPlan, InitPlan, TxnMeta, TxnState};
 use crate::{now_ms, Broker};
 
-/// Identity of a producer's open transaction, for produce verification.
+/// What verification needs to know of a transactional producer id: its
+/// current epoch (so a fenced producer is told so, not INVALID_TXN_STATE)
+/// and the partitions of its open transaction (empty when none is open).
 #[derive(Debug, Clone)]
-pub struct OngoingTxn {
+pub struct ProducerView {
     pub epoch: i16,
     pub partitions: BTreeSet<(String, i32)>,
+}
+
+impl ProducerView {
+    fn of(m: &TxnMeta) -> Self {
+        Self {
+            epoch: m.epoch,
+            partitions: if m.state == TxnState::Ongoing {
+                m.partitions.clone()
+            } else {
+                BTreeSet::new()
+            },
+        }
+    }
+}
+
+/// Records `m` in the verification view; a producer id the transactional
+/// id moved away from (epoch exhausted) is fenced for good.
+fn update_view(map: &mut HashMap<i64, ProducerView>, m: &TxnMeta) {
+    if m.prev_producer_id >= 0 && m.prev_producer_id != m.producer_id {
+        map.insert(
+            m.prev_producer_id,
+            ProducerView {
+                epoch: i16::MAX,
+                partitions: BTreeSet::new(),
+            },
+        );
+    }
+    map.insert(m.producer_id, ProducerView::of(m));
 }
 
 struct Inner {
@@ -43,7 +73,7 @@ struct Inner {
 
 pub struct TxnService {
     inner: Mutex<Inner>,
-    ongoing: RwLock<HashMap<i64, OngoingTxn>>,
+    producers: RwLock<HashMap<i64, ProducerView>>,
     /// Stamped into every marker; partitions refuse markers from an older one.
     pub coordinator_epoch: i32,
 }
@@ -77,26 +107,17 @@ impl TxnService {
                 }
             }
         }
-        let ongoing = txns
-            .values()
-            .filter(|m| m.state == TxnState::Ongoing)
-            .map(|m| {
-                (
-                    m.producer_id,
-                    OngoingTxn {
-                        epoch: m.epoch,
-                        partitions: m.partitions.clone(),
-                    },
-                )
-            })
-            .collect();
+        let mut producers = HashMap::new();
+        for m in txns.values() {
+            update_view(&mut producers, m);
+        }
         tracing::info!(
             transactional_ids = txns.len(),
             "transaction coordinator loaded"
         );
         Ok(Self {
             inner: Mutex::new(Inner { txns, log }),
-            ongoing: RwLock::new(ongoing),
+            producers: RwLock::new(producers),
             coordinator_epoch: 0,
         })
     }
@@ -109,7 +130,7 @@ impl TxnService {
         topic: &str,
         partition: i32,
     ) -> Result<(), VerifyError> {
-        let map = self.ongoing.read().unwrap_or_else(|p| p.into_inner());
+        let map = self.producers.read().unwrap_or_else(|p| p.into_inner());
         match map.get(&pid) {
             Some(o) if epoch < o.epoch => Err(VerifyError::StaleEpoch),
             Some(o)
@@ -130,21 +151,10 @@ impl TxnService {
     fn persist(&self, inner: &mut Inner, meta: TxnMeta) -> Result<(), String> {
         let value = serde_json::to_vec(&meta).map_err(|e| e.to_string())?;
         Self::append_record(inner, &meta.transactional_id, Some(&value))?;
-        {
-            let mut map = self.ongoing.write().unwrap_or_else(|p| p.into_inner());
-            if let Some(old) = inner.txns.get(&meta.transactional_id) {
-                map.remove(&old.producer_id);
-            }
-            if meta.state == TxnState::Ongoing {
-                map.insert(
-                    meta.producer_id,
-                    OngoingTxn {
-                        epoch: meta.epoch,
-                        partitions: meta.partitions.clone(),
-                    },
-                );
-            }
-        }
+        update_view(
+            &mut self.producers.write().unwrap_or_else(|p| p.into_inner()),
+            &meta,
+        );
         inner.txns.insert(meta.transactional_id.clone(), meta);
         Ok(())
     }
@@ -364,7 +374,10 @@ impl TxnService {
             if Self::append_record(&mut inner, &id, None).is_err() {
                 return;
             }
-            inner.txns.remove(&id);
+            if let Some(m) = inner.txns.remove(&id) {
+                let mut view = self.producers.write().unwrap_or_else(|p| p.into_inner());
+                view.remove(&m.producer_id);
+            }
             tracing::info!(transactional_id = %id, "transactional id expired");
         }
     }

@@ -137,4 +137,29 @@ async fn batched_add_and_verify_only() {
     let r: AddPartitionsToTxnResponse = call(&mut s, ApiKey::AddPartitionsToTxn, 4, &req).await;
     // Verified; an older epoch is stale (INVALID_PRODUCER_EPOCH); an unknown topic fails.
     assert_eq!(codes(&r), vec![vec![0, 0], vec![47], vec![3]]);
+
+    // A new producer with the same id fences the open transaction. The old
+    // epoch is now stale everywhere — reported as such, never as
+    // INVALID_TXN_STATE — and the new epoch has nothing open yet.
+    let init2: InitProducerIdResponse = call(
+        &mut s,
+        ApiKey::InitProducerId,
+        4,
+        &InitProducerIdRequest::default()
+            .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("a"))))
+            .with_transaction_timeout_ms(60000)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1),
+    )
+    .await;
+    assert_eq!(
+        (init2.error_code, init2.producer_id.0, init2.producer_epoch),
+        (0, pid, epoch + 1)
+    );
+    let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
+        txn("a", pid, epoch, "t", vec![1], true),
+        txn("a", pid, epoch + 1, "t", vec![1], true),
+    ]);
+    let r: AddPartitionsToTxnResponse = call(&mut s, ApiKey::AddPartitionsToTxn, 5, &req).await;
+    assert_eq!(codes(&r), vec![vec![47], vec![48]]);
 }

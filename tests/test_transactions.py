@@ -316,3 +316,90 @@ def test_list_and_describe_open_transactions_kafka_python_admin(broker):
     finally:
         admin.close()
         p.abort_transaction(30)
+
+
+def test_s4_through_admin_tools_abort_a_hanging_transaction(broker):
+    """S4 seen through an operator's tools (kafka-python's KIP-664 calls):
+    the abandoned transaction is found, with the partition it pins, and
+    aborted through the coordinator; read_committed readers resume."""
+    from kafka.admin import AbortTransactionSpec, KafkaAdminClient
+    from kafka.structs import TopicPartition as KTP
+
+    topic = unique_topic("s4-tools")
+    create_topic(broker.bootstrap, topic, partitions=2)
+    old = txn_producer(broker.bootstrap, "fare-writer-7-a3f9")
+    old.init_transactions(30)
+    old.begin_transaction()
+    old.produce(topic, value=b"orphan", partition=1)
+    old.flush(30)
+    plain = Producer(producer_config(broker.bootstrap))
+    for i in range(3):
+        plain.produce(topic, value=b"after-%d" % i, partition=1)
+    flush_all(plain)
+    c = Consumer(consumer_config(broker.bootstrap, **{"isolation.level": "read_committed"}))
+    assert c.get_watermark_offsets(TopicPartition(topic, 1), timeout=10, cached=False)[1] == 0, "LSO pinned"
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        time.sleep(0.2)
+        hanging = [t for per in admin.list_transactions(state_filters=["Ongoing"], duration_filter_ms=100).values()
+                   for t in per]
+        assert [t.transactional_id for t in hanging] == ["fare-writer-7-a3f9"]
+        producers = admin.describe_producers([KTP(topic, 1)])[KTP(topic, 1)].active_producers
+        open_ = [x for x in producers if x.current_transaction_start_offset >= 0]
+        assert len(open_) == 1 and open_[0].current_transaction_start_offset == 0, producers
+        spec = AbortTransactionSpec(topic_partition=KTP(topic, 1), producer_id=open_[0].producer_id,
+                                    producer_epoch=open_[0].producer_epoch,
+                                    coordinator_epoch=open_[0].coordinator_epoch)
+        admin.abort_transaction(spec)
+        desc = admin.describe_transactions(["fare-writer-7-a3f9"])["fare-writer-7-a3f9"]
+        assert desc.producer_epoch == open_[0].producer_epoch + 1, "the abort fenced the producer"
+    finally:
+        admin.close()
+    # Readers resume: the LSO moves past the aborted transaction.
+    assert c.get_watermark_offsets(TopicPartition(topic, 1), timeout=10, cached=False)[1] == 5
+    c.close()
+    got = read_partition(broker.bootstrap, topic, 1, 0, "read_committed", 5)
+    assert [v for _, v in got] == [b"after-0", b"after-1", b"after-2"]
+    assert "aborted by an administrator" in broker.log_text()
+    with pytest.raises(KafkaException):
+        old.commit_transaction(10)
+
+
+def test_orphaned_transaction_is_aborted_at_its_partition(broker):
+    """A transaction open at a partition that the coordinator no longer knows
+    (its state was lost) pins the LSO; an operator's abort writes the ABORT
+    marker at that partition and readers resume."""
+    import shutil
+
+    from kafka.admin import AbortTransactionSpec, KafkaAdminClient
+    from kafka.structs import TopicPartition as KTP
+
+    topic = unique_topic("orphan")
+    create_topic(broker.bootstrap, topic)
+    p = txn_producer(broker.bootstrap, "lost-" + topic)
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"orphan", partition=0)
+    p.flush(30)
+    broker.stop()
+    shutil.rmtree(broker.data_dir / "__transaction_state-0")
+    broker.start()
+    c = Consumer(consumer_config(broker.bootstrap, **{"isolation.level": "read_committed"}))
+    assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1] == 0
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        assert [t for per in admin.list_transactions().values() for t in per] == []
+        st = admin.describe_producers([KTP(topic, 0)])[KTP(topic, 0)].active_producers[0]
+        assert st.current_transaction_start_offset == 0
+        admin.abort_transaction(AbortTransactionSpec(topic_partition=KTP(topic, 0), producer_id=st.producer_id,
+                                                     producer_epoch=st.producer_epoch,
+                                                     coordinator_epoch=st.coordinator_epoch))
+        st = admin.describe_producers([KTP(topic, 0)])[KTP(topic, 0)].active_producers[0]
+        assert st.current_transaction_start_offset == -1
+    finally:
+        admin.close()
+    assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1] == 2
+    c.close()
+    assert read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 2) == []
+    assert "orphaned transaction" in broker.log_text()

@@ -296,6 +296,15 @@ pub fn plan_timeout(m: &TxnMeta, now: i64) -> Option<TxnMeta> {
     if m.state != TxnState::Ongoing || m.start_ms < 0 || now - m.start_ms <= m.timeout_ms as i64 {
         return None;
     }
+    plan_fence(m, now)
+}
+
+/// The fencing abort of an open transaction (timeout or operator): epoch + 1,
+/// PrepareAbort. `None` when nothing is open.
+pub fn plan_fence(m: &TxnMeta, now: i64) -> Option<TxnMeta> {
+    if m.state != TxnState::Ongoing {
+        return None;
+    }
     let mut n = m.clone();
     n.epoch = m.epoch.saturating_add(1);
     n.last_epoch = -1;

@@ -382,6 +382,27 @@ impl TxnService {
         }
     }
 
+    /// An operator asked to abort `pid`'s transaction (WriteTxnMarkers from
+    /// an admin tool). If the coordinator knows it, the abort goes through the
+    /// coordinator: the producer is fenced (epoch + 1) and every partition of
+    /// the transaction gets its ABORT marker, so a live transaction is never
+    /// torn. Returns false when no open transaction of `pid` is known here.
+    pub async fn admin_abort(&self, b: &Arc<Broker>, pid: i64) -> Result<bool, String> {
+        let mut inner = self.inner.lock().await;
+        let Some((m, f)) = inner
+            .txns
+            .values()
+            .filter(|m| m.producer_id == pid)
+            .find_map(|m| tc::plan_fence(m, now_ms()).map(|f| (m.clone(), f)))
+        else {
+            return Ok(false);
+        };
+        tracing::warn!(transactional_id = %m.transactional_id, producer_id = pid, old_epoch = m.epoch,
+            new_epoch = f.epoch, cause = "administrator", "transaction aborted by an administrator; its producer is fenced");
+        self.finish(b, &mut inner, f).await?;
+        Ok(true)
+    }
+
     /// Every known transactional id's metadata.
     pub async fn list(&self) -> Vec<TxnMeta> {
         self.inner.lock().await.txns.values().cloned().collect()
@@ -450,6 +471,37 @@ async fn write_markers(b: &Arc<Broker>, meta: &TxnMeta, commit: bool, coordinato
                 }
             }
         }
+    }
+}
+
+/// Aborts an orphan: a transaction open at one partition that the
+/// coordinator does not know (e.g. its id expired or its state was lost).
+/// Writes one ABORT marker there and waits until it is durable.
+pub async fn abort_orphan(
+    b: &Arc<Broker>,
+    topic: &str,
+    index: i32,
+    pid: i64,
+    epoch: i16,
+    coordinator_epoch: i32,
+) -> Result<(), String> {
+    let meta = TxnMeta {
+        transactional_id: format!("(orphan of producer {pid})"),
+        producer_id: pid,
+        prev_producer_id: -1,
+        epoch,
+        last_epoch: -1,
+        timeout_ms: 0,
+        state: TxnState::PrepareAbort,
+        partitions: Default::default(),
+        start_ms: -1,
+        update_ms: now_ms(),
+    };
+    tracing::warn!(partition = %format!("{topic}-{index}"), producer_id = pid, epoch,
+        "aborting an orphaned transaction the coordinator does not know");
+    match write_marker(b, topic, index, &meta, false, coordinator_epoch)? {
+        Some(rx) => rx.await.map_err(|_| "sync abandoned".to_string())?,
+        None => Ok(()),
     }
 }
 

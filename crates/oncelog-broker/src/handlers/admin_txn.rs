@@ -1,6 +1,6 @@
 //! KIP-664 transaction admin APIs: DescribeProducers (per partition, from the
 //! partition's producer state), DescribeTransactions and ListTransactions
-//! (from the coordinator).
+//! (from the coordinator), and WriteTxnMarkers for an operator's abort.
 
 use std::sync::Arc;
 
@@ -15,6 +15,11 @@ use kafka_protocol::messages::describe_transactions_response::{
 use kafka_protocol::messages::list_transactions_request::ListTransactionsRequest;
 use kafka_protocol::messages::list_transactions_response::{
     ListTransactionsResponse, TransactionState as ListedTxn,
+};
+use kafka_protocol::messages::write_txn_markers_request::WriteTxnMarkersRequest;
+use kafka_protocol::messages::write_txn_markers_response::{
+    WritableTxnMarkerPartitionResult, WritableTxnMarkerResult, WritableTxnMarkerTopicResult,
+    WriteTxnMarkersResponse,
 };
 use kafka_protocol::messages::{ProducerId, TopicName, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
@@ -199,4 +204,103 @@ pub async fn list_transactions(
     });
     resp.transaction_states = listed;
     resp
+}
+
+/// WriteTxnMarkers from an admin tool (Kafka's `kafka-transactions abort`,
+/// kafka-python's `abort_transaction`). Only ABORT is accepted. A transaction
+/// the coordinator knows is aborted through it (fence, then markers on all of
+/// its partitions); an orphan gets one ABORT marker at the named partition.
+pub async fn write_txn_markers(
+    b: Arc<Broker>,
+    req: WriteTxnMarkersRequest,
+) -> WriteTxnMarkersResponse {
+    let mut results = Vec::with_capacity(req.markers.len());
+    for m in req.markers {
+        let pid = m.producer_id.0;
+        let mut shared: Option<ErrorCode> = None;
+        if m.transaction_result {
+            shared = Some(ErrorCode::InvalidRequest);
+        } else {
+            match b.txn.admin_abort(&b, pid).await {
+                Ok(true) => shared = Some(ErrorCode::None),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(producer_id = pid, error = %e, "admin abort failed");
+                    shared = Some(ErrorCode::KafkaStorageError);
+                }
+            }
+        }
+        let mut topics = Vec::with_capacity(m.topics.len());
+        for t in &m.topics {
+            let mut parts = Vec::with_capacity(t.partition_indexes.len());
+            for p in &t.partition_indexes {
+                let code = match shared {
+                    Some(c) => c,
+                    None => {
+                        orphan_abort(
+                            &b,
+                            t.name.0.as_str(),
+                            *p,
+                            pid,
+                            m.producer_epoch,
+                            m.coordinator_epoch,
+                        )
+                        .await
+                    }
+                };
+                parts.push(
+                    WritableTxnMarkerPartitionResult::default()
+                        .with_partition_index(*p)
+                        .with_error_code(code.code()),
+                );
+            }
+            topics.push(
+                WritableTxnMarkerTopicResult::default()
+                    .with_name(t.name.clone())
+                    .with_partitions(parts),
+            );
+        }
+        results.push(
+            WritableTxnMarkerResult::default()
+                .with_producer_id(m.producer_id)
+                .with_topics(topics),
+        );
+    }
+    WriteTxnMarkersResponse::default().with_markers(results)
+}
+
+async fn orphan_abort(
+    b: &Arc<Broker>,
+    topic: &str,
+    index: i32,
+    pid: i64,
+    epoch: i16,
+    coordinator_epoch: i32,
+) -> ErrorCode {
+    let Some(p) = b.topics.get(topic).and_then(|t| t.partition(index)) else {
+        return ErrorCode::UnknownTopicOrPartition;
+    };
+    {
+        let st = p.lock();
+        let Some(e) = st.producers.get(pid) else {
+            return ErrorCode::None;
+        };
+        if e.current_txn_first_offset.is_none() {
+            return ErrorCode::None;
+        }
+        if st
+            .producers
+            .check_marker(pid, epoch, coordinator_epoch)
+            .is_err()
+        {
+            return ErrorCode::InvalidProducerEpoch;
+        }
+    }
+    match crate::txn_service::abort_orphan(b, topic, index, pid, epoch, coordinator_epoch).await {
+        Ok(()) => ErrorCode::None,
+        Err(e) => {
+            tracing::error!(partition = %format!("{topic}-{index}"), error = %e, "orphan abort failed");
+            ErrorCode::KafkaStorageError
+        }
+    }
 }

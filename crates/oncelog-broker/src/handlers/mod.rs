@@ -52,6 +52,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::ListTransactions, 0, 2),
+    (ApiKey::WriteTxnMarkers, 1, 1),
     (ApiKey::EndTxn, 0, 5),
 ];
 
@@ -178,6 +179,10 @@ pub async fn dispatch(
         RequestKind::DescribeTransactions(r) => Box::pin(async move {
             let resp = admin_txn::describe_transactions(b, r).await;
             respond(ResponseKind::DescribeTransactions(resp))
+        }),
+        RequestKind::WriteTxnMarkers(r) => Box::pin(async move {
+            let resp = admin_txn::write_txn_markers(b, r).await;
+            respond(ResponseKind::WriteTxnMarkers(resp))
         }),
         RequestKind::ListTransactions(r) => Box::pin(async move {
             let resp = admin_txn::list_transactions(b, r, version).await;

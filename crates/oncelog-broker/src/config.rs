@@ -24,6 +24,7 @@ pub enum ConfigError {
 pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("data.dir", "./oncelog-data", "directory holding topic logs and broker metadata"),
     ("listen", "127.0.0.1:9092", "address the Kafka listener binds"),
+    ("metrics.listen", "127.0.0.1:9644", "HOST:PORT of the HTTP listener for /metrics (Prometheus text) and /health; empty = off"),
     ("advertised.listener", "", "HOST:PORT told to clients in Metadata (default: the listen address)"),
     ("node.id", "0", "this broker's node id"),
     ("socket.request.max.bytes", "104857600", "largest request frame accepted; bigger frames close the connection"),
@@ -53,6 +54,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
 pub struct BrokerConfig {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
     pub advertised_host: String,
     pub advertised_port: i32,
     pub node_id: i32,
@@ -118,9 +120,16 @@ impl BrokerConfig {
             })?;
             (h.to_string(), parse("advertised.listener", p)?)
         };
+        let metrics = get("metrics.listen");
+        let metrics_listen = if metrics.trim().is_empty() {
+            None
+        } else {
+            Some(parse("metrics.listen", &metrics)?)
+        };
         let c = Self {
             data_dir: PathBuf::from(get("data.dir")),
             listen,
+            metrics_listen,
             advertised_host,
             advertised_port,
             node_id: parse("node.id", &get("node.id"))?,

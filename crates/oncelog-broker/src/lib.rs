@@ -11,6 +11,7 @@ pub mod error;
 pub mod groups;
 pub mod handlers;
 pub mod internal_log;
+pub mod metrics;
 pub mod producer_ids;
 pub mod producer_state;
 pub mod server;

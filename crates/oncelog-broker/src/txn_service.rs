@@ -71,8 +71,20 @@ struct Inner {
     log: InternalLog,
 }
 
+/// Counters for metrics. Fences are counted per (transactional id, cause);
+/// past [`MAX_FENCE_LABELS`] ids, new ids are counted under `_other`.
+#[derive(Debug, Default, Clone)]
+pub struct TxnStats {
+    pub fences: std::collections::BTreeMap<(String, &'static str), u64>,
+    pub commits: u64,
+    pub aborts: u64,
+}
+
+pub const MAX_FENCE_LABELS: usize = 1000;
+
 pub struct TxnService {
     inner: Mutex<Inner>,
+    stats: std::sync::Mutex<TxnStats>,
     producers: RwLock<HashMap<i64, ProducerView>>,
     /// Stamped into every marker; partitions refuse markers from an older one.
     pub coordinator_epoch: i32,
@@ -117,9 +129,43 @@ impl TxnService {
         );
         Ok(Self {
             inner: Mutex::new(Inner { txns, log }),
+            stats: Default::default(),
             producers: RwLock::new(producers),
             coordinator_epoch: 0,
         })
+    }
+
+    fn count_fence(&self, id: &str, cause: &'static str) {
+        let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let known = st.fences.keys().any(|(i, _)| i == id);
+        let distinct = st
+            .fences
+            .keys()
+            .map(|(i, _)| i)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        let key = if known || distinct < MAX_FENCE_LABELS {
+            id.to_string()
+        } else {
+            "_other".to_string()
+        };
+        *st.fences.entry((key, cause)).or_default() += 1;
+    }
+
+    pub fn stats(&self) -> TxnStats {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// (open transactions, start time of the oldest in ms).
+    pub async fn open_transactions(&self) -> (usize, Option<i64>) {
+        let inner = self.inner.lock().await;
+        let open: Vec<i64> = inner
+            .txns
+            .values()
+            .filter(|m| m.state == TxnState::Ongoing)
+            .map(|m| m.start_ms)
+            .collect();
+        (open.len(), open.into_iter().filter(|t| *t >= 0).min())
     }
 
     /// Checks that a transactional batch belongs to an open transaction.
@@ -189,6 +235,14 @@ impl TxnService {
             return Err(e);
         }
         self.persist(inner, done.clone())?;
+        {
+            let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            if commit {
+                st.commits += 1;
+            } else {
+                st.aborts += 1;
+            }
+        }
         tracing::info!(transactional_id = %prepared.transactional_id, producer_id = prepared.producer_id,
             epoch = prepared.epoch, commit, partitions = prepared.partitions.len(), "transaction completed");
         Ok(done)
@@ -238,6 +292,7 @@ impl TxnService {
                     partitions = f.partitions.len(),
                     "producer fenced by a new InitProducerId; aborting its open transaction"
                 );
+                self.count_fence(id, "newer_producer");
                 self.finish(b, &mut inner, f)
                     .await
                     .map_err(TxnError::Storage)?
@@ -347,6 +402,7 @@ impl TxnService {
             .filter_map(|m| tc::plan_timeout(m, now))
             .collect();
         for f in expired {
+            self.count_fence(&f.transactional_id, "timeout");
             tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, old_epoch = f.epoch - 1, new_epoch = f.epoch,
                 timeout_ms = f.timeout_ms, "transaction timed out; aborting it and fencing its producer");
             if let Err(e) = self.finish(b, &mut inner, f).await {
@@ -399,6 +455,7 @@ impl TxnService {
         };
         tracing::warn!(transactional_id = %m.transactional_id, producer_id = pid, old_epoch = m.epoch,
             new_epoch = f.epoch, cause = "administrator", "transaction aborted by an administrator; its producer is fenced");
+        self.count_fence(&m.transactional_id, "administrator");
         self.finish(b, &mut inner, f).await?;
         Ok(true)
     }

@@ -39,6 +39,9 @@ struct ServeArgs {
     /// HOST:PORT to listen on (setting `listen`).
     #[arg(long)]
     listen: Option<String>,
+    /// HOST:PORT for /metrics and /health (setting `metrics.listen`; empty turns it off).
+    #[arg(long)]
+    metrics_listen: Option<String>,
     /// TOML file of settings, e.g. `"log.segment.bytes" = 1048576`.
     #[arg(long, short = 'c')]
     config: Option<PathBuf>,
@@ -85,6 +88,9 @@ fn load_settings(args: &ServeArgs) -> Result<BTreeMap<String, String>> {
     if let Some(l) = &args.listen {
         m.insert("listen".into(), l.clone());
     }
+    if let Some(l) = &args.metrics_listen {
+        m.insert("metrics.listen".into(), l.clone());
+    }
     Ok(m)
 }
 
@@ -124,6 +130,16 @@ fn serve(args: ServeArgs) -> Result<()> {
             "oncelog serving"
         );
         broker.spawn_background();
+        if let Some(addr) = broker.config.metrics_listen {
+            // Metrics are a convenience: a port in use is a warning, not a failure.
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => {
+                    tracing::info!(metrics = %addr, "metrics serving at /metrics and /health");
+                    tokio::spawn(oncelog_broker::metrics::serve(broker.clone(), l));
+                }
+                Err(e) => tracing::warn!(metrics = %addr, error = %e, "metrics listener not started"),
+            }
+        }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let server = tokio::spawn(oncelog_broker::server::serve(broker.clone(), listener, stop_rx));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -1,0 +1,211 @@
+//! Metrics in the Prometheus text format at `/metrics`, and `/health`, on a
+//! small HTTP listener (`metrics.listen`). Label cardinality is bounded:
+//! partitions and groups are what the operator created; fence counters keep
+//! at most [`crate::txn_service::MAX_FENCE_LABELS`] transactional ids.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::{now_ms, Broker};
+
+/// Escapes a label value (backslash, quote, newline).
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// The whole exposition.
+pub async fn render(b: &Arc<Broker>) -> String {
+    let mut out = String::with_capacity(4096);
+    let parts = b.topics.all_partitions();
+    let rows: Vec<(String, i32, i64, i64, i64, u64)> = parts
+        .iter()
+        .map(|p| {
+            let hw = p.high_watermark();
+            let st = p.lock();
+            (
+                p.topic.clone(),
+                p.index,
+                hw,
+                st.last_stable_offset(hw),
+                st.log_start_offset(),
+                st.size_bytes(),
+            )
+        })
+        .collect();
+    let gauges: [(&str, &str, fn(&(String, i32, i64, i64, i64, u64)) -> i64); 5] = [
+        (
+            "oncelog_partition_high_watermark",
+            "Offset after the last durable record.",
+            |r| r.2,
+        ),
+        (
+            "oncelog_partition_last_stable_offset",
+            "Offset read_committed consumers can read up to.",
+            |r| r.3,
+        ),
+        (
+            "oncelog_partition_lso_gap",
+            "High watermark minus last stable offset (records held back by open transactions).",
+            |r| r.2 - r.3,
+        ),
+        (
+            "oncelog_partition_log_start_offset",
+            "First offset still in the log.",
+            |r| r.4,
+        ),
+        (
+            "oncelog_partition_size_bytes",
+            "Bytes of log segments.",
+            |r| r.5 as i64,
+        ),
+    ];
+    for (name, help, get) in gauges {
+        family(&mut out, name, "gauge", help);
+        for r in &rows {
+            let _ = writeln!(
+                out,
+                "{name}{{topic=\"{}\",partition=\"{}\"}} {}",
+                esc(&r.0),
+                r.1,
+                get(r)
+            );
+        }
+    }
+    let (open, oldest) = b.txn.open_transactions().await;
+    family(
+        &mut out,
+        "oncelog_transactions_open",
+        "gauge",
+        "Transactions currently open.",
+    );
+    let _ = writeln!(out, "oncelog_transactions_open {open}");
+    family(
+        &mut out,
+        "oncelog_transaction_oldest_open_age_seconds",
+        "gauge",
+        "Age of the oldest open transaction (0 when none).",
+    );
+    let age = oldest.map_or(0.0, |t| (now_ms() - t).max(0) as f64 / 1000.0);
+    let _ = writeln!(out, "oncelog_transaction_oldest_open_age_seconds {age}");
+    let stats = b.txn.stats();
+    family(
+        &mut out,
+        "oncelog_transactions_completed_total",
+        "counter",
+        "Transactions completed, by result.",
+    );
+    let _ = writeln!(
+        out,
+        "oncelog_transactions_completed_total{{result=\"commit\"}} {}",
+        stats.commits
+    );
+    let _ = writeln!(
+        out,
+        "oncelog_transactions_completed_total{{result=\"abort\"}} {}",
+        stats.aborts
+    );
+    family(
+        &mut out,
+        "oncelog_transaction_fences_total",
+        "counter",
+        "Producers fenced, by transactional id and cause (newer_producer, timeout, administrator).",
+    );
+    for ((id, cause), n) in &stats.fences {
+        let _ = writeln!(
+            out,
+            "oncelog_transaction_fences_total{{transactional_id=\"{}\",cause=\"{cause}\"}} {n}",
+            esc(id)
+        );
+    }
+    let (syncs, bytes) = b.io_counters();
+    family(
+        &mut out,
+        "oncelog_fsync_total",
+        "counter",
+        "fdatasync calls made by group commit.",
+    );
+    let _ = writeln!(out, "oncelog_fsync_total {syncs}");
+    family(
+        &mut out,
+        "oncelog_appended_bytes_total",
+        "counter",
+        "Record-batch bytes appended by producers.",
+    );
+    let _ = writeln!(out, "oncelog_appended_bytes_total {bytes}");
+    family(
+        &mut out,
+        "oncelog_group_lag",
+        "gauge",
+        "Records between a group's committed offset and the last stable offset.",
+    );
+    for (group, _, _) in b.groups.list().await {
+        for r in b.group_lag(&group).await {
+            if r.lag_committed >= 0 {
+                let _ = writeln!(
+                    out,
+                    "oncelog_group_lag{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {}",
+                    esc(&group),
+                    esc(&r.topic),
+                    r.partition,
+                    r.lag_committed
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Serves `/metrics` and `/health` until the process ends.
+pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            continue;
+        };
+        let b = b.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 8192];
+            let mut n = 0;
+            // Read the request head (bounded), with a deadline.
+            let head = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                while n < buf.len() {
+                    match s.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => {
+                            n += k;
+                            if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+            .await;
+            if head.is_err() {
+                return;
+            }
+            let line = String::from_utf8_lossy(&buf[..n]);
+            let path = line.split_whitespace().nth(1).unwrap_or("");
+            let (status, body, ctype) = match path {
+                "/metrics" => ("200 OK", render(&b).await, "text/plain; version=0.0.4"),
+                "/health" => ("200 OK", "ok\n".to_string(), "text/plain"),
+                _ => ("404 Not Found", "not found\n".to_string(), "text/plain"),
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+            let _ = s.shutdown().await;
+        });
+    }
+}

@@ -23,11 +23,14 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+/// (topic, partition, high watermark, LSO, log start, size in bytes)
+type Row = (String, i32, i64, i64, i64, u64);
+
 /// The whole exposition.
 pub async fn render(b: &Arc<Broker>) -> String {
     let mut out = String::with_capacity(4096);
     let parts = b.topics.all_partitions();
-    let rows: Vec<(String, i32, i64, i64, i64, u64)> = parts
+    let rows: Vec<Row> = parts
         .iter()
         .map(|p| {
             let hw = p.high_watermark();
@@ -42,7 +45,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
             )
         })
         .collect();
-    let gauges: [(&str, &str, fn(&(String, i32, i64, i64, i64, u64)) -> i64); 5] = [
+    let gauges: [(&str, &str, fn(&Row) -> i64); 5] = [
         (
             "oncelog_partition_high_watermark",
             "Offset after the last durable record.",

@@ -26,6 +26,9 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 /// (topic, partition, high watermark, LSO, log start, size in bytes)
 type Row = (String, i32, i64, i64, i64, u64);
 
+/// (metric name, help, value of a partition row)
+type Gauge = (&'static str, &'static str, fn(&Row) -> i64);
+
 /// The whole exposition.
 pub async fn render(b: &Arc<Broker>) -> String {
     let mut out = String::with_capacity(4096);
@@ -45,7 +48,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
             )
         })
         .collect();
-    let gauges: [(&str, &str, fn(&Row) -> i64); 5] = [
+    let gauges: [Gauge; 5] = [
         (
             "oncelog_partition_high_watermark",
             "Offset after the last durable record.",

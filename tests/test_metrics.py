@@ -74,3 +74,50 @@ def test_metrics_show_lso_gap_fences_and_lag(broker_factory):
     hw = value(m, "oncelog_partition_high_watermark", topic=topic, partition=0)
     assert value(m, "oncelog_group_lag", group="lagging", topic=topic, partition=0) == hw - 2
     assert value(m, "oncelog_fsync_total") > 0
+
+
+def test_s6_second_writer_is_reported_and_can_be_refused(broker_factory):
+    """S6: two jobs with different transactional-id prefixes both commit to
+    one topic: reported in the log and in /metrics. With
+    writer.transactional.id.prefix set, the second job fails loudly and
+    nothing of it becomes visible."""
+    from confluent_kafka import KafkaException
+
+    from test_transactions import read_partition
+
+    port = free_port()
+    b = broker_factory({"metrics.listen": f"127.0.0.1:{port}"})
+    topic = unique_topic("orders")
+    create_topic(b.bootstrap, topic)
+    for txn_id in ("orders-sink-0", "orders-sink-v2-0"):
+        p = txn_producer(b.bootstrap, txn_id)
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce(topic, value=txn_id.encode(), partition=0)
+        p.commit_transaction(30)
+    warn = [x for x in b.log_text().splitlines() if "more than one transactional writer" in x]
+    assert warn and topic in warn[0] and "orders-sink-v2" in warn[0], warn
+    assert value(scrape(port), "oncelog_topic_transactional_writers", topic=topic) == 2
+
+    guarded = unique_topic("orders-guarded")
+    create_topic(b.bootstrap, guarded, config={"writer.transactional.id.prefix": "orders-sink"})
+    ok = txn_producer(b.bootstrap, "orders-sink-1")
+    ok.init_transactions(30)
+    ok.begin_transaction()
+    ok.produce(guarded, value=b"v1", partition=0)
+    ok.commit_transaction(30)
+    second = txn_producer(b.bootstrap, "orders-sink-v2-1")
+    second.init_transactions(30)
+    second.begin_transaction()
+    second.produce(guarded, value=b"v2", partition=0)
+    try:
+        second.flush(10)
+    except (KafkaException, SystemError):
+        pass
+    import pytest
+    with pytest.raises(KafkaException) as e:
+        second.commit_transaction(10)
+    assert "authoriz" in str(e.value).lower() or "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in str(e.value), str(e.value)
+    assert "second transactional writer refused" in b.log_text()
+    got = read_partition(b.bootstrap, guarded, 0, 0, "read_uncommitted", 2)
+    assert [v for _, v in got] == [b"v1"], "nothing of the second writer entered the log"

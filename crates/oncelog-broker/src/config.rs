@@ -244,6 +244,7 @@ impl BrokerConfig {
             "remote.storage.enable" => "false".into(),
             "message.timestamp.before.max.ms" => "9223372036854775807".into(),
             "message.timestamp.after.max.ms" => "9223372036854775807".into(),
+            "writer.transactional.id.prefix" => String::new(),
             _ => return None,
         })
     }
@@ -260,6 +261,7 @@ impl BrokerConfig {
 
     /// Every topic config name we accept.
     pub const TOPIC_CONFIGS: &'static [&'static str] = &[
+        "writer.transactional.id.prefix",
         "cleanup.policy",
         "compression.type",
         "delete.retention.ms",
@@ -308,6 +310,7 @@ pub fn validate_topic_config(key: &str, value: &str) -> Result<(), String> {
             "producer" | "uncompressed" | "gzip" | "snappy" | "lz4" | "zstd" => Ok(()),
             _ => Err(format!("invalid compression.type {value}")),
         },
+        "writer.transactional.id.prefix" => Ok(()),
         "message.timestamp.type" => match value {
             "CreateTime" | "LogAppendTime" => Ok(()),
             _ => Err(format!("invalid message.timestamp.type {value}")),

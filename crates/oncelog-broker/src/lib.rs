@@ -19,6 +19,7 @@ pub mod snapshot;
 pub mod topics;
 pub mod txn_coordinator;
 pub mod txn_service;
+pub mod writers;
 
 use std::sync::Arc;
 
@@ -81,6 +82,7 @@ pub struct Broker {
     pub producer_ids: producer_ids::ProducerIds,
     pub txn: txn_service::TxnService,
     pub groups: groups::Groups,
+    pub writers: writers::Writers,
     pub syncer: Syncer,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
@@ -113,6 +115,7 @@ impl Broker {
             producer_ids,
             txn,
             groups,
+            writers: Default::default(),
             syncer,
             data_notify,
             appended_bytes: Default::default(),

@@ -133,6 +133,16 @@ pub async fn render(b: &Arc<Broker>) -> String {
             esc(id)
         );
     }
+    family(&mut out, "oncelog_topic_transactional_writers", "gauge",
+        "Distinct transactional-id prefixes that committed to a topic within the last minute (more than one: outputs add up).");
+    for (topic, prefixes) in b.writers.live(now_ms()) {
+        let _ = writeln!(
+            out,
+            "oncelog_topic_transactional_writers{{topic=\"{}\"}} {}",
+            esc(&topic),
+            prefixes.len()
+        );
+    }
     let (syncs, bytes) = b.io_counters();
     family(
         &mut out,

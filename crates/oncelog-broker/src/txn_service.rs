@@ -235,6 +235,19 @@ impl TxnService {
             return Err(e);
         }
         self.persist(inner, done.clone())?;
+        if commit {
+            let now = now_ms();
+            let mut topics: Vec<&String> = prepared
+                .partitions
+                .iter()
+                .map(|(t, _)| t)
+                .filter(|t| t.as_str() != crate::groups::OFFSETS_TOPIC)
+                .collect();
+            topics.dedup();
+            for t in topics {
+                b.writers.record_commit(t, &prepared.transactional_id, now);
+            }
+        }
         {
             let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
             if commit {

@@ -51,7 +51,13 @@ fn batch_error_code(e: &BatchError) -> ErrorCode {
     }
 }
 
-fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::Bytes>) -> Outcome {
+fn append_one(
+    b: &Arc<Broker>,
+    topic: &str,
+    index: i32,
+    records: Option<bytes::Bytes>,
+    transactional_id: Option<&str>,
+) -> Outcome {
     let Some(t) = b.topics.get(topic) else {
         return failed(
             ErrorCode::UnknownTopicOrPartition,
@@ -91,6 +97,14 @@ fn append_one(b: &Arc<Broker>, topic: &str, index: i32, records: Option<bytes::B
             ErrorCode::InvalidRecord,
             "transactional batch without a producer id",
         );
+    }
+    if h.is_transactional() {
+        if let Err(why) = crate::writers::allowed(&t.meta().configs, transactional_id.unwrap_or(""))
+        {
+            tracing::warn!(partition = %p.name(), transactional_id = transactional_id.unwrap_or(""),
+                reason = %why, "second transactional writer refused");
+            return failed(ErrorCode::TransactionalIdAuthorizationFailed, why);
+        }
     }
     if h.producer_id() >= 0 && h.base_sequence() < 0 {
         return failed(
@@ -276,6 +290,7 @@ pub async fn produce(
     version: i16,
 ) -> Pin<Box<dyn Future<Output = Option<ProduceResponse>> + Send>> {
     let implicit = implicit_add(b, &req, version).await;
+    let txn_id = req.transactional_id.as_ref().map(|t| t.0.to_string());
     let acks = req.acks;
     let valid_acks = (-1..=1).contains(&acks);
     let mut results: Vec<(StrBytes, Vec<(i32, Outcome)>)> =
@@ -295,7 +310,7 @@ pub async fn produce(
             } else if let Some((_, _, code)) = refused {
                 failed(*code, "the partition could not be added to the transaction")
             } else {
-                append_one(b, &name, pd.index, pd.records)
+                append_one(b, &name, pd.index, pd.records, txn_id.as_deref())
             };
             parts.push((pd.index, out));
         }

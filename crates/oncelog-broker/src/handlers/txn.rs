@@ -139,7 +139,17 @@ async fn add_one(
         .iter()
         .any(|t| t.partitions.iter().any(|p| !exists(t.name.0.as_str(), *p)));
     let mut shared = None;
-    if !unknown && !verify_only {
+    // A topic reserved for one writer prefix refuses everyone else (S6).
+    for t in topics {
+        if let Some(topic) = b.topics.get(t.name.0.as_str()) {
+            if let Err(why) = crate::writers::allowed(&topic.meta().configs, id) {
+                tracing::warn!(transactional_id = id, topic = %t.name.0.as_str(), reason = %why,
+                    "second transactional writer refused");
+                shared = Some(ErrorCode::TransactionalIdAuthorizationFailed);
+            }
+        }
+    }
+    if !unknown && !verify_only && shared.is_none() {
         let parts: Vec<(String, i32)> = topics
             .iter()
             .flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), *p)))
@@ -158,7 +168,9 @@ async fn add_one(
                 .partitions
                 .iter()
                 .map(|p| {
-                    let code = if unknown {
+                    let code = if let Some(ErrorCode::TransactionalIdAuthorizationFailed) = shared {
+                        ErrorCode::TransactionalIdAuthorizationFailed
+                    } else if unknown {
                         if exists(t.name.0.as_str(), *p) {
                             ErrorCode::OperationNotAttempted
                         } else {

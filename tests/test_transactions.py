@@ -403,3 +403,31 @@ def test_orphaned_transaction_is_aborted_at_its_partition(broker):
     c.close()
     assert read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 2) == []
     assert "orphaned transaction" in broker.log_text()
+
+
+def test_orphaned_transaction_is_reported_and_healed(broker_factory):
+    """With transaction.auto.heal on, a partition-side open transaction the
+    coordinator does not know is found (on two checks in a row), reported,
+    and aborted; read_committed readers resume."""
+    import shutil
+
+    b = broker_factory({"transaction.heal.check.interval.ms": 300})
+    topic = unique_topic("heal")
+    create_topic(b.bootstrap, topic)
+    p = txn_producer(b.bootstrap, "heal-" + topic)
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"orphan", partition=0)
+    p.flush(30)
+    # A healthy open transaction is not an orphan.
+    time.sleep(1.0)
+    assert "orphaned transaction" not in b.log_text()
+    b.stop()
+    shutil.rmtree(b.data_dir / "__transaction_state-0")
+    b.overrides["transaction.auto.heal"] = "true"
+    b.start()
+    c = Consumer(consumer_config(b.bootstrap, **{"isolation.level": "read_committed"}))
+    wait_until(lambda: c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1] == 2,
+               20, interval=0.2, what="the orphan to be healed")
+    c.close()
+    assert "orphaned transaction found; aborting it" in b.log_text(since_last_start=True)

@@ -47,6 +47,8 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("group.min.session.timeout.ms", "6000", "smallest session.timeout.ms a consumer may ask for"),
     ("group.max.session.timeout.ms", "1800000", "largest session.timeout.ms a consumer may ask for"),
     ("offsets.retention.minutes", "10080", "committed offsets of a group without members are kept this long"),
+    ("transaction.auto.heal", "false", "abort orphaned transactions (open at a partition, unknown to the coordinator) through the coordinator's marker path"),
+    ("transaction.heal.check.interval.ms", "10000", "how often partitions' open transactions are reconciled with the coordinator; an orphan is one seen on two checks in a row"),
     ("producer.id.expiration.ms", "86400000", "partitions forget an idle producer id this long after its last write, never one with an open transaction"),
 ];
 
@@ -75,6 +77,8 @@ pub struct BrokerConfig {
     pub transactional_id_expiration_ms: i64,
     pub producer_id_expiration_ms: i64,
     pub transaction_version: i16,
+    pub transaction_auto_heal: bool,
+    pub transaction_heal_check_interval_ms: u64,
     pub group_initial_rebalance_delay_ms: u64,
     pub group_min_session_timeout_ms: i32,
     pub group_max_session_timeout_ms: i32,
@@ -168,6 +172,11 @@ impl BrokerConfig {
                 &get("producer.id.expiration.ms"),
             )?,
             transaction_version: parse("transaction.version", &get("transaction.version"))?,
+            transaction_auto_heal: parse("transaction.auto.heal", &get("transaction.auto.heal"))?,
+            transaction_heal_check_interval_ms: parse(
+                "transaction.heal.check.interval.ms",
+                &get("transaction.heal.check.interval.ms"),
+            )?,
             group_initial_rebalance_delay_ms: parse(
                 "group.initial.rebalance.delay.ms",
                 &get("group.initial.rebalance.delay.ms"),

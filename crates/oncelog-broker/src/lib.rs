@@ -88,6 +88,8 @@ pub struct Broker {
     pub data_notify: Arc<Notify>,
     /// Bytes of record batches appended since start (for bytes-per-sync figures).
     pub appended_bytes: std::sync::atomic::AtomicU64,
+    /// Orphaned transactions found by the healing check.
+    pub orphans: std::sync::atomic::AtomicU64,
 }
 
 impl Broker {
@@ -119,6 +121,7 @@ impl Broker {
             syncer,
             data_notify,
             appended_bytes: Default::default(),
+            orphans: Default::default(),
         }))
     }
 
@@ -185,6 +188,22 @@ impl Broker {
             .collect()
     }
 
+    /// Open transactions at partitions that the coordinator does not hold
+    /// open: (topic, partition, producer id, producer epoch, first offset).
+    pub fn transaction_orphan_candidates(&self) -> Vec<(String, i32, i64, i16, i64)> {
+        let mut out = Vec::new();
+        for p in self.topics.all_partitions() {
+            let st = p.lock();
+            for (first, pid) in st.producers.ongoing() {
+                let epoch = st.producers.get(pid).map_or(-1, |e| e.epoch);
+                if self.txn.verify(pid, epoch, &p.topic, p.index).is_err() {
+                    out.push((p.topic.clone(), p.index, pid, epoch, first));
+                }
+            }
+        }
+        out
+    }
+
     /// (fdatasync calls by group commit, bytes appended) since start.
     pub fn io_counters(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -196,6 +215,48 @@ impl Broker {
 
     /// Background work: retention and, in interval mode, periodic flushes.
     pub fn spawn_background(self: &Arc<Self>) {
+        let b = self.clone();
+        tokio::spawn(async move {
+            // Hanging-transaction healing: an orphan is a partition-side open
+            // transaction the coordinator does not hold open, seen on two
+            // checks in a row (a marker in flight takes milliseconds).
+            let period =
+                std::time::Duration::from_millis(b.config.transaction_heal_check_interval_ms);
+            let mut tick = tokio::time::interval(period);
+            let mut previous = std::collections::HashSet::new();
+            loop {
+                tick.tick().await;
+                let now: std::collections::HashSet<_> =
+                    b.transaction_orphan_candidates().into_iter().collect();
+                for (topic, index, pid, epoch, first) in now.intersection(&previous) {
+                    // Never race the coordinator: a transaction it holds is its to end.
+                    if b.txn.holds(*pid).await {
+                        continue;
+                    }
+                    b.orphans.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if b.config.transaction_auto_heal {
+                        tracing::warn!(partition = %format!("{topic}-{index}"), producer_id = pid, epoch, first_offset = first,
+                            "orphaned transaction found; aborting it (transaction.auto.heal)");
+                        if let Err(e) = txn_service::abort_orphan(
+                            &b,
+                            topic,
+                            *index,
+                            *pid,
+                            *epoch,
+                            b.txn.coordinator_epoch,
+                        )
+                        .await
+                        {
+                            tracing::error!(error = %e, "orphan abort failed");
+                        }
+                    } else {
+                        tracing::warn!(partition = %format!("{topic}-{index}"), producer_id = pid, epoch, first_offset = first,
+                            "orphaned transaction pins the last stable offset; abort it with an admin tool or set transaction.auto.heal");
+                    }
+                }
+                previous = now;
+            }
+        });
         let b = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));

@@ -143,6 +143,13 @@ pub async fn render(b: &Arc<Broker>) -> String {
             prefixes.len()
         );
     }
+    family(&mut out, "oncelog_transaction_orphans_found_total", "counter",
+        "Partition-side open transactions the coordinator did not know, found by the healing check.");
+    let _ = writeln!(
+        out,
+        "oncelog_transaction_orphans_found_total {}",
+        b.orphans.load(std::sync::atomic::Ordering::Relaxed)
+    );
     let (syncs, bytes) = b.io_counters();
     family(
         &mut out,

@@ -473,6 +473,18 @@ impl TxnService {
         Ok(true)
     }
 
+    /// Whether the coordinator holds a transaction of `pid` that is open or
+    /// being completed (its markers may still be on their way).
+    pub async fn holds(&self, pid: i64) -> bool {
+        self.inner.lock().await.txns.values().any(|m| {
+            m.producer_id == pid
+                && matches!(
+                    m.state,
+                    TxnState::Ongoing | TxnState::PrepareCommit | TxnState::PrepareAbort
+                )
+        })
+    }
+
     /// Every known transactional id's metadata.
     pub async fn list(&self) -> Vec<TxnMeta> {
         self.inner.lock().await.txns.values().cloned().collect()

@@ -91,4 +91,23 @@ cargo test --release --workspace
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 export ONCELOG_BIN="${ONCELOG_BIN:-$TARGET_DIR/release/oncelog}"
 step "pytest tests (broker: $ONCELOG_BIN)"
-"$VENV/bin/pytest" -v tests
+PYTEST_LOG="$(mktemp)"
+set +e
+"$VENV/bin/pytest" -v tests 2>&1 | tee "$PYTEST_LOG"
+status=${PIPESTATUS[0]}
+set -e
+# Clients left behind by a test may log after pytest's summary; repeat the
+# counts as the very last line so the result is easy to find.
+summary="$(grep -E '^=+ .*[0-9]+ (passed|failed|error)' "$PYTEST_LOG" | tail -n 1)"
+rm -f "$PYTEST_LOG"
+count() { printf '%s\n' "$summary" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' || echo 0; }
+passed="$(count passed)"
+failed=$(( $(count failed) + $(count "errors?") ))
+skipped="$(count skipped)"
+echo
+if [ "$skipped" -gt 0 ]; then
+  echo "pytest: $passed passed, $failed failed, $skipped skipped"
+else
+  echo "pytest: $passed passed, $failed failed"
+fi
+exit "$status"

@@ -9,6 +9,7 @@ use oncelog_broker::config::SETTINGS;
 use oncelog_broker::{Broker, BrokerConfig};
 
 mod alloc_guard;
+mod cli;
 
 #[global_allocator]
 static GLOBAL: alloc_guard::Guard = alloc_guard::Guard;
@@ -29,6 +30,50 @@ enum Command {
     /// Run the broker. With no flags: data in ./oncelog-data, listening on 127.0.0.1:9092.
     #[command(after_help = settings_help())]
     Serve(ServeArgs),
+    /// Topics: list, create, describe (offsets, LSO), delete.
+    Topic {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        cmd: cli::TopicCmd,
+    },
+    /// Transactions: list, describe, producers, find-hanging, abort.
+    Txn {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        cmd: cli::TxnCmd,
+    },
+    /// Consumer groups: list, describe (with lag).
+    Group {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        cmd: cli::GroupCmd,
+    },
+    /// The cluster: id, brokers, supported APIs.
+    Cluster {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Cluster id, controller, brokers and the API versions served.
+    Info,
+}
+
+#[derive(clap::Args)]
+struct ConnArgs {
+    /// Any Kafka-compatible broker.
+    #[arg(long, global = true, default_value = "127.0.0.1:9092")]
+    bootstrap: String,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -106,7 +151,27 @@ fn main() -> Result<()> {
         .init();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Topic { conn, cmd } => client(|| cli::topic(&conn.bootstrap, conn.json, cmd)),
+        Command::Txn { conn, cmd } => client(|| cli::txn(&conn.bootstrap, conn.json, cmd)),
+        Command::Group { conn, cmd } => client(|| cli::group(&conn.bootstrap, conn.json, cmd)),
+        Command::Cluster {
+            conn,
+            cmd: ClusterCmd::Info,
+        } => client(|| cli::cluster_info(&conn.bootstrap, conn.json)),
     }
+}
+
+/// Runs one client command on a small runtime.
+fn client<F, Fut>(f: F) -> Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?
+        .block_on(f())
 }
 
 fn serve(args: ServeArgs) -> Result<()> {

@@ -394,3 +394,25 @@ def test_txn_offset_commit_with_stale_group_metadata_is_fenced(broker_factory):
     assert got == 1
     c1.close()
     c2.close()
+
+
+def test_fencing_after_a_100ms_transaction_timeout_kafka_python(broker):
+    """Kafka's case with its numbers (librdkafka refuses timeouts under 1 s,
+    kafka-python does not): transaction.timeout.ms=100, sleep, the next send
+    is fenced and nothing of the transaction is visible."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError as KPError
+
+    topic = unique_topic("t100")
+    create_topic(broker.bootstrap, topic)
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="t100-" + topic,
+                      transaction_timeout_ms=100)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send(topic, value=b"first", partition=0).get(timeout=30)
+    wait_until(lambda: "transaction timed out" in broker.log_text(), 10, what="the timeout abort")
+    with pytest.raises(KPError):
+        p.send(topic, value=b"second", partition=0).get(timeout=30)
+        p.commit_transaction()
+    p.close(timeout=5)
+    assert read_all_committed(broker.bootstrap, topic, 1) == []

@@ -69,8 +69,9 @@ if [ "$(cat "$JAVA_LIB/.pom.sha256" 2>/dev/null || true)" != "$POM_HASH" ]; then
   echo "$POM_HASH" >"$JAVA_LIB/.pom.sha256"
 fi
 
-# --- Apache Kafka reference broker jars (.tools/kafka-lib), for the
-# differential conformance tests and `bench/produce_bench.py --kafka` ---------
+# --- Apache Kafka reference broker and kafka-tools jars (.tools/kafka-lib), for
+# the differential conformance tests, the kafka-transactions tool check
+# (tests/test_kafka_tools.py) and `bench/produce_bench.py --kafka` -----------
 KAFKA_LIB="$ROOT/.tools/kafka-lib"
 KPOM_HASH="$(hash_of bench/kafka/pom.xml)"
 if [ "$(cat "$KAFKA_LIB/.pom.sha256" 2>/dev/null || true)" != "$KPOM_HASH" ]; then

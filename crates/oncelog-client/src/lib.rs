@@ -106,6 +106,31 @@ impl Client {
         Ok((self.send(key, v, req).await?, v))
     }
 
+    /// Like [`Client::call`], but never above version `max` (for requests
+    /// whose newer versions are meant for brokers, not clients).
+    pub async fn call_max<Req, Resp>(
+        &mut self,
+        key: ApiKey,
+        req: &Req,
+        max: i16,
+    ) -> Result<(Resp, i16), ClientError>
+    where
+        Req: Encodable + Message,
+        Resp: Decodable + Message,
+    {
+        let ours = (
+            Req::VERSIONS.min.max(Resp::VERSIONS.min),
+            Req::VERSIONS.max.min(Resp::VERSIONS.max).min(max),
+        );
+        let v = self.version(key, ours)?;
+        Ok((self.send(key, v, req).await?, v))
+    }
+
+    /// Sets how long one request may wait for its response.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
     async fn send<Req: Encodable, Resp: Decodable>(
         &mut self,
         key: ApiKey,

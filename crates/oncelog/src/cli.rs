@@ -10,8 +10,14 @@ use kafka_protocol::messages::create_topics_request::{
     CreatableTopic, CreatableTopicConfig, CreateTopicsRequest,
 };
 use kafka_protocol::messages::create_topics_response::CreateTopicsResponse;
+use kafka_protocol::messages::delete_groups_request::DeleteGroupsRequest;
+use kafka_protocol::messages::delete_groups_response::DeleteGroupsResponse;
 use kafka_protocol::messages::delete_topics_request::{DeleteTopicState, DeleteTopicsRequest};
 use kafka_protocol::messages::delete_topics_response::DeleteTopicsResponse;
+use kafka_protocol::messages::describe_configs_request::{
+    DescribeConfigsRequest, DescribeConfigsResource,
+};
+use kafka_protocol::messages::describe_configs_response::DescribeConfigsResponse;
 use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
 use kafka_protocol::messages::describe_groups_response::DescribeGroupsResponse;
 use kafka_protocol::messages::describe_producers_request::{
@@ -20,6 +26,10 @@ use kafka_protocol::messages::describe_producers_request::{
 use kafka_protocol::messages::describe_producers_response::DescribeProducersResponse;
 use kafka_protocol::messages::describe_transactions_request::DescribeTransactionsRequest;
 use kafka_protocol::messages::describe_transactions_response::DescribeTransactionsResponse;
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, AlterableConfig, IncrementalAlterConfigsRequest,
+};
+use kafka_protocol::messages::incremental_alter_configs_response::IncrementalAlterConfigsResponse;
 use kafka_protocol::messages::list_groups_request::ListGroupsRequest;
 use kafka_protocol::messages::list_groups_response::ListGroupsResponse;
 use kafka_protocol::messages::list_offsets_request::{
@@ -30,7 +40,12 @@ use kafka_protocol::messages::list_transactions_request::ListTransactionsRequest
 use kafka_protocol::messages::list_transactions_response::ListTransactionsResponse;
 use kafka_protocol::messages::metadata_request::MetadataRequest;
 use kafka_protocol::messages::metadata_response::MetadataResponse;
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::offset_commit_response::OffsetCommitResponse;
 use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequest;
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponse;
 use kafka_protocol::messages::write_txn_markers_request::{
     WritableTxnMarker, WritableTxnMarkerTopic, WriteTxnMarkersRequest,
@@ -62,6 +77,16 @@ pub enum TopicCmd {
     Describe { name: String },
     /// Delete a topic.
     Delete { name: String },
+    /// Change topic configs: --set retention.ms=60000, --delete retention.ms.
+    AlterConfig {
+        name: String,
+        /// Set a config, repeatable.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Return a config to its default, repeatable.
+        #[arg(long = "delete", value_name = "KEY")]
+        delete: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -101,6 +126,34 @@ pub enum GroupCmd {
     List,
     /// A group's state, members and per-partition lag (against the last stable offset).
     Describe { group: String },
+    /// Move an inactive group's committed offsets (a dry run unless --execute).
+    #[command(group(clap::ArgGroup::new("to").required(true)
+        .args(["to_earliest", "to_latest", "to_offset", "to_datetime", "shift_by"])))]
+    ResetOffsets {
+        group: String,
+        #[arg(long)]
+        topic: String,
+        /// Only this partition (default: all of the topic).
+        #[arg(long)]
+        partition: Option<i32>,
+        #[arg(long)]
+        to_earliest: bool,
+        #[arg(long)]
+        to_latest: bool,
+        #[arg(long, value_name = "OFFSET")]
+        to_offset: Option<i64>,
+        /// The first offset at or after this timestamp (ms since the epoch).
+        #[arg(long, value_name = "MS")]
+        to_datetime: Option<i64>,
+        /// Move by N (negative goes back), kept inside the log.
+        #[arg(long, value_name = "N", allow_hyphen_values = true)]
+        shift_by: Option<i64>,
+        /// Apply the change (without it only the plan is shown).
+        #[arg(long)]
+        execute: bool,
+    },
+    /// Delete an inactive group and its committed offsets.
+    Delete { group: String },
 }
 
 /// Prints rows as an aligned table.
@@ -133,7 +186,7 @@ fn emit(json_out: bool, v: &Value, headers: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
-fn check(code: i16, what: &str) -> Result<()> {
+pub(crate) fn check(code: i16, what: &str) -> Result<()> {
     if code != 0 {
         let e = kafka_protocol::error::ParseResponseErrorCode::err(code);
         bail!(
@@ -162,7 +215,7 @@ async fn metadata(c: &mut Client, topics: Option<Vec<String>>) -> Result<Metadat
 }
 
 /// (log start, latest) offsets of a topic's partitions; `committed` asks for the LSO.
-async fn offsets(
+pub(crate) async fn offsets(
     c: &mut Client,
     topic: &str,
     parts: &[i32],
@@ -321,6 +374,60 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
                 vec![vec![name.clone()]],
             );
         }
+        TopicCmd::AlterConfig { name, set, delete } => {
+            if set.is_empty() && delete.is_empty() {
+                bail!("nothing to change: give --set KEY=VALUE or --delete KEY");
+            }
+            let mut cfgs = Vec::new();
+            for kv in &set {
+                let (k, val) = kv
+                    .split_once('=')
+                    .ok_or_else(|| anyhow!("--set expects KEY=VALUE, got {kv}"))?;
+                cfgs.push(
+                    AlterableConfig::default()
+                        .with_name(s(k))
+                        .with_config_operation(0)
+                        .with_value(Some(s(val))),
+                );
+            }
+            for k in &delete {
+                cfgs.push(
+                    AlterableConfig::default()
+                        .with_name(s(k))
+                        .with_config_operation(1)
+                        .with_value(None),
+                );
+            }
+            let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
+                AlterConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(s(&name))
+                    .with_configs(cfgs),
+            ]);
+            let (r, _) = c
+                .call::<_, IncrementalAlterConfigsResponse>(ApiKey::IncrementalAlterConfigs, &req)
+                .await?;
+            for x in &r.responses {
+                if x.error_code != 0 {
+                    let msg = x
+                        .error_message
+                        .as_ref()
+                        .map(|m| m.to_string())
+                        .unwrap_or_default();
+                    check(x.error_code, &format!("alter configs of {name} ({msg})"))?;
+                }
+            }
+            let configs = topic_configs(&mut c, &name).await?;
+            emit(
+                json_out,
+                &json!({"topic": name, "configs": configs}),
+                &["CONFIG", "VALUE"],
+                configs
+                    .iter()
+                    .map(|(k, v)| vec![k.clone(), v.clone()])
+                    .collect(),
+            );
+        }
         TopicCmd::Describe { name } => {
             let md = metadata(&mut c, Some(vec![name.clone()])).await?;
             let t = md
@@ -337,9 +444,14 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
                 .map(|p| json!({"partition": p, "log_start_offset": start.get(p), "high_watermark": hw.get(p),
                     "last_stable_offset": lso.get(p)}))
                 .collect();
+            let configs = topic_configs(&mut c, &name).await?;
+            if !json_out && !configs.is_empty() {
+                let cs: Vec<String> = configs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("configs: {}", cs.join(", "));
+            }
             emit(
                 json_out,
-                &json!({"topic": name, "partitions": rows}),
+                &json!({"topic": name, "partitions": rows, "configs": configs}),
                 &["PARTITION", "LOG-START", "HIGH-WATERMARK", "LSO"],
                 parts
                     .iter()
@@ -356,6 +468,35 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
         }
     }
     Ok(())
+}
+
+/// A topic's configs that are not defaults (set on the topic or the broker).
+async fn topic_configs(c: &mut Client, topic: &str) -> Result<BTreeMap<String, String>> {
+    let req =
+        DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(s(topic))
+            .with_configuration_keys(None)]);
+    let (r, _) = c
+        .call::<_, DescribeConfigsResponse>(ApiKey::DescribeConfigs, &req)
+        .await?;
+    let mut out = BTreeMap::new();
+    for res in &r.results {
+        check(res.error_code, &format!("configs of {topic}"))?;
+        for cfg in &res.configs {
+            // source 1 = set on the topic (DYNAMIC_TOPIC_CONFIG)
+            if cfg.config_source == 1 {
+                out.insert(
+                    cfg.name.to_string(),
+                    cfg.value
+                        .as_ref()
+                        .map(|v| v.to_string())
+                        .unwrap_or_default(),
+                );
+            }
+        }
+    }
+    Ok(out)
 }
 
 pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
@@ -668,6 +809,159 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
                     &lag_rows,
                 );
             }
+        }
+        GroupCmd::ResetOffsets {
+            group,
+            topic,
+            partition,
+            to_earliest,
+            to_latest,
+            to_offset,
+            to_datetime,
+            shift_by,
+            execute,
+        } => {
+            let (d, _) = c
+                .call::<_, DescribeGroupsResponse>(
+                    ApiKey::DescribeGroups,
+                    &DescribeGroupsRequest::default().with_groups(vec![GroupId(s(&group))]),
+                )
+                .await?;
+            if let Some(g) = d.groups.first() {
+                let state = g.group_state.as_str();
+                if g.error_code == 0 && !g.members.is_empty() {
+                    bail!(
+                        "group {group} is {state} with {} members: offsets can only be reset \
+                         while it has none (stop its consumers first)",
+                        g.members.len()
+                    );
+                }
+            }
+            let md = metadata(&mut c, Some(vec![topic.clone()])).await?;
+            let t = md
+                .topics
+                .first()
+                .ok_or_else(|| anyhow!("no metadata for {topic}"))?;
+            check(t.error_code, &format!("topic {topic}"))?;
+            let mut parts: Vec<i32> = t.partitions.iter().map(|p| p.partition_index).collect();
+            parts.sort();
+            if let Some(p) = partition {
+                if !parts.contains(&p) {
+                    bail!("{topic} has no partition {p}");
+                }
+                parts = vec![p];
+            }
+            let (o, _) = c
+                .call::<_, OffsetFetchResponse>(
+                    ApiKey::OffsetFetch,
+                    &OffsetFetchRequest::default()
+                        .with_group_id(GroupId(s(&group)))
+                        .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+                            .with_name(TopicName(s(&topic)))
+                            .with_partition_indexes(parts.clone())])),
+                )
+                .await?;
+            check(o.error_code, &format!("offsets of {group}"))?;
+            let current: BTreeMap<i32, i64> = o
+                .topics
+                .iter()
+                .flat_map(|t| {
+                    t.partitions
+                        .iter()
+                        .map(|p| (p.partition_index, p.committed_offset))
+                })
+                .collect();
+            let start = offsets(&mut c, &topic, &parts, -2, false).await?;
+            let end = offsets(&mut c, &topic, &parts, -1, false).await?;
+            let by_time = match to_datetime {
+                Some(ts) => Some(offsets(&mut c, &topic, &parts, ts, false).await?),
+                None => None,
+            };
+            let mut plan: Vec<(i32, i64, i64)> = Vec::new();
+            for p in &parts {
+                let lo = start.get(p).copied().unwrap_or(0);
+                let hi = end.get(p).copied().unwrap_or(0);
+                let cur = current.get(p).copied().unwrap_or(-1);
+                let target = if to_earliest {
+                    lo
+                } else if to_latest {
+                    hi
+                } else if let Some(x) = to_offset {
+                    x
+                } else if let Some(m) = &by_time {
+                    match m.get(p).copied() {
+                        Some(x) if x >= 0 => x,
+                        _ => hi,
+                    }
+                } else {
+                    let base = if cur >= 0 { cur } else { lo };
+                    base.saturating_add(shift_by.unwrap_or(0))
+                };
+                plan.push((*p, cur, target.clamp(lo, hi)));
+            }
+            if execute {
+                let req = OffsetCommitRequest::default()
+                    .with_group_id(GroupId(s(&group)))
+                    .with_generation_id_or_member_epoch(-1)
+                    .with_member_id(StrBytes::default())
+                    .with_topics(vec![OffsetCommitRequestTopic::default()
+                        .with_name(TopicName(s(&topic)))
+                        .with_partitions(
+                            plan.iter()
+                                .map(|(p, _, o)| {
+                                    OffsetCommitRequestPartition::default()
+                                        .with_partition_index(*p)
+                                        .with_committed_offset(*o)
+                                })
+                                .collect(),
+                        )]);
+                let (r, _) = c
+                    .call::<_, OffsetCommitResponse>(ApiKey::OffsetCommit, &req)
+                    .await?;
+                for t in &r.topics {
+                    for p in &t.partitions {
+                        check(p.error_code, &format!("reset offsets of {group}"))?;
+                    }
+                }
+            }
+            let v = json!({"group": group, "topic": topic, "executed": execute,
+                "partitions": plan.iter().map(|(p, cur, new)| json!({"partition": p, "current": cur, "new": new})).collect::<Vec<_>>()});
+            emit(
+                json_out,
+                &v,
+                &["GROUP", "TOPIC", "PARTITION", "CURRENT", "NEW"],
+                plan.iter()
+                    .map(|(p, cur, new)| {
+                        vec![
+                            group.clone(),
+                            topic.clone(),
+                            p.to_string(),
+                            cur.to_string(),
+                            new.to_string(),
+                        ]
+                    })
+                    .collect(),
+            );
+            if !execute && !json_out {
+                eprintln!("dry run: nothing changed; add --execute to apply");
+            }
+        }
+        GroupCmd::Delete { group } => {
+            let (r, _) = c
+                .call::<_, DeleteGroupsResponse>(
+                    ApiKey::DeleteGroups,
+                    &DeleteGroupsRequest::default().with_groups_names(vec![GroupId(s(&group))]),
+                )
+                .await?;
+            for x in &r.results {
+                check(x.error_code, &format!("delete group {group}"))?;
+            }
+            emit(
+                json_out,
+                &json!({"deleted": group}),
+                &["DELETED"],
+                vec![vec![group.clone()]],
+            );
         }
     }
     Ok(())

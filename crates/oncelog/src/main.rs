@@ -10,6 +10,7 @@ use oncelog_broker::{Broker, BrokerConfig};
 
 mod alloc_guard;
 mod cli;
+mod cli_data;
 
 #[global_allocator]
 static GLOBAL: alloc_guard::Guard = alloc_guard::Guard;
@@ -30,7 +31,7 @@ enum Command {
     /// Run the broker. With no flags: data in ./oncelog-data, listening on 127.0.0.1:9092.
     #[command(after_help = settings_help())]
     Serve(ServeArgs),
-    /// Topics: list, create, describe (offsets, LSO), delete.
+    /// Topics: list, create, describe (offsets, LSO, configs), delete, alter-config.
     Topic {
         #[command(flatten)]
         conn: ConnArgs,
@@ -44,12 +45,26 @@ enum Command {
         #[command(subcommand)]
         cmd: cli::TxnCmd,
     },
-    /// Consumer groups: list, describe (with lag).
+    /// Consumer groups: list, describe (with lag), reset-offsets, delete.
     Group {
         #[command(flatten)]
         conn: ConnArgs,
         #[command(subcommand)]
         cmd: cli::GroupCmd,
+    },
+    /// Write stdin lines as records (keys, headers, optionally in transactions).
+    Produce {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(flatten)]
+        args: cli_data::ProduceArgs,
+    },
+    /// Read records to stdout (from an offset or time; read_committed by default).
+    Consume {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(flatten)]
+        args: cli_data::ConsumeArgs,
     },
     /// The cluster: id, brokers, supported APIs.
     Cluster {
@@ -154,6 +169,10 @@ fn main() -> Result<()> {
         Command::Topic { conn, cmd } => client(|| cli::topic(&conn.bootstrap, conn.json, cmd)),
         Command::Txn { conn, cmd } => client(|| cli::txn(&conn.bootstrap, conn.json, cmd)),
         Command::Group { conn, cmd } => client(|| cli::group(&conn.bootstrap, conn.json, cmd)),
+        Command::Produce { conn, args } => {
+            client(|| cli_data::produce(&conn.bootstrap, conn.json, args))
+        }
+        Command::Consume { conn, args } => client(|| cli_data::consume(&conn.bootstrap, args)),
         Command::Cluster {
             conn,
             cmd: ClusterCmd::Info,
@@ -167,11 +186,17 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
 {
-    tokio::runtime::Builder::new_current_thread()
+    let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?
-        .block_on(f())
+        .block_on(f());
+    if let Err(e) = result {
+        // A user-facing failure: the message chain, not a backtrace.
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 fn serve(args: ServeArgs) -> Result<()> {

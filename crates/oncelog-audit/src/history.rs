@@ -1,0 +1,156 @@
+//! The recorded history of a run. Serializable, so histories can be saved as
+//! JSON and checked later.
+//!
+//! Recording contract (what [`crate::check`] assumes):
+//! * every `Send` writes a value no other `Send` writes;
+//! * all reads (polls and the final read) are `read_committed`;
+//! * `Poll::at_ms` is the time the poll *returned*; `Txn::commit_ms` is the
+//!   time the commit was requested; all times come from one clock;
+//! * a `process` is one consumer session with a fixed assignment: a workload
+//!   whose assignment can change (rebalance) or that seeks back outside an
+//!   abort must continue under a new process id;
+//! * the final read covers every partition written during the run.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// How a transaction ended, as far as its client knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The commit was acknowledged.
+    Committed,
+    /// The transaction was aborted (explicitly or by a fatal error before commit).
+    Aborted,
+    /// The client cannot tell (timeout, crash, lost connection during commit).
+    Indeterminate,
+}
+
+/// One record returned by a read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Read {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub value: String,
+}
+
+/// One operation inside a [`Txn`], in client order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// A produced record. `key` names the logical record, `value` this attempt.
+    Send {
+        topic: String,
+        partition: i32,
+        key: String,
+        value: String,
+        /// Offset from the produce ack, if one arrived (negative means none).
+        #[serde(default)]
+        offset: Option<i64>,
+    },
+    /// One consumer poll that returned at `at_ms` with `reads`, in order.
+    Poll { at_ms: u64, reads: Vec<Read> },
+}
+
+/// A transaction of one process. A non-transactional (idempotent) send is a
+/// `Txn` with `transactional: false`, a single `Send` and a `Committed` or
+/// `Indeterminate` outcome; a plain consumer's polls may be recorded the same
+/// way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Txn {
+    pub id: u64,
+    pub process: u32,
+    #[serde(default = "default_true")]
+    pub transactional: bool,
+    pub ops: Vec<Op>,
+    pub outcome: Outcome,
+    pub start_ms: u64,
+    /// When the commit was requested; `None` if it never was. For
+    /// non-transactional txns, `None` means "visible from `start_ms`".
+    #[serde(default)]
+    pub commit_ms: Option<u64>,
+    pub end_ms: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Txn {
+    /// Values written by this txn's sends, in order.
+    pub fn sent_values(&self) -> impl Iterator<Item = &str> {
+        self.ops.iter().filter_map(|op| match op {
+            Op::Send { value, .. } => Some(value.as_str()),
+            Op::Poll { .. } => None,
+        })
+    }
+
+    /// Reads of this txn's polls, in order, each with its poll's `at_ms`.
+    pub fn reads(&self) -> impl Iterator<Item = (u64, &Read)> {
+        self.ops.iter().flat_map(|op| {
+            let (at_ms, reads): (u64, &[Read]) = match op {
+                Op::Poll { at_ms, reads } => (*at_ms, reads),
+                Op::Send { .. } => (0, &[]),
+            };
+            reads.iter().map(move |r| (at_ms, r))
+        })
+    }
+
+    /// Time from which a read of this txn's values is legitimate.
+    pub fn visible_from_ms(&self) -> Option<u64> {
+        match (self.commit_ms, self.transactional) {
+            (Some(t), _) => Some(t),
+            (None, false) => Some(self.start_ms),
+            (None, true) => None,
+        }
+    }
+}
+
+/// Final `read_committed` read of one partition, from its start to the end.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRead {
+    pub topic: String,
+    pub partition: i32,
+    pub high_watermark: i64,
+    /// Last stable offset when the read finished.
+    pub lso: i64,
+    pub reads: Vec<Read>,
+}
+
+/// Full `read_committed` read of every partition at the end of the run,
+/// after faults healed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalRead {
+    pub partitions: Vec<PartitionRead>,
+}
+
+/// After faults healed: how long `read_committed` took to reach the high
+/// watermark of one partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivenessCheck {
+    pub topic: String,
+    pub partition: i32,
+    pub waited_ms: u64,
+    pub limit_ms: u64,
+    pub reached: bool,
+}
+
+/// Everything a run recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct History {
+    pub txns: Vec<Txn>,
+    #[serde(default)]
+    pub final_read: Option<FinalRead>,
+    #[serde(default)]
+    pub liveness: Vec<LivenessCheck>,
+    /// Keys that must each be visible exactly once in the final read (copier).
+    /// Keys are counted over every partition, so give keys of other topics
+    /// distinct names.
+    #[serde(default)]
+    pub expected_keys: Option<Vec<String>>,
+    /// Fault name -> number of times injected.
+    #[serde(default)]
+    pub faults: BTreeMap<String, u64>,
+}

@@ -121,3 +121,104 @@ def test_s6_second_writer_is_reported_and_can_be_refused(broker_factory):
     assert "second transactional writer refused" in b.log_text()
     got = read_partition(b.bootstrap, guarded, 0, 0, "read_uncommitted", 2)
     assert [v for _, v in got] == [b"v1"], "nothing of the second writer entered the log"
+
+
+def test_s2_fencing_loop_seen_through_metrics(broker_factory):
+    """S2 through the tools: replicas sharing one transactional id fence each
+    other in a loop; the fence counter for that id rises scrape after scrape
+    (cause newer_producer) and the broker log names the id."""
+    import threading
+    import time
+    from confluent_kafka import KafkaException
+    port = free_port()
+    b = broker_factory({"metrics.listen": f"127.0.0.1:{port}"})
+    topic = unique_topic("m-s2")
+    create_topic(b.bootstrap, topic)
+    tid = "fare-writer-" + topic
+
+    def fences():
+        return value(scrape(port), "oncelog_transaction_fences_total",
+                     transactional_id=tid, cause="newer_producer") or 0
+
+    deadline = time.monotonic() + 6
+    inits = [0]
+    lock = threading.Lock()
+
+    def replica():
+        while time.monotonic() < deadline:
+            p = txn_producer(b.bootstrap, tid, **{"transaction.timeout.ms": 5000,
+                                                  "message.timeout.ms": 5000})
+            try:
+                p.init_transactions(10)
+                with lock:
+                    inits[0] += 1
+                while time.monotonic() < deadline:
+                    p.begin_transaction()
+                    p.produce(topic, value=b"x", partition=0)
+                    p.commit_transaction(10)
+            except (KafkaException, SystemError):
+                pass
+
+    threads = [threading.Thread(target=replica) for _ in range(4)]
+    for t in threads:
+        t.start()
+    samples = []
+    while any(t.is_alive() for t in threads):
+        samples.append(fences())
+        time.sleep(1)
+    for t in threads:
+        t.join(30)
+    samples.append(fences())
+    assert samples == sorted(samples), f"a counter never goes down: {samples}"
+    assert samples[-1] >= 3 and samples[-1] > samples[0], samples
+    # Every init after the first that found a previous producer fenced it.
+    assert samples[-1] <= inits[0]
+    alarms = [x for x in b.log_text().splitlines() if "WARN" in x and tid in x and "fenced" in x]
+    assert alarms, "the log names the fenced id"
+
+
+def test_latency_histograms(broker_factory):
+    """Request latency per API, fsync latency and bytes per sync, and
+    transaction durations are Prometheus histograms whose buckets add up."""
+    port = free_port()
+    b = broker_factory({"metrics.listen": f"127.0.0.1:{port}"})
+    topic = unique_topic("m-h")
+    create_topic(b.bootstrap, topic)
+    p = Producer(producer_config(b.bootstrap))
+    for i in range(200):
+        p.produce(topic, value=b"v" * 1000, partition=0)
+    flush_all(p)
+    t = txn_producer(b.bootstrap, "hist-" + topic)
+    t.init_transactions(30)
+    for commit in (True, True, False):
+        t.begin_transaction()
+        t.produce(topic, value=b"t", partition=0)
+        t.flush(30)
+        (t.commit_transaction if commit else t.abort_transaction)(30)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        fams = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    for name in ["oncelog_request_latency_seconds", "oncelog_fsync_latency_seconds",
+                 "oncelog_fsync_bytes", "oncelog_transaction_duration_seconds"]:
+        assert fams[name].type == "histogram", name
+
+    def hist(name, **labels):
+        got = {}
+        for s in fams[name].samples:
+            if all(s.labels.get(k) == v for k, v in labels.items()):
+                got.setdefault(s.name[len(name):], []).append((s.labels.get("le"), s.value))
+        return got
+
+    produce = hist("oncelog_request_latency_seconds", api="Produce")
+    count = produce["_count"][0][1]
+    assert count >= 1
+    buckets = produce["_bucket"]
+    assert buckets[-1] == ("+Inf", count)
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets)
+    assert hist("oncelog_request_latency_seconds", api="EndTxn")["_count"][0][1] == 3
+    assert hist("oncelog_transaction_duration_seconds", result="commit")["_count"][0][1] == 2
+    assert hist("oncelog_transaction_duration_seconds", result="abort")["_count"][0][1] == 1
+    syncs = value(scrape(port), "oncelog_fsync_total")
+    assert hist("oncelog_fsync_latency_seconds")["_count"][0][1] >= 1
+    assert hist("oncelog_fsync_latency_seconds")["_count"][0][1] <= syncs
+    sizes = hist("oncelog_fsync_bytes")
+    assert sizes["_sum"][0][1] > 0

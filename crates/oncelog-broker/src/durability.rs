@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use tokio::sync::{oneshot, Notify};
 
+use crate::histogram::Histogram;
 use crate::topics::Partition;
 
 pub struct SyncRequest {
@@ -30,20 +31,31 @@ pub struct SyncRequest {
 
 pub struct Syncer {
     tx: mpsc::Sender<SyncRequest>,
-    pub syncs: Arc<AtomicU64>,
+    pub stats: Arc<SyncStats>,
+}
+
+/// What group commit did: fdatasync calls, their latency, bytes per call.
+pub struct SyncStats {
+    pub syncs: AtomicU64,
+    pub latency: Histogram,
+    pub bytes: Histogram,
 }
 
 impl Syncer {
     pub fn start(data_notify: Arc<Notify>) -> Self {
         let (tx, rx) = mpsc::channel::<SyncRequest>();
-        let syncs = Arc::new(AtomicU64::new(0));
-        let s = syncs.clone();
+        let stats = Arc::new(SyncStats {
+            syncs: AtomicU64::new(0),
+            latency: Histogram::latency(),
+            bytes: Histogram::size(),
+        });
+        let s = stats.clone();
         std::thread::Builder::new()
             .name("oncelog-sync".into())
             .spawn(move || run(rx, data_notify, s))
             .map(|_| ())
             .unwrap_or_else(|e| tracing::error!(error = %e, "could not start the sync thread"));
-        Self { tx, syncs }
+        Self { tx, stats }
     }
 
     /// Queues a sync; the answer comes once the bytes are durable or failed.
@@ -54,7 +66,9 @@ impl Syncer {
     }
 }
 
-fn run(rx: mpsc::Receiver<SyncRequest>, notify: Arc<Notify>, syncs: Arc<AtomicU64>) {
+fn run(rx: mpsc::Receiver<SyncRequest>, notify: Arc<Notify>, stats: Arc<SyncStats>) {
+    // partition → log size at its last sync, for bytes per sync
+    let mut synced_size: HashMap<usize, u64> = HashMap::new();
     while let Ok(first) = rx.recv() {
         let mut groups: HashMap<usize, (Arc<Partition>, Vec<SyncRequest>)> = HashMap::new();
         let mut add = |r: SyncRequest| {
@@ -69,16 +83,21 @@ fn run(rx: mpsc::Receiver<SyncRequest>, notify: Arc<Notify>, syncs: Arc<AtomicU6
         while let Ok(r) = rx.try_recv() {
             add(r);
         }
-        for (_, (p, reqs)) in groups {
+        for (key, (p, reqs)) in groups {
             let gen = &p.generation;
-            let (file, end) = {
+            let (file, end, size) = {
                 let log = p.lock();
-                (log.active_file(), log.next_offset())
+                (log.active_file(), log.next_offset(), log.size_bytes())
             };
+            let started = std::time::Instant::now();
             let res = file.sync_data();
-            syncs.fetch_add(1, Ordering::Relaxed);
+            stats.latency.observe_duration(started.elapsed());
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
             match res {
                 Ok(()) => {
+                    if let Some(prev) = synced_size.insert(key, size) {
+                        stats.bytes.observe(size.saturating_sub(prev) as f64);
+                    }
                     p.advance_high_watermark(end);
                     let g = gen.load(Ordering::Acquire);
                     for r in reqs {

@@ -10,6 +10,7 @@ pub mod durability;
 pub mod error;
 pub mod groups;
 pub mod handlers;
+pub mod histogram;
 pub mod internal_log;
 pub mod metrics;
 pub mod producer_ids;
@@ -76,6 +77,9 @@ pub struct LagRow {
 }
 
 /// Shared broker state.
+/// API keys below this get a request-latency histogram.
+pub const REQUEST_KEYS: usize = 128;
+
 pub struct Broker {
     pub config: BrokerConfig,
     pub topics: Topics,
@@ -90,6 +94,8 @@ pub struct Broker {
     pub appended_bytes: std::sync::atomic::AtomicU64,
     /// Orphaned transactions found by the healing check.
     pub orphans: std::sync::atomic::AtomicU64,
+    /// Request latency per API key (arrival to response ready).
+    pub request_latency: Box<[histogram::Histogram]>,
 }
 
 impl Broker {
@@ -122,6 +128,9 @@ impl Broker {
             data_notify,
             appended_bytes: Default::default(),
             orphans: Default::default(),
+            request_latency: (0..REQUEST_KEYS)
+                .map(|_| histogram::Histogram::latency())
+                .collect(),
         }))
     }
 
@@ -208,7 +217,7 @@ impl Broker {
     pub fn io_counters(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (
-            self.syncer.syncs.load(Relaxed),
+            self.syncer.stats.syncs.load(Relaxed),
             self.appended_bytes.load(Relaxed),
         )
     }

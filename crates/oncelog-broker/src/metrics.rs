@@ -150,6 +150,51 @@ pub async fn render(b: &Arc<Broker>) -> String {
         "oncelog_transaction_orphans_found_total {}",
         b.orphans.load(std::sync::atomic::Ordering::Relaxed)
     );
+    family(
+        &mut out,
+        "oncelog_transaction_duration_seconds",
+        "histogram",
+        "Transaction duration, first partition added to markers written, by result.",
+    );
+    for (i, result) in ["commit", "abort"].iter().enumerate() {
+        b.txn.durations[i].render(
+            &mut out,
+            "oncelog_transaction_duration_seconds",
+            &format!("result=\"{result}\""),
+        );
+    }
+    family(&mut out, "oncelog_request_latency_seconds", "histogram",
+        "Time from a request's arrival to its response being ready, by API (produce includes fsync; fetch includes long-poll waits).");
+    for (k, h) in b.request_latency.iter().enumerate() {
+        if h.count() == 0 {
+            continue;
+        }
+        let api = kafka_protocol::messages::ApiKey::try_from(k as i16)
+            .map(|a| format!("{a:?}"))
+            .unwrap_or_else(|_| k.to_string());
+        h.render(
+            &mut out,
+            "oncelog_request_latency_seconds",
+            &format!("api=\"{api}\""),
+        );
+    }
+    let sync_stats = &b.syncer.stats;
+    family(
+        &mut out,
+        "oncelog_fsync_latency_seconds",
+        "histogram",
+        "Duration of one group-commit fdatasync.",
+    );
+    sync_stats
+        .latency
+        .render(&mut out, "oncelog_fsync_latency_seconds", "");
+    family(
+        &mut out,
+        "oncelog_fsync_bytes",
+        "histogram",
+        "Bytes made durable by one group-commit fdatasync.",
+    );
+    sync_stats.bytes.render(&mut out, "oncelog_fsync_bytes", "");
     let (syncs, bytes) = b.io_counters();
     family(
         &mut out,

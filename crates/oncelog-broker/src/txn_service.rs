@@ -85,6 +85,8 @@ pub const MAX_FENCE_LABELS: usize = 1000;
 pub struct TxnService {
     inner: Mutex<Inner>,
     stats: std::sync::Mutex<TxnStats>,
+    /// Transaction durations, first partition added to completion: [commit, abort].
+    pub durations: [crate::histogram::Histogram; 2],
     producers: RwLock<HashMap<i64, ProducerView>>,
     /// Stamped into every marker; partitions refuse markers from an older one.
     pub coordinator_epoch: i32,
@@ -130,6 +132,10 @@ impl TxnService {
         Ok(Self {
             inner: Mutex::new(Inner { txns, log }),
             stats: Default::default(),
+            durations: [
+                crate::histogram::Histogram::latency(),
+                crate::histogram::Histogram::latency(),
+            ],
             producers: RwLock::new(producers),
             coordinator_epoch: 0,
         })
@@ -255,6 +261,10 @@ impl TxnService {
             } else {
                 st.aborts += 1;
             }
+        }
+        if prepared.start_ms >= 0 {
+            let secs = (now_ms() - prepared.start_ms).max(0) as f64 / 1000.0;
+            self.durations[usize::from(!commit)].observe(secs);
         }
         tracing::info!(transactional_id = %prepared.transactional_id, producer_id = prepared.producer_id,
             epoch = prepared.epoch, commit, partitions = prepared.partitions.len(), "transaction completed");

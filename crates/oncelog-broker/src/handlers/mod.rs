@@ -159,6 +159,28 @@ pub async fn dispatch(
     tracing::debug!(api = ?key, version, correlation_id, client = ?header.client_id, "request");
     let b = broker.clone();
     let respond = move |body: ResponseKind| encode_response(key, version, correlation_id, &body);
+    let started = std::time::Instant::now();
+    let pending = handle(b, key, req, header, peer, version, respond).await?;
+    let b = broker.clone();
+    Ok(Box::pin(async move {
+        let out = pending.await;
+        if let Some(h) = b.request_latency.get(key as i16 as usize) {
+            h.observe_duration(started.elapsed());
+        }
+        out
+    }))
+}
+
+/// Runs the handler of one decoded request.
+async fn handle(
+    b: Arc<Broker>,
+    key: ApiKey,
+    req: RequestKind,
+    header: RequestHeader,
+    peer: std::net::SocketAddr,
+    version: i16,
+    respond: impl Fn(ResponseKind) -> Option<Bytes> + Copy + Send + Sync + 'static,
+) -> Result<Pending, FrameError> {
     Ok(match req {
         RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(
             meta::api_versions(&b, version, false),

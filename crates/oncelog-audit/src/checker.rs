@@ -53,11 +53,14 @@ pub enum AnomalyKind {
     UnknownValue,
     /// A liveness check that did not reach the high watermark in time.
     LsoStuck,
+    /// A paused producer whose id was taken over committed, or made visible,
+    /// a transaction whose commit it had not requested before the pause.
+    ZombieWrite,
 }
 
 impl AnomalyKind {
     /// Every kind, in report order.
-    pub const ALL: [AnomalyKind; 12] = [
+    pub const ALL: [AnomalyKind; 13] = [
         AnomalyKind::LostWrite,
         AnomalyKind::Unseen,
         AnomalyKind::Duplicate,
@@ -70,6 +73,7 @@ impl AnomalyKind {
         AnomalyKind::PrecommittedRead,
         AnomalyKind::UnknownValue,
         AnomalyKind::LsoStuck,
+        AnomalyKind::ZombieWrite,
     ];
 
     /// The snake_case name, as serialized.
@@ -87,6 +91,7 @@ impl AnomalyKind {
             AnomalyKind::PrecommittedRead => "precommitted_read",
             AnomalyKind::UnknownValue => "unknown_value",
             AnomalyKind::LsoStuck => "lso_stuck",
+            AnomalyKind::ZombieWrite => "zombie_write",
         }
     }
 }
@@ -110,6 +115,9 @@ pub struct Report {
     pub txns_committed: u64,
     pub txns_aborted: u64,
     pub txns_indeterminate: u64,
+    /// Non-transactional (idempotent) writes, each recorded as a txn.
+    #[serde(default)]
+    pub plain_writes: u64,
     /// Values written by committed txns.
     pub records: u64,
     /// Records returned by polls.
@@ -159,8 +167,8 @@ impl Report {
             s.push_str(&format!("result: {total} anomalies\n"));
         }
         s.push_str(&format!(
-            "txns: {} committed, {} aborted, {} indeterminate; {} committed records\n",
-            self.txns_committed, self.txns_aborted, self.txns_indeterminate, self.records
+            "txns: {} committed, {} aborted, {} indeterminate; {} plain writes; {} committed records\n",
+            self.txns_committed, self.txns_aborted, self.txns_indeterminate, self.plain_writes, self.records
         ));
         match self.final_reads {
             Some(n) => s.push_str(&format!(
@@ -341,10 +349,11 @@ pub fn check(h: &History) -> Report {
     // Writers and counts.
     let mut writers: Map<&str, Writer> = Map::default();
     for t in &h.txns {
-        match t.outcome {
-            Outcome::Committed => report.txns_committed += 1,
-            Outcome::Aborted => report.txns_aborted += 1,
-            Outcome::Indeterminate => report.txns_indeterminate += 1,
+        match (t.transactional, t.outcome) {
+            (false, _) => report.plain_writes += 1,
+            (true, Outcome::Committed) => report.txns_committed += 1,
+            (true, Outcome::Aborted) => report.txns_aborted += 1,
+            (true, Outcome::Indeterminate) => report.txns_indeterminate += 1,
         }
         for op in &t.ops {
             match op {
@@ -405,6 +414,7 @@ pub fn check(h: &History) -> Report {
             );
         }
     }
+    check_zombies(h, &reads, &mut out);
 
     report.anomalies = out
         .by_kind
@@ -759,3 +769,49 @@ fn check_poll_order(h: &History, fi: Option<&FinalIndex>, out: &mut Out) {
 
 #[cfg(test)]
 mod tests;
+
+/// Zombie episodes: a transaction of a paused process that started before
+/// it resumed and whose commit was not requested before the pause must not
+/// commit, and none of its values may be read.
+fn check_zombies(h: &History, reads: &[(Src, &Read)], out: &mut Out) {
+    if h.pauses.is_empty() {
+        return;
+    }
+    let mut doomed: Map<&str, u64> = Map::default();
+    for p in &h.pauses {
+        for t in h.txns.iter().filter(|t| t.process == p.process && t.transactional) {
+            let before_pause = t.commit_ms.is_some_and(|c| c < p.paused_ms);
+            if t.start_ms > p.resumed_ms || before_pause {
+                continue;
+            }
+            // An empty transaction has nothing to commit (clients finish it
+            // without asking the coordinator).
+            if t.outcome == Outcome::Committed && t.sent_values().next().is_some() {
+                out.push(
+                    AnomalyKind::ZombieWrite,
+                    format!(
+                        "txn {} of process {} committed although its id was taken over at {} while it was paused ({}..{})",
+                        t.id, t.process, p.fenced_ms, p.paused_ms, p.resumed_ms
+                    ),
+                );
+            }
+            for v in t.sent_values() {
+                doomed.insert(v, t.id);
+            }
+        }
+    }
+    let mut reported: Map<&str, ()> = Map::default();
+    for (_, r) in reads {
+        if let Some(id) = doomed.get(r.value.as_str()) {
+            if reported.insert(r.value.as_str(), ()).is_none() {
+                out.push(
+                    AnomalyKind::ZombieWrite,
+                    format!(
+                        "value {} of zombie txn {id} read at {}-{} offset {}",
+                        r.value, r.topic, r.partition, r.offset
+                    ),
+                );
+            }
+        }
+    }
+}

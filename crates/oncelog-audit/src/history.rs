@@ -137,6 +137,18 @@ pub struct LivenessCheck {
     pub reached: bool,
 }
 
+/// A zombie episode: `process` was paused (SIGSTOP) at `paused_ms`, a
+/// successor with its transactional id finished initialising at
+/// `fenced_ms`, and the paused process resumed at `resumed_ms`. None of its
+/// transactions whose commit was not requested before the pause may commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    pub process: u32,
+    pub paused_ms: u64,
+    pub fenced_ms: u64,
+    pub resumed_ms: u64,
+}
+
 /// Everything a run recorded.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct History {
@@ -153,4 +165,7 @@ pub struct History {
     /// Fault name -> number of times injected.
     #[serde(default)]
     pub faults: BTreeMap<String, u64>,
+    /// Zombie episodes (paused producers whose id was taken over).
+    #[serde(default)]
+    pub pauses: Vec<Pause>,
 }

@@ -13,6 +13,10 @@
 
 mod checker;
 mod history;
+pub mod runner;
+pub mod worker;
 
 pub use checker::{check, Anomaly, AnomalyKind, Report};
-pub use history::{FinalRead, History, LivenessCheck, Op, Outcome, PartitionRead, Read, Txn};
+pub use history::{
+    FinalRead, History, LivenessCheck, Op, Outcome, PartitionRead, Pause, Read, Txn,
+};

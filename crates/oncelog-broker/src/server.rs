@@ -9,8 +9,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
@@ -58,32 +58,20 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         let _ = wr.shutdown().await;
     });
     let max = broker.config.max_frame_bytes;
-    while let Ok(len) = rd.read_i32().await {
-        if len < 0 || len as usize > max {
-            tracing::warn!(%peer, frame_bytes = len, max_bytes = max, "frame size out of bounds; closing connection");
-            break;
-        }
-        let len = len as usize;
-        // Grow with the data actually received, not with the declared size.
-        let mut buf = BytesMut::with_capacity(len.min(64 * 1024));
-        let mut short = false;
-        while buf.len() < len {
-            let want = (len - buf.len()).min(1 << 20);
-            buf.reserve(want);
-            let mut chunk = (&mut rd).take(want as u64);
-            match chunk.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => {
-                    short = true;
-                    break;
-                }
-                Ok(_) => {}
+    loop {
+        let frame = match read_frame(&mut rd, max).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(FrameReadError::SizeOutOfBounds { len, max }) => {
+                tracing::warn!(%peer, frame_bytes = len, max_bytes = max, "frame size out of bounds; closing connection");
+                break;
             }
-        }
-        if short {
-            tracing::debug!(%peer, "connection closed mid-frame");
-            break;
-        }
-        match dispatch(&broker, buf.freeze(), peer).await {
+            Err(FrameReadError::Truncated) => {
+                tracing::debug!(%peer, "connection closed mid-frame");
+                break;
+            }
+        };
+        match dispatch(&broker, frame, peer).await {
             Ok(pending) => {
                 if tx.send(pending).await.is_err() {
                     break;
@@ -98,4 +86,47 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
     drop(tx);
     let _ = writer.await;
     tracing::debug!(%peer, "connection closed");
+}
+
+/// Why [`read_frame`] gave up on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FrameReadError {
+    #[error("frame size {len} out of bounds (max {max})")]
+    SizeOutOfBounds { len: i32, max: usize },
+    #[error("connection closed mid-frame")]
+    Truncated,
+}
+
+/// The size a frame's length prefix declares, if it is acceptable:
+/// not negative and at most `max` bytes.
+pub fn frame_size(len: i32, max: usize) -> Result<usize, FrameReadError> {
+    match usize::try_from(len) {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(FrameReadError::SizeOutOfBounds { len, max }),
+    }
+}
+
+/// Reads one length-prefixed request frame (without its prefix) from `rd`.
+/// `Ok(None)` when the stream ends (or fails) before a whole length prefix.
+/// The buffer grows with the data actually received, never up front to the
+/// declared size, so a lying prefix costs nothing until its bytes arrive.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    max: usize,
+) -> Result<Option<Bytes>, FrameReadError> {
+    let Ok(len) = rd.read_i32().await else {
+        return Ok(None);
+    };
+    let len = frame_size(len, max)?;
+    let mut buf = BytesMut::with_capacity(len.min(64 * 1024));
+    while buf.len() < len {
+        let want = (len - buf.len()).min(1 << 20);
+        buf.reserve(want);
+        let mut chunk = (&mut *rd).take(want as u64);
+        match chunk.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return Err(FrameReadError::Truncated),
+            Ok(_) => {}
+        }
+    }
+    Ok(Some(buf.freeze()))
 }

@@ -243,9 +243,11 @@ impl Log {
     }
 
     /// Cuts the log back to end at `offset` (a batch boundary), e.g. to drop
-    /// bytes whose sync failed.
+    /// bytes whose sync failed. A segment starting exactly at `offset` is
+    /// kept (emptied), so the end is `offset` even when recovery left a gap
+    /// before that segment.
     pub fn truncate_to(&mut self, offset: i64) -> Result<(), LogError> {
-        while self.segments.len() > 1 && self.active().base_offset >= offset {
+        while self.segments.len() > 1 && self.active().base_offset > offset {
             if let Some(seg) = self.segments.pop() {
                 seg.delete()?;
             }

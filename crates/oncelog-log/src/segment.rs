@@ -212,12 +212,16 @@ impl Segment {
             }
             entries.push(e);
         }
-        // The entry must point at a batch that starts where it says.
-        if let Some(last) = entries.last() {
-            match self.header_at(last.pos as u64) {
+        // The entry must point at a batch that starts where it says. A
+        // non-empty segment always has an entry at position 0, so no entries
+        // means the index files were lost: rebuild them.
+        match entries.last() {
+            Some(last) => match self.header_at(last.pos as u64) {
                 Ok(Some(h)) if h.0 == self.base_offset + last.rel_offset as i64 => {}
                 _ => return Ok(false),
-            }
+            },
+            None if self.size > 0 => return Ok(false),
+            None => {}
         }
         self.index = entries;
         Ok(true)

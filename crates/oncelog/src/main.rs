@@ -66,6 +66,12 @@ enum Command {
         #[command(flatten)]
         args: cli_data::ConsumeArgs,
     },
+    /// Audit exactly-once on any Kafka-compatible cluster: real-client
+    /// workloads under faults, then a check of the recorded history.
+    Audit(oncelog_audit::runner::AuditArgs),
+    /// One workload process of `oncelog audit` (started by it).
+    #[command(hide = true)]
+    AuditWorker(oncelog_audit::worker::WorkerArgs),
     /// The cluster: id, brokers, supported APIs.
     Cluster {
         #[command(flatten)]
@@ -173,6 +179,8 @@ fn main() -> Result<()> {
             client(|| cli_data::produce(&conn.bootstrap, conn.json, args))
         }
         Command::Consume { conn, args } => client(|| cli_data::consume(&conn.bootstrap, args)),
+        Command::Audit(args) => std::process::exit(oncelog_audit::runner::run(args)),
+        Command::AuditWorker(args) => std::process::exit(oncelog_audit::worker::run(args)),
         Command::Cluster {
             conn,
             cmd: ClusterCmd::Info,

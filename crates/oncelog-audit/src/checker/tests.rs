@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::*;
-use crate::history::{FinalRead, LivenessCheck, PartitionRead};
+use crate::history::{FinalRead, LivenessCheck, PartitionRead, Pause};
 
 fn send(topic: &str, partition: i32, key: &str, value: &str, offset: Option<i64>) -> Op {
     Op::Send {
@@ -289,9 +289,11 @@ fn clean_history() -> History {
 fn clean_history_is_clean() {
     let r = check(&clean_history());
     assert!(r.is_clean(), "{}", r.summary());
-    assert_eq!(r.txns_committed, 11);
+    // 7 input writes and the verifier's polls are not transactional.
+    assert_eq!(r.plain_writes, 8);
+    assert_eq!(r.txns_committed, 4);
     assert_eq!(r.txns_aborted, 1);
-    assert_eq!(r.txns_indeterminate, 2);
+    assert_eq!(r.txns_indeterminate, 1);
     assert_eq!(r.records, 6 + 3 + 2 + 1);
     assert_eq!(r.poll_reads, 3 + 2 + 3 + 6 + 3);
     assert_eq!(r.final_reads, Some(6 + 7 + 2));
@@ -1016,4 +1018,41 @@ fn large_history_is_fast() {
     eprintln!("checked {} values in {:?}", TXNS * PER_TXN, took);
     // Generous bound: tests run unoptimized.
     assert!(took.as_secs() < 20, "took {took:?}");
+}
+
+#[test]
+fn zombie_write_is_reported() {
+    // Process 7 was paused at 100 while its txn 2 was open; a successor took
+    // its id at 150; it resumed at 200 and its txn 2 still committed (and
+    // became visible). Txn 1 committed before the pause; txn 3 is empty.
+    let h = History {
+        txns: vec![
+            txn(1, 7, Outcome::Committed, 10, Some(50), vec![send("z", 0, "a", "a", Some(0))]),
+            txn(2, 7, Outcome::Committed, 90, Some(210), vec![send("z", 0, "b", "b", Some(1))]),
+            txn(3, 7, Outcome::Committed, 220, Some(230), vec![]),
+        ],
+        final_read: Some(FinalRead {
+            partitions: vec![part("z", 0, &[(0, "a"), (1, "b")])],
+        }),
+        pauses: vec![Pause {
+            process: 7,
+            paused_ms: 100,
+            fenced_ms: 150,
+            resumed_ms: 200,
+        }],
+        ..History::default()
+    };
+    let r = check(&h);
+    let z = r.of(AnomalyKind::ZombieWrite);
+    assert_eq!(z.len(), 2, "{}", r.summary());
+    assert!(z[0].detail.contains("committed although"));
+    assert!(z[1].detail.contains("value b"));
+    // The same run where the zombie's txn was refused is clean.
+    let mut ok = h.clone();
+    ok.txns[1].outcome = Outcome::Aborted;
+    ok.final_read = Some(FinalRead {
+        partitions: vec![part("z", 0, &[(0, "a")])],
+    });
+    let r = check(&ok);
+    assert!(r.is_clean(), "{}", r.summary());
 }

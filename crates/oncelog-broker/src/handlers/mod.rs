@@ -118,14 +118,28 @@ fn be_i16(b: &[u8]) -> i16 {
     i16::from_be_bytes([b[0], b[1]])
 }
 
-/// Handles one request frame (without its length prefix). Work that must
-/// happen in arrival order (appends) is done before this returns; waits are
-/// left in the returned future.
-pub async fn dispatch(
-    broker: &Arc<Broker>,
-    frame: Bytes,
-    peer: std::net::SocketAddr,
-) -> Result<Pending, FrameError> {
+/// A request frame, decoded.
+#[derive(Debug)]
+pub enum Decoded {
+    /// ApiVersions at a version we do not serve: answered in v0 (KIP-511).
+    ApiVersionsFallback { version: i16, correlation_id: i32 },
+    Request(DecodedRequest),
+}
+
+/// A request whose API and version we serve, with its header and body.
+#[derive(Debug)]
+pub struct DecodedRequest {
+    pub key: ApiKey,
+    pub version: i16,
+    pub correlation_id: i32,
+    pub header: RequestHeader,
+    pub body: RequestKind,
+}
+
+/// Decodes one request frame (without its length prefix): checks the API
+/// and version against [`SUPPORTED`], then decodes the header and the body.
+/// Touches no broker state, so it can be tested and fuzzed on its own.
+pub fn decode_request(frame: Bytes) -> Result<Decoded, FrameError> {
     if frame.len() < 8 {
         return Err(FrameError::Short(frame.len()));
     }
@@ -137,11 +151,10 @@ pub async fn dispatch(
         return Err(FrameError::UnsupportedApi(key));
     };
     if key == ApiKey::ApiVersions && !(lo..=hi).contains(&version) {
-        // KIP-511: answer in v0 with UNSUPPORTED_VERSION and our ranges, so
-        // the client can retry with a version we know.
-        tracing::debug!(version, "ApiVersions version unsupported, answering v0");
-        let body = ResponseKind::ApiVersions(meta::api_versions(broker, 0, true));
-        return Ok(ready(encode_response(key, 0, correlation_id, &body)));
+        return Ok(Decoded::ApiVersionsFallback {
+            version,
+            correlation_id,
+        });
     }
     if !(lo..=hi).contains(&version) {
         return Err(FrameError::UnsupportedVersion {
@@ -155,7 +168,48 @@ pub async fn dispatch(
     let mut buf = frame;
     let header = RequestHeader::decode(&mut buf, key.request_header_version(version))
         .map_err(|e| malformed(format!("header: {e}")))?;
-    let req = RequestKind::decode(key, &mut buf, version).map_err(|e| malformed(e.to_string()))?;
+    let body = RequestKind::decode(key, &mut buf, version).map_err(|e| malformed(e.to_string()))?;
+    Ok(Decoded::Request(DecodedRequest {
+        key,
+        version,
+        correlation_id,
+        header,
+        body,
+    }))
+}
+
+/// Handles one request frame (without its length prefix). Work that must
+/// happen in arrival order (appends) is done before this returns; waits are
+/// left in the returned future.
+pub async fn dispatch(
+    broker: &Arc<Broker>,
+    frame: Bytes,
+    peer: std::net::SocketAddr,
+) -> Result<Pending, FrameError> {
+    let DecodedRequest {
+        key,
+        version,
+        correlation_id,
+        header,
+        body: req,
+    } = match decode_request(frame)? {
+        Decoded::Request(r) => r,
+        Decoded::ApiVersionsFallback {
+            version,
+            correlation_id,
+        } => {
+            // KIP-511: answer in v0 with UNSUPPORTED_VERSION and our ranges, so
+            // the client can retry with a version we know.
+            tracing::debug!(version, "ApiVersions version unsupported, answering v0");
+            let body = ResponseKind::ApiVersions(meta::api_versions(broker, 0, true));
+            return Ok(ready(encode_response(
+                ApiKey::ApiVersions,
+                0,
+                correlation_id,
+                &body,
+            )));
+        }
+    };
     tracing::debug!(api = ?key, version, correlation_id, client = ?header.client_id, "request");
     let b = broker.clone();
     let respond = move |body: ResponseKind| encode_response(key, version, correlation_id, &body);

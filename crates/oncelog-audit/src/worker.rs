@@ -1,0 +1,541 @@
+//! One workload process (`oncelog audit-worker`): a transactional librdkafka
+//! producer, and for the copier and queue workloads a read_committed consumer
+//! with a fixed assignment. It appends its history as JSON lines to a file,
+//! each event written before the action it announces can take effect, so a
+//! `kill -9` leaves a history the checker can judge.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer,
+};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+/// What a worker writes, one JSON object per line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum Event {
+    /// The producer is initialised (any older producer of its id is fenced).
+    Ready { ms: u64 },
+    Begin { txn: u64, ms: u64 },
+    Send { txn: u64, topic: String, partition: i32, key: String, value: String },
+    Poll { txn: u64, ms: u64, reads: Vec<(String, i32, i64, String)> },
+    /// An acknowledged offset of a sent value.
+    Ack { txn: u64, value: String, offset: i64 },
+    Commit { txn: u64, ms: u64 },
+    End { txn: u64, ms: u64, outcome: crate::Outcome },
+    /// The worker stops: why.
+    Exit { ms: u64, reason: String },
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    pub bootstrap: String,
+    /// copier, queue or zombie.
+    #[arg(long)]
+    pub workload: String,
+    #[arg(long)]
+    pub transactional_id: String,
+    /// History file (JSON lines, appended).
+    #[arg(long)]
+    pub history: PathBuf,
+    /// The worker stops cleanly once this file exists.
+    #[arg(long)]
+    pub stop_file: PathBuf,
+    /// Topic read (copier, queue).
+    #[arg(long, default_value = "")]
+    pub input: String,
+    /// Topic written.
+    #[arg(long)]
+    pub output: String,
+    /// Partitions of the input this worker reads (comma separated).
+    #[arg(long, default_value = "")]
+    pub partitions: String,
+    /// Partition count of the output topic.
+    #[arg(long, default_value_t = 1)]
+    pub output_partitions: i32,
+    #[arg(long, default_value = "audit")]
+    pub group: String,
+    /// Records per transaction (copier: at most; queue, zombie: sends).
+    #[arg(long, default_value_t = 200)]
+    pub txn_records: usize,
+    /// Abort one transaction in this many on purpose (0: never).
+    #[arg(long, default_value_t = 3)]
+    pub abort_every: u64,
+    #[arg(long, default_value_t = 10_000)]
+    pub transaction_timeout_ms: u64,
+    /// This process's number (unique in a run).
+    #[arg(long)]
+    pub process: u32,
+    /// Seed for the worker's choices.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// A tiny deterministic generator (xorshift*), for reproducible choices.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+struct Log {
+    out: BufWriter<File>,
+}
+
+impl Log {
+    fn open(path: &Path) -> Result<Self> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(Self {
+            out: BufWriter::new(f),
+        })
+    }
+    fn ev(&mut self, e: &Event) -> Result<()> {
+        serde_json::to_writer(&mut self.out, e)?;
+        self.out.write_all(b"\n")?;
+        Ok(())
+    }
+    /// Makes everything logged so far survive a kill -9 of this process.
+    fn flush(&mut self) -> Result<()> {
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+/// Collects delivery reports: (value, offset) of acknowledged sends.
+#[derive(Default)]
+struct Acks {
+    acked: Mutex<Vec<(String, i64)>>,
+}
+
+impl ClientContext for Acks {}
+
+impl ProducerContext for Acks {
+    type DeliveryOpaque = Box<String>;
+    fn delivery(&self, r: &DeliveryResult<'_>, value: Self::DeliveryOpaque) {
+        if let Ok(m) = r {
+            if let Ok(mut a) = self.acked.lock() {
+                a.push((*value, m.offset()));
+            }
+        }
+    }
+}
+
+/// A producer with its own polling thread, so delivery reports are served
+/// while the main thread blocks in commit or abort.
+type TxnProducer = ThreadedProducer<Acks>;
+
+fn producer(a: &WorkerArgs) -> Result<TxnProducer> {
+    let p: TxnProducer = ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .set("transactional.id", &a.transactional_id)
+        .set("transaction.timeout.ms", a.transaction_timeout_ms.to_string())
+        .set("message.timeout.ms", a.transaction_timeout_ms.to_string())
+        .set("socket.timeout.ms", "10000")
+        .set("linger.ms", "5")
+        .set("client.id", format!("audit-{}", a.process))
+        .create_with_context(Acks::default())
+        .context("creating the producer")?;
+    Ok(p)
+}
+
+fn consumer(a: &WorkerArgs) -> Result<BaseConsumer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .set("group.id", &a.group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .set("client.id", format!("audit-{}-c", a.process))
+        .create()
+        .context("creating the consumer")
+}
+
+/// How an error leaves the current transaction.
+enum Failure {
+    /// The transaction must be aborted; the producer lives on.
+    Abortable(String),
+    /// This producer is done (fenced, fatal): the outcome is unknown unless
+    /// the commit was never requested.
+    Fatal(String),
+}
+
+fn classify(e: KafkaError) -> Failure {
+    if let KafkaError::Transaction(t) = &e {
+        if t.is_fatal() {
+            return Failure::Fatal(e.to_string());
+        }
+        if t.txn_requires_abort() {
+            return Failure::Abortable(e.to_string());
+        }
+    }
+    if let Some(code) = e.rdkafka_error_code() {
+        if matches!(
+            code,
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+        ) {
+            return Failure::Fatal(e.to_string());
+        }
+    }
+    Failure::Abortable(e.to_string())
+}
+
+fn retriable(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::Transaction(t) if t.is_retriable())
+}
+
+/// Runs `f` until it succeeds, fails for good, or `limit` passes.
+fn retry<T>(limit: Duration, mut f: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+    let start = Instant::now();
+    loop {
+        match f() {
+            Err(e) if retriable(&e) && start.elapsed() < limit => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
+}
+
+fn parent_alive() -> bool {
+    std::os::unix::process::parent_id() != 1
+}
+
+/// The worker's main loop. Exit codes: 0 stopped, 3 fenced, 4 other fatal.
+pub fn run(a: WorkerArgs) -> i32 {
+    match run_inner(&a) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("audit worker {}: {e:#}", a.process);
+            4
+        }
+    }
+}
+
+fn run_inner(a: &WorkerArgs) -> Result<i32> {
+    let mut log = Log::open(&a.history)?;
+    let mut rng = Rng::new(a.seed ^ ((a.process as u64) << 32));
+    let p = producer(a)?;
+    let init = retry(Duration::from_secs(60), || {
+        p.init_transactions(Duration::from_secs(15))
+    });
+    if let Err(e) = init {
+        log.ev(&Event::Exit {
+            ms: now_ms(),
+            reason: format!("init_transactions: {e}"),
+        })?;
+        log.flush()?;
+        return Ok(match classify(e) {
+            Failure::Fatal(_) => 3,
+            Failure::Abortable(_) => 4,
+        });
+    }
+    log.ev(&Event::Ready { ms: now_ms() })?;
+    log.flush()?;
+
+    let reads_input = a.workload == "copier" || a.workload == "queue";
+    let parts: Vec<i32> = a
+        .partitions
+        .split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse().map_err(|_| anyhow!("bad partition {x}")))
+        .collect::<Result<_>>()?;
+    let c = if reads_input { Some(consumer(a)?) } else { None };
+    // Committed positions (where an abort rewinds to) and read positions.
+    let mut committed: BTreeMap<i32, i64> = BTreeMap::new();
+    if let Some(c) = &c {
+        let mut tpl = TopicPartitionList::new();
+        for p in &parts {
+            tpl.add_partition(&a.input, *p);
+        }
+        let got = c
+            .committed_offsets(tpl, Duration::from_secs(30))
+            .context("fetching committed offsets")?;
+        for e in got.elements() {
+            let o = match e.offset() {
+                Offset::Offset(o) => o,
+                _ => 0,
+            };
+            committed.insert(e.partition(), o);
+        }
+        assign(c, &a.input, &committed)?;
+    }
+    let mut positions = committed.clone();
+    let mut n: u64 = 0;
+    let mut sent_seq: u64 = 0;
+    loop {
+        if a.stop_file.exists() || !parent_alive() {
+            log.ev(&Event::Exit {
+                ms: now_ms(),
+                reason: "stopped".into(),
+            })?;
+            log.flush()?;
+            return Ok(0);
+        }
+        n += 1;
+        let txn = n;
+        log.ev(&Event::Begin { txn, ms: now_ms() })?;
+        if let Err(e) = p.begin_transaction() {
+            log.ev(&Event::End {
+                txn,
+                ms: now_ms(),
+                outcome: crate::Outcome::Aborted,
+            })?;
+            log.ev(&Event::Exit {
+                ms: now_ms(),
+                reason: format!("begin_transaction: {e}"),
+            })?;
+            log.flush()?;
+            return Ok(3);
+        }
+        let mut failure: Option<Failure> = None;
+        // Read (copier, queue).
+        let mut to_send: Vec<(i32, String, String)> = Vec::new();
+        if let Some(c) = &c {
+            let deadline = Instant::now() + Duration::from_millis(300);
+            let want = if a.workload == "copier" {
+                a.txn_records
+            } else {
+                1 + rng.below(a.txn_records as u64) as usize
+            };
+            let mut reads = Vec::new();
+            while reads.len() < want && Instant::now() < deadline {
+                match c.poll(Duration::from_millis(50)) {
+                    None => {}
+                    Some(Err(e)) => {
+                        eprintln!("audit worker {}: consumer: {e}", a.process);
+                    }
+                    Some(Ok(m)) => {
+                        let v = m
+                            .payload()
+                            .map(|b| String::from_utf8_lossy(b).into_owned())
+                            .unwrap_or_default();
+                        positions.insert(m.partition(), m.offset() + 1);
+                        reads.push((m.topic().to_string(), m.partition(), m.offset(), v));
+                    }
+                }
+            }
+            if !reads.is_empty() {
+                for (_, part, _, v) in &reads {
+                    if a.workload == "copier" {
+                        // input value "i{n}" → output key "out-{n}"
+                        let id = v.strip_prefix('i').unwrap_or(v);
+                        to_send.push((
+                            *part % a.output_partitions.max(1),
+                            format!("out-{id}"),
+                            format!("o{id}.{}.{txn}", a.process),
+                        ));
+                    }
+                }
+                log.ev(&Event::Poll {
+                    txn,
+                    ms: now_ms(),
+                    reads,
+                })?;
+            }
+        }
+        if a.workload != "copier" {
+            let k = 1 + rng.below(a.txn_records.max(1) as u64) as usize;
+            for _ in 0..k {
+                sent_seq += 1;
+                let v = format!("v{}.{sent_seq}", a.process);
+                let part = rng.below(a.output_partitions.max(1) as u64) as i32;
+                to_send.push((part, v.clone(), v));
+            }
+        }
+        for (part, key, value) in &to_send {
+            log.ev(&Event::Send {
+                txn,
+                topic: a.output.clone(),
+                partition: *part,
+                key: key.clone(),
+                value: value.clone(),
+            })?;
+        }
+        // The sends are logged before any of them can become visible.
+        log.flush()?;
+        for (part, key, value) in to_send {
+            let mut rec = BaseRecord::with_opaque_to(&a.output, Box::new(value.clone()))
+                .partition(part)
+                .key(key.as_bytes())
+                .payload(value.as_bytes());
+            loop {
+                match p.send(rec) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        rec = r;
+                    }
+                    Err((e, _)) => {
+                        failure = Some(classify(e));
+                        break;
+                    }
+                }
+            }
+            if failure.is_some() {
+                break;
+            }
+        }
+        let abort_on_purpose = a.abort_every > 0 && rng.below(a.abort_every) == 0;
+        if failure.is_none() && !abort_on_purpose {
+            if let Some(c) = &c {
+                if positions != committed {
+                    let mut tpl = TopicPartitionList::new();
+                    for (part, o) in &positions {
+                        tpl.add_partition_offset(&a.input, *part, Offset::Offset(*o))
+                            .map_err(|e| anyhow!("{e}"))?;
+                    }
+                    let meta = c
+                        .group_metadata()
+                        .ok_or_else(|| anyhow!("no consumer group metadata"))?;
+                    if let Err(e) = retry(Duration::from_secs(30), || {
+                        p.send_offsets_to_transaction(&tpl, &meta, Duration::from_secs(15))
+                    }) {
+                        failure = Some(classify(e));
+                    }
+                }
+            }
+        }
+        let outcome;
+        if failure.is_none() && !abort_on_purpose {
+            log.ev(&Event::Commit { txn, ms: now_ms() })?;
+            log.flush()?;
+            match retry(Duration::from_secs(60), || {
+                p.commit_transaction(Duration::from_secs(20))
+            }) {
+                Ok(()) => {
+                    outcome = crate::Outcome::Committed;
+                    committed = positions.clone();
+                }
+                Err(e) => {
+                    // The commit was requested: unless the client says the
+                    // transaction must be aborted, we cannot know.
+                    match classify(e) {
+                        Failure::Abortable(why) => match p.abort_transaction(Duration::from_secs(30)) {
+                            Ok(()) => {
+                                eprintln!("audit worker {}: commit failed ({why}), aborted", a.process);
+                                outcome = crate::Outcome::Aborted;
+                            }
+                            Err(e2) => {
+                                log_end(&mut log, txn, crate::Outcome::Indeterminate)?;
+                                return exit(&mut log, &format!("commit: {why}; abort: {e2}"), 4);
+                            }
+                        },
+                        Failure::Fatal(why) => {
+                            log_end(&mut log, txn, crate::Outcome::Indeterminate)?;
+                            return exit(&mut log, &format!("commit: {why}"), 3);
+                        }
+                    }
+                }
+            }
+        } else {
+            match failure {
+                Some(Failure::Fatal(why)) => {
+                    // Never asked to commit: the transaction cannot commit.
+                    log_end(&mut log, txn, crate::Outcome::Aborted)?;
+                    return exit(&mut log, &why, 3);
+                }
+                _ => match p.abort_transaction(Duration::from_secs(30)) {
+                    Ok(()) => outcome = crate::Outcome::Aborted,
+                    Err(e) => {
+                        log_end(&mut log, txn, crate::Outcome::Aborted)?;
+                        let code = match classify(e) {
+                            Failure::Fatal(_) => 3,
+                            Failure::Abortable(_) => 4,
+                        };
+                        return exit(&mut log, "abort_transaction failed", code);
+                    }
+                },
+            }
+        }
+        // Acks that arrived for this transaction.
+        let acked: Vec<(String, i64)> = p
+            .context()
+            .acked
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        for (value, offset) in acked {
+            log.ev(&Event::Ack { txn, value, offset })?;
+        }
+        log_end(&mut log, txn, outcome)?;
+        if outcome != crate::Outcome::Committed {
+            positions = committed.clone();
+            if let Some(c) = &c {
+                assign(c, &a.input, &committed)?;
+            }
+        }
+    }
+}
+
+fn log_end(log: &mut Log, txn: u64, outcome: crate::Outcome) -> Result<()> {
+    log.ev(&Event::End {
+        txn,
+        ms: now_ms(),
+        outcome,
+    })?;
+    log.flush()
+}
+
+fn exit(log: &mut Log, reason: &str, code: i32) -> Result<i32> {
+    log.ev(&Event::Exit {
+        ms: now_ms(),
+        reason: reason.to_string(),
+    })?;
+    log.flush()?;
+    Ok(code)
+}
+
+fn assign(c: &BaseConsumer, topic: &str, at: &BTreeMap<i32, i64>) -> Result<()> {
+    let mut tpl = TopicPartitionList::new();
+    for (p, o) in at {
+        tpl.add_partition_offset(topic, *p, Offset::Offset(*o))
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    c.assign(&tpl).context("assigning partitions")
+}

@@ -35,6 +35,12 @@ quiet() {
 }
 
 # --- system packages --------------------------------------------------------
+# librdkafka (the auditor's workload client) is built from source by cargo:
+# it needs a C toolchain, make and zlib's headers.
+if ! { command -v make && command -v cc && [ -e /usr/include/zlib.h ]; } >/dev/null 2>&1; then
+  step "installing build tools for librdkafka"
+  apt_install build-essential zlib1g-dev
+fi
 if ! command -v kcat >/dev/null 2>&1; then
   step "installing kcat"
   apt_install kcat

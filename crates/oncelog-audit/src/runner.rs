@@ -280,6 +280,8 @@ fn run_inner(a: AuditArgs) -> Result<bool> {
         r.a.duration,
         dir.display()
     );
+    r.fault_kinds()?;
+    parse_range(&r.a.quiet_ms)?;
     let bootstrap = r.a.bootstrap.clone();
     if let Some(b) = r.broker.as_mut() {
         b.start(&bootstrap)?;

@@ -415,6 +415,9 @@ pub fn check(h: &History) -> Report {
         }
     }
     check_zombies(h, &reads, &mut out);
+    if let Some(fr) = &h.final_read {
+        check_double_consume(h, fr, &mut out);
+    }
 
     report.anomalies = out
         .by_kind
@@ -779,8 +782,14 @@ fn check_zombies(h: &History, reads: &[(Src, &Read)], out: &mut Out) {
     }
     let mut doomed: Map<&str, u64> = Map::default();
     for p in &h.pauses {
-        for t in h.txns.iter().filter(|t| t.process == p.process && t.transactional) {
-            let before_pause = t.commit_ms.is_some_and(|c| c < p.paused_ms);
+        for t in h
+            .txns
+            .iter()
+            .filter(|t| t.process == p.process && t.transactional)
+        {
+            // `paused_ms` is read after the stop took effect: a commit logged in
+            // that same millisecond was requested before it.
+            let before_pause = t.commit_ms.is_some_and(|c| c <= p.paused_ms);
             if t.start_ms > p.resumed_ms || before_pause {
                 continue;
             }
@@ -811,6 +820,55 @@ fn check_zombies(h: &History, reads: &[(Src, &Read)], out: &mut Out) {
                         r.value, r.topic, r.partition, r.offset
                     ),
                 );
+            }
+        }
+    }
+}
+
+/// Consumed-offset commits are part of each transaction, so a record polled
+/// by one transaction that took effect must not be polled by another that
+/// also took effect. A transaction took effect if it committed, or if it is
+/// indeterminate and some of its writes are visible in the final read (on a
+/// correct broker only a committed transaction's writes become visible).
+fn check_double_consume(h: &History, fr: &FinalRead, out: &mut Out) {
+    let mut visible: Map<&str, ()> = Map::default();
+    for p in &fr.partitions {
+        for r in &p.reads {
+            visible.insert(r.value.as_str(), ());
+        }
+    }
+    let mut consumed: Map<(&str, i32, i64), &Txn> = Map::default();
+    let mut reported = 0usize;
+    for t in h.txns.iter().filter(|t| t.transactional) {
+        let took_effect = match t.outcome {
+            Outcome::Committed => true,
+            Outcome::Aborted => false,
+            Outcome::Indeterminate => t.sent_values().any(|v| visible.contains_key(v)),
+        };
+        if !took_effect {
+            continue;
+        }
+        // a transaction may poll a record twice itself; count it once
+        let mut own: Map<(&str, i32, i64), ()> = Map::default();
+        for (_, r) in t.reads() {
+            let k = (r.topic.as_str(), r.partition, r.offset);
+            if own.insert(k, ()).is_some() {
+                continue;
+            }
+            if let Some(prev) = consumed.insert(k, t) {
+                if prev.id != t.id && reported < 1000 {
+                    reported += 1;
+                    out.push(
+                        AnomalyKind::Duplicate,
+                        format!(
+                            "{} ({}) consumed by two transactions that took effect: {} and {}",
+                            pos(&r.topic, r.partition, r.offset),
+                            r.value,
+                            txn_desc(prev),
+                            txn_desc(t)
+                        ),
+                    );
+                }
             }
         }
     }

@@ -24,7 +24,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::json;
 
 use crate::worker::{now_ms, Event, Rng};
-use crate::{check, FinalRead, History, LivenessCheck, Op, Outcome, PartitionRead, Pause, Read, Txn};
+use crate::{
+    check, FinalRead, History, LivenessCheck, Op, Outcome, PartitionRead, Pause, Read, Txn,
+};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct AuditArgs {
@@ -58,7 +60,7 @@ pub struct AuditArgs {
     /// Partitions of every topic of the workload.
     #[arg(long, default_value_t = 4)]
     pub partitions: i32,
-    /// Copier: input records seeded before the copy starts.
+    /// Copier: input records, written during the first 60% of the run.
     #[arg(long, default_value_t = 20_000)]
     pub records: u64,
     /// Records per transaction (copier: at most; others: up to).
@@ -381,7 +383,10 @@ impl Run {
                 let value = format!("i{n}");
                 let key = format!("in-{n}");
                 for ev in [
-                    Event::Begin { txn: n + 1, ms: now_ms() },
+                    Event::Begin {
+                        txn: n + 1,
+                        ms: now_ms(),
+                    },
                     Event::Send {
                         txn: n + 1,
                         topic: topic.clone(),
@@ -412,7 +417,12 @@ impl Run {
             if let Err(e) = p.flush(Duration::from_secs(300)) {
                 eprintln!("audit: seeding: flush: {e}");
             }
-            let done = p.context().done.lock().map(|d| d.clone()).unwrap_or_default();
+            let done = p
+                .context()
+                .done
+                .lock()
+                .map(|d| d.clone())
+                .unwrap_or_default();
             let mut ok = Vec::new();
             for (n, delivered) in done {
                 serde_json::to_writer(
@@ -420,7 +430,11 @@ impl Run {
                     &Event::End {
                         txn: n + 1,
                         ms: now_ms(),
-                        outcome: if delivered { Outcome::Committed } else { Outcome::Indeterminate },
+                        outcome: if delivered {
+                            Outcome::Committed
+                        } else {
+                            Outcome::Indeterminate
+                        },
                     },
                 )?;
                 out.write_all(b"\n")?;
@@ -517,8 +531,8 @@ impl Run {
                     self.notes.push(format!("fault {kind} failed: {e:#}"));
                     eprintln!("audit: fault {kind} failed: {e:#}");
                 }
-                next_fault = Instant::now()
-                    + Duration::from_millis(qmin + self.rng.below(qmax - qmin + 1));
+                next_fault =
+                    Instant::now() + Duration::from_millis(qmin + self.rng.below(qmax - qmin + 1));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -711,7 +725,10 @@ impl Run {
             };
             if let Some(status) = exited {
                 let p = self.slots[i].current.as_ref().map(|w| w.process);
-                let msg = format!("worker {} exited on its own ({status}); restarted", p.unwrap_or(0));
+                let msg = format!(
+                    "worker {} exited on its own ({status}); restarted",
+                    p.unwrap_or(0)
+                );
                 eprintln!("audit: {msg}");
                 self.notes.push(msg);
                 self.slots[i].current = None;
@@ -724,7 +741,10 @@ impl Run {
     fn progress(&self, start: Instant) {
         let mut committed = 0u64;
         let mut aborted = 0u64;
-        for (_, path) in &self.histories {
+        for (process, path) in &self.histories {
+            if *process == 0 {
+                continue; // the copier's input writes are not transactions
+            }
             if let Ok(f) = File::open(path) {
                 for line in BufReader::new(f).lines().map_while(Result::ok) {
                     if line.contains("\"ev\":\"end\"") {
@@ -737,11 +757,19 @@ impl Run {
                 }
             }
         }
-        let faults: Vec<String> = self.faults.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         eprintln!(
             "audit: {:>4} s  txns committed {committed} aborted {aborted}  faults: {}",
             start.elapsed().as_secs(),
-            if faults.is_empty() { "none".to_string() } else { faults.join(", ") }
+            if faults.is_empty() {
+                "none".to_string()
+            } else {
+                faults.join(", ")
+            }
         );
     }
 
@@ -794,7 +822,8 @@ impl Run {
             topics.push(self.input.clone());
         }
         let limit = self.a.transaction_timeout_ms + 30_000;
-        let (final_read, liveness) = final_read(&self.a.bootstrap, &topics, self.a.partitions, limit)?;
+        let (final_read, liveness) =
+            final_read(&self.a.bootstrap, &topics, self.a.partitions, limit)?;
         let expected_keys = self
             .expected
             .as_ref()
@@ -989,7 +1018,9 @@ fn final_read(
                     if done.contains_key(&key) {
                         continue;
                     }
-                    let Offset::Offset(at) = e.offset() else { continue };
+                    let Offset::Offset(at) = e.offset() else {
+                        continue;
+                    };
                     if let Ok((_, hw)) =
                         c.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(10))
                     {

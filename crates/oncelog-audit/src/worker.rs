@@ -16,9 +16,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
-use rdkafka::producer::{
-    BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer,
-};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
@@ -27,16 +25,45 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "ev", rename_all = "snake_case")]
 pub enum Event {
     /// The producer is initialised (any older producer of its id is fenced).
-    Ready { ms: u64 },
-    Begin { txn: u64, ms: u64 },
-    Send { txn: u64, topic: String, partition: i32, key: String, value: String },
-    Poll { txn: u64, ms: u64, reads: Vec<(String, i32, i64, String)> },
+    Ready {
+        ms: u64,
+    },
+    Begin {
+        txn: u64,
+        ms: u64,
+    },
+    Send {
+        txn: u64,
+        topic: String,
+        partition: i32,
+        key: String,
+        value: String,
+    },
+    Poll {
+        txn: u64,
+        ms: u64,
+        reads: Vec<(String, i32, i64, String)>,
+    },
     /// An acknowledged offset of a sent value.
-    Ack { txn: u64, value: String, offset: i64 },
-    Commit { txn: u64, ms: u64 },
-    End { txn: u64, ms: u64, outcome: crate::Outcome },
+    Ack {
+        txn: u64,
+        value: String,
+        offset: i64,
+    },
+    Commit {
+        txn: u64,
+        ms: u64,
+    },
+    End {
+        txn: u64,
+        ms: u64,
+        outcome: crate::Outcome,
+    },
     /// The worker stops: why.
-    Exit { ms: u64, reason: String },
+    Exit {
+        ms: u64,
+        reason: String,
+    },
 }
 
 pub fn now_ms() -> u64 {
@@ -98,7 +125,7 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -110,7 +137,7 @@ impl Rng {
         if n == 0 {
             0
         } else {
-            self.next() % n
+            self.next_u64() % n
         }
     }
 }
@@ -169,7 +196,10 @@ fn producer(a: &WorkerArgs) -> Result<TxnProducer> {
     let p: TxnProducer = ClientConfig::new()
         .set("bootstrap.servers", &a.bootstrap)
         .set("transactional.id", &a.transactional_id)
-        .set("transaction.timeout.ms", a.transaction_timeout_ms.to_string())
+        .set(
+            "transaction.timeout.ms",
+            a.transaction_timeout_ms.to_string(),
+        )
         .set("message.timeout.ms", a.transaction_timeout_ms.to_string())
         .set("socket.timeout.ms", "10000")
         .set("linger.ms", "5")
@@ -230,7 +260,10 @@ fn retriable(e: &KafkaError) -> bool {
 }
 
 /// Runs `f` until it succeeds, fails for good, or `limit` passes.
-fn retry<T>(limit: Duration, mut f: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+fn retry<T>(
+    limit: Duration,
+    mut f: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
     let start = Instant::now();
     loop {
         match f() {
@@ -285,7 +318,11 @@ fn run_inner(a: &WorkerArgs) -> Result<i32> {
         .filter(|x| !x.is_empty())
         .map(|x| x.parse().map_err(|_| anyhow!("bad partition {x}")))
         .collect::<Result<_>>()?;
-    let c = if reads_input { Some(consumer(a)?) } else { None };
+    let c = if reads_input {
+        Some(consumer(a)?)
+    } else {
+        None
+    };
     // Committed positions (where an abort rewinds to) and read positions.
     let mut committed: BTreeMap<i32, i64> = BTreeMap::new();
     if let Some(c) = &c {
@@ -422,6 +459,13 @@ fn run_inner(a: &WorkerArgs) -> Result<i32> {
             }
         }
         let abort_on_purpose = a.abort_every > 0 && rng.below(a.abort_every) == 0;
+        if abort_on_purpose && failure.is_none() {
+            // Let the records reach the log before the abort, so readers
+            // must skip them (an abort of unsent records tests nothing).
+            if let Err(e) = p.flush(Duration::from_secs(20)) {
+                failure = Some(classify(e));
+            }
+        }
         if failure.is_none() && !abort_on_purpose {
             if let Some(c) = &c {
                 if positions != committed {
@@ -456,9 +500,14 @@ fn run_inner(a: &WorkerArgs) -> Result<i32> {
                     // The commit was requested: unless the client says the
                     // transaction must be aborted, we cannot know.
                     match classify(e) {
-                        Failure::Abortable(why) => match p.abort_transaction(Duration::from_secs(30)) {
+                        Failure::Abortable(why) => match p
+                            .abort_transaction(Duration::from_secs(30))
+                        {
                             Ok(()) => {
-                                eprintln!("audit worker {}: commit failed ({why}), aborted", a.process);
+                                eprintln!(
+                                    "audit worker {}: commit failed ({why}), aborted",
+                                    a.process
+                                );
                                 outcome = crate::Outcome::Aborted;
                             }
                             Err(e2) => {

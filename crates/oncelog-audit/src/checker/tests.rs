@@ -1027,8 +1027,22 @@ fn zombie_write_is_reported() {
     // became visible). Txn 1 committed before the pause; txn 3 is empty.
     let h = History {
         txns: vec![
-            txn(1, 7, Outcome::Committed, 10, Some(50), vec![send("z", 0, "a", "a", Some(0))]),
-            txn(2, 7, Outcome::Committed, 90, Some(210), vec![send("z", 0, "b", "b", Some(1))]),
+            txn(
+                1,
+                7,
+                Outcome::Committed,
+                10,
+                Some(50),
+                vec![send("z", 0, "a", "a", Some(0))],
+            ),
+            txn(
+                2,
+                7,
+                Outcome::Committed,
+                90,
+                Some(210),
+                vec![send("z", 0, "b", "b", Some(1))],
+            ),
             txn(3, 7, Outcome::Committed, 220, Some(230), vec![]),
         ],
         final_read: Some(FinalRead {
@@ -1055,4 +1069,68 @@ fn zombie_write_is_reported() {
     });
     let r = check(&ok);
     assert!(r.is_clean(), "{}", r.summary());
+}
+
+#[test]
+fn double_consumption_is_reported() {
+    // Input record at in-0 offset 0 ("x"). Txn 1 (indeterminate, but its
+    // output "y1" is visible) and txn 2 (committed) both consumed it.
+    let input = {
+        let mut t = txn(
+            1,
+            0,
+            Outcome::Committed,
+            1,
+            None,
+            vec![send("in", 0, "x", "x", Some(0))],
+        );
+        t.transactional = false;
+        t
+    };
+    let h = History {
+        txns: vec![
+            input,
+            txn(
+                2,
+                1,
+                Outcome::Indeterminate,
+                10,
+                Some(20),
+                vec![
+                    poll(15, &[("in", 0, 0, "x")]),
+                    send("out", 0, "y1", "y1", None),
+                ],
+            ),
+            txn(
+                3,
+                2,
+                Outcome::Committed,
+                30,
+                Some(40),
+                vec![
+                    poll(35, &[("in", 0, 0, "x")]),
+                    send("out", 0, "y2", "y2", None),
+                ],
+            ),
+        ],
+        final_read: Some(FinalRead {
+            partitions: vec![
+                part("in", 0, &[(0, "x")]),
+                part("out", 0, &[(0, "y1"), (1, "y2")]),
+            ],
+        }),
+        ..History::default()
+    };
+    let r = check(&h);
+    let d = r.of(AnomalyKind::Duplicate);
+    assert_eq!(d.len(), 1, "{}", r.summary());
+    assert!(d[0].detail.contains("consumed by two transactions"));
+    // If the indeterminate transaction's output is not visible, it did not
+    // take effect: no anomaly.
+    let mut ok = h.clone();
+    ok.final_read = Some(FinalRead {
+        partitions: vec![part("in", 0, &[(0, "x")]), part("out", 0, &[(1, "y2")])],
+    });
+    let r = check(&ok);
+    assert!(r.of(AnomalyKind::Duplicate).is_empty(), "{}", r.summary());
 }

@@ -164,17 +164,16 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ONCELOG_LOG")
-                .unwrap_or_else(|_| {
-                    // librdkafka's connection chatter during the auditor's
-                    // own broker kills is expected, not news.
-                    let quiet = matches!(cli.command, Command::Audit(_) | Command::AuditWorker(_));
-                    tracing_subscriber::EnvFilter::new(if quiet {
-                        "info,rdkafka=off,librdkafka=off"
-                    } else {
-                        "info"
-                    })
-                }),
+            tracing_subscriber::EnvFilter::try_from_env("ONCELOG_LOG").unwrap_or_else(|_| {
+                // librdkafka's connection chatter during the auditor's
+                // own broker kills is expected, not news.
+                let quiet = matches!(cli.command, Command::Audit(_) | Command::AuditWorker(_));
+                tracing_subscriber::EnvFilter::new(if quiet {
+                    "info,rdkafka=off,librdkafka=off"
+                } else {
+                    "info"
+                })
+            }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -790,7 +790,8 @@ fn check_zombies(h: &History, reads: &[(Src, &Read)], out: &mut Out) {
             // `paused_ms` is read after the stop took effect: a commit logged in
             // that same millisecond was requested before it.
             let before_pause = t.commit_ms.is_some_and(|c| c <= p.paused_ms);
-            if t.start_ms > p.resumed_ms || before_pause {
+            // only a transaction open across the pause is the zombie's
+            if t.start_ms > p.resumed_ms || t.end_ms < p.paused_ms || before_pause {
                 continue;
             }
             // An empty transaction has nothing to commit (clients finish it
@@ -804,8 +805,11 @@ fn check_zombies(h: &History, reads: &[(Src, &Read)], out: &mut Out) {
                     ),
                 );
             }
-            for v in t.sent_values() {
-                doomed.insert(v, t.id);
+            // reads of an aborted transaction's values are aborted reads
+            if t.outcome != Outcome::Aborted {
+                for v in t.sent_values() {
+                    doomed.insert(v, t.id);
+                }
             }
         }
     }

@@ -1044,6 +1044,8 @@ fn zombie_write_is_reported() {
                 vec![send("z", 0, "b", "b", Some(1))],
             ),
             txn(3, 7, Outcome::Committed, 220, Some(230), vec![]),
+            // aborted long before the pause: not the zombie's business
+            txn(4, 7, Outcome::Aborted, 60, None, vec![send("z", 0, "c", "c", None)]),
         ],
         final_read: Some(FinalRead {
             partitions: vec![part("z", 0, &[(0, "a"), (1, "b")])],

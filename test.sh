@@ -94,6 +94,11 @@ cargo build --release --workspace
 step "cargo test --release --workspace"
 cargo test --release --workspace
 
+# --- fuzzing: a short run of every cargo-fuzz target (fuzz/README.md) --------
+step "fuzz smoke run (${FUZZ_SECONDS:-20} s per target)"
+fuzz_status=0
+bash fuzz/run.sh "${FUZZ_SECONDS:-20}" || fuzz_status=$?
+
 # --- integration tests --------------------------------------------------------
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 export ONCELOG_BIN="${ONCELOG_BIN:-$TARGET_DIR/release/oncelog}"
@@ -112,6 +117,10 @@ passed="$(count passed)"
 failed=$(( $(count failed) + $(count "errors?") ))
 skipped="$(count skipped)"
 echo
+if [ "$fuzz_status" -ne 0 ]; then
+  echo "fuzz: a target failed (exit $fuzz_status); see fuzz/artifacts/"
+  [ "$status" -eq 0 ] && status=$fuzz_status
+fi
 if [ "$skipped" -gt 0 ]; then
   echo "pytest: $passed passed, $failed failed, $skipped skipped"
 else

@@ -25,6 +25,7 @@ happens. Run with the repo's virtualenv:
     .venv/bin/python fuzz/make_seeds.py
 """
 
+import base64
 import os
 import shutil
 import signal
@@ -259,6 +260,11 @@ def write_seeds(streams, data_dir):
         seen.setdefault((key, ver), f[4:])
     for (key, ver), body in sorted(seen.items()):
         save(d, f"k{key:02d}-v{ver:02d}.bin", body)
+    # Found by request_decode without the allocation guard: DescribeProducers
+    # v0 whose compact topics array declares ~2^32 entries, which kafka-protocol
+    # pre-allocates (120 GiB). Kept so every run goes through the guard.
+    save(d, "oom-k61-v00-huge-array.bin", base64.b64decode(
+        "AD0AAAAAAAkAE2thZmthLXB5dGhvbi03LjAuMTIA/////2VkLXR4bgIAACkAAAA="))
 
     d = reset("frame_split")
     chunking = [(5, bytes([0x03, 0x81, 0x10])), (3, bytes([0x00])),
@@ -305,8 +311,9 @@ def write_seeds(streams, data_dir):
         older, active = segs[0], segs[1]
         out = bytearray(b"OLFZ")
         out += struct.pack(">HHI", 4096, 0, int(active.stem))
+        # 0x83: the active .log, with CRCs recomputed after mutations.
         for tag, path in ((0, older), (1, older.with_suffix(".index")),
-                          (2, older.with_suffix(".timeindex")), (3, active)):
+                          (2, older.with_suffix(".timeindex")), (0x83, active)):
             data = path.read_bytes() if path.exists() else b""
             out += struct.pack(">BI", tag, len(data)) + data
         if int(older.stem) == 0:

@@ -1,6 +1,8 @@
 //! Arbitrary bytes through the batch-header view (`oncelog_log::batch`):
 //! `validate`, `validate_client_batch`, the batch iterator, `records`,
 //! `control_record`, and the broker's replay of a batch into producer state.
+//! Each input is checked as it is and with its batches' CRCs recomputed, so
+//! mutations also reach the checks behind the CRC.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -29,6 +31,11 @@ fn touch(h: &BatchHeader<'_>) {
 }
 
 fuzz_target!(|data: &[u8]| {
+    check(data);
+    check(&oncelog_fuzz::fix_crcs(data));
+});
+
+fn check(data: &[u8]) {
     if let Ok(h) = BatchHeader::new(data) {
         touch(&h);
     }
@@ -67,4 +74,4 @@ fuzz_target!(|data: &[u8]| {
     let mut st = ProducerState::new();
     oncelog_broker::topics::replay_batch(&mut st, data);
     let _ = st.first_unstable_offset();
-});
+}

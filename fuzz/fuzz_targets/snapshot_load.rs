@@ -94,11 +94,18 @@ fuzz_target!(|data: &[u8]| {
     snapshot::write(&dir, 100, &st.producers);
     let (at, loaded) = snapshot::load_latest(&dir, 100).expect("load the written snapshot");
     assert_eq!(at, 100);
-    assert_eq!(loaded, st.producers, "state changed through a snapshot file");
+    assert_eq!(
+        loaded, st.producers,
+        "state changed through a snapshot file"
+    );
 
     // The producer-state calls answer on whatever was loaded.
     let p = &mut st.producers;
-    let pids: Vec<(i64, i16)> = p.producers().map(|(id, e)| (*id, e.epoch)).take(8).collect();
+    let pids: Vec<(i64, i16)> = p
+        .producers()
+        .map(|(id, e)| (*id, e.epoch))
+        .take(8)
+        .collect();
     for (pid, epoch) in pids.iter().copied().chain([(1, 0), (3, 1), (9, 0)]) {
         for (seq, txn) in [(0, false), (3, true), (i32::MAX, false)] {
             let b = probe(pid, epoch, seq, txn);

@@ -130,3 +130,48 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     }
     Ok(Some(buf.freeze()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(parts: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in parts {
+            out.extend_from_slice(&(p.len() as i32).to_be_bytes());
+            out.extend_from_slice(p);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn frames_split_and_end_cleanly() {
+        let mut s = framed(&[b"abc", b"", b"defg"]);
+        s.extend_from_slice(&[0, 0]); // a partial length prefix: the peer left
+        let mut rd = &s[..];
+        for want in [&b"abc"[..], b"", b"defg"] {
+            assert_eq!(read_frame(&mut rd, 16).await.unwrap().unwrap(), want);
+        }
+        assert_eq!(read_frame(&mut rd, 16).await, Ok(None));
+    }
+
+    #[tokio::test]
+    async fn bad_sizes_and_cut_frames_are_errors() {
+        let mut rd = &framed(&[b"0123456789"])[..];
+        assert_eq!(
+            read_frame(&mut rd, 9).await,
+            Err(FrameReadError::SizeOutOfBounds { len: 10, max: 9 })
+        );
+        let mut rd = &(-1i32).to_be_bytes()[..];
+        assert!(matches!(
+            read_frame(&mut rd, 9).await,
+            Err(FrameReadError::SizeOutOfBounds { len: -1, .. })
+        ));
+        let s = framed(&[b"0123456789"]);
+        let mut rd = &s[..s.len() - 1];
+        assert_eq!(
+            read_frame(&mut rd, 100).await,
+            Err(FrameReadError::Truncated)
+        );
+    }
+}

@@ -376,7 +376,8 @@ impl Log {
 }
 
 /// In an uncompressed batch, the (offset, timestamp) of the first record
-/// whose timestamp is ≥ `ts`.
+/// whose timestamp is ≥ `ts`; `None` when the records cannot say (the
+/// caller then answers with the batch's base offset).
 fn first_record_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
     let h = batch::BatchHeader::new(b).ok()?;
     if h.compression() != 0 {
@@ -391,6 +392,11 @@ fn first_record_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
         let off_delta = batch::get_varint(b, &mut p)?;
         let rts = h.base_timestamp().wrapping_add(ts_delta);
         if rts >= ts {
+            // The offset delta is the client's word, never checked on
+            // produce: past the batch's own range it is not an answer.
+            if !(0..=h.last_offset_delta() as i64).contains(&off_delta) {
+                return None;
+            }
             return Some((h.base_offset() + off_delta, rts));
         }
         pos = end;

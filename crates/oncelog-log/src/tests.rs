@@ -320,3 +320,29 @@ fn lost_index_of_an_older_segment_is_rebuilt() {
     let r = log.read(15, 200, i64::MAX, true).unwrap();
     assert_eq!(offsets_in(&r)[0], (15, 15));
 }
+
+#[test]
+fn timestamp_lookup_keeps_a_record_offset_delta_inside_its_batch() {
+    // Records are the client's bytes, unchecked on produce: a record whose
+    // offset delta is i64::MAX used to overflow `base + delta` (a panic with
+    // overflow checks, a negative offset without them). The batch's base
+    // offset is the answer then.
+    let mut b = BatchBuilder::new(5000).record(0, None, None).build();
+    b.truncate(batch::HEADER_LEN);
+    // length 15: attributes, ts delta 0, offset delta i64::MAX (10-byte
+    // zigzag varint), null key, null value, no headers.
+    b.extend_from_slice(&[0x1e, 0, 0]);
+    b.extend_from_slice(&[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+    b.extend_from_slice(&[0x01, 0x01, 0]);
+    let len = (b.len() - batch::LOG_OVERHEAD) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    batch::validate_client_batch(&b).unwrap();
+
+    let d = tempfile::tempdir().unwrap();
+    let (mut log, _) = Log::open(d.path(), cfg(1 << 20)).unwrap();
+    log.append(&mut batch(1000, 1, 10)).unwrap();
+    assert_eq!(log.append(&mut b).unwrap().base_offset, 1);
+    assert_eq!(log.offset_for_timestamp(4000).unwrap(), Some((1, 4000)));
+}

@@ -119,10 +119,15 @@ fn be_i16(b: &[u8]) -> i16 {
 }
 
 /// A request frame, decoded.
+// Built once per request and taken apart at once: not worth a Box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Decoded {
     /// ApiVersions at a version we do not serve: answered in v0 (KIP-511).
-    ApiVersionsFallback { version: i16, correlation_id: i32 },
+    ApiVersionsFallback {
+        version: i16,
+        correlation_id: i32,
+    },
     Request(DecodedRequest),
 }
 
@@ -355,4 +360,56 @@ async fn handle(
         }),
         _ => return Err(FrameError::UnsupportedApi(key)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(key: i16, version: i16, rest: &[u8]) -> Bytes {
+        let mut b = BytesMut::new();
+        b.put_i16(key);
+        b.put_i16(version);
+        b.put_i32(42);
+        b.extend_from_slice(rest);
+        b.freeze()
+    }
+
+    #[test]
+    fn decodes_a_request_and_checks_api_and_version() {
+        // ApiVersions v0: header v1 (client id "c"), empty body.
+        match decode_request(frame(18, 0, b"\x00\x01c")).unwrap() {
+            Decoded::Request(r) => {
+                assert_eq!(
+                    (r.key, r.version, r.correlation_id),
+                    (ApiKey::ApiVersions, 0, 42)
+                );
+                assert!(matches!(r.body, RequestKind::ApiVersions(_)));
+            }
+            d => panic!("unexpected {d:?}"),
+        }
+        assert!(matches!(
+            decode_request(frame(18, 99, b"")).unwrap(),
+            Decoded::ApiVersionsFallback {
+                version: 99,
+                correlation_id: 42
+            }
+        ));
+        assert!(matches!(
+            decode_request(Bytes::from_static(b"\x00\x12")),
+            Err(FrameError::Short(2))
+        ));
+        assert!(matches!(
+            decode_request(frame(-7, 0, b"")),
+            Err(FrameError::UnknownApi(-7))
+        ));
+        assert!(matches!(
+            decode_request(frame(0, 2, b"")),
+            Err(FrameError::UnsupportedVersion { .. })
+        ));
+        assert!(matches!(
+            decode_request(frame(3, 1, b"\x00\x01c\xff")),
+            Err(FrameError::Malformed { .. })
+        ));
+    }
 }

@@ -790,8 +790,9 @@ fn check_zombies(h: &History, reads: &[(Src, &Read)], out: &mut Out) {
             // `paused_ms` is read after the stop took effect: a commit logged in
             // that same millisecond was requested before it.
             let before_pause = t.commit_ms.is_some_and(|c| c <= p.paused_ms);
-            // only a transaction open across the pause is the zombie's
-            if t.start_ms > p.resumed_ms || t.end_ms < p.paused_ms || before_pause {
+            // every transaction of the paused producer from the pause on:
+            // its id was taken over, so none of them may take effect
+            if t.end_ms < p.paused_ms || before_pause {
                 continue;
             }
             // An empty transaction has nothing to commit (clients finish it

@@ -107,9 +107,18 @@ pub fn plan_init(
         return Err(CoordError::ConcurrentTransactions);
     }
     if let Some((pid, epoch)) = expected {
-        let ok = m.producer_id == pid || (m.prev_producer_id == pid && exhausted(epoch));
-        if !ok {
+        // KIP-360: a producer re-initialising its own identity must name
+        // the current epoch (or the one just replaced, when retrying). A
+        // zombie naming an older epoch is fenced; it must never fence the
+        // current producer or take its epoch.
+        let current = m.producer_id == pid && epoch == m.epoch;
+        let retry = m.producer_id == pid && epoch == m.last_epoch && epoch >= 0;
+        let rotated = m.prev_producer_id == pid && exhausted(epoch);
+        if !(current || retry || rotated) {
             return Err(CoordError::ProducerFenced);
+        }
+        if retry {
+            return Ok(InitPlan::Ready(m.clone()));
         }
     }
     let mut n = m.clone();
@@ -354,6 +363,35 @@ mod tests {
         assert_eq!((m.producer_id, m.epoch, m.state), (101, 0, TxnState::Empty));
         let m2 = ready(plan_init(Some(&m), "t", 60000, None, 2, &mut next).unwrap());
         assert_eq!((m2.producer_id, m2.epoch), (101, 1));
+    }
+
+    #[test]
+    fn zombie_reinit_with_an_old_epoch_is_fenced_and_fences_nobody() {
+        // Found by `oncelog audit` (queue workload): a paused producer at
+        // epoch 0 resumed and re-initialised with KIP-360 (naming its own
+        // id and old epoch) while its successor (epoch 1) had a transaction
+        // open. The coordinator fenced the successor and gave the zombie
+        // epoch 2. It must refuse the zombie instead.
+        let mut next = pids();
+        let m = ready(plan_init(None, "q-1", 60000, None, 1, &mut next).unwrap());
+        let m = ready(plan_init(Some(&m), "q-1", 60000, None, 2, &mut next).unwrap());
+        assert_eq!(m.epoch, 1);
+        let open = plan_add_partitions(Some(&m), 101, 1, &[tp("q", 1)], 3)
+            .unwrap()
+            .unwrap();
+        assert_eq!(open.state, TxnState::Ongoing);
+        assert_eq!(
+            plan_init(Some(&open), "q-1", 60000, Some((101, 0)), 4, &mut next).err(),
+            Some(CoordError::ProducerFenced)
+        );
+        // The current producer re-initialising itself (epoch 1) still works:
+        // its open transaction is aborted with the bumped epoch.
+        let InitPlan::Fence(f) =
+            plan_init(Some(&open), "q-1", 60000, Some((101, 1)), 5, &mut next).unwrap()
+        else {
+            panic!("expected a fence");
+        };
+        assert_eq!(f.epoch, 2);
     }
 
     #[test]

@@ -1045,7 +1045,14 @@ fn zombie_write_is_reported() {
             ),
             txn(3, 7, Outcome::Committed, 220, Some(230), vec![]),
             // aborted long before the pause: not the zombie's business
-            txn(4, 7, Outcome::Aborted, 60, None, vec![send("z", 0, "c", "c", None)]),
+            txn(
+                4,
+                7,
+                Outcome::Aborted,
+                60,
+                None,
+                vec![send("z", 0, "c", "c", None)],
+            ),
         ],
         final_read: Some(FinalRead {
             partitions: vec![part("z", 0, &[(0, "a"), (1, "b")])],

@@ -569,6 +569,45 @@ def _producer_proc(cfg, ready_q, go, start_at, out_q):
         out_q.put({"ok": False, "error": repr(e)})
 
 
+def _native_producer_proc(cfg, ready_q, go, start_at, out_q):
+    """The same closed loop as _producer_proc, run by `oncelog bench-load`
+    (librdkafka from Rust, no interpreter per message), so the load generator
+    takes less of the machine's CPU from the broker under test."""
+    proc = None
+    try:
+        lat_path = os.path.join(cfg["tmp"], f"lat-{os.getpid()}.f32")
+        cmd = [cfg["binary"], "bench-load", "--topic", cfg["topic"], "--partitions", str(cfg["partitions"]),
+               "--size", str(cfg["size"]), "--chunk", str(cfg.get("chunk", 1)), "--index", str(cfg["index"]),
+               "--flush-timeout", str(cfg["flush_timeout"]), "--latency-file", lat_path]
+        if cfg.get("max_bytes"):
+            cmd += ["--max-msgs", str(max(1, cfg["max_bytes"] // cfg["size"]))]
+        for k, v in cfg["conf"].items():
+            cmd += ["--conf", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
+        pre = (lambda: os.sched_setaffinity(0, cfg["cpus"])) if cfg.get("cpus") else None
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=pre)
+        line = proc.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"bench-load did not start: {line or proc.wait(10)}")
+        ready_q.put(("ready", proc.pid))
+        if not go.wait(120):
+            raise RuntimeError("no start signal")
+        proc.stdin.write(f"go {start_at.value!r} {cfg['warmup']!r} {cfg['seconds']!r}\n")
+        proc.stdin.flush()
+        out = json.loads(proc.stdout.readline())
+        proc.wait(30)
+        if not out.get("ok"):
+            raise RuntimeError(out.get("error"))
+        with open(lat_path, "rb") as f:
+            out["lat"] = f.read()
+        os.unlink(lat_path)
+        out_q.put(out)
+    except Exception as e:  # noqa: BLE001
+        if proc and proc.poll() is None:
+            proc.kill()
+        ready_q.put(("error", repr(e)))
+        out_q.put({"ok": False, "error": repr(e)})
+
+
 def _txn_producer_proc(cfg, ready_q, go, start_at, out_q):
     """Open-loop transactional producer: message k is due at t0 + k/rate and
     carries that time (CLOCK_MONOTONIC, little-endian double) in its first 8
@@ -794,7 +833,9 @@ def closed_loop_load(broker, topic, size, partitions, args, seconds=None, warmup
     create_topic(broker.bootstrap, topic, partitions)
     conf = conf or producer_conf(broker.bootstrap, args)
     n = args.producers
-    specs = [(_producer_proc, {"conf": conf, "topic": topic, "partitions": partitions, "size": size,
+    target = _native_producer_proc if args.client == "native" else _producer_proc
+    specs = [(target, {"conf": conf, "topic": topic, "partitions": partitions, "size": size,
+                       "binary": args.binary, "tmp": args.tmp,
                                "warmup": warmup, "seconds": seconds, "index": i, "cpus": args.client_cpus,
                                "flush_timeout": args.flush_timeout, "chunk": chunk,
                                "max_bytes": max_bytes // n if max_bytes else 0})
@@ -1501,6 +1542,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=10, help="measured window per load (s)")
     ap.add_argument("--warmup", type=float, default=2, help="discarded start of every load (s)")
     ap.add_argument("--producers", type=int, default=2, help="producer processes per load")
+    ap.add_argument("--client", choices=("native", "python"), default="native",
+                    help="closed-loop load generator for durable/interval/restart/resources: native = "
+                         "`oncelog bench-load` (librdkafka from Rust), python = confluent-kafka in Python")
     ap.add_argument("--sizes", default="1024,100", help="message sizes for durable/interval")
     ap.add_argument("--partitions", default="1,12", help="partition counts for durable/interval")
     ap.add_argument("--linger-ms", type=float, default=5)
@@ -1613,6 +1657,7 @@ def main():
     meta["binary"] = a.binary
     meta["binary_mtime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.path.getmtime(a.binary)))
     a.binary = private
+    a.tmp = tmp
     print(f"broker under test: copy of {meta['binary']} (built {meta['binary_mtime']}, "
           f"sha256 {meta['binary_sha256'][:12]})", flush=True)
     suite = Suite(a, tmp)

@@ -13,6 +13,7 @@
 
 mod checker;
 mod history;
+pub mod load;
 pub mod runner;
 pub mod worker;
 

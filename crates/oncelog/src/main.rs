@@ -72,6 +72,9 @@ enum Command {
     /// One workload process of `oncelog audit` (started by it).
     #[command(hide = true)]
     AuditWorker(oncelog_audit::worker::WorkerArgs),
+    /// A native closed-loop produce load for bench/suite.py (librdkafka).
+    #[command(hide = true)]
+    BenchLoad(oncelog_audit::load::LoadArgs),
     /// The cluster: id, brokers, supported APIs.
     Cluster {
         #[command(flatten)]
@@ -167,7 +170,7 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_env("ONCELOG_LOG").unwrap_or_else(|_| {
                 // librdkafka's connection chatter during the auditor's
                 // own broker kills is expected, not news.
-                let quiet = matches!(cli.command, Command::Audit(_) | Command::AuditWorker(_));
+                let quiet = matches!(cli.command, Command::Audit(_) | Command::AuditWorker(_) | Command::BenchLoad(_));
                 tracing_subscriber::EnvFilter::new(if quiet {
                     "info,rdkafka=off,librdkafka=off"
                 } else {
@@ -189,6 +192,7 @@ fn main() -> Result<()> {
         Command::Consume { conn, args } => client(|| cli_data::consume(&conn.bootstrap, args)),
         Command::Audit(args) => std::process::exit(oncelog_audit::runner::run(args)),
         Command::AuditWorker(args) => std::process::exit(oncelog_audit::worker::run(args)),
+        Command::BenchLoad(args) => std::process::exit(oncelog_audit::load::run(args)),
         Command::Cluster {
             conn,
             cmd: ClusterCmd::Info,

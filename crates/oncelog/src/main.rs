@@ -222,6 +222,7 @@ where
 fn serve(args: ServeArgs) -> Result<()> {
     let settings = load_settings(&args)?;
     let config = BrokerConfig::from_map(&settings)?;
+    alloc_guard::keep_request_buffers();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

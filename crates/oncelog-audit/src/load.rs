@@ -85,7 +85,11 @@ struct Counts {
 
 struct LoadContext(Counts);
 
-impl ClientContext for LoadContext {}
+impl ClientContext for LoadContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        eprintln!("librdkafka {level:?} {fac}: {log_message}");
+    }
+}
 
 impl ProducerContext for LoadContext {
     type DeliveryOpaque = usize;

@@ -20,6 +20,10 @@ use tokio::sync::{oneshot, Notify};
 use crate::histogram::Histogram;
 use crate::topics::Partition;
 
+/// An fdatasync at least this slow is logged: acknowledgements of every
+/// partition wait behind it.
+const SLOW_SYNC: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct SyncRequest {
     pub partition: Arc<Partition>,
     /// The offset just past the waiter's append.
@@ -91,7 +95,13 @@ fn run(rx: mpsc::Receiver<SyncRequest>, notify: Arc<Notify>, stats: Arc<SyncStat
             };
             let started = std::time::Instant::now();
             let res = file.sync_data();
-            stats.latency.observe_duration(started.elapsed());
+            let took = started.elapsed();
+            stats.latency.observe_duration(took);
+            if took >= SLOW_SYNC {
+                tracing::warn!(partition = %p.name(), took_ms = took.as_millis() as u64,
+                    bytes = size.saturating_sub(synced_size.get(&key).copied().unwrap_or(size)),
+                    "slow fdatasync");
+            }
             stats.syncs.fetch_add(1, Ordering::Relaxed);
             match res {
                 Ok(()) => {

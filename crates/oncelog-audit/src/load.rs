@@ -103,7 +103,10 @@ impl ProducerContext for LoadContext {
                 if w0 <= sent_ns && sent_ns < w1 {
                     c.acked_window.fetch_add(1, Ordering::Relaxed);
                     let ms = now_ns().saturating_sub(sent_ns) as f64 / 1e6;
-                    c.latency_ms.lock().unwrap_or_else(|e| e.into_inner()).push(ms as f32);
+                    c.latency_ms
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(ms as f32);
                 }
             }
             Err((e, _)) => {
@@ -119,7 +122,10 @@ pub fn run(args: LoadArgs) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e:#}");
-            println!("{}", serde_json::json!({"ok": false, "error": format!("{e:#}")}));
+            println!(
+                "{}",
+                serde_json::json!({"ok": false, "error": format!("{e:#}")})
+            );
             1
         }
     }
@@ -159,7 +165,12 @@ fn run_inner(args: &LoadArgs) -> Result<()> {
     if counts.errors.load(Ordering::Relaxed) > 0 {
         bail!(
             "warm-up failed: {}",
-            counts.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default()
+            counts
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default()
         );
     }
     counts.acked_all.store(0, Ordering::Relaxed);
@@ -178,7 +189,8 @@ fn run_inner(args: &LoadArgs) -> Result<()> {
         bail!("expected `go T0 WARMUP SECONDS`, got {line:?}");
     };
     let (w0, w1) = (t0 + warmup, t0 + warmup + seconds);
-    *counts.window_ns.lock().unwrap_or_else(|e| e.into_inner()) = ((w0 * 1e9) as usize, (w1 * 1e9) as usize);
+    *counts.window_ns.lock().unwrap_or_else(|e| e.into_inner()) =
+        ((w0 * 1e9) as usize, (w1 * 1e9) as usize);
     while monotonic_s() < t0 {
         std::thread::sleep(Duration::from_micros(500));
     }
@@ -237,9 +249,16 @@ fn run_inner(args: &LoadArgs) -> Result<()> {
     Ok(())
 }
 
-fn send(producer: &BaseProducer<LoadContext>, topic: &str, part: i32, payload: &[u8]) -> Result<()> {
+fn send(
+    producer: &BaseProducer<LoadContext>,
+    topic: &str,
+    part: i32,
+    payload: &[u8],
+) -> Result<()> {
     loop {
-        let rec = BaseRecord::with_opaque_to(topic, now_ns()).payload(payload).partition(part);
+        let rec = BaseRecord::with_opaque_to(topic, now_ns())
+            .payload(payload)
+            .partition(part);
         match producer.send::<(), [u8]>(rec) {
             Ok(()) => return Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {

@@ -170,7 +170,10 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_env("ONCELOG_LOG").unwrap_or_else(|_| {
                 // librdkafka's connection chatter during the auditor's
                 // own broker kills is expected, not news.
-                let quiet = matches!(cli.command, Command::Audit(_) | Command::AuditWorker(_) | Command::BenchLoad(_));
+                let quiet = matches!(
+                    cli.command,
+                    Command::Audit(_) | Command::AuditWorker(_) | Command::BenchLoad(_)
+                );
                 tracing_subscriber::EnvFilter::new(if quiet {
                     "info,rdkafka=off,librdkafka=off"
                 } else {

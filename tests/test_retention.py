@@ -35,8 +35,15 @@ def produce_timed(b, topic, n, base_ts, step_ms=10, size=1000, tag=b"m"):
 
 
 def disk_state(b, topic):
-    segs = b.segment_files(topic, 0)
-    return [int(s.stem) for s in segs], sum(s.stat().st_size for s in segs)
+    """Segment bases and total bytes on disk. The broker's retention pass may
+    delete a segment between the listing and its stat; list again then."""
+    for _ in range(50):
+        segs = b.segment_files(topic, 0)
+        try:
+            return [int(s.stem) for s in segs], sum(s.stat().st_size for s in segs)
+        except FileNotFoundError:
+            time.sleep(0.05)
+    raise AssertionError("segment files kept vanishing while being listed")
 
 
 def offsets_for_times_confluent(b, topic, ts):
@@ -192,7 +199,11 @@ def test_time_retention_deletes_only_expired_segments(broker_factory):
         if not bases or lo != bases[0] or lo == 0:
             return None
         first = b.segment_files(topic, 0)[0]
-        batches = list(kafka_wire.walk_batches(first.read_bytes()))
+        try:
+            data = first.read_bytes()
+        except FileNotFoundError:
+            return None  # a retention pass is deleting it right now
+        batches = list(kafka_wire.walk_batches(data))
         if max(x.max_timestamp for x in batches) < int(time.time() * 1000) - retention_ms:
             return None
         return lo

@@ -15,6 +15,7 @@ mod checker;
 mod history;
 pub mod load;
 pub mod runner;
+pub mod wire_load;
 pub mod worker;
 
 pub use checker::{check, Anomaly, AnomalyKind, Report};

@@ -50,14 +50,14 @@ pub struct LoadArgs {
     pub conf: Vec<String>,
 }
 
-fn monotonic_s() -> f64 {
+pub(crate) fn monotonic_s() -> f64 {
     match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
         Ok(t) => t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9,
         Err(_) => 0.0,
     }
 }
 
-fn cpu_s() -> f64 {
+pub(crate) fn cpu_s() -> f64 {
     use nix::sys::resource::{getrusage, UsageWho};
     match getrusage(UsageWho::RUSAGE_SELF) {
         Ok(u) => {
@@ -177,17 +177,7 @@ fn run_inner(args: &LoadArgs) -> Result<()> {
     println!("ready");
     std::io::stdout().flush()?;
 
-    let mut line = String::new();
-    std::io::stdin().lock().read_line(&mut line)?;
-    let f: Vec<f64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|s| s.parse::<f64>())
-        .collect::<Result<_, _>>()
-        .context("bad go line")?;
-    let [t0, warmup, seconds] = f[..] else {
-        bail!("expected `go T0 WARMUP SECONDS`, got {line:?}");
-    };
+    let (t0, warmup, seconds) = read_go_line()?;
     let (w0, w1) = (t0 + warmup, t0 + warmup + seconds);
     *counts.window_ns.lock().unwrap_or_else(|e| e.into_inner()) =
         ((w0 * 1e9) as usize, (w1 * 1e9) as usize);
@@ -247,6 +237,22 @@ fn run_inner(args: &LoadArgs) -> Result<()> {
     });
     println!("{out}");
     Ok(())
+}
+
+/// Reads the parent's `go T0 WARMUP SECONDS` line from stdin.
+pub(crate) fn read_go_line() -> Result<(f64, f64, f64)> {
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|s| s.parse::<f64>())
+        .collect::<Result<_, _>>()
+        .context("bad go line")?;
+    let [t0, warmup, seconds] = f[..] else {
+        bail!("expected `go T0 WARMUP SECONDS`, got {line:?}");
+    };
+    Ok((t0, warmup, seconds))
 }
 
 fn send(

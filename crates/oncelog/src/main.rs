@@ -75,6 +75,9 @@ enum Command {
     /// A native closed-loop produce load for bench/suite.py (librdkafka).
     #[command(hide = true)]
     BenchLoad(oncelog_audit::load::LoadArgs),
+    /// A lean wire-protocol produce load for bench/suite.py.
+    #[command(hide = true)]
+    BenchWire(oncelog_audit::wire_load::WireLoadArgs),
     /// The cluster: id, brokers, supported APIs.
     Cluster {
         #[command(flatten)]
@@ -172,7 +175,10 @@ fn main() -> Result<()> {
                 // own broker kills is expected, not news.
                 let quiet = matches!(
                     cli.command,
-                    Command::Audit(_) | Command::AuditWorker(_) | Command::BenchLoad(_)
+                    Command::Audit(_)
+                        | Command::AuditWorker(_)
+                        | Command::BenchLoad(_)
+                        | Command::BenchWire(_)
                 );
                 tracing_subscriber::EnvFilter::new(if quiet {
                     "info,rdkafka=off,librdkafka=off"
@@ -196,6 +202,7 @@ fn main() -> Result<()> {
         Command::Audit(args) => std::process::exit(oncelog_audit::runner::run(args)),
         Command::AuditWorker(args) => std::process::exit(oncelog_audit::worker::run(args)),
         Command::BenchLoad(args) => std::process::exit(oncelog_audit::load::run(args)),
+        Command::BenchWire(args) => std::process::exit(oncelog_audit::wire_load::run(args)),
         Command::Cluster {
             conn,
             cmd: ClusterCmd::Info,

@@ -281,14 +281,7 @@ impl Producer {
         let mut parts = Vec::with_capacity(self.partitions as usize);
         for p in 0..self.partitions {
             let s = &mut self.seq[p as usize];
-            let records = batch(
-                &self.records,
-                self.per_batch,
-                self.pid,
-                self.epoch,
-                *s,
-                ts,
-            );
+            let records = batch(&self.records, self.per_batch, self.pid, self.epoch, *s, ts);
             *s = s.wrapping_add(self.per_batch as i32) & i32::MAX;
             parts.push(
                 PartitionProduceData::default()
@@ -468,7 +461,8 @@ fn run_inner(args: &WireLoadArgs) -> Result<()> {
         slots_tx.send(())?;
     }
     let (flight_tx, flight_rx) = mpsc::channel::<InFlight>();
-    let reading = std::thread::spawn(move || read_loop(reader, version, flight_rx, slots_tx, (w0, w1)));
+    let reading =
+        std::thread::spawn(move || read_loop(reader, version, flight_rx, slots_tx, (w0, w1)));
     while monotonic_s() < t0 {
         std::thread::sleep(Duration::from_micros(500));
     }
@@ -506,9 +500,7 @@ fn run_inner(args: &WireLoadArgs) -> Result<()> {
     };
     let t_stop = monotonic_s();
     drop(flight_tx);
-    let acked = reading
-        .join()
-        .map_err(|_| anyhow!("the reader panicked"))?;
+    let acked = reading.join().map_err(|_| anyhow!("the reader panicked"))?;
     let cpu = cpu_s() - cpu0;
     // the reader's error says why the writer stopped, so it comes first
     let acked = acked?;

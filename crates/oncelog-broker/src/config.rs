@@ -39,6 +39,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("log.retention.check.interval.ms", "300000", "how often retention runs"),
     ("log.cleanup.policy", "delete", "stored and reported (topic: cleanup.policy); compaction is not implemented yet"),
     ("log.flush.interval.ms", "0", "0 = fdatasync before every acknowledgement (group commit); N > 0 = acknowledge after the write and fdatasync every N ms: a machine crash can lose the last N ms of acknowledged writes"),
+    ("log.cache.keep.bytes", "67108864", "after each fdatasync, drop the synced part of a partition's active segment from the page cache except its last N bytes (tailing readers stay in memory); a full page cache makes every write pay for reclaim; -1 = leave it to the kernel, as Kafka does"),
     ("fetch.max.bytes", "57671680", "upper bound on bytes returned by one Fetch"),
     ("transaction.max.timeout.ms", "900000", "largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above)"),
     ("transactional.id.expiration.ms", "604800000", "forget a transactional id idle (no open transaction) this long"),
@@ -72,6 +73,8 @@ pub struct BrokerConfig {
     pub retention_check_interval_ms: u64,
     pub cleanup_policy: String,
     pub flush_interval_ms: u64,
+    /// None: never drop written data from the page cache.
+    pub cache_keep_bytes: Option<u64>,
     pub fetch_max_bytes: usize,
     pub transaction_max_timeout_ms: i32,
     pub transactional_id_expiration_ms: i64,
@@ -158,6 +161,10 @@ impl BrokerConfig {
             )?,
             cleanup_policy: get("log.cleanup.policy"),
             flush_interval_ms: parse("log.flush.interval.ms", &get("log.flush.interval.ms"))?,
+            cache_keep_bytes: {
+                let v: i64 = parse("log.cache.keep.bytes", &get("log.cache.keep.bytes"))?;
+                u64::try_from(v).ok()
+            },
             fetch_max_bytes: parse("fetch.max.bytes", &get("fetch.max.bytes"))?,
             transaction_max_timeout_ms: parse(
                 "transaction.max.timeout.ms",

@@ -46,7 +46,8 @@ pub struct SyncStats {
 }
 
 impl Syncer {
-    pub fn start(data_notify: Arc<Notify>) -> Self {
+    /// `cache_keep`: see [`Partition::drop_cache_behind`]; None = never.
+    pub fn start(data_notify: Arc<Notify>, cache_keep: Option<u64>) -> Self {
         let (tx, rx) = mpsc::channel::<SyncRequest>();
         let stats = Arc::new(SyncStats {
             syncs: AtomicU64::new(0),
@@ -56,7 +57,7 @@ impl Syncer {
         let s = stats.clone();
         std::thread::Builder::new()
             .name("oncelog-sync".into())
-            .spawn(move || run(rx, data_notify, s))
+            .spawn(move || run(rx, data_notify, s, cache_keep))
             .map(|_| ())
             .unwrap_or_else(|e| tracing::error!(error = %e, "could not start the sync thread"));
         Self { tx, stats }
@@ -70,7 +71,12 @@ impl Syncer {
     }
 }
 
-fn run(rx: mpsc::Receiver<SyncRequest>, notify: Arc<Notify>, stats: Arc<SyncStats>) {
+fn run(
+    rx: mpsc::Receiver<SyncRequest>,
+    notify: Arc<Notify>,
+    stats: Arc<SyncStats>,
+    cache_keep: Option<u64>,
+) {
     // partition → log size at its last sync, for bytes per sync
     let mut synced_size: HashMap<usize, u64> = HashMap::new();
     while let Ok(first) = rx.recv() {
@@ -89,9 +95,14 @@ fn run(rx: mpsc::Receiver<SyncRequest>, notify: Arc<Notify>, stats: Arc<SyncStat
         }
         for (key, (p, reqs)) in groups {
             let gen = &p.generation;
-            let (file, end, size) = {
+            let (file, end, size, active_size) = {
                 let log = p.lock();
-                (log.active_file(), log.next_offset(), log.size_bytes())
+                (
+                    log.active_file(),
+                    log.next_offset(),
+                    log.size_bytes(),
+                    log.active_size(),
+                )
             };
             let started = std::time::Instant::now();
             let res = file.sync_data();
@@ -109,6 +120,9 @@ fn run(rx: mpsc::Receiver<SyncRequest>, notify: Arc<Notify>, stats: Arc<SyncStat
                         stats.bytes.observe(size.saturating_sub(prev) as f64);
                     }
                     p.advance_high_watermark(end);
+                    if let Some(keep) = cache_keep {
+                        p.drop_cache_behind(&file, active_size, keep);
+                    }
                     let g = gen.load(Ordering::Acquire);
                     for r in reqs {
                         let ok = r.generation == g && r.end_offset <= end;

@@ -116,7 +116,7 @@ impl Broker {
             },
         )?;
         let data_notify = Arc::new(Notify::new());
-        let syncer = Syncer::start(data_notify.clone());
+        let syncer = Syncer::start(data_notify.clone(), config.cache_keep_bytes);
         Ok(Arc::new(Self {
             config,
             topics,
@@ -143,13 +143,16 @@ impl Broker {
     pub fn flush_all(&self) -> usize {
         let mut failed = 0;
         for p in self.topics.all_partitions() {
-            let (file, end) = {
+            let (file, end, active_size) = {
                 let log = p.lock();
-                (log.active_file(), log.next_offset())
+                (log.active_file(), log.next_offset(), log.active_size())
             };
             match file.sync_data() {
                 Ok(()) => {
                     p.advance_high_watermark(end);
+                    if let Some(keep) = self.config.cache_keep_bytes {
+                        p.drop_cache_behind(&file, active_size, keep);
+                    }
                 }
                 Err(e) => {
                     failed += 1;

@@ -200,6 +200,11 @@ impl Log {
         self.active().file()
     }
 
+    /// Bytes in the active segment.
+    pub fn active_size(&self) -> u64 {
+        self.active().size
+    }
+
     /// Appends one validated batch, assigning it the next offsets.
     pub fn append(&mut self, data: &mut [u8]) -> Result<AppendInfo, LogError> {
         let h = batch::BatchHeader::new(data)?;

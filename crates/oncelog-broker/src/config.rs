@@ -39,6 +39,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("log.retention.check.interval.ms", "300000", "how often retention runs"),
     ("log.cleanup.policy", "delete", "stored and reported (topic: cleanup.policy); compaction is not implemented yet"),
     ("log.flush.interval.ms", "0", "0 = fdatasync before every acknowledgement (group commit); N > 0 = acknowledge after the write and fdatasync every N ms: a machine crash can lose the last N ms of acknowledged writes"),
+    ("log.sync.threads", "8", "threads that fdatasync partitions for group commit; a partition always uses the same one, different partitions sync in parallel"),
     ("log.cache.keep.bytes", "67108864", "after each fdatasync, drop the synced part of a partition's active segment from the page cache except its last N bytes (tailing readers stay in memory); a full page cache makes every write pay for reclaim; -1 = leave it to the kernel, as Kafka does"),
     ("fetch.max.bytes", "57671680", "upper bound on bytes returned by one Fetch"),
     ("transaction.max.timeout.ms", "900000", "largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above)"),
@@ -73,6 +74,7 @@ pub struct BrokerConfig {
     pub retention_check_interval_ms: u64,
     pub cleanup_policy: String,
     pub flush_interval_ms: u64,
+    pub sync_threads: usize,
     /// None: never drop written data from the page cache.
     pub cache_keep_bytes: Option<u64>,
     pub fetch_max_bytes: usize,
@@ -161,6 +163,7 @@ impl BrokerConfig {
             )?,
             cleanup_policy: get("log.cleanup.policy"),
             flush_interval_ms: parse("log.flush.interval.ms", &get("log.flush.interval.ms"))?,
+            sync_threads: parse("log.sync.threads", &get("log.sync.threads"))?,
             cache_keep_bytes: {
                 let v: i64 = parse("log.cache.keep.bytes", &get("log.cache.keep.bytes"))?;
                 u64::try_from(v).ok()
@@ -214,6 +217,7 @@ impl BrokerConfig {
             }
         };
         positive("num.partitions", c.num_partitions as i64)?;
+        positive("log.sync.threads", c.sync_threads as i64)?;
         positive("log.segment.bytes", c.segment_bytes)?;
         positive("log.index.interval.bytes", c.index_interval_bytes)?;
         positive("socket.request.max.bytes", c.max_frame_bytes as i64)?;

@@ -2,7 +2,10 @@
 //! previous one ran.
 //!
 //! Appenders write to the page cache under the partition lock, then queue a
-//! [`SyncRequest`] and wait. A dedicated thread takes every queued request,
+//! [`SyncRequest`] and wait. Partitions are spread over a few sync threads
+//! (always the same thread for a partition), so the syncs of different
+//! partitions overlap in the disk and the filesystem journal instead of
+//! queueing behind each other. Each thread takes every request queued to it,
 //! syncs each touched partition's active segment once (outside the partition
 //! lock, so appends go on meanwhile), advances the high watermark to the end
 //! it observed before syncing, and answers. A sync error is never
@@ -34,7 +37,8 @@ pub struct SyncRequest {
 }
 
 pub struct Syncer {
-    tx: mpsc::Sender<SyncRequest>,
+    /// One queue per sync thread.
+    txs: Vec<mpsc::Sender<SyncRequest>>,
     pub stats: Arc<SyncStats>,
 }
 
@@ -46,26 +50,40 @@ pub struct SyncStats {
 }
 
 impl Syncer {
-    /// `cache_keep`: see [`Partition::drop_cache_behind`]; None = never.
-    pub fn start(data_notify: Arc<Notify>, cache_keep: Option<u64>) -> Self {
-        let (tx, rx) = mpsc::channel::<SyncRequest>();
+    /// Starts `threads` sync threads (at least one). `cache_keep`: see
+    /// [`Partition::drop_cache_behind`]; None = never.
+    pub fn start(data_notify: Arc<Notify>, cache_keep: Option<u64>, threads: usize) -> Self {
         let stats = Arc::new(SyncStats {
             syncs: AtomicU64::new(0),
             latency: Histogram::latency(),
             bytes: Histogram::size(),
         });
-        let s = stats.clone();
-        std::thread::Builder::new()
-            .name("oncelog-sync".into())
-            .spawn(move || run(rx, data_notify, s, cache_keep))
-            .map(|_| ())
-            .unwrap_or_else(|e| tracing::error!(error = %e, "could not start the sync thread"));
-        Self { tx, stats }
+        let mut txs = Vec::new();
+        for i in 0..threads.max(1) {
+            let (tx, rx) = mpsc::channel::<SyncRequest>();
+            let (s, n) = (stats.clone(), data_notify.clone());
+            match std::thread::Builder::new()
+                .name(format!("oncelog-sync-{i}"))
+                .spawn(move || run(rx, n, s, cache_keep))
+            {
+                Ok(_) => txs.push(tx),
+                Err(e) => tracing::error!(error = %e, "could not start a sync thread"),
+            }
+        }
+        Self { txs, stats }
     }
 
     /// Queues a sync; the answer comes once the bytes are durable or failed.
     pub fn request(&self, req: SyncRequest) {
-        if let Err(mpsc::SendError(req)) = self.tx.send(req) {
+        if self.txs.is_empty() {
+            let _ = req.reply.send(Err("no sync thread".into()));
+            return;
+        }
+        // A partition always goes to the same thread: its syncs stay in
+        // order, and its group commit sees all of its waiters.
+        let key = (Arc::as_ptr(&req.partition) as usize as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let i = ((key >> 32) % self.txs.len() as u64) as usize;
+        if let Err(mpsc::SendError(req)) = self.txs[i].send(req) {
             let _ = req.reply.send(Err("sync thread stopped".into()));
         }
     }

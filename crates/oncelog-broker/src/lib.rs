@@ -116,7 +116,11 @@ impl Broker {
             },
         )?;
         let data_notify = Arc::new(Notify::new());
-        let syncer = Syncer::start(data_notify.clone(), config.cache_keep_bytes);
+        let syncer = Syncer::start(
+            data_notify.clone(),
+            config.cache_keep_bytes,
+            config.sync_threads,
+        );
         Ok(Arc::new(Self {
             config,
             topics,

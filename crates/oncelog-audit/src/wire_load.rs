@@ -75,6 +75,9 @@ pub struct WireLoadArgs {
     pub rate: Option<f64>,
     #[arg(long, default_value_t = 5.0)]
     pub linger_ms: f64,
+    /// Plain acks=all produce without a producer id or sequences.
+    #[arg(long)]
+    pub no_idempotence: bool,
     #[arg(long)]
     pub latency_file: std::path::PathBuf,
 }
@@ -282,7 +285,9 @@ impl Producer {
         for p in 0..self.partitions {
             let s = &mut self.seq[p as usize];
             let records = batch(&self.records, self.per_batch, self.pid, self.epoch, *s, ts);
-            *s = s.wrapping_add(self.per_batch as i32) & i32::MAX;
+            if self.pid >= 0 {
+                *s = s.wrapping_add(self.per_batch as i32) & i32::MAX;
+            }
             parts.push(
                 PartitionProduceData::default()
                     .with_index(p)
@@ -408,23 +413,27 @@ fn run_inner(args: &WireLoadArgs) -> Result<()> {
         bail!("no common InitProducerId version (broker {lo}..={hi})");
     }
     let deadline = monotonic_s() + 60.0;
-    let ip = loop {
-        let ip: InitProducerIdResponse = call(
-            &mut conn,
-            ApiKey::InitProducerId,
-            ipv,
-            &InitProducerIdRequest::default()
-                .with_transactional_id(None)
-                .with_transaction_timeout_ms(60_000)
-                .with_producer_id((-1).into())
-                .with_producer_epoch(-1),
-        )?;
-        match ip.error_code {
-            0 => break ip,
-            c if retriable(c) && monotonic_s() < deadline => {
-                std::thread::sleep(Duration::from_millis(200))
+    let (pid, epoch) = if args.no_idempotence {
+        (-1, -1)
+    } else {
+        loop {
+            let ip: InitProducerIdResponse = call(
+                &mut conn,
+                ApiKey::InitProducerId,
+                ipv,
+                &InitProducerIdRequest::default()
+                    .with_transactional_id(None)
+                    .with_transaction_timeout_ms(60_000)
+                    .with_producer_id((-1).into())
+                    .with_producer_epoch(-1),
+            )?;
+            match ip.error_code {
+                0 => break (ip.producer_id.0, ip.producer_epoch),
+                c if retriable(c) && monotonic_s() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200))
+                }
+                c => bail!("InitProducerId failed: error code {c}"),
             }
-            c => bail!("InitProducerId failed: error code {c}"),
         }
     };
     let per_batch = match args.rate {
@@ -442,9 +451,9 @@ fn run_inner(args: &WireLoadArgs) -> Result<()> {
         version,
         topic: TopicName(StrBytes::from_string(args.topic.clone())),
         partitions: args.partitions,
-        pid: ip.producer_id.0,
-        epoch: ip.producer_epoch,
-        seq: vec![0; args.partitions as usize],
+        pid,
+        epoch,
+        seq: vec![if pid >= 0 { 0 } else { -1 }; args.partitions as usize],
         records,
         per_batch,
     };

@@ -20,6 +20,7 @@ pub mod snapshot;
 pub mod topics;
 pub mod txn_coordinator;
 pub mod txn_service;
+pub mod writeback;
 pub mod writers;
 
 use std::sync::Arc;
@@ -144,6 +145,18 @@ impl Broker {
     }
 
     /// Syncs every partition; used at shutdown and by the interval flusher.
+    /// Starts writeback of every partition's bytes appended since the last
+    /// call (interval-flush mode; see [`writeback`]).
+    pub fn start_writeback(&self) {
+        for p in self.topics.all_partitions() {
+            let (file, active_size) = {
+                let log = p.lock();
+                (log.active_file(), log.active_size())
+            };
+            p.start_writeback(&file, active_size);
+        }
+    }
+
     pub fn flush_all(&self) -> usize {
         let mut failed = 0;
         for p in self.topics.all_partitions() {
@@ -315,6 +328,21 @@ impl Broker {
                     tick.tick().await;
                     let b2 = b.clone();
                     let _ = tokio::task::spawn_blocking(move || b2.flush_all()).await;
+                }
+            });
+            // Between flushes, start writeback of what was appended, so a
+            // flush does not write a whole interval's bytes at once.
+            let b = self.clone();
+            tokio::spawn(async move {
+                let period = std::time::Duration::from_millis(
+                    (b.config.flush_interval_ms / 10).clamp(10, 100),
+                );
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let b2 = b.clone();
+                    let _ = tokio::task::spawn_blocking(move || b2.start_writeback()).await;
                 }
             });
         }

@@ -152,6 +152,8 @@ pub struct Partition {
     pub generation: AtomicU64,
     /// (active segment file, bytes of it already dropped from the page cache)
     cache_dropped: Mutex<(usize, u64)>,
+    /// (active segment file, bytes of it whose writeback was started)
+    writeback_started: Mutex<(usize, u64)>,
 }
 
 impl Partition {
@@ -189,6 +191,26 @@ impl Partition {
             tracing::debug!(partition = %self.name(), error = %e, "posix_fadvise(DONTNEED) failed");
         }
         d.1 = upto;
+    }
+
+    /// Starts writeback of `file` (the active segment) from where the last
+    /// call stopped up to `len`.
+    pub fn start_writeback(&self, file: &Arc<std::fs::File>, len: u64) {
+        let id = Arc::as_ptr(file) as usize;
+        let mut w = self
+            .writeback_started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if w.0 != id {
+            *w = (id, 0);
+        }
+        if len <= w.1 {
+            return;
+        }
+        if let Err(e) = crate::writeback::start(file, w.1, len - w.1) {
+            tracing::debug!(partition = %self.name(), error = %e, "sync_file_range failed");
+        }
+        w.1 = len;
     }
 
     pub fn high_watermark(&self) -> i64 {
@@ -316,11 +338,24 @@ impl Topics {
             write_lock: Mutex::new(()),
         };
         let started = std::time::Instant::now();
+        let mut opened = topics.open_partitions(&cat.topics).into_iter();
         let mut map = HashMap::new();
         for meta in cat.topics {
-            let t = topics.open_topic(meta)?;
-            let name = t.meta().name.clone();
-            map.insert(name, t);
+            let mut parts = Vec::with_capacity(meta.partitions.max(0) as usize);
+            for _ in 0..meta.partitions {
+                let p = opened
+                    .next()
+                    .ok_or_else(|| TopicError::Storage("a partition log was not opened".into()))?;
+                parts.push(p?);
+            }
+            let name = meta.name.clone();
+            map.insert(
+                name,
+                Arc::new(Topic {
+                    meta: RwLock::new(meta),
+                    partitions: RwLock::new(parts),
+                }),
+            );
         }
         tracing::info!(
             topics = map.len(),
@@ -387,7 +422,52 @@ impl Topics {
             log_start: AtomicI64::new(start),
             generation: AtomicU64::new(0),
             cache_dropped: Mutex::new((0, 0)),
+            writeback_started: Mutex::new((0, 0)),
         }))
+    }
+
+    /// Opens (recovering) every partition of `metas`, in that order, on up
+    /// to 16 threads: each open reads a few small pieces of its files, and
+    /// with the data out of the page cache those reads wait on the disk one
+    /// after another if done serially (5 GB in 100 partitions: 2.1 s).
+    fn open_partitions(&self, metas: &[TopicMeta]) -> Vec<Result<Arc<Partition>, TopicError>> {
+        let jobs: Vec<(usize, i32)> = metas
+            .iter()
+            .enumerate()
+            .flat_map(|(ti, m)| (0..m.partitions).map(move |p| (ti, p)))
+            .collect();
+        let results: Vec<Mutex<Option<Result<Arc<Partition>, TopicError>>>> =
+            jobs.iter().map(|_| Mutex::new(None)).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let work = || loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(ti, p)) = jobs.get(i) else { break };
+            let r = self.open_partition(&metas[ti], p);
+            *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        };
+        std::thread::scope(|s| {
+            for n in 0..jobs.len().clamp(1, 16) {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("oncelog-open-{n}"))
+                    .spawn_scoped(s, work);
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "could not start a log-opening thread");
+                    break;
+                }
+            }
+        });
+        // whatever no thread got to (none could start) is opened here
+        work();
+        results
+            .into_iter()
+            .map(|m| {
+                m.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unwrap_or_else(|| {
+                        Err(TopicError::Storage("a partition log was not opened".into()))
+                    })
+            })
+            .collect()
     }
 
     fn open_topic(&self, meta: TopicMeta) -> Result<Arc<Topic>, TopicError> {

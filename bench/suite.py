@@ -1655,7 +1655,7 @@ def main():
                          "2.12.1 from Rust; less client CPU, but on 2 vCPUs its runs stalled for 20-60 s "
                          "together with 'workqueue lockup' reports in the kernel log, so it is opt-in), "
                          "wire = `oncelog bench-wire` (idempotent Produce requests of batch.size bytes, "
-                         "5 in flight per connection, records encoded once: a few %% of a core per "
+                         "5 in flight per connection, records encoded once: about 5-8 %% of a core per "
                          "100 MB/s, so the broker, not the client, sets the rate)")
     ap.add_argument("--sizes", default="1024,100", help="message sizes for durable/interval")
     ap.add_argument("--partitions", default="1,12", help="partition counts for durable/interval")

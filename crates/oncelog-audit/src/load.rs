@@ -118,7 +118,13 @@ impl ProducerContext for LoadContext {
 }
 
 pub fn run(args: LoadArgs) -> i32 {
-    match run_inner(&args) {
+    exit_code(run_inner(&args))
+}
+
+/// The exit code of a load process; a failure is also printed as the JSON
+/// line its parent reads.
+pub(crate) fn exit_code(result: Result<()>) -> i32 {
+    match result {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -146,16 +152,7 @@ fn run_inner(args: &LoadArgs) -> Result<()> {
         .create_with_context(LoadContext(Counts::default()))
         .context("creating the producer")?;
     let counts = &producer.context().0;
-    // incompressible, like the Python generator's os.urandom payload
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ args.index;
-    let payload: Vec<u8> = (0..args.size)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let payload = payload(args.size, args.index);
     for p in 0..args.partitions {
         send(&producer, &args.topic, p, &payload)?;
     }
@@ -237,6 +234,20 @@ fn run_inner(args: &LoadArgs) -> Result<()> {
     });
     println!("{out}");
     Ok(())
+}
+
+/// `size` pseudo-random bytes seeded by `seed`: incompressible, like the
+/// Python generator's os.urandom payload.
+pub(crate) fn payload(size: usize, seed: u64) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed;
+    (0..size)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 /// Reads the parent's `go T0 WARMUP SECONDS` line from stdin.

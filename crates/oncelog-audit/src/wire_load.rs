@@ -35,7 +35,7 @@ use kafka_protocol::messages::produce_response::ProduceResponse;
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-use crate::load::{cpu_s, monotonic_s, read_go_line};
+use crate::load::{cpu_s, exit_code, monotonic_s, payload, read_go_line};
 
 /// Produce v9 is the last version that names topics (v13 uses topic ids)
 /// and is flexible; every broker the suite runs serves it.
@@ -84,17 +84,7 @@ pub struct WireLoadArgs {
 }
 
 pub fn run(args: WireLoadArgs) -> i32 {
-    match run_inner(&args) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            println!(
-                "{}",
-                serde_json::json!({"ok": false, "error": format!("{e:#}")})
-            );
-            1
-        }
-    }
+    exit_code(run_inner(&args))
 }
 
 /// The writing half of the connection: frames and sends requests.
@@ -369,19 +359,6 @@ fn retriable(code: i16) -> bool {
     // COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE,
     // NOT_COORDINATOR, CONCURRENT_TRANSACTIONS, REQUEST_TIMED_OUT
     matches!(code, 14 | 15 | 16 | 51 | 7)
-}
-
-fn payload(size: usize, seed: u64) -> Vec<u8> {
-    // incompressible, like the other generators' payloads
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed;
-    (0..size)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn run_inner(args: &WireLoadArgs) -> Result<()> {

@@ -133,7 +133,7 @@ def run_oncelog(binary, args, tmp, i):
     log_path = os.path.join(tmp, f"oncelog-{i}.log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [binary, "serve", "--data-dir", data, "--listen", f"127.0.0.1:{port}"],
+            [binary, "serve", "--data-dir", data, "--listen", f"127.0.0.1:{port}", "--metrics-listen", ""],
             stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_port(port)

@@ -104,7 +104,7 @@ def main():
             port = free_port()
             log = open(os.path.join(tmp, f"broker-{run}.log"), "w")
             proc = subprocess.Popen([args.binary, "serve", "--data-dir", os.path.join(tmp, f"d{run}"),
-                                     "--listen", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+                                     "--listen", f"127.0.0.1:{port}", "--metrics-listen", ""], stdout=log, stderr=subprocess.STDOUT)
             try:
                 wait_port(port)
                 bootstrap = f"127.0.0.1:{port}"

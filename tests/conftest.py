@@ -73,6 +73,8 @@ class Broker:
         self.host = "127.0.0.1"
         self.log_path = Path(log_path)
         self.overrides = dict(overrides or {})
+        # Every broker gets its own metrics port (a port in use stops a broker).
+        self.overrides.setdefault("metrics.listen", f"127.0.0.1:{free_port()}")
         self.proc = None
         self.starts = 0
         self._log_start_offset = 0
@@ -190,6 +192,11 @@ class Broker:
 
     def partition_dir(self, topic, partition):
         return self.data_dir / f"{topic}-{partition}"
+
+    @property
+    def metrics_url(self):
+        addr = self.overrides.get("metrics.listen")
+        return f"http://{addr}" if addr else None
 
     def segment_files(self, topic, partition):
         """Segment .log files of a partition, ordered by base offset."""

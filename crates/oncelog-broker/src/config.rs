@@ -9,7 +9,7 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("unknown setting `{0}` (see `oncelog serve --help`)")]
+    #[error("unknown setting `{0}`{hint}", hint = did_you_mean(.0))]
     Unknown(String),
     #[error("setting `{key}`: invalid value `{value}`: {why}")]
     Invalid {
@@ -52,7 +52,38 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("transaction.auto.heal", "false", "abort orphaned transactions (open at a partition, unknown to the coordinator) through the coordinator's marker path"),
     ("transaction.heal.check.interval.ms", "10000", "how often partitions' open transactions are reconciled with the coordinator; an orphan is one seen on two checks in a row"),
     ("producer.id.expiration.ms", "86400000", "partitions forget an idle producer id this long after its last write, never one with an open transaction"),
+    ("max.partitions.per.topic", "10000", "most partitions one topic may have (CreateTopics / CreatePartitions above it get INVALID_PARTITIONS)"),
+    ("max.partitions", "100000", "most partitions the broker holds in all; creation is also refused when the open-files limit could not hold 3 files per new partition"),
 ];
+
+/// " (did you mean `x`?)" for the known setting nearest to `key`, or a
+/// pointer to the list when nothing is close.
+fn did_you_mean(key: &str) -> String {
+    let best = SETTINGS
+        .iter()
+        .map(|(k, _, _)| (edit_distance(key, k), *k))
+        .min();
+    match best {
+        Some((d, k)) if d <= (key.len() / 3).max(2) => format!(" (did you mean `{k}`?)"),
+        _ => " (see `oncelog serve --help` for the settings)".into(),
+    }
+}
+
+/// Levenshtein distance over bytes.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
 
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -88,6 +119,8 @@ pub struct BrokerConfig {
     pub group_min_session_timeout_ms: i32,
     pub group_max_session_timeout_ms: i32,
     pub offsets_retention_minutes: i64,
+    pub max_partitions_per_topic: i32,
+    pub max_partitions: i64,
     /// Every setting as text, after overrides (for DescribeConfigs).
     pub raw: BTreeMap<String, String>,
 }
@@ -203,6 +236,11 @@ impl BrokerConfig {
                 "offsets.retention.minutes",
                 &get("offsets.retention.minutes"),
             )?,
+            max_partitions_per_topic: parse(
+                "max.partitions.per.topic",
+                &get("max.partitions.per.topic"),
+            )?,
+            max_partitions: parse("max.partitions", &get("max.partitions"))?,
             raw: m.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         };
         let positive = |k: &str, v: i64| {
@@ -216,6 +254,62 @@ impl BrokerConfig {
                 Ok(())
             }
         };
+        let at_least = |k: &str, v: i64, min: i64, what: &str| {
+            if v < min {
+                Err(ConfigError::Invalid {
+                    key: k.into(),
+                    value: v.to_string(),
+                    why: what.into(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        if !matches!(c.transaction_version, 1 | 2) {
+            return Err(ConfigError::Invalid {
+                key: "transaction.version".into(),
+                value: c.transaction_version.to_string(),
+                why: "must be 1 or 2".into(),
+            });
+        }
+        positive("message.max.bytes", c.message_max_bytes)?;
+        positive("fetch.max.bytes", c.fetch_max_bytes as i64)?;
+        positive("max.partitions.per.topic", i64::from(c.max_partitions_per_topic))?;
+        positive("max.partitions", c.max_partitions)?;
+        // Durations: -1 means "no limit" where Kafka allows it, never less.
+        for (k, v) in [
+            ("log.retention.ms", c.retention_ms),
+            ("log.retention.bytes", c.retention_bytes),
+            ("log.cache.keep.bytes", parse::<i64>("log.cache.keep.bytes", &get("log.cache.keep.bytes"))?),
+        ] {
+            at_least(k, v, -1, "must be -1 (no limit) or more")?;
+        }
+        for (k, v) in [
+            ("log.roll.ms", c.segment_ms),
+            ("transaction.max.timeout.ms", i64::from(c.transaction_max_timeout_ms)),
+            ("transactional.id.expiration.ms", c.transactional_id_expiration_ms),
+            ("producer.id.expiration.ms", c.producer_id_expiration_ms),
+            ("offsets.retention.minutes", c.offsets_retention_minutes),
+            ("group.min.session.timeout.ms", i64::from(c.group_min_session_timeout_ms)),
+            ("group.max.session.timeout.ms", i64::from(c.group_max_session_timeout_ms)),
+        ] {
+            positive(k, v)?;
+        }
+        if c.group_min_session_timeout_ms > c.group_max_session_timeout_ms {
+            return Err(ConfigError::Invalid {
+                key: "group.min.session.timeout.ms".into(),
+                value: c.group_min_session_timeout_ms.to_string(),
+                why: "must not exceed group.max.session.timeout.ms".into(),
+            });
+        }
+        positive("transaction.heal.check.interval.ms", c.transaction_heal_check_interval_ms as i64)?;
+        if c.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "data.dir".into(),
+                value: String::new(),
+                why: "must not be empty".into(),
+            });
+        }
         positive("num.partitions", c.num_partitions as i64)?;
         positive("log.sync.threads", c.sync_threads as i64)?;
         positive("log.segment.bytes", c.segment_bytes)?;
@@ -391,5 +485,35 @@ mod tests {
         assert!(BrokerConfig::from_map(&m).is_err());
         assert!(validate_topic_config("retention.ms", "abc").is_err());
         assert!(validate_topic_config("cleanup.policy", "compact,delete").is_ok());
+    }
+
+    fn config_error(k: &str, v: &str) -> String {
+        let mut m = BTreeMap::new();
+        m.insert(k.to_string(), v.to_string());
+        BrokerConfig::from_map(&m).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn unknown_keys_suggest_the_nearest_setting() {
+        let e = config_error("log.retention.msec", "1");
+        assert!(e.contains("did you mean `log.retention.ms`?"), "{e}");
+        let e = config_error("transaction.versoin", "2");
+        assert!(e.contains("did you mean `transaction.version`?"), "{e}");
+        let e = config_error("completely.different.thing", "2");
+        assert!(e.contains("oncelog serve --help"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_values_rejected() {
+        assert!(config_error("transaction.version", "3").contains("must be 1 or 2"));
+        assert!(config_error("transaction.version", "0").contains("must be 1 or 2"));
+        assert!(config_error("message.max.bytes", "0").contains("must be positive"));
+        assert!(config_error("log.retention.ms", "-5").contains("must be -1"));
+        assert!(config_error("transaction.max.timeout.ms", "-1").contains("must be positive"));
+        assert!(config_error("log.roll.ms", "-1").contains("must be positive"));
+        assert!(config_error("max.partitions.per.topic", "0").contains("must be positive"));
+        let mut m = BTreeMap::new();
+        m.insert("log.retention.ms".to_string(), "-1".to_string());
+        BrokerConfig::from_map(&m).unwrap();
     }
 }

@@ -23,6 +23,7 @@ pub enum ErrorCode {
     InvalidSessionTimeout = 26,
     RebalanceInProgress = 27,
     InvalidRequiredAcks = 21,
+    TopicAuthorizationFailed = 29,
     UnsupportedVersion = 35,
     TopicAlreadyExists = 36,
     InvalidPartitions = 37,

@@ -19,7 +19,7 @@ pub struct InternalLog {
 }
 
 impl InternalLog {
-    /// Opens `data_dir/name`, recovering its tail, and returns every record in order.
+    /// Opens `data_dir/internal/name`, recovering its tail, and returns every record in order.
     pub fn open(data_dir: &Path, name: &str) -> Result<(Self, Vec<Record>), TopicError> {
         let config = LogConfig {
             segment_bytes: 100 << 20,
@@ -27,7 +27,7 @@ impl InternalLog {
             retention_ms: -1,
             ..LogConfig::default()
         };
-        let (log, report) = Log::open(&data_dir.join(name), config)?;
+        let (log, report) = Log::open(&crate::datadir::internal_dir(data_dir).join(name), config)?;
         if report.bytes_dropped > 0 {
             tracing::warn!(
                 log = name,

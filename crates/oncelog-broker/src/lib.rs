@@ -6,6 +6,7 @@
 //! state) and `durability` (group commit) on top of `oncelog-log`.
 
 pub mod config;
+pub mod datadir;
 pub mod durability;
 pub mod error;
 pub mod groups;
@@ -19,6 +20,7 @@ pub mod server;
 pub mod snapshot;
 pub mod topics;
 pub mod txn_coordinator;
+pub mod txn_history;
 pub mod txn_service;
 pub mod writeback;
 pub mod writers;
@@ -97,11 +99,17 @@ pub struct Broker {
     pub orphans: std::sync::atomic::AtomicU64,
     /// Request latency per API key (arrival to response ready).
     pub request_latency: Box<[histogram::Histogram]>,
+    /// This broker's exclusive hold on its data directory.
+    _dir_lock: datadir::DirLock,
 }
 
 impl Broker {
     /// Opens the data directory, recovering every partition.
     pub fn open(config: BrokerConfig) -> Result<Arc<Self>, TopicError> {
+        datadir::ensure_dir(&config.data_dir)?;
+        // Before anything is read or written: one broker per directory.
+        let dir_lock = datadir::lock(&config.data_dir)?;
+        datadir::migrate(&config.data_dir)?;
         let topics = Topics::open(&config)?;
         let producer_ids = producer_ids::ProducerIds::open(&config.data_dir)?;
         let txn = txn_service::TxnService::open(&config.data_dir)?;
@@ -136,6 +144,7 @@ impl Broker {
             request_latency: (0..REQUEST_KEYS)
                 .map(|_| histogram::Histogram::latency())
                 .collect(),
+            _dir_lock: dir_lock,
         }))
     }
 

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
+use crate::datadir;
 use crate::now_ms;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -246,6 +247,12 @@ pub struct Topic {
     pub partitions: RwLock<Vec<Arc<Partition>>>,
 }
 
+impl std::fmt::Debug for Topic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Topic").field("meta", &self.meta()).finish()
+    }
+}
+
 impl Topic {
     pub fn partition(&self, i: i32) -> Option<Arc<Partition>> {
         let ps = self.partitions.read().unwrap_or_else(|p| p.into_inner());
@@ -274,6 +281,8 @@ pub enum TopicError {
     InvalidPartitions(String),
     #[error("invalid config: {0}")]
     InvalidConfig(String),
+    #[error("{topic} is an internal topic owned by the broker: clients cannot {action} it")]
+    Internal { topic: String, action: &'static str },
     #[error("storage: {0}")]
     Storage(String),
 }
@@ -317,10 +326,9 @@ impl Topics {
     /// Loads the catalogue and opens (recovering) every partition log.
     pub fn open(config: &BrokerConfig) -> Result<Self, TopicError> {
         let dir = config.data_dir.clone();
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| TopicError::Storage(format!("create data dir {}: {e}", dir.display())))?;
+        crate::datadir::ensure_dir(&dir)?;
         let path = dir.join("topics.json");
-        let cat: Catalogue = match std::fs::read(&path) {
+        let mut cat: Catalogue = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| {
                 TopicError::Storage(format!("{} is not valid: {e}", path.display()))
             })?,
@@ -330,6 +338,18 @@ impl Topics {
             },
             Err(e) => return Err(TopicError::Storage(format!("read {}: {e}", path.display()))),
         };
+        // A data directory from before internal names were reserved may
+        // list a client-created topic of such a name; its partition 0 was
+        // the coordinator's own log. The log stays the coordinator's.
+        cat.topics.retain(|m| {
+            let internal = datadir::is_internal_topic(&m.name);
+            if internal {
+                tracing::error!(topic = %m.name, partitions = m.partitions,
+                    "dropping a client-created topic with an internal name from the catalogue; its partition directories other than -0 are left in place");
+            }
+            !internal
+        });
+        finish_staged(&dir, &cat.topics)?;
         let topics = Self {
             dir,
             config: config.clone(),
@@ -470,25 +490,23 @@ impl Topics {
             .collect()
     }
 
-    fn open_topic(&self, meta: TopicMeta) -> Result<Arc<Topic>, TopicError> {
-        let mut parts = Vec::with_capacity(meta.partitions as usize);
-        for p in 0..meta.partitions {
-            parts.push(self.open_partition(&meta, p)?);
-        }
-        Ok(Arc::new(Topic {
-            meta: RwLock::new(meta),
-            partitions: RwLock::new(parts),
-        }))
-    }
-
-    fn persist(&self) -> Result<(), TopicError> {
-        let mut topics: Vec<TopicMeta> = self
-            .map
+    /// The catalogue as it stands in memory.
+    fn metas(&self) -> Vec<TopicMeta> {
+        self.map
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .map(|t| t.meta())
-            .collect();
+            .collect()
+    }
+
+    fn persist(&self) -> Result<(), TopicError> {
+        self.write_catalogue(self.metas())
+    }
+
+    /// Writes `topics` as the catalogue, atomically: the commit point of
+    /// every create, delete and partition increase.
+    fn write_catalogue(&self, mut topics: Vec<TopicMeta>) -> Result<(), TopicError> {
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         let cat = Catalogue {
             cluster_id: self.cluster_id.clone(),
@@ -497,6 +515,105 @@ impl Topics {
         let data = serde_json::to_vec_pretty(&cat)
             .map_err(|e| TopicError::Storage(format!("encode catalogue: {e}")))?;
         write_atomically(&self.dir, "topics.json", &data)
+    }
+
+    fn staged_dir(&self, id: Uuid) -> PathBuf {
+        datadir::staging_dir(&self.dir).join(id.simple().to_string())
+    }
+
+    /// Partitions held by the broker now.
+    pub fn partition_total(&self) -> i64 {
+        self.all()
+            .iter()
+            .map(|t| i64::from(t.partition_count()))
+            .sum()
+    }
+
+    /// The partition limits and the open-files budget, checked before
+    /// anything is written.
+    fn check_capacity(&self, adding: i32) -> Result<(), TopicError> {
+        let total = self.partition_total();
+        let max = self.config.max_partitions;
+        if total + i64::from(adding) > max {
+            return Err(TopicError::InvalidPartitions(format!(
+                "the broker holds {total} partitions; {adding} more would exceed max.partitions {max}"
+            )));
+        }
+        if let Some(limit) = datadir::open_files_limit() {
+            let open = datadir::open_files_now()
+                .unwrap_or(total.max(0) as u64 * FILES_PER_PARTITION);
+            let reserve = (limit / 4).min(1024);
+            let need = adding.max(0) as u64 * FILES_PER_PARTITION;
+            if open.saturating_add(need).saturating_add(reserve) > limit {
+                return Err(TopicError::InvalidPartitions(format!(
+                    "{adding} new partitions need about {need} open files; the broker has {open} open \
+                     and may open {limit}, keeping {reserve} for connections: raise its open files \
+                     limit (ulimit -n, systemd LimitNOFILE=) or create fewer partitions"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates partitions `from..to` of `meta` under `staging/<topic id>/`
+    /// and checks that their logs open. On failure nothing is left.
+    fn stage(&self, meta: &TopicMeta, from: i32, to: i32) -> Result<(), TopicError> {
+        let staged = self.staged_dir(meta.id);
+        let res = (|| -> Result<(), TopicError> {
+            std::fs::create_dir_all(&staged).map_err(|e| {
+                TopicError::Storage(format!("create {}: {e}", staged.display()))
+            })?;
+            for p in from..to {
+                let d = staged.join(format!("{}-{p}", meta.name));
+                Log::open(&d, self.log_config(meta))?;
+            }
+            datadir::sync_dir(&staged)?;
+            datadir::sync_dir(&datadir::staging_dir(&self.dir))
+        })();
+        if res.is_err() {
+            remove_quietly(&staged);
+        }
+        res
+    }
+
+    /// Moves staged partitions `from..to` of a committed change into place
+    /// and opens them.
+    fn install(
+        &self,
+        meta: &TopicMeta,
+        from: i32,
+        to: i32,
+    ) -> Result<Vec<Arc<Partition>>, TopicError> {
+        move_staged(&self.dir, meta, from, to)?;
+        crate::fail_point("topic-installed");
+        (from..to).map(|p| self.open_partition(meta, p)).collect()
+    }
+
+    /// Undoes a change whose install failed after its catalogue write:
+    /// writes `catalogue` back and removes partitions `from..to`. If the
+    /// catalogue cannot be written either, the files stay and the next start
+    /// completes the change.
+    fn roll_back(
+        &self,
+        meta: &TopicMeta,
+        from: i32,
+        to: i32,
+        catalogue: Vec<TopicMeta>,
+        cause: &TopicError,
+    ) {
+        tracing::error!(topic = %meta.name, error = %cause, "topic change failed after its catalogue write; undoing it");
+        match self.write_catalogue(catalogue) {
+            Ok(()) => {
+                for p in from..to {
+                    remove_quietly(&self.partition_dir(&meta.name, p));
+                }
+                remove_quietly(&self.staged_dir(meta.id));
+                let _ = std::fs::remove_dir(datadir::staging_dir(&self.dir));
+            }
+            Err(e) => {
+                tracing::error!(topic = %meta.name, error = %e, "could not undo the topic change; the next start completes it")
+            }
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Topic>> {
@@ -532,6 +649,11 @@ impl Topics {
     }
 
     /// Creates a topic (or only checks that it could be, with `validate_only`).
+    ///
+    /// All partitions or none: they are made under `staging/`, the catalogue
+    /// write commits the topic, then they are moved into place. A crash
+    /// before the catalogue write leaves nothing after the next start; a
+    /// crash after it is completed by the next start.
     pub fn create(
         &self,
         name: &str,
@@ -540,14 +662,21 @@ impl Topics {
         validate_only: bool,
     ) -> Result<Arc<Topic>, TopicError> {
         validate_topic_name(name)?;
+        if datadir::is_internal_topic(name) {
+            return Err(TopicError::Internal {
+                topic: name.into(),
+                action: "create",
+            });
+        }
         let partitions = if partitions == -1 {
             self.config.num_partitions
         } else {
             partitions
         };
-        if partitions <= 0 || partitions > 100_000 {
+        let max = self.config.max_partitions_per_topic;
+        if partitions <= 0 || partitions > max {
             return Err(TopicError::InvalidPartitions(format!(
-                "number of partitions must be between 1 and 100000, got {partitions}"
+                "number of partitions must be between 1 and max.partitions.per.topic ({max}), got {partitions}"
             )));
         }
         for (k, v) in &configs {
@@ -557,6 +686,7 @@ impl Topics {
         if self.get(name).is_some() {
             return Err(TopicError::AlreadyExists(name.into()));
         }
+        self.check_capacity(partitions)?;
         let meta = TopicMeta {
             name: name.into(),
             id: Uuid::new_v4(),
@@ -569,41 +699,92 @@ impl Topics {
                 partitions: RwLock::new(Vec::new()),
             }));
         }
-        // A leftover directory of a deleted topic must not come back to life.
-        for p in 0..partitions {
-            let d = self.partition_dir(name, p);
-            if d.exists() {
-                std::fs::remove_dir_all(&d).map_err(|e| {
-                    TopicError::Storage(format!("remove stale {}: {e}", d.display()))
-                })?;
-            }
+        self.stage(&meta, 0, partitions)?;
+        crate::fail_point("topic-create-staged");
+        let before = self.metas();
+        let mut after = before.clone();
+        after.push(meta.clone());
+        if let Err(e) = self.write_catalogue(after) {
+            remove_quietly(&self.staged_dir(meta.id));
+            return Err(e);
         }
-        let t = self.open_topic(meta)?;
+        crate::fail_point("topic-create-committed");
+        let parts = match self.install(&meta, 0, partitions) {
+            Ok(parts) => parts,
+            Err(e) => {
+                self.roll_back(&meta, 0, partitions, before, &e);
+                return Err(e);
+            }
+        };
+        let t = Arc::new(Topic {
+            meta: RwLock::new(meta),
+            partitions: RwLock::new(parts),
+        });
         self.map
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(name.to_string(), t.clone());
-        self.persist()?;
         tracing::info!(topic = name, partitions, "topic created");
         Ok(t)
     }
 
+    /// Deletes a topic: its partitions are moved under `staging/`, the
+    /// catalogue write commits the deletion, then they are removed. A crash
+    /// before the catalogue write brings the topic back whole at the next start.
     pub fn delete(&self, name: &str) -> Result<(), TopicError> {
+        if datadir::is_internal_topic(name) {
+            return Err(TopicError::Internal {
+                topic: name.into(),
+                action: "delete",
+            });
+        }
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let t = self
-            .map
+            .get(name)
+            .ok_or_else(|| TopicError::Unknown(name.into()))?;
+        let meta = t.meta();
+        let staged = self.staged_dir(meta.id);
+        let moved = (|| -> Result<(), TopicError> {
+            std::fs::create_dir_all(&staged).map_err(|e| {
+                TopicError::Storage(format!("create {}: {e}", staged.display()))
+            })?;
+            for p in 0..t.partition_count() {
+                let src = self.partition_dir(name, p);
+                let dst = staged.join(format!("{name}-{p}"));
+                if src.exists() {
+                    std::fs::rename(&src, &dst).map_err(|e| {
+                        TopicError::Storage(format!("move {}: {e}", src.display()))
+                    })?;
+                }
+            }
+            datadir::sync_dir(&staged)?;
+            datadir::sync_dir(&self.dir)
+        })();
+        crate::fail_point("topic-delete-staged");
+        let committed = moved.and_then(|()| {
+            self.write_catalogue(
+                self.metas()
+                    .into_iter()
+                    .filter(|m| m.name != name)
+                    .collect(),
+            )
+        });
+        if let Err(e) = committed {
+            // Still in the catalogue: put back whatever was moved.
+            if let Err(e2) = move_staged(&self.dir, &meta, 0, meta.partitions) {
+                tracing::error!(topic = name, error = %e2, "could not move partitions back after a failed delete; the next start does");
+            }
+            return Err(e);
+        }
+        self.map
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(name)
-            .ok_or_else(|| TopicError::Unknown(name.into()))?;
-        self.persist()?;
-        let parts = std::mem::take(&mut *t.partitions.write().unwrap_or_else(|p| p.into_inner()));
-        for p in parts {
-            let dir = self.partition_dir(name, p.index);
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                tracing::warn!(dir = %dir.display(), error = %e, "could not remove deleted partition");
-            }
-        }
+            .remove(name);
+        drop(std::mem::take(
+            &mut *t.partitions.write().unwrap_or_else(|p| p.into_inner()),
+        ));
+        remove_quietly(&staged);
+        let _ = std::fs::remove_dir(datadir::staging_dir(&self.dir));
         tracing::info!(topic = name, "topic deleted");
         Ok(())
     }
@@ -614,6 +795,12 @@ impl Topics {
         count: i32,
         validate_only: bool,
     ) -> Result<(), TopicError> {
+        if datadir::is_internal_topic(name) {
+            return Err(TopicError::Internal {
+                topic: name.into(),
+                action: "add partitions to",
+            });
+        }
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let t = self
             .get(name)
@@ -625,24 +812,44 @@ impl Topics {
                 "topic currently has {cur} partitions, {count} would not be an increase"
             )));
         }
-        if count > 100_000 {
+        let max = self.config.max_partitions_per_topic;
+        if count > max {
             return Err(TopicError::InvalidPartitions(format!(
-                "{count} partitions is too many"
+                "{count} partitions exceeds max.partitions.per.topic ({max})"
             )));
         }
+        self.check_capacity(count - cur)?;
         if validate_only {
             return Ok(());
         }
-        let mut new = Vec::new();
-        for p in cur..count {
-            new.push(self.open_partition(&meta, p)?);
+        self.stage(&meta, cur, count)?;
+        let before = self.metas();
+        let after = before
+            .iter()
+            .cloned()
+            .map(|mut m| {
+                if m.name == name {
+                    m.partitions = count;
+                }
+                m
+            })
+            .collect();
+        if let Err(e) = self.write_catalogue(after) {
+            remove_quietly(&self.staged_dir(meta.id));
+            return Err(e);
         }
+        let new = match self.install(&meta, cur, count) {
+            Ok(new) => new,
+            Err(e) => {
+                self.roll_back(&meta, cur, count, before, &e);
+                return Err(e);
+            }
+        };
         t.partitions
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .extend(new);
         t.meta.write().unwrap_or_else(|p| p.into_inner()).partitions = count;
-        self.persist()?;
         tracing::info!(topic = name, from = cur, to = count, "partitions added");
         Ok(())
     }
@@ -653,6 +860,12 @@ impl Topics {
         name: &str,
         configs: BTreeMap<String, String>,
     ) -> Result<(), TopicError> {
+        if datadir::is_internal_topic(name) {
+            return Err(TopicError::Internal {
+                topic: name.into(),
+                action: "alter",
+            });
+        }
         for (k, v) in &configs {
             crate::config::validate_topic_config(k, v).map_err(TopicError::InvalidConfig)?;
         }
@@ -715,4 +928,203 @@ pub fn write_atomically(dir: &Path, name: &str, data: &[u8]) -> Result<(), Topic
         std::fs::File::open(dir)?.sync_all()
     })();
     res.map_err(|e| TopicError::Storage(format!("write {}: {e}", dst.display())))
+}
+
+/// Open files a new partition holds: its segment, offset index and time index.
+pub const FILES_PER_PARTITION: u64 = 3;
+
+fn remove_quietly(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "could not remove"),
+    }
+}
+
+/// Moves partitions `from..to` of `meta` from `staging/<topic id>/` into the
+/// data directory, replacing any leftover directory of the same name (a
+/// deleted topic's must not come back to life). Partitions already in place
+/// are left alone, so this is safe to repeat.
+fn move_staged(dir: &Path, meta: &TopicMeta, from: i32, to: i32) -> Result<(), TopicError> {
+    let staged = datadir::staging_dir(dir).join(meta.id.simple().to_string());
+    if !staged.is_dir() {
+        return Ok(());
+    }
+    for p in from..to {
+        let src = staged.join(format!("{}-{p}", meta.name));
+        if !src.is_dir() {
+            continue;
+        }
+        let dst = dir.join(format!("{}-{p}", meta.name));
+        if dst.exists() {
+            std::fs::remove_dir_all(&dst).map_err(|e| {
+                TopicError::Storage(format!("remove stale {}: {e}", dst.display()))
+            })?;
+        }
+        std::fs::rename(&src, &dst)
+            .map_err(|e| TopicError::Storage(format!("move {}: {e}", src.display())))?;
+    }
+    datadir::sync_dir(dir)?;
+    let _ = std::fs::remove_dir(&staged);
+    // only removed when empty: another change may be staged there
+    let _ = std::fs::remove_dir(datadir::staging_dir(dir));
+    Ok(())
+}
+
+/// At start: completes every topic change the catalogue committed whose
+/// partitions are still under `staging/`, then removes what is left there
+/// (changes that were never committed, and committed deletions).
+fn finish_staged(dir: &Path, topics: &[TopicMeta]) -> Result<(), TopicError> {
+    let staging = datadir::staging_dir(dir);
+    if !staging.is_dir() {
+        return Ok(());
+    }
+    for m in topics {
+        let staged = staging.join(m.id.simple().to_string());
+        if staged.is_dir() {
+            tracing::info!(topic = %m.name, "completing a topic change interrupted by a stop");
+            move_staged(dir, m, 0, m.partitions)?;
+        }
+    }
+    let left: Vec<String> = std::fs::read_dir(&staging)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !left.is_empty() {
+        tracing::info!(entries = left.len(), "removing uncommitted or deleted partitions from staging/");
+    }
+    std::fs::remove_dir_all(&staging)
+        .map_err(|e| TopicError::Storage(format!("clear {}: {e}", staging.display())))?;
+    datadir::sync_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path) -> BrokerConfig {
+        let mut m = BTreeMap::new();
+        m.insert("data.dir".to_string(), dir.display().to_string());
+        m.insert("max.partitions.per.topic".to_string(), "50".to_string());
+        BrokerConfig::from_map(&m).unwrap()
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn internal_names_cannot_be_created_deleted_or_altered() {
+        let dir = tempfile::tempdir().unwrap();
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        for name in datadir::INTERNAL_TOPICS {
+            let e = topics.create(name, 1, BTreeMap::new(), false).unwrap_err();
+            assert!(matches!(e, TopicError::Internal { action: "create", .. }), "{e}");
+            assert!(e.to_string().contains("internal topic"), "{e}");
+            let e = topics.delete(name).unwrap_err();
+            assert!(matches!(e, TopicError::Internal { action: "delete", .. }), "{e}");
+            let e = topics.add_partitions(name, 2, false).unwrap_err();
+            assert!(matches!(e, TopicError::Internal { .. }), "{e}");
+            let e = topics.set_configs(name, BTreeMap::new()).unwrap_err();
+            assert!(matches!(e, TopicError::Internal { .. }), "{e}");
+        }
+        assert_eq!(entries(dir.path()), vec!["topics.json"]);
+    }
+
+    #[test]
+    fn limits_are_checked_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        let e = topics.create("big", 51, BTreeMap::new(), false).unwrap_err();
+        assert!(e.to_string().contains("max.partitions.per.topic"), "{e}");
+        topics.create("t", 2, BTreeMap::new(), false).unwrap();
+        let e = topics.add_partitions("t", 51, false).unwrap_err();
+        assert!(e.to_string().contains("max.partitions.per.topic"), "{e}");
+        assert_eq!(entries(dir.path()), vec!["t-0", "t-1", "topics.json"]);
+    }
+
+    #[test]
+    fn a_failed_create_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        // A plain file where partition 3 goes makes the install fail after
+        // the catalogue write: the change must be undone.
+        std::fs::write(dir.path().join("x-3"), b"in the way").unwrap();
+        let e = topics.create("x", 5, BTreeMap::new(), false).unwrap_err();
+        assert!(matches!(e, TopicError::Storage(_)), "{e}");
+        assert!(topics.get("x").is_none());
+        assert_eq!(entries(dir.path()), vec!["topics.json", "x-3"]);
+        drop(topics);
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        assert!(topics.get("x").is_none());
+        assert_eq!(entries(dir.path()), vec!["topics.json", "x-3"]);
+    }
+
+    #[test]
+    fn start_completes_committed_changes_and_drops_uncommitted_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        topics.create("kept", 3, BTreeMap::new(), false).unwrap();
+        let meta = topics.get("kept").unwrap().meta();
+        drop(topics);
+        // As a crash right after the catalogue write would leave it: the
+        // partitions still under staging/.
+        let staged = datadir::staging_dir(dir.path()).join(meta.id.simple().to_string());
+        std::fs::create_dir_all(&staged).unwrap();
+        for p in 0..3 {
+            std::fs::rename(dir.path().join(format!("kept-{p}")), staged.join(format!("kept-{p}")))
+                .unwrap();
+        }
+        // And an uncommitted create of another topic.
+        let orphan = datadir::staging_dir(dir.path()).join("0123");
+        std::fs::create_dir_all(orphan.join("gone-0")).unwrap();
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        assert_eq!(topics.get("kept").unwrap().partition_count(), 3);
+        assert_eq!(
+            entries(dir.path()),
+            vec!["kept-0", "kept-1", "kept-2", "topics.json"]
+        );
+    }
+
+    #[test]
+    fn delete_removes_every_partition_and_survives_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        topics.create("d", 4, BTreeMap::new(), false).unwrap();
+        topics.add_partitions("d", 6, false).unwrap();
+        assert_eq!(topics.get("d").unwrap().partition_count(), 6);
+        topics.delete("d").unwrap();
+        assert_eq!(entries(dir.path()), vec!["topics.json"]);
+        drop(topics);
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        assert!(topics.get("d").is_none());
+        assert_eq!(entries(dir.path()), vec!["topics.json"]);
+    }
+
+    #[test]
+    fn a_legacy_catalogue_entry_with_an_internal_name_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        topics.create("user", 1, BTreeMap::new(), false).unwrap();
+        drop(topics);
+        let path = dir.path().join("topics.json");
+        let mut cat: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        cat["topics"].as_array_mut().unwrap().push(serde_json::json!({
+            "name": "__consumer_offsets", "id": Uuid::new_v4(), "partitions": 1, "configs": {}
+        }));
+        std::fs::write(&path, serde_json::to_vec(&cat).unwrap()).unwrap();
+        let topics = Topics::open(&config(dir.path())).unwrap();
+        assert!(topics.get("__consumer_offsets").is_none());
+        assert!(topics.get("user").is_some());
+        assert!(!dir.path().join("__consumer_offsets-0").exists());
+    }
 }

@@ -191,7 +191,16 @@ fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => {
+            if let Err(e) = serve(args) {
+                // An operator-facing failure: the cause chain on one line,
+                // never a Debug dump or a backtrace. Bad settings exit 2.
+                eprintln!("error: {e:#}");
+                let code = if e.is::<SettingsError>() { 2 } else { 1 };
+                std::process::exit(code);
+            }
+            Ok(())
+        }
         Command::Topic { conn, cmd } => client(|| cli::topic(&conn.bootstrap, conn.json, cmd)),
         Command::Txn { conn, cmd } => client(|| cli::txn(&conn.bootstrap, conn.json, cmd)),
         Command::Group { conn, cmd } => client(|| cli::group(&conn.bootstrap, conn.json, cmd)),
@@ -229,10 +238,47 @@ where
     Ok(())
 }
 
+/// A setting that is unknown or out of range (exit code 2).
+#[derive(Debug)]
+struct SettingsError(String);
+
+impl std::fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
+/// Binds a listener, naming the address and the usual cause when it fails.
+async fn bind(addr: std::net::SocketAddr, what: &str) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        let why = match e.kind() {
+            std::io::ErrorKind::AddrInUse => format!(
+                "address {addr} is already in use: another process listens on port {}",
+                addr.port()
+            ),
+            std::io::ErrorKind::AddrNotAvailable => {
+                format!("address {addr} is not an address of this machine")
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                format!("no permission to listen on {addr} (ports below 1024 need privileges)")
+            }
+            _ => format!("{addr}: {e}"),
+        };
+        anyhow::anyhow!("cannot start the {what} listener: {why}")
+    })
+}
+
 fn serve(args: ServeArgs) -> Result<()> {
-    let settings = load_settings(&args)?;
-    let config = BrokerConfig::from_map(&settings)?;
+    let settings = load_settings(&args).map_err(|e| SettingsError(format!("{e:#}")))?;
+    let config =
+        BrokerConfig::from_map(&settings).map_err(|e| SettingsError(e.to_string()))?;
     alloc_guard::keep_request_buffers();
+    match oncelog_broker::datadir::raise_open_files_limit() {
+        Some(n) => tracing::info!(open_files_limit = n, "this broker may open {n} files"),
+        None => tracing::warn!("could not read the open files limit"),
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -240,9 +286,11 @@ fn serve(args: ServeArgs) -> Result<()> {
     rt.block_on(async move {
         let listen = config.listen;
         let broker = Broker::open(config).context("opening the data directory")?;
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding {listen}"))?;
+        let listener = bind(listen, "Kafka").await?;
+        let metrics_listener = match broker.config.metrics_listen {
+            Some(addr) => Some((addr, bind(addr, "metrics (metrics.listen)").await?)),
+            None => None,
+        };
         tracing::info!(
             listen = %listen,
             data_dir = %broker.config.data_dir.display(),
@@ -251,15 +299,9 @@ fn serve(args: ServeArgs) -> Result<()> {
             "oncelog serving"
         );
         broker.spawn_background();
-        if let Some(addr) = broker.config.metrics_listen {
-            // Metrics are a convenience: a port in use is a warning, not a failure.
-            match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => {
-                    tracing::info!(metrics = %addr, "metrics serving at /metrics and /health");
-                    tokio::spawn(oncelog_broker::metrics::serve(broker.clone(), l));
-                }
-                Err(e) => tracing::warn!(metrics = %addr, error = %e, "metrics listener not started"),
-            }
+        if let Some((addr, l)) = metrics_listener {
+            tracing::info!(metrics = %addr, "metrics serving at /metrics and /health");
+            tokio::spawn(oncelog_broker::metrics::serve(broker.clone(), l));
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let server = tokio::spawn(oncelog_broker::server::serve(broker.clone(), listener, stop_rx));

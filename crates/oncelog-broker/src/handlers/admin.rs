@@ -50,6 +50,12 @@ fn topic_error_code(e: &TopicError) -> ErrorCode {
         TopicError::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
         TopicError::InvalidConfig(_) => ErrorCode::InvalidConfig,
         TopicError::Storage(_) => ErrorCode::KafkaStorageError,
+        // As Kafka: an internal name is not a valid name to create or write;
+        // changing an internal topic is not something a client may do.
+        TopicError::Internal {
+            action: "create", ..
+        } => ErrorCode::InvalidTopicException,
+        TopicError::Internal { .. } => ErrorCode::TopicAuthorizationFailed,
     }
 }
 
@@ -401,6 +407,14 @@ pub fn incremental_alter_configs(
                 return out;
             }
             let name = res.resource_name.to_string();
+            if crate::datadir::is_internal_topic(&name) {
+                let e = TopicError::Internal {
+                    topic: name,
+                    action: "alter",
+                };
+                fail(topic_error_code(&e), e.to_string());
+                return out;
+            }
             let Some(t) = b.topics.get(&name) else {
                 fail(
                     ErrorCode::UnknownTopicOrPartition,

@@ -118,6 +118,11 @@ pub fn metadata(b: &Arc<Broker>, req: MetadataRequest, version: i16) -> Metadata
             .iter()
             .map(|name| match b.topics.get(name) {
                 Some(t) => topic_entry(b, &t, version),
+                // The coordinators' logs are not served as topics, and
+                // their names are never auto-created.
+                None if crate::datadir::is_internal_topic(name) => {
+                    error_entry(name, ErrorCode::InvalidTopicException)
+                }
                 None if auto_create => {
                     match b.topics.create(name, -1, Default::default(), false) {
                         Ok(t) => topic_entry(b, &t, version),

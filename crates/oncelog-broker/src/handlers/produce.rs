@@ -58,6 +58,13 @@ fn append_one(
     records: Option<bytes::Bytes>,
     transactional_id: Option<&str>,
 ) -> Outcome {
+    if crate::datadir::is_internal_topic(topic) {
+        tracing::warn!(topic, "produce to an internal topic refused");
+        return failed(
+            ErrorCode::InvalidTopicException,
+            format!("cannot append to internal topic {topic}: it belongs to the broker"),
+        );
+    }
     let Some(t) = b.topics.get(topic) else {
         return failed(
             ErrorCode::UnknownTopicOrPartition,

@@ -9,6 +9,7 @@ killed by PID.
 import ctypes
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -75,6 +76,10 @@ class Broker:
         self.overrides = dict(overrides or {})
         # Every broker gets its own metrics port (a port in use stops a broker).
         self.overrides.setdefault("metrics.listen", f"127.0.0.1:{free_port()}")
+        # Extra environment for the broker process (e.g. ONCELOG_FAILPOINTS),
+        # and an optional RLIMIT_NOFILE (soft = hard) to start it under.
+        self.env = {}
+        self.nofile = None
         self.proc = None
         self.starts = 0
         self._log_start_offset = 0
@@ -107,9 +112,17 @@ class Broker:
             env = dict(os.environ)
             env["NO_COLOR"] = "1"
             env.setdefault("RUST_BACKTRACE", "1")
+            env.update(self.env)
+            nofile = self.nofile
+
+            def preexec():
+                _die_with_parent()
+                if nofile is not None:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
             self.proc = subprocess.Popen(
                 self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                env=env, cwd=str(self.data_dir.parent), preexec_fn=_die_with_parent)
+                env=env, cwd=str(self.data_dir.parent), preexec_fn=preexec)
         self.starts += 1
         self.wait_ready(timeout)
         return self

@@ -69,7 +69,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), TopicError> {
 pub fn ensure_dir(dir: &Path) -> Result<(), TopicError> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(storage(format!(
+        Ok(_) => Err(TopicError::DataDir(format!(
             "data directory {} is not a directory",
             dir.display()
         ))),
@@ -125,7 +125,7 @@ pub fn lock(data_dir: &Path) -> Result<DirLock, TopicError> {
             } else {
                 format!("another oncelog process (pid {holder})")
             };
-            Err(storage(format!(
+            Err(TopicError::DataDir(format!(
                 "data directory {} is in use by {who}; stop it, or give this broker its own --data-dir",
                 data_dir.display()
             )))

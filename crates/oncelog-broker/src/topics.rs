@@ -285,6 +285,9 @@ pub enum TopicError {
     Internal { topic: String, action: &'static str },
     #[error("storage: {0}")]
     Storage(String),
+    /// The data directory cannot be used (not a directory, owned by another broker).
+    #[error("{0}")]
+    DataDir(String),
 }
 
 impl From<LogError> for TopicError {
@@ -996,8 +999,16 @@ fn finish_staged(dir: &Path, topics: &[TopicMeta]) -> Result<(), TopicError> {
     if !left.is_empty() {
         tracing::info!(entries = left.len(), "removing uncommitted or deleted partitions from staging/");
     }
-    std::fs::remove_dir_all(&staging)
-        .map_err(|e| TopicError::Storage(format!("clear {}: {e}", staging.display())))?;
+    match std::fs::remove_dir_all(&staging) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(TopicError::Storage(format!(
+                "clear {}: {e}",
+                staging.display()
+            )))
+        }
+    }
     datadir::sync_dir(dir)
 }
 

@@ -186,6 +186,16 @@ fn emit(json_out: bool, v: &Value, headers: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
+/// As [`check`], with the broker's `error_message` (the reason) when it sent one.
+pub(crate) fn check_msg(code: i16, message: Option<&StrBytes>, what: &str) -> Result<()> {
+    check(code, what).map_err(
+        |e| match message.map(|m| m.as_str()).filter(|m| !m.is_empty()) {
+            Some(m) => anyhow!("{e} ({m})"),
+            None => e,
+        },
+    )
+}
+
 pub(crate) fn check(code: i16, what: &str) -> Result<()> {
     if code != 0 {
         let e = kafka_protocol::error::ParseResponseErrorCode::err(code);
@@ -345,7 +355,11 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
                 .call::<_, CreateTopicsResponse>(ApiKey::CreateTopics, &req)
                 .await?;
             for t in &r.topics {
-                check(t.error_code, &format!("create {name}"))?;
+                check_msg(
+                    t.error_code,
+                    t.error_message.as_ref(),
+                    &format!("create {name}"),
+                )?;
             }
             emit(
                 json_out,
@@ -365,7 +379,11 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
                 .call::<_, DeleteTopicsResponse>(ApiKey::DeleteTopics, &req)
                 .await?;
             for t in &r.responses {
-                check(t.error_code, &format!("delete {name}"))?;
+                check_msg(
+                    t.error_code,
+                    t.error_message.as_ref(),
+                    &format!("delete {name}"),
+                )?;
             }
             emit(
                 json_out,

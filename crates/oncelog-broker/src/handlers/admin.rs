@@ -49,7 +49,7 @@ fn topic_error_code(e: &TopicError) -> ErrorCode {
         TopicError::InvalidName(..) => ErrorCode::InvalidTopicException,
         TopicError::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
         TopicError::InvalidConfig(_) => ErrorCode::InvalidConfig,
-        TopicError::Storage(_) => ErrorCode::KafkaStorageError,
+        TopicError::Storage(_) | TopicError::DataDir(_) => ErrorCode::KafkaStorageError,
         // As Kafka: an internal name is not a valid name to create or write;
         // changing an internal topic is not something a client may do.
         TopicError::Internal {

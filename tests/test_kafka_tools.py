@@ -179,7 +179,7 @@ def test_find_hanging_and_abort_an_orphaned_transaction(broker, tool):
         lost.produce(topic, value=b"orphan-%d" % i, partition=0, timestamp=five_min_ago)
     lost.flush(30)
     broker.stop()
-    shutil.rmtree(broker.data_dir / "__transaction_state-0")
+    shutil.rmtree(broker.data_dir / "internal" / "__transaction_state-0")
     broker.start()
     plain = Producer(producer_config(broker.bootstrap))
     plain.produce(topic, value=b"after", partition=0)

@@ -383,7 +383,7 @@ def test_orphaned_transaction_is_aborted_at_its_partition(broker):
     p.produce(topic, value=b"orphan", partition=0)
     p.flush(30)
     broker.stop()
-    shutil.rmtree(broker.data_dir / "__transaction_state-0")
+    shutil.rmtree(broker.data_dir / "internal" / "__transaction_state-0")
     broker.start()
     c = Consumer(consumer_config(broker.bootstrap, **{"isolation.level": "read_committed"}))
     assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1] == 0
@@ -423,7 +423,7 @@ def test_orphaned_transaction_is_reported_and_healed(broker_factory):
     time.sleep(1.0)
     assert "orphaned transaction" not in b.log_text()
     b.stop()
-    shutil.rmtree(b.data_dir / "__transaction_state-0")
+    shutil.rmtree(b.data_dir / "internal" / "__transaction_state-0")
     b.overrides["transaction.auto.heal"] = "true"
     b.start()
     c = Consumer(consumer_config(b.bootstrap, **{"isolation.level": "read_committed"}))

@@ -274,24 +274,42 @@ impl BrokerConfig {
         }
         positive("message.max.bytes", c.message_max_bytes)?;
         positive("fetch.max.bytes", c.fetch_max_bytes as i64)?;
-        positive("max.partitions.per.topic", i64::from(c.max_partitions_per_topic))?;
+        positive(
+            "max.partitions.per.topic",
+            i64::from(c.max_partitions_per_topic),
+        )?;
         positive("max.partitions", c.max_partitions)?;
         // Durations: -1 means "no limit" where Kafka allows it, never less.
         for (k, v) in [
             ("log.retention.ms", c.retention_ms),
             ("log.retention.bytes", c.retention_bytes),
-            ("log.cache.keep.bytes", parse::<i64>("log.cache.keep.bytes", &get("log.cache.keep.bytes"))?),
+            (
+                "log.cache.keep.bytes",
+                parse::<i64>("log.cache.keep.bytes", &get("log.cache.keep.bytes"))?,
+            ),
         ] {
             at_least(k, v, -1, "must be -1 (no limit) or more")?;
         }
         for (k, v) in [
             ("log.roll.ms", c.segment_ms),
-            ("transaction.max.timeout.ms", i64::from(c.transaction_max_timeout_ms)),
-            ("transactional.id.expiration.ms", c.transactional_id_expiration_ms),
+            (
+                "transaction.max.timeout.ms",
+                i64::from(c.transaction_max_timeout_ms),
+            ),
+            (
+                "transactional.id.expiration.ms",
+                c.transactional_id_expiration_ms,
+            ),
             ("producer.id.expiration.ms", c.producer_id_expiration_ms),
             ("offsets.retention.minutes", c.offsets_retention_minutes),
-            ("group.min.session.timeout.ms", i64::from(c.group_min_session_timeout_ms)),
-            ("group.max.session.timeout.ms", i64::from(c.group_max_session_timeout_ms)),
+            (
+                "group.min.session.timeout.ms",
+                i64::from(c.group_min_session_timeout_ms),
+            ),
+            (
+                "group.max.session.timeout.ms",
+                i64::from(c.group_max_session_timeout_ms),
+            ),
         ] {
             positive(k, v)?;
         }
@@ -302,7 +320,10 @@ impl BrokerConfig {
                 why: "must not exceed group.max.session.timeout.ms".into(),
             });
         }
-        positive("transaction.heal.check.interval.ms", c.transaction_heal_check_interval_ms as i64)?;
+        positive(
+            "transaction.heal.check.interval.ms",
+            c.transaction_heal_check_interval_ms as i64,
+        )?;
         if c.data_dir.as_os_str().is_empty() {
             return Err(ConfigError::Invalid {
                 key: "data.dir".into(),

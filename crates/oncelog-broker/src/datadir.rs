@@ -151,13 +151,8 @@ pub fn migrate(data_dir: &Path) -> Result<(), TopicError> {
                 "an internal log exists in both layouts; keeping the one under internal/ and leaving the other untouched for an operator to inspect");
             continue;
         }
-        std::fs::rename(&old, &new).map_err(|e| {
-            storage(format!(
-                "move {} to {}: {e}",
-                old.display(),
-                new.display()
-            ))
-        })?;
+        std::fs::rename(&old, &new)
+            .map_err(|e| storage(format!("move {} to {}: {e}", old.display(), new.display())))?;
         sync_dir(&internal)?;
         sync_dir(data_dir)?;
         tracing::info!(from = %old.display(), to = %new.display(), "internal log moved to the internal/ directory");
@@ -203,7 +198,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let held = lock(dir.path()).unwrap();
         let err = lock(dir.path()).unwrap_err().to_string();
-        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
         assert!(err.contains("in use"), "{err}");
         drop(held);
         lock(dir.path()).unwrap();

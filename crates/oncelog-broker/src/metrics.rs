@@ -1,7 +1,10 @@
-//! Metrics in the Prometheus text format at `/metrics`, and `/health`, on a
-//! small HTTP listener (`metrics.listen`). Label cardinality is bounded:
-//! partitions and groups are what the operator created; fence counters keep
-//! at most [`crate::txn_service::MAX_FENCE_LABELS`] transactional ids.
+//! Metrics in the Prometheus text format at `/metrics`, `/health`, and
+//! `GET /v1/transactions/<id>/history` (JSON: a transactional id's epochs,
+//! fences and recent events, see [`crate::txn_history`]; the id
+//! percent-encoded), on a small HTTP listener (`metrics.listen`). Label
+//! cardinality is bounded: partitions and groups are what the operator
+//! created; fence and zombie-write counters keep at most
+//! [`crate::txn_service::MAX_FENCE_LABELS`] transactional ids.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -133,6 +136,19 @@ pub async fn render(b: &Arc<Broker>) -> String {
             esc(id)
         );
     }
+    family(
+        &mut out,
+        "oncelog_rejected_zombie_writes_total",
+        "counter",
+        "Transactional produce batches refused: a fenced producer's late write, or a partition outside its producer's open transaction.",
+    );
+    for (id, n) in &stats.zombie_writes {
+        let _ = writeln!(
+            out,
+            "oncelog_rejected_zombie_writes_total{{transactional_id=\"{}\"}} {n}",
+            esc(id)
+        );
+    }
     family(&mut out, "oncelog_topic_transactional_writers", "gauge",
         "Distinct transactional-id prefixes that committed to a topic within the last minute (more than one: outputs add up).");
     for (topic, prefixes) in b.writers.live(now_ms()) {
@@ -233,7 +249,52 @@ pub async fn render(b: &Arc<Broker>) -> String {
     out
 }
 
-/// Serves `/metrics` and `/health` until the process ends.
+/// Why a history path is not understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("bad percent-encoding in the transactional id")]
+    BadEncoding,
+    #[error("empty transactional id")]
+    Empty,
+}
+
+/// The transactional id of a `/v1/transactions/<id>/history` path
+/// (percent-decoded); `None` for any other path.
+pub fn history_id(path: &str) -> Option<Result<String, PathError>> {
+    let raw = path
+        .strip_prefix("/v1/transactions/")?
+        .strip_suffix("/history")?;
+    Some(percent_decode(raw).and_then(|id| {
+        if id.is_empty() {
+            Err(PathError::Empty)
+        } else {
+            Ok(id)
+        }
+    }))
+}
+
+fn percent_decode(s: &str) -> Result<String, PathError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).ok_or(PathError::BadEncoding)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return Err(PathError::BadEncoding);
+            }
+            let hex = std::str::from_utf8(hex).map_err(|_| PathError::BadEncoding)?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| PathError::BadEncoding)?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| PathError::BadEncoding)
+}
+
+/// Serves `/metrics`, `/health` and transaction histories until the process ends.
 pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
     loop {
         let Ok((mut s, _)) = listener.accept().await else {
@@ -262,11 +323,20 @@ pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
                 return;
             }
             let line = String::from_utf8_lossy(&buf[..n]);
-            let path = line.split_whitespace().nth(1).unwrap_or("");
+            let target = line.split_whitespace().nth(1).unwrap_or("");
+            let path = target.split('?').next().unwrap_or("");
             let (status, body, ctype) = match path {
                 "/metrics" => ("200 OK", render(&b).await, "text/plain; version=0.0.4"),
                 "/health" => ("200 OK", "ok\n".to_string(), "text/plain"),
-                _ => ("404 Not Found", "not found\n".to_string(), "text/plain"),
+                _ => match history_id(path) {
+                    Some(Ok(id)) => {
+                        let v = b.txn.history_json(&id);
+                        let body = serde_json::to_string_pretty(&v).unwrap_or_default() + "\n";
+                        ("200 OK", body, "application/json")
+                    }
+                    Some(Err(why)) => ("400 Bad Request", format!("{why}\n"), "text/plain"),
+                    None => ("404 Not Found", "not found\n".to_string(), "text/plain"),
+                },
             };
             let resp = format!(
                 "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -275,5 +345,40 @@ pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
             let _ = s.write_all(resp.as_bytes()).await;
             let _ = s.shutdown().await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_paths() {
+        assert_eq!(
+            history_id("/v1/transactions/fare-writer-7/history"),
+            Some(Ok("fare-writer-7".to_string()))
+        );
+        assert_eq!(
+            history_id("/v1/transactions/a%2Fb%20c%C3%A9/history"),
+            Some(Ok("a/b cé".to_string()))
+        );
+        assert_eq!(
+            history_id("/v1/transactions/%zz/history"),
+            Some(Err(PathError::BadEncoding))
+        );
+        assert_eq!(
+            history_id("/v1/transactions/%4/history"),
+            Some(Err(PathError::BadEncoding))
+        );
+        assert_eq!(
+            history_id("/v1/transactions//history"),
+            Some(Err(PathError::Empty))
+        );
+        assert_eq!(
+            history_id("/v1/transactions/%+4/history"),
+            Some(Err(PathError::BadEncoding))
+        );
+        assert_eq!(history_id("/metrics"), None);
+        assert_eq!(history_id("/v1/transactions/x"), None);
     }
 }

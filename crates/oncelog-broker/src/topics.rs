@@ -543,8 +543,8 @@ impl Topics {
             )));
         }
         if let Some(limit) = datadir::open_files_limit() {
-            let open = datadir::open_files_now()
-                .unwrap_or(total.max(0) as u64 * FILES_PER_PARTITION);
+            let open =
+                datadir::open_files_now().unwrap_or(total.max(0) as u64 * FILES_PER_PARTITION);
             let reserve = (limit / 4).min(1024);
             let need = adding.max(0) as u64 * FILES_PER_PARTITION;
             if open.saturating_add(need).saturating_add(reserve) > limit {
@@ -563,9 +563,8 @@ impl Topics {
     fn stage(&self, meta: &TopicMeta, from: i32, to: i32) -> Result<(), TopicError> {
         let staged = self.staged_dir(meta.id);
         let res = (|| -> Result<(), TopicError> {
-            std::fs::create_dir_all(&staged).map_err(|e| {
-                TopicError::Storage(format!("create {}: {e}", staged.display()))
-            })?;
+            std::fs::create_dir_all(&staged)
+                .map_err(|e| TopicError::Storage(format!("create {}: {e}", staged.display())))?;
             for p in from..to {
                 let d = staged.join(format!("{}-{p}", meta.name));
                 Log::open(&d, self.log_config(meta))?;
@@ -748,16 +747,14 @@ impl Topics {
         let meta = t.meta();
         let staged = self.staged_dir(meta.id);
         let moved = (|| -> Result<(), TopicError> {
-            std::fs::create_dir_all(&staged).map_err(|e| {
-                TopicError::Storage(format!("create {}: {e}", staged.display()))
-            })?;
+            std::fs::create_dir_all(&staged)
+                .map_err(|e| TopicError::Storage(format!("create {}: {e}", staged.display())))?;
             for p in 0..t.partition_count() {
                 let src = self.partition_dir(name, p);
                 let dst = staged.join(format!("{name}-{p}"));
                 if src.exists() {
-                    std::fs::rename(&src, &dst).map_err(|e| {
-                        TopicError::Storage(format!("move {}: {e}", src.display()))
-                    })?;
+                    std::fs::rename(&src, &dst)
+                        .map_err(|e| TopicError::Storage(format!("move {}: {e}", src.display())))?;
                 }
             }
             datadir::sync_dir(&staged)?;
@@ -960,9 +957,8 @@ fn move_staged(dir: &Path, meta: &TopicMeta, from: i32, to: i32) -> Result<(), T
         }
         let dst = dir.join(format!("{}-{p}", meta.name));
         if dst.exists() {
-            std::fs::remove_dir_all(&dst).map_err(|e| {
-                TopicError::Storage(format!("remove stale {}: {e}", dst.display()))
-            })?;
+            std::fs::remove_dir_all(&dst)
+                .map_err(|e| TopicError::Storage(format!("remove stale {}: {e}", dst.display())))?;
         }
         std::fs::rename(&src, &dst)
             .map_err(|e| TopicError::Storage(format!("move {}: {e}", src.display())))?;
@@ -997,7 +993,10 @@ fn finish_staged(dir: &Path, topics: &[TopicMeta]) -> Result<(), TopicError> {
         })
         .unwrap_or_default();
     if !left.is_empty() {
-        tracing::info!(entries = left.len(), "removing uncommitted or deleted partitions from staging/");
+        tracing::info!(
+            entries = left.len(),
+            "removing uncommitted or deleted partitions from staging/"
+        );
     }
     match std::fs::remove_dir_all(&staging) {
         Ok(()) => {}
@@ -1038,10 +1037,28 @@ mod tests {
         let topics = Topics::open(&config(dir.path())).unwrap();
         for name in datadir::INTERNAL_TOPICS {
             let e = topics.create(name, 1, BTreeMap::new(), false).unwrap_err();
-            assert!(matches!(e, TopicError::Internal { action: "create", .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    TopicError::Internal {
+                        action: "create",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
             assert!(e.to_string().contains("internal topic"), "{e}");
             let e = topics.delete(name).unwrap_err();
-            assert!(matches!(e, TopicError::Internal { action: "delete", .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    TopicError::Internal {
+                        action: "delete",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
             let e = topics.add_partitions(name, 2, false).unwrap_err();
             assert!(matches!(e, TopicError::Internal { .. }), "{e}");
             let e = topics.set_configs(name, BTreeMap::new()).unwrap_err();
@@ -1054,7 +1071,9 @@ mod tests {
     fn limits_are_checked_before_anything_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let topics = Topics::open(&config(dir.path())).unwrap();
-        let e = topics.create("big", 51, BTreeMap::new(), false).unwrap_err();
+        let e = topics
+            .create("big", 51, BTreeMap::new(), false)
+            .unwrap_err();
         assert!(e.to_string().contains("max.partitions.per.topic"), "{e}");
         topics.create("t", 2, BTreeMap::new(), false).unwrap();
         let e = topics.add_partitions("t", 51, false).unwrap_err();
@@ -1091,8 +1110,11 @@ mod tests {
         let staged = datadir::staging_dir(dir.path()).join(meta.id.simple().to_string());
         std::fs::create_dir_all(&staged).unwrap();
         for p in 0..3 {
-            std::fs::rename(dir.path().join(format!("kept-{p}")), staged.join(format!("kept-{p}")))
-                .unwrap();
+            std::fs::rename(
+                dir.path().join(format!("kept-{p}")),
+                staged.join(format!("kept-{p}")),
+            )
+            .unwrap();
         }
         // And an uncommitted create of another topic.
         let orphan = datadir::staging_dir(dir.path()).join("0123");
@@ -1129,9 +1151,12 @@ mod tests {
         let path = dir.path().join("topics.json");
         let mut cat: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        cat["topics"].as_array_mut().unwrap().push(serde_json::json!({
-            "name": "__consumer_offsets", "id": Uuid::new_v4(), "partitions": 1, "configs": {}
-        }));
+        cat["topics"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "name": "__consumer_offsets", "id": Uuid::new_v4(), "partitions": 1, "configs": {}
+            }));
         std::fs::write(&path, serde_json::to_vec(&cat).unwrap()).unwrap();
         let topics = Topics::open(&config(dir.path())).unwrap();
         assert!(topics.get("__consumer_offsets").is_none());

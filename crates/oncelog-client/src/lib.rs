@@ -14,25 +14,132 @@ use kafka_protocol::protocol::{Decodable, Encodable, Message, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// The port a bootstrap address without one gets, as every Kafka tool assumes.
+pub const DEFAULT_PORT: u16 = 9092;
+
+/// How long the first exchange (ApiVersions) may take before the peer is
+/// judged not to be a Kafka broker.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every error says its cause once: the variant's message adds what the
+/// cause does not say (which peer, which step), and the cause follows it in
+/// the chain.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot connect to {addr}: {source}")]
+    #[error("cannot connect to {addr}")]
     Connect {
         addr: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("connection: {0}")]
-    Io(#[from] std::io::Error),
+    #[error("cannot connect to {addr}: no answer within {secs} s")]
+    ConnectTimeout { addr: String, secs: u64 },
+    #[error("{addr}: {why}")]
+    NotKafka { addr: String, why: String },
+    #[error("{addr} did not answer as a Kafka broker: {why}")]
+    NoAnswer { addr: String, why: String },
+    #[error("{addr} closed the connection")]
+    Closed { addr: String },
+    #[error("connection to {addr}")]
+    Io {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("timed out waiting for {0:?}")]
     Timeout(ApiKey),
     #[error("the broker does not support {0:?}")]
     Unsupported(ApiKey),
     #[error("protocol: {0}")]
     Codec(String),
+    #[error("bad bootstrap address: {0}")]
+    Address(String),
+}
+
+/// Normalises one bootstrap address: `host` gets the default port 9092,
+/// `host:port` stays, IPv6 literals get brackets (`::1` → `[::1]:9092`).
+pub fn with_default_port(addr: &str) -> Result<String, ClientError> {
+    let a = addr.trim();
+    let bad = |why: &str| ClientError::Address(format!("{a:?}: {why}"));
+    if a.is_empty() {
+        return Err(bad("empty"));
+    }
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        let (h, after) = rest
+            .split_once(']')
+            .ok_or_else(|| bad("no closing ] after an IPv6 address"))?;
+        match after {
+            "" => (format!("[{h}]"), None),
+            p => (
+                format!("[{h}]"),
+                Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| bad("expected :PORT after ]"))?,
+                ),
+            ),
+        }
+    } else {
+        match a.matches(':').count() {
+            0 => (a.to_string(), None),
+            1 => {
+                let (h, p) = a.split_once(':').unwrap_or((a, ""));
+                (h.to_string(), Some(p))
+            }
+            _ => (format!("[{a}]"), None), // a bare IPv6 address
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return Err(bad("no host"));
+    }
+    let port = match port {
+        None | Some("") => DEFAULT_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| bad(&format!("port {p:?} is not a number from 0 to 65535")))?,
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// Normalises a comma-separated list of bootstrap addresses (for clap).
+pub fn parse_bootstrap(list: &str) -> Result<String, String> {
+    let addrs: Vec<String> = list
+        .split(',')
+        .filter(|a| !a.trim().is_empty())
+        .map(with_default_port)
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    if addrs.is_empty() {
+        return Err("no address given".into());
+    }
+    Ok(addrs.join(","))
+}
+
+/// Says what a reply that is not a Kafka frame most likely came from.
+fn not_kafka(first: [u8; 4]) -> String {
+    match first {
+        // A status line, or (an HTTP/0.9-style answer to a request line
+        // that is not HTTP, as Python's http.server sends) an HTML page.
+        [b'H', b'T', b'T', b'P'] | [b'<', b'!' | b'h' | b'H', _, _] => {
+            "this looks like an HTTP server, not a Kafka broker".into()
+        }
+        [0x15 | 0x16, 0x03, _, _] => {
+            "this looks like a TLS server (an SSL listener?); the CLI speaks plaintext Kafka".into()
+        }
+        [b'S', b'S', b'H', b'-'] => "this looks like an SSH server, not a Kafka broker".into(),
+        b => format!(
+            "not a Kafka broker? its reply starts with {:02x} {:02x} {:02x} {:02x} ({:?}), \
+             not a Kafka frame length",
+            b[0],
+            b[1],
+            b[2],
+            b[3],
+            String::from_utf8_lossy(&b)
+        ),
+    }
 }
 
 pub struct Client {
+    addr: String,
     stream: TcpStream,
     correlation: i32,
     versions: HashMap<i16, (i16, i16)>,
@@ -40,33 +147,78 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects and learns the broker's API versions.
-    pub async fn connect(addr: &str) -> Result<Self, ClientError> {
-        let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(addr))
+    /// Connects to the first of the comma-separated `bootstrap` addresses
+    /// that answers (`host` alone means port 9092) and learns its API
+    /// versions.
+    pub async fn connect(bootstrap: &str) -> Result<Self, ClientError> {
+        let mut last = None;
+        for addr in bootstrap.split(',').filter(|a| !a.trim().is_empty()) {
+            match Self::connect_one(&with_default_port(addr)?).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Address("no address given".into())))
+    }
+
+    async fn connect_one(addr: &str) -> Result<Self, ClientError> {
+        let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
             .await
-            .map_err(|_| ClientError::Connect {
+            .map_err(|_| ClientError::ConnectTimeout {
                 addr: addr.to_string(),
-                source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+                secs: HANDSHAKE_TIMEOUT.as_secs(),
             })?
             .map_err(|e| ClientError::Connect {
                 addr: addr.to_string(),
                 source: e,
             })?;
         let mut c = Self {
+            addr: addr.to_string(),
             stream,
-            correlation: 0,
+            // The first request's correlation id is 10: its bytes end in 0x0a,
+            // a newline, so a line-oriented server (HTTP) that is reached by
+            // mistake sees a complete line and answers, and the answer tells
+            // what it is instead of a silent wait.
+            correlation: 9,
             versions: HashMap::new(),
-            timeout: Duration::from_secs(30),
+            timeout: HANDSHAKE_TIMEOUT,
         };
-        let av: ApiVersionsResponse = c
+        let av: ApiVersionsResponse = match c
             .send(ApiKey::ApiVersions, 0, &ApiVersionsRequest::default())
-            .await?;
+            .await
+        {
+            Ok(av) => av,
+            Err(ClientError::Timeout(_)) => {
+                return Err(ClientError::NoAnswer {
+                    addr: addr.to_string(),
+                    why: format!(
+                        "no reply to ApiVersions within {} s",
+                        HANDSHAKE_TIMEOUT.as_secs()
+                    ),
+                })
+            }
+            Err(ClientError::Closed { .. }) => {
+                return Err(ClientError::NoAnswer {
+                    addr: addr.to_string(),
+                    why: "it closed the connection before replying to ApiVersions \
+                          (a TLS or SASL listener, or not Kafka at all?)"
+                        .into(),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        c.timeout = Duration::from_secs(30);
         c.versions = av
             .api_keys
             .iter()
             .map(|k| (k.api_key, (k.min_version, k.max_version)))
             .collect();
         Ok(c)
+    }
+
+    /// The address this client is connected to.
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 
     /// The broker's (min, max) version of every API it advertises.
@@ -152,18 +304,32 @@ impl Client {
             .map_err(|e| ClientError::Codec(e.to_string()))?;
         let len = (buf.len() - 4) as i32;
         buf[..4].copy_from_slice(&len.to_be_bytes());
+        let addr = &self.addr;
+        let stream = &mut self.stream;
+        let io_err = |e: std::io::Error| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                ClientError::Closed { addr: addr.clone() }
+            } else {
+                ClientError::Io {
+                    addr: addr.clone(),
+                    source: e,
+                }
+            }
+        };
         let io = async {
-            self.stream.write_all(&buf).await?;
-            let n = self.stream.read_i32().await?;
+            stream.write_all(&buf).await.map_err(io_err)?;
+            let mut len = [0u8; 4];
+            stream.read_exact(&mut len).await.map_err(io_err)?;
+            let n = i32::from_be_bytes(len);
             if !(0..=256 << 20).contains(&n) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("response of {n} bytes"),
-                ));
+                return Err(ClientError::NotKafka {
+                    addr: addr.clone(),
+                    why: not_kafka(len),
+                });
             }
             let mut body = vec![0u8; n as usize];
-            self.stream.read_exact(&mut body).await?;
-            Ok::<_, std::io::Error>(body)
+            stream.read_exact(&mut body).await.map_err(io_err)?;
+            Ok::<_, ClientError>(body)
         };
         let body = tokio::time::timeout(self.timeout, io)
             .await
@@ -185,5 +351,33 @@ impl Client {
             )));
         }
         Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bootstrap_addresses_get_the_default_port() {
+        let n = |a: &str| with_default_port(a).map_err(|e| e.to_string());
+        assert_eq!(n("localhost").as_deref(), Ok("localhost:9092"));
+        assert_eq!(n("kafka1:19092").as_deref(), Ok("kafka1:19092"));
+        assert_eq!(n("host:").as_deref(), Ok("host:9092"));
+        assert_eq!(n("::1").as_deref(), Ok("[::1]:9092"));
+        assert_eq!(n("[::1]").as_deref(), Ok("[::1]:9092"));
+        assert_eq!(n("[::1]:9093").as_deref(), Ok("[::1]:9093"));
+        assert!(n("host:99999").is_err());
+        assert!(n(":9092").is_err());
+        assert_eq!(parse_bootstrap("a, b:1,").as_deref(), Ok("a:9092,b:1"));
+        assert!(parse_bootstrap(" , ").is_err());
+    }
+
+    #[test]
+    fn foreign_replies_are_named() {
+        assert!(not_kafka(*b"HTTP").contains("HTTP server"));
+        assert!(not_kafka(*b"<!DO").contains("HTTP server"));
+        assert!(not_kafka([0x15, 0x03, 0x03, 0x00]).contains("TLS"));
+        assert!(not_kafka(*b"\xff\xff\xff\xff").contains("ff ff ff ff"));
     }
 }

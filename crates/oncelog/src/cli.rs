@@ -56,6 +56,8 @@ use kafka_protocol::protocol::StrBytes;
 use oncelog_client::Client;
 use serde_json::{json, Value};
 
+mod history;
+
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
@@ -97,8 +99,23 @@ pub enum TxnCmd {
         #[arg(long = "state")]
         states: Vec<String>,
     },
-    /// Describe one transactional id.
-    Describe { transactional_id: String },
+    /// Describe one transactional id: its state (Kafka protocol), and from
+    /// the broker's HTTP port the epochs, fences (when, cause, old -> new
+    /// epoch, the fencing client's client.id and address) and recent events.
+    Describe {
+        transactional_id: String,
+        /// The broker's HTTP endpoint (`metrics.listen`); default
+        /// http://<bootstrap host>:9644.
+        #[arg(long, value_name = "URL")]
+        admin: Option<String>,
+    },
+    /// The recent events of one transactional id (from the broker's HTTP port).
+    History {
+        transactional_id: String,
+        /// The broker's HTTP endpoint; default http://<bootstrap host>:9644.
+        #[arg(long, value_name = "URL")]
+        admin: Option<String>,
+    },
     /// The producers a partition knows (epoch, last sequence, open transaction).
     Producers { topic: String, partition: i32 },
     /// Open transactions older than --min-age-ms, with the partitions they pin.
@@ -107,7 +124,8 @@ pub enum TxnCmd {
         min_age_ms: i64,
     },
     /// Abort the open transaction a partition shows for a producer (through
-    /// the coordinator when it knows the transaction).
+    /// the coordinator when it knows the transaction). Fails with "nothing
+    /// open" when neither the partition nor the coordinator has one.
     Abort {
         topic: String,
         partition: i32,
@@ -547,7 +565,11 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
                 rows,
             );
         }
-        TxnCmd::Describe { transactional_id } => {
+        TxnCmd::Describe {
+            transactional_id,
+            admin,
+        } => {
+            let admin = admin.unwrap_or_else(|| history::default_admin_url(bootstrap));
             let req = DescribeTransactionsRequest::default()
                 .with_transactional_ids(vec![TransactionalId(s(&transactional_id))]);
             let (r, _) = c
@@ -567,10 +589,20 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
                         .map(move |p| format!("{}-{p}", x.topic.0.as_str()))
                 })
                 .collect();
-            let v = json!({"transactional_id": transactional_id, "state": t.transaction_state.as_str(),
+            let mut v = json!({"transactional_id": transactional_id, "state": t.transaction_state.as_str(),
                 "producer_id": t.producer_id.0, "producer_epoch": t.producer_epoch,
                 "timeout_ms": t.transaction_timeout_ms, "start_time_ms": t.transaction_start_time_ms,
                 "partitions": parts});
+            // The Kafka protocol has no history: it comes from the HTTP port,
+            // and its absence must not hide what the protocol told.
+            let hist = history::fetch(&admin, &transactional_id).await;
+            match &hist {
+                Ok(h) => v["history"] = h.clone(),
+                Err(e) => {
+                    v["history"] = Value::Null;
+                    v["history_unavailable"] = json!(format!("{e:#}"));
+                }
+            }
             emit(
                 json_out,
                 &v,
@@ -590,6 +622,28 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
                     t.transaction_timeout_ms.to_string(),
                     parts.join(","),
                 ]],
+            );
+            if !json_out {
+                match &hist {
+                    Ok(h) => history::print_sections(h, table),
+                    Err(e) => println!("\nhistory: unavailable ({e:#})"),
+                }
+            }
+        }
+        TxnCmd::History {
+            transactional_id,
+            admin,
+        } => {
+            let admin = admin.unwrap_or_else(|| history::default_admin_url(bootstrap));
+            let h = history::fetch(&admin, &transactional_id).await?;
+            let v = json!({"transactional_id": transactional_id,
+                "history_since_ms": h["history_since_ms"], "events": h["events"],
+                "events_dropped": h["events_dropped"]});
+            emit(
+                json_out,
+                &v,
+                history::EVENT_HEADERS,
+                history::event_rows(&h),
             );
         }
         TxnCmd::Producers { topic, partition } => {
@@ -684,6 +738,18 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             producer_epoch,
             coordinator_epoch,
         } => {
+            let held = coordinator_transaction(&mut c, producer_id).await?;
+            let open_here = producers(&mut c, &topic, partition)
+                .await?
+                .iter()
+                .any(|r| r[0] == producer_id.to_string() && r[5] != "-1");
+            if held.is_none() && !open_here {
+                bail!(
+                    "nothing open: producer {producer_id} has no open transaction at \
+                     {topic}-{partition}, and the transaction coordinator holds none for it; \
+                     nothing was aborted"
+                );
+            }
             let req =
                 WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
                     .with_producer_id(ProducerId(producer_id))
@@ -705,16 +771,40 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             }
             emit(
                 json_out,
-                &json!({"aborted": {"topic": topic, "partition": partition, "producer_id": producer_id}}),
-                &["ABORTED", "PRODUCER-ID"],
+                &json!({"aborted": {"topic": topic, "partition": partition, "producer_id": producer_id,
+                    "transactional_id": held}}),
+                &["ABORTED", "PRODUCER-ID", "TRANSACTIONAL-ID"],
                 vec![vec![
                     format!("{topic}-{partition}"),
                     producer_id.to_string(),
+                    held.clone().unwrap_or_else(|| "-".to_string()),
                 ]],
             );
         }
     }
     Ok(())
+}
+
+/// The transactional id whose transaction the coordinator holds open (or is
+/// completing) for `pid`, if any.
+async fn coordinator_transaction(c: &mut Client, pid: i64) -> Result<Option<String>> {
+    let req = ListTransactionsRequest::default()
+        .with_producer_id_filters(vec![ProducerId(pid)])
+        .with_duration_filter(-1);
+    let (r, _) = c
+        .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, &req)
+        .await?;
+    check(r.error_code, "list transactions")?;
+    Ok(r.transaction_states
+        .iter()
+        .find(|t| {
+            t.producer_id.0 == pid
+                && matches!(
+                    t.transaction_state.as_str(),
+                    "Ongoing" | "PrepareCommit" | "PrepareAbort"
+                )
+        })
+        .map(|t| t.transactional_id.0.to_string()))
 }
 
 async fn producers(c: &mut Client, topic: &str, partition: i32) -> Result<Vec<Vec<String>>> {
@@ -777,7 +867,28 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
                 )
                 .await?;
             let g = d.groups.first().ok_or_else(|| anyhow!("empty answer"))?;
+            // Kafka answers an unknown group with state Dead (or, from
+            // DescribeGroups v6, GROUP_ID_NOT_FOUND).
+            if g.error_code == GROUP_ID_NOT_FOUND || g.group_state.as_str() == "Dead" {
+                bail!("group {group} does not exist");
+            }
             check(g.error_code, &format!("describe {group}"))?;
+            let consumer = g.protocol_type.as_str() == "consumer";
+            let members: Vec<Member> = g
+                .members
+                .iter()
+                .map(|m| Member {
+                    member_id: m.member_id.to_string(),
+                    client_id: m.client_id.to_string(),
+                    host: m.client_host.to_string(),
+                    instance_id: m.group_instance_id.as_ref().map(|x| x.to_string()),
+                    assignment: if consumer {
+                        decode_assignment(&m.member_assignment)
+                    } else {
+                        None
+                    },
+                })
+                .collect();
             let (o, _) = c
                 .call::<_, OffsetFetchResponse>(
                     ApiKey::OffsetFetch,
@@ -808,8 +919,8 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
             }
             lag_rows.sort();
             let v = json!({"group": group, "state": g.group_state.as_str(), "protocol": g.protocol_data.as_str(),
-                "members": g.members.iter().map(|m| json!({"member_id": m.member_id.as_str(), "client_id": m.client_id.as_str(),
-                    "host": m.client_host.as_str()})).collect::<Vec<_>>(),
+                "protocol_type": g.protocol_type.as_str(),
+                "members": members.iter().map(Member::to_json).collect::<Vec<_>>(),
                 "offsets": lag_rows.iter().map(|r| json!({"topic": r[0], "partition": r[1].parse::<i64>().unwrap_or(-1),
                     "committed": r[2].parse::<i64>().unwrap_or(-1), "last_stable_offset": r[3].parse::<i64>().unwrap_or(-1),
                     "lag": r[4].parse::<i64>().unwrap_or(-1)})).collect::<Vec<_>>()});
@@ -822,6 +933,19 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
                     g.members.len(),
                     g.protocol_data.as_str()
                 );
+                if !members.is_empty() {
+                    table(
+                        &[
+                            "MEMBER-ID",
+                            "CLIENT-ID",
+                            "HOST",
+                            "INSTANCE-ID",
+                            "ASSIGNMENT",
+                        ],
+                        &members.iter().map(Member::row).collect::<Vec<_>>(),
+                    );
+                    println!();
+                }
                 table(
                     &["TOPIC", "PARTITION", "COMMITTED", "LSO", "LAG"],
                     &lag_rows,
@@ -983,4 +1107,120 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
         }
     }
     Ok(())
+}
+
+/// Kafka's GROUP_ID_NOT_FOUND.
+const GROUP_ID_NOT_FOUND: i16 = 69;
+
+/// One member of a group, as DescribeGroups tells it.
+struct Member {
+    member_id: String,
+    client_id: String,
+    host: String,
+    instance_id: Option<String>,
+    /// (topic, partitions), for a consumer group whose assignment decodes.
+    assignment: Option<Vec<(String, Vec<i32>)>>,
+}
+
+impl Member {
+    fn to_json(&self) -> Value {
+        json!({"member_id": self.member_id, "client_id": self.client_id, "host": self.host,
+            "instance_id": self.instance_id,
+            "assignment": self.assignment.as_ref().map(|a| a.iter()
+                .map(|(t, ps)| json!({"topic": t, "partitions": ps})).collect::<Vec<_>>())})
+    }
+
+    fn row(&self) -> Vec<String> {
+        let assignment = match &self.assignment {
+            None => "-".to_string(),
+            Some(a) if a.is_empty() => "(none)".to_string(),
+            Some(a) => a
+                .iter()
+                .flat_map(|(t, ps)| ps.iter().map(move |p| format!("{t}-{p}")))
+                .collect::<Vec<_>>()
+                .join(","),
+        };
+        vec![
+            self.member_id.clone(),
+            self.client_id.clone(),
+            self.host.clone(),
+            self.instance_id.clone().unwrap_or_else(|| "-".to_string()),
+            assignment,
+        ]
+    }
+}
+
+/// A consumer-protocol assignment (version, then the fields of that
+/// version; a newer version than we know is read as our newest, whose
+/// fields it starts with): topic-partitions sorted. `None` when the bytes do
+/// not decode (or there are none: the member has no assignment yet).
+fn decode_assignment(raw: &bytes::Bytes) -> Option<Vec<(String, Vec<i32>)>> {
+    use bytes::Buf;
+    use kafka_protocol::messages::consumer_protocol_assignment::ConsumerProtocolAssignment;
+    use kafka_protocol::protocol::{Decodable, Message};
+    if raw.len() < 2 {
+        return None;
+    }
+    let mut buf = raw.clone();
+    let version = buf.get_i16();
+    if version < 0 {
+        return None;
+    }
+    let version = version.min(ConsumerProtocolAssignment::VERSIONS.max);
+    let a = ConsumerProtocolAssignment::decode(&mut buf, version).ok()?;
+    let mut out: Vec<(String, Vec<i32>)> = a
+        .assigned_partitions
+        .iter()
+        .map(|tp| {
+            let mut ps = tp.partitions.clone();
+            ps.sort_unstable();
+            (tp.topic.0.to_string(), ps)
+        })
+        .collect();
+    out.sort();
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BufMut;
+    use kafka_protocol::messages::consumer_protocol_assignment::{
+        ConsumerProtocolAssignment, TopicPartition,
+    };
+    use kafka_protocol::protocol::Encodable;
+
+    fn encoded(version: i16, a: &ConsumerProtocolAssignment) -> bytes::Bytes {
+        let mut b = bytes::BytesMut::new();
+        b.put_i16(version);
+        a.encode(&mut b, version.min(3)).unwrap();
+        b.freeze()
+    }
+
+    #[test]
+    fn assignments_decode_in_every_version() {
+        let a = ConsumerProtocolAssignment::default().with_assigned_partitions(vec![
+            TopicPartition::default()
+                .with_topic(TopicName(s("b")))
+                .with_partitions(vec![2, 0]),
+            TopicPartition::default()
+                .with_topic(TopicName(s("a")))
+                .with_partitions(vec![1]),
+        ]);
+        let want = vec![("a".to_string(), vec![1]), ("b".to_string(), vec![0, 2])];
+        for v in 0..=3 {
+            assert_eq!(
+                decode_assignment(&encoded(v, &a)),
+                Some(want.clone()),
+                "v{v}"
+            );
+        }
+        // A newer version starts with the fields we know.
+        assert_eq!(decode_assignment(&encoded(7, &a)), Some(want));
+        assert_eq!(decode_assignment(&bytes::Bytes::new()), None);
+        assert_eq!(
+            decode_assignment(&bytes::Bytes::from_static(b"\x00\x00\xff")),
+            None
+        );
+    }
 }

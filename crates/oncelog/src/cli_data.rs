@@ -13,6 +13,12 @@ use kafka_protocol::messages::add_partitions_to_txn_request::{
     AddPartitionsToTxnRequest, AddPartitionsToTxnTopic,
 };
 use kafka_protocol::messages::add_partitions_to_txn_response::AddPartitionsToTxnResponse;
+use kafka_protocol::messages::describe_producers_request::{
+    DescribeProducersRequest, TopicRequest,
+};
+use kafka_protocol::messages::describe_producers_response::DescribeProducersResponse;
+use kafka_protocol::messages::describe_transactions_request::DescribeTransactionsRequest;
+use kafka_protocol::messages::describe_transactions_response::DescribeTransactionsResponse;
 use kafka_protocol::messages::end_txn_request::EndTxnRequest;
 use kafka_protocol::messages::end_txn_response::EndTxnResponse;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
@@ -21,6 +27,8 @@ use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
 use kafka_protocol::messages::find_coordinator_response::FindCoordinatorResponse;
 use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
 use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
+use kafka_protocol::messages::list_transactions_request::ListTransactionsRequest;
+use kafka_protocol::messages::list_transactions_response::ListTransactionsResponse;
 use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
 use kafka_protocol::messages::metadata_response::MetadataResponse;
 use kafka_protocol::messages::offset_commit_request::{
@@ -138,7 +146,7 @@ impl Cluster {
                     Entry::Vacant(v) => {
                         let c = Client::connect(&a)
                             .await
-                            .with_context(|| format!("connecting to node {id} at {a}"))?;
+                            .with_context(|| format!("node {id} of the cluster's metadata"))?;
                         Ok(v.insert(c))
                     }
                 }
@@ -213,10 +221,12 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(asked: bool, what: &'static str) -> Self {
+    /// `auto`: whether a terminal on stderr may show it unasked (not when the
+    /// same terminal shows the records or the typing).
+    fn new(asked: bool, auto: bool, what: &'static str) -> Self {
         let tty = std::io::stderr().is_terminal();
         Self {
-            on: asked || tty,
+            on: asked || (tty && auto),
             tty,
             what,
             start: Instant::now(),
@@ -279,10 +289,19 @@ pub struct ProduceArgs {
     /// none, gzip, snappy, lz4 or zstd.
     #[arg(long, default_value = "none")]
     pub compression: String,
-    /// Records per produce request.
+    /// Records per produce request (at most).
     #[arg(long, default_value_t = 1000)]
     pub batch_records: usize,
-    /// Report progress on stderr every second (always on a terminal).
+    /// Send a line at most this many milliseconds after it was read (records
+    /// read meanwhile go in the same request), as Kafka's `linger.ms`.
+    #[arg(long, default_value_t = 5)]
+    pub linger_ms: u64,
+    /// Print each acknowledged record's partition and offset on stdout
+    /// (`Produced to partition 0 at offset 3 ...`, or a JSON object per record with --json).
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+    /// Report progress on stderr every second (on by default when stderr is a
+    /// terminal and stdin is not).
     #[arg(long)]
     pub progress: bool,
 }
@@ -449,12 +468,20 @@ impl Producer {
         bail!("end transaction: still busy after 30 tries")
     }
 
-    /// Sends `pending` (partition → records) and waits for the acknowledgements.
-    async fn send(&mut self, c: &mut Cluster, pending: BTreeMap<i32, Vec<Record>>) -> Result<()> {
+    /// Sends `pending` (partition → records) and waits for the
+    /// acknowledgements; returns each record's partition, offset and timestamp.
+    async fn send(
+        &mut self,
+        c: &mut Cluster,
+        pending: BTreeMap<i32, Vec<Record>>,
+    ) -> Result<Vec<Acked>> {
         let parts: Vec<i32> = pending.keys().copied().collect();
         self.add_partitions(c, &parts).await?;
         let mut by_leader: BTreeMap<i32, Vec<PartitionProduceData>> = BTreeMap::new();
+        let mut stamps: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+        let mut acked = Vec::new();
         for (p, mut recs) in pending {
+            stamps.insert(p, recs.iter().map(|r| r.timestamp).collect());
             let seq = self.sequences.entry(p).or_insert(0);
             for (i, r) in recs.iter_mut().enumerate() {
                 r.offset = i as i64;
@@ -518,7 +545,29 @@ impl Producer {
                         )
                     });
                 match err {
-                    None => break,
+                    None => {
+                        for pr in r
+                            .responses
+                            .iter()
+                            .flat_map(|t| t.partition_responses.iter())
+                        {
+                            let Some(ts) = stamps.get(&pr.index) else {
+                                continue;
+                            };
+                            for (i, t) in ts.iter().enumerate() {
+                                acked.push(Acked {
+                                    partition: pr.index,
+                                    offset: pr.base_offset + i as i64,
+                                    timestamp: if pr.log_append_time_ms >= 0 {
+                                        pr.log_append_time_ms
+                                    } else {
+                                        *t
+                                    },
+                                });
+                            }
+                        }
+                        break;
+                    }
                     Some((_, code, _)) if retriable(code) && attempt < 5 => {
                         attempt += 1;
                         tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
@@ -533,8 +582,15 @@ impl Producer {
                 }
             }
         }
-        Ok(())
+        Ok(acked)
     }
+}
+
+/// One acknowledged record.
+struct Acked {
+    partition: i32,
+    offset: i64,
+    timestamp: i64,
 }
 
 fn parse_headers(hs: &[String]) -> Result<indexmap::IndexMap<StrBytes, Option<Bytes>>> {
@@ -548,8 +604,107 @@ fn parse_headers(hs: &[String]) -> Result<indexmap::IndexMap<StrBytes, Option<By
     Ok(m)
 }
 
+/// Reads stdin lines on a thread of its own, so that the producer can wait
+/// for a line, its linger deadline and a signal at once.
+fn spawn_line_reader() -> tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        let mut input = stdin.lock();
+        loop {
+            let mut line = Vec::new();
+            match input.read_until(b'\n', &mut line) {
+                Ok(0) => break, // EOF: dropping the sender says so
+                Ok(_) => {
+                    if tx.blocking_send(Ok(line)).is_err() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    break;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// One input line as a record, and the partition it goes to.
+struct LineParser {
+    sep: Option<Vec<u8>>,
+    headers: indexmap::IndexMap<StrBytes, Option<Bytes>>,
+    partition: Option<i32>,
+    nparts: i32,
+}
+
+impl LineParser {
+    fn record(&self, mut line: Vec<u8>, sticky: i32) -> (i32, Record) {
+        if line.last() == Some(&b'\n') {
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+        }
+        let (key, value) = match self.sep.as_deref() {
+            Some(sep) if !sep.is_empty() => match line.windows(sep.len()).position(|w| w == sep) {
+                Some(i) => (
+                    Some(Bytes::copy_from_slice(&line[..i])),
+                    Bytes::copy_from_slice(&line[i + sep.len()..]),
+                ),
+                None => (None, Bytes::from(line)),
+            },
+            _ => (None, Bytes::from(line)),
+        };
+        let part = match (self.partition, &key) {
+            (Some(x), _) => x,
+            (None, Some(k)) => (murmur2(k) & 0x7fff_ffff) % self.nparts.max(1),
+            (None, None) => sticky,
+        };
+        let rec = Record {
+            transactional: false,
+            control: false,
+            partition_leader_epoch: -1,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: 0,
+            sequence: -1,
+            timestamp: now_ms(),
+            key,
+            value: Some(value),
+            headers: self.headers.clone(),
+            delete_horizon: false,
+        };
+        (part, rec)
+    }
+}
+
+/// What a produce run has done so far (also what its failure message reports).
+#[derive(Default)]
+struct ProduceCounts {
+    /// Records the cluster acknowledged.
+    acked: u64,
+    /// Of those, records in committed transactions.
+    committed: u64,
+    /// Records in ended-by-abort transactions (--abort or an interrupt).
+    aborted: u64,
+    /// Records sent and not yet answered.
+    in_flight: u64,
+    /// Records read into the transaction still open (sent or not).
+    open_txn: u64,
+    /// Transactions ended.
+    txns: u64,
+    per_part: BTreeMap<i32, u64>,
+}
+
 pub async fn produce(bootstrap: &str, json_out: bool, a: ProduceArgs) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
     let started = Instant::now();
+    if a.batch_records == 0 {
+        bail!("--batch-records must be at least 1");
+    }
     let mut c = Cluster::connect(bootstrap).await?;
     let mut p = Producer::init(&mut c, &a).await?;
     let nparts = p.leaders.len() as i32;
@@ -558,98 +713,218 @@ pub async fn produce(bootstrap: &str, json_out: bool, a: ProduceArgs) -> Result<
             bail!("{} has no partition {part} ({nparts} partitions)", a.topic);
         }
     }
-    let headers = parse_headers(&a.headers)?;
-    let sep = a.key_separator.as_deref().map(str::as_bytes);
-    let mut progress = Progress::new(a.progress, "produced");
+    let parser = LineParser {
+        sep: a.key_separator.as_ref().map(|x| x.as_bytes().to_vec()),
+        headers: parse_headers(&a.headers)?,
+        partition: a.partition,
+        nparts,
+    };
+    // From here on an interrupt is handled: what is pending is sent (or the
+    // open transaction aborted) and the count of acknowledged records printed.
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let interactive = std::io::stdin().is_terminal();
+    let mut progress = Progress::new(a.progress, !interactive && !a.verbose, "produced");
+    let mut rx = spawn_line_reader();
+    let txn = p.txn.is_some();
+    let linger = Duration::from_millis(a.linger_ms);
+    let mut n = ProduceCounts::default();
     let mut pending: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
     let mut npending = 0usize;
     let mut sticky = 0i32;
-    let mut total = 0u64;
-    let mut in_this_txn = 0u64;
-    let mut txns = 0u64;
-    let mut per_part: BTreeMap<i32, u64> = BTreeMap::new();
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        let n = input
-            .read_until(b'\n', &mut line)
-            .context("reading stdin")?;
-        let eof = n == 0;
-        if !eof {
-            if line.last() == Some(&b'\n') {
-                line.pop();
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
-            }
-            let (key, value) = match sep {
-                Some(sep) if !sep.is_empty() => {
-                    match line.windows(sep.len()).position(|w| w == sep) {
-                        Some(i) => (
-                            Some(Bytes::copy_from_slice(&line[..i])),
-                            Bytes::copy_from_slice(&line[i + sep.len()..]),
-                        ),
-                        None => (None, Bytes::copy_from_slice(&line)),
+    let mut deadline: Option<tokio::time::Instant> = None;
+    let mut eof = false;
+    let mut stop: Option<&'static str> = None;
+    let topic = a.topic.clone();
+    let result: Result<()> = async {
+        // Sends what is pending and reports each acknowledgement.
+        macro_rules! flush_pending {
+            () => {
+                n.in_flight = npending as u64;
+                let acked = p.send(&mut c, std::mem::take(&mut pending)).await?;
+                n.in_flight = 0;
+                n.acked += acked.len() as u64;
+                npending = 0;
+                deadline = None;
+                sticky = (sticky + 1) % nparts.max(1);
+                let mut out = std::io::stdout().lock();
+                for r in &acked {
+                    *n.per_part.entry(r.partition).or_default() += 1;
+                    if a.verbose {
+                        if json_out {
+                            let v = json!({"topic": topic, "partition": r.partition,
+                                "offset": r.offset, "timestamp": r.timestamp});
+                            writeln!(out, "{v}")?;
+                        } else {
+                            writeln!(
+                                out,
+                                "Produced to partition {} at offset {} with timestamp {}.",
+                                r.partition, r.offset, r.timestamp
+                            )?;
+                        }
                     }
                 }
-                _ => (None, Bytes::copy_from_slice(&line)),
+                out.flush()?;
+                progress.tick(n.acked);
             };
-            let part = match (a.partition, &key) {
-                (Some(x), _) => x,
-                (None, Some(k)) => (murmur2(k) & 0x7fff_ffff) % nparts.max(1),
-                (None, None) => sticky,
-            };
-            pending.entry(part).or_default().push(Record {
-                transactional: false,
-                control: false,
-                partition_leader_epoch: -1,
-                producer_id: -1,
-                producer_epoch: -1,
-                timestamp_type: TimestampType::Creation,
-                offset: 0,
-                sequence: -1,
-                timestamp: now_ms(),
-                key,
-                value: Some(value),
-                headers: headers.clone(),
-                delete_horizon: false,
-            });
-            *per_part.entry(part).or_default() += 1;
-            npending += 1;
-            in_this_txn += 1;
         }
-        let txn_full = a.transaction_records > 0 && in_this_txn >= a.transaction_records;
-        if npending > 0 && (eof || npending >= a.batch_records || txn_full) {
-            p.send(&mut c, std::mem::take(&mut pending)).await?;
-            total += npending as u64;
-            npending = 0;
-            sticky = (sticky + 1) % nparts.max(1);
-            progress.tick(total);
+        loop {
+            let txn_full = a.transaction_records > 0 && n.open_txn >= a.transaction_records;
+            let due = deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
+            let send_now = eof || due || txn_full || npending >= a.batch_records;
+            if npending > 0 && stop.is_none() && send_now {
+                flush_pending!();
+            }
+            if txn && stop.is_none() && (txn_full || eof) && n.open_txn > 0 {
+                p.end_txn(&mut c, !a.abort).await?;
+                n.txns += 1;
+                if a.abort {
+                    n.aborted += n.open_txn;
+                } else {
+                    n.committed += n.open_txn;
+                }
+                n.open_txn = 0;
+            }
+            if stop.is_some() {
+                if txn {
+                    // The open transaction (sent or not) is aborted, never half-committed.
+                    if n.open_txn > 0 {
+                        p.end_txn(&mut c, false).await?;
+                        n.aborted += n.open_txn;
+                    }
+                } else {
+                    // Send what was read: pending records and lines already taken from stdin.
+                    loop {
+                        while npending < a.batch_records {
+                            let Ok(Ok(line)) = rx.try_recv() else { break };
+                            let (part, rec) = parser.record(line, sticky);
+                            pending.entry(part).or_default().push(rec);
+                            npending += 1;
+                        }
+                        if npending == 0 {
+                            break;
+                        }
+                        flush_pending!();
+                    }
+                }
+                break;
+            }
+            if eof {
+                break;
+            }
+            let wait_until = deadline;
+            tokio::select! {
+                biased;
+                _ = sigint.recv() => stop = Some("SIGINT"),
+                _ = sigterm.recv() => stop = Some("SIGTERM"),
+                _ = async {
+                    if let Some(d) = wait_until {
+                        tokio::time::sleep_until(d).await
+                    }
+                }, if wait_until.is_some() => {}
+                msg = rx.recv() => match msg {
+                    None => eof = true,
+                    Some(Err(e)) => return Err(anyhow!(e).context("reading stdin")),
+                    Some(Ok(line)) => {
+                        let mut line = Some(line);
+                        // This line and whatever else is already read, up to
+                        // a request's worth or the end of the transaction.
+                        while let Some(l) = line.take() {
+                            let (part, rec) = parser.record(l, sticky);
+                            pending.entry(part).or_default().push(rec);
+                            npending += 1;
+                            n.open_txn += u64::from(txn);
+                            let full = npending >= a.batch_records
+                                || (a.transaction_records > 0
+                                    && n.open_txn >= a.transaction_records);
+                            if !full {
+                                line = match rx.try_recv() {
+                                    Ok(Ok(l)) => Some(l),
+                                    Ok(Err(e)) => return Err(anyhow!(e).context("reading stdin")),
+                                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                                        eof = true;
+                                        None
+                                    }
+                                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
+                                };
+                            }
+                        }
+                        if deadline.is_none() {
+                            deadline = Some(tokio::time::Instant::now() + linger);
+                        }
+                    }
+                },
+            }
         }
-        if p.txn.is_some() && (txn_full || eof) && in_this_txn > 0 {
-            p.end_txn(&mut c, !a.abort).await?;
-            txns += 1;
-            in_this_txn = 0;
-        }
-        if eof {
-            break;
-        }
+        Ok(())
     }
+    .await;
     progress.done();
+    if let Err(e) = result {
+        let mut msg = if txn {
+            format!(
+                "produce stopped after {} records were committed in {} transactions",
+                n.committed, n.txns
+            )
+        } else {
+            format!(
+                "produce stopped after {} records were acknowledged",
+                n.acked
+            )
+        };
+        if n.in_flight > 0 {
+            msg += &format!(
+                " ({} more were sent without an answer: they may or may not have been written)",
+                n.in_flight
+            );
+        }
+        if txn && n.open_txn > 0 {
+            msg += &format!(
+                "; the open transaction ({} records) stays open until the broker aborts it \
+                 at its timeout (60 s)",
+                n.open_txn
+            );
+        }
+        return Err(e.context(msg));
+    }
     let elapsed = started.elapsed().as_millis() as u64;
-    let v = json!({"topic": a.topic, "records": total,
-        "partitions": per_part.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
-        "transactions": txns, "outcome": if p.txn.is_none() { "acknowledged" } else if a.abort { "aborted" } else { "committed" },
-        "producer_id": p.producer_id, "elapsed_ms": elapsed});
+    let records = if txn {
+        n.committed + n.aborted
+    } else {
+        n.acked
+    };
+    let v = json!({"topic": a.topic, "records": records, "acknowledged": if txn { n.committed } else { n.acked },
+        "partitions": n.per_part.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
+        "transactions": n.txns, "aborted_records": n.aborted,
+        "outcome": if !txn { "acknowledged" } else if a.abort || stop.is_some() { "aborted" } else { "committed" },
+        "interrupted": stop, "producer_id": p.producer_id, "elapsed_ms": elapsed});
     if json_out {
         println!("{}", serde_json::to_string(&v)?);
-    } else {
-        let mut msg = format!("produced {total} records to {} in {elapsed} ms", a.topic);
-        if p.txn.is_some() {
+    }
+    if let Some(sig) = stop {
+        // An interrupt is reported even with --json: a person pressed Ctrl-C.
+        let msg = if txn {
+            let mut m = format!(
+                "interrupted ({sig}): {} records acknowledged in {} committed transactions",
+                n.committed, n.txns
+            );
+            if n.open_txn > 0 {
+                m += &format!("; aborted the open transaction ({} records)", n.open_txn);
+            }
+            m
+        } else {
+            format!(
+                "interrupted ({sig}): {} records acknowledged, nothing left pending",
+                n.acked
+            )
+        };
+        eprintln!("{msg}");
+    } else if !json_out {
+        let mut msg = format!("produced {records} records to {} in {elapsed} ms", a.topic);
+        if txn {
             msg += &format!(
-                " ({txns} transactions {})",
+                " ({} transactions {})",
+                n.txns,
                 if a.abort { "aborted" } else { "committed" }
             );
         }
@@ -665,30 +940,35 @@ pub struct ConsumeArgs {
     /// Only this partition (default: all).
     #[arg(long)]
     pub partition: Option<i32>,
-    /// Where to start: earliest, latest, an offset, or @TIMESTAMP_MS.
-    #[arg(long, default_value = "earliest")]
+    /// Where to start: earliest, latest, an offset (one past the end waits
+    /// there), -N (N records before the end) or @TIMESTAMP_MS.
+    #[arg(long, default_value = "earliest", allow_hyphen_values = true)]
     pub from: String,
     /// read_committed (the default) or read_uncommitted.
     #[arg(long, default_value = "read_committed")]
     pub isolation: String,
     /// Start at this group's committed offsets where it has them, and commit
-    /// the position reached at the end (a standalone consumer, no membership).
+    /// the position reached at the end, on Ctrl-C/SIGTERM and every 5 s
+    /// while following (a standalone consumer, no membership).
     #[arg(long)]
     pub group: Option<String>,
     /// Stop after this many records.
     #[arg(long)]
     pub max_messages: Option<u64>,
-    /// Keep waiting for new records instead of stopping at the end
-    /// (the last stable offset for read_committed) seen at the start.
+    /// Keep waiting for new records (until Ctrl-C or SIGTERM) instead of
+    /// stopping at the end (the last stable offset for read_committed) seen
+    /// at the start.
     #[arg(long)]
     pub follow: bool,
     /// Stop after this many milliseconds in any case.
     #[arg(long)]
     pub timeout_ms: Option<u64>,
-    /// value (one per line), kv (key TAB value) or json (one object per line).
+    /// value (one per line), kv (key TAB value), json (one object per line),
+    /// hex or base64 (the value encoded, one per line: safe for binary data).
     #[arg(long, default_value = "value")]
     pub format: String,
-    /// Report progress on stderr every second (always on a terminal).
+    /// Report progress on stderr every second (on by default when stderr is
+    /// a terminal and stdout is not).
     #[arg(long)]
     pub progress: bool,
 }
@@ -770,7 +1050,48 @@ fn text(b: &Option<Bytes>) -> Value {
     }
 }
 
-fn write_record(out: &mut impl Write, format: &str, topic: &str, p: i32, r: &Record) -> Result<()> {
+fn hex(b: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(b.len() * 2);
+    for x in b {
+        out.push(DIGITS[(x >> 4) as usize] as char);
+        out.push(DIGITS[(x & 15) as usize] as char);
+    }
+    out
+}
+
+/// Standard base64 (RFC 4648, with padding).
+fn base64(b: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
+    for chunk in b.chunks(3) {
+        let n = match *chunk {
+            [a] => (a as u32) << 16,
+            [a, b] => (a as u32) << 16 | (b as u32) << 8,
+            [a, b, c] => (a as u32) << 16 | (b as u32) << 8 | c as u32,
+            _ => 0,
+        };
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+const FORMATS: &[&str] = &["value", "kv", "json", "hex", "base64"];
+
+fn write_record(
+    out: &mut impl Write,
+    format: &str,
+    topic: &str,
+    p: i32,
+    r: &Record,
+) -> std::io::Result<()> {
+    let value = r.value.as_deref().unwrap_or_default();
     match format {
         "json" => {
             let headers: serde_json::Map<String, Value> = r
@@ -787,24 +1108,217 @@ fn write_record(out: &mut impl Write, format: &str, topic: &str, p: i32, r: &Rec
                 out.write_all(k)?;
             }
             out.write_all(b"\t")?;
-            if let Some(v) = &r.value {
-                out.write_all(v)?;
-            }
+            out.write_all(value)?;
             out.write_all(b"\n")?;
         }
+        "hex" => writeln!(out, "{}", hex(value))?,
+        "base64" => writeln!(out, "{}", base64(value))?,
         _ => {
-            if let Some(v) = &r.value {
-                out.write_all(v)?;
-            }
+            out.write_all(value)?;
             out.write_all(b"\n")?;
         }
     }
     Ok(())
 }
 
+/// The name of the signal (SIGINT or SIGTERM) that asked a run to stop, once one has.
+#[derive(Clone, Default)]
+struct StopFlag(std::sync::Arc<std::sync::Mutex<Option<&'static str>>>);
+
+impl StopFlag {
+    /// Watches SIGINT and SIGTERM from now on (instead of dying of them).
+    fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let flag = Self::default();
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let f = flag.clone();
+        tokio::spawn(async move {
+            let name = tokio::select! {
+                _ = int.recv() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            };
+            if let Ok(mut g) = f.0.lock() {
+                *g = Some(name);
+            }
+        });
+        Ok(flag)
+    }
+
+    fn get(&self) -> Option<&'static str> {
+        self.0.lock().ok().and_then(|g| *g)
+    }
+}
+
+/// Commits `pos` as the group's offsets (a standalone consumer: no generation).
+async fn commit_group(
+    c: &mut Cluster,
+    g: &str,
+    topic: &str,
+    pos: &BTreeMap<i32, i64>,
+) -> Result<()> {
+    let req = OffsetCommitRequest::default()
+        .with_group_id(GroupId(s(g)))
+        .with_generation_id_or_member_epoch(-1)
+        .with_member_id(StrBytes::default())
+        .with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(TopicName(s(topic)))
+            .with_partitions(
+                pos.iter()
+                    .map(|(p, o)| {
+                        OffsetCommitRequestPartition::default()
+                            .with_partition_index(*p)
+                            .with_committed_offset(*o)
+                    })
+                    .collect(),
+            )]);
+    let node = c.coordinator(g, 0).await?;
+    let (r, _) = c
+        .node(node)
+        .await?
+        .call_max::<_, OffsetCommitResponse>(ApiKey::OffsetCommit, &req, 8)
+        .await?;
+    for t in &r.topics {
+        for p in &t.partitions {
+            check(p.error_code, &format!("commit offsets of group {g}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Which open transaction holds `topic`-`p` back at the last stable offset
+/// `lso`: the partition's producers (DescribeProducers), and the coordinators'
+/// transactions (ListTransactions, DescribeTransactions) for its
+/// transactional id. Best effort: a failure becomes part of the sentence.
+async fn txn_holding(c: &mut Cluster, leader: i32, topic: &str, p: i32, lso: i64) -> String {
+    match txn_holding_inner(c, leader, topic, p, lso).await {
+        Ok(s) => s,
+        Err(e) => format!("an open transaction (which one could not be told: {e:#})"),
+    }
+}
+
+async fn txn_holding_inner(
+    c: &mut Cluster,
+    leader: i32,
+    topic: &str,
+    p: i32,
+    lso: i64,
+) -> Result<String> {
+    let req = DescribeProducersRequest::default().with_topics(vec![TopicRequest::default()
+        .with_name(TopicName(s(topic)))
+        .with_partition_indexes(vec![p])]);
+    let (r, _) = c
+        .node(leader)
+        .await?
+        .call::<_, DescribeProducersResponse>(ApiKey::DescribeProducers, &req)
+        .await?;
+    let mut open: Vec<(i64, i16, i64)> = Vec::new();
+    for t in &r.topics {
+        for pr in &t.partitions {
+            check(pr.error_code, &format!("producers of {topic}-{p}"))?;
+            open.extend(
+                pr.active_producers
+                    .iter()
+                    .filter(|a| a.current_txn_start_offset >= 0)
+                    .map(|a| {
+                        (
+                            a.producer_id.0,
+                            a.producer_epoch as i16,
+                            a.current_txn_start_offset,
+                        )
+                    }),
+            );
+        }
+    }
+    open.sort_by_key(|x| (x.2 != lso, x.2));
+    let Some(&(pid, epoch, first)) = open.first() else {
+        return Ok("an open transaction that has ended since (read again to see its records if it committed)".into());
+    };
+    let mut nodes: Vec<i32> = c.brokers.keys().copied().collect();
+    nodes.sort_unstable();
+    if nodes.is_empty() {
+        nodes.push(-1); // the bootstrap connection
+    }
+    for node in nodes {
+        let req = ListTransactionsRequest::default().with_duration_filter(-1);
+        let Ok(conn) = c.node(node).await else {
+            continue;
+        };
+        let Ok((list, _)) = conn
+            .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, &req)
+            .await
+        else {
+            continue;
+        };
+        let Some(t) = list
+            .transaction_states
+            .iter()
+            .find(|t| t.producer_id.0 == pid)
+        else {
+            continue;
+        };
+        let tid = t.transactional_id.clone();
+        let mut age = String::new();
+        let req = DescribeTransactionsRequest::default().with_transactional_ids(vec![tid.clone()]);
+        if let Ok((d, _)) = conn
+            .call::<_, DescribeTransactionsResponse>(ApiKey::DescribeTransactions, &req)
+            .await
+        {
+            if let Some(ts) = d
+                .transaction_states
+                .iter()
+                .find(|x| x.error_code == 0 && x.transaction_start_time_ms > 0)
+            {
+                age = format!(
+                    ", open for {:.1} s",
+                    (now_ms() - ts.transaction_start_time_ms).max(0) as f64 / 1000.0
+                );
+            }
+        }
+        return Ok(format!(
+            "the open transaction of transactional id {:?} (producer id {pid}, epoch {epoch}, \
+             first offset {first}{age})",
+            tid.0.as_str()
+        ));
+    }
+    Ok(format!(
+        "the open transaction of producer id {pid} (epoch {epoch}, first offset {first}; \
+         no coordinator names its transactional id: see `oncelog txn find-hanging`)"
+    ))
+}
+
+/// Moves a start position into the log: before its start to the start,
+/// past its end to the end (never back to the start). Says so on stderr.
+fn clamp_position(
+    topic: &str,
+    p: i32,
+    o: i64,
+    start: i64,
+    end: i64,
+    follow: bool,
+    why: &str,
+) -> i64 {
+    if o > end {
+        let then = if follow {
+            "waiting there for new records"
+        } else {
+            "nothing to read (--follow waits there)"
+        };
+        eprintln!("{topic}-{p}: {why} {o} is past the end of the log ({end}); {then}");
+        end
+    } else if o < start {
+        eprintln!(
+            "{topic}-{p}: {why} {o} is before the log start ({start}: older records were deleted); starting at {start}"
+        );
+        start
+    } else {
+        o
+    }
+}
+
 pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
-    if !matches!(a.format.as_str(), "value" | "kv" | "json") {
-        bail!("--format must be value, kv or json");
+    if !FORMATS.contains(&a.format.as_str()) {
+        bail!("--format must be one of {}", FORMATS.join(", "));
     }
     let committed_only = match a.isolation.as_str() {
         "read_committed" => true,
@@ -822,33 +1336,39 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
         None => leaders.keys().copied().collect(),
     };
     let topic = a.topic.clone();
+    let starts = offsets(c.bootstrap(), &topic, &parts, -2, false).await?;
+    let hws = offsets(c.bootstrap(), &topic, &parts, -1, false).await?;
+    let start_of = |p: &i32| starts.get(p).copied().unwrap_or(0);
+    let hw_of = |p: &i32| hws.get(p).copied().unwrap_or(0);
     // Start positions: the group's committed offsets, else --from.
     let mut pos: BTreeMap<i32, i64> = match a.from.as_str() {
-        "earliest" => offsets(c.bootstrap(), &topic, &parts, -2, false).await?,
+        "earliest" => starts.clone(),
         "latest" => offsets(c.bootstrap(), &topic, &parts, -1, committed_only).await?,
         x if x.starts_with('@') => {
             let ts: i64 = x[1..].parse().context("--from @TIMESTAMP_MS")?;
             let found = offsets(c.bootstrap(), &topic, &parts, ts, false).await?;
-            let latest = offsets(c.bootstrap(), &topic, &parts, -1, false).await?;
             found
                 .into_iter()
-                .map(|(p, o)| {
-                    (
-                        p,
-                        if o < 0 {
-                            latest.get(&p).copied().unwrap_or(0)
-                        } else {
-                            o
-                        },
-                    )
-                })
+                .map(|(p, o)| (p, if o < 0 { hw_of(&p) } else { o }))
                 .collect()
         }
         x => {
             let o: i64 = x.parse().map_err(|_| {
-                anyhow!("--from must be earliest, latest, an offset or @TIMESTAMP_MS")
+                anyhow!(
+                    "--from must be earliest, latest, an offset, -N or @TIMESTAMP_MS, not {x:?}"
+                )
             })?;
-            parts.iter().map(|p| (*p, o)).collect()
+            parts
+                .iter()
+                .map(|p| {
+                    let o = if o < 0 {
+                        (hw_of(p) + o).max(start_of(p))
+                    } else {
+                        clamp_position(&topic, *p, o, start_of(p), hw_of(p), a.follow, "offset")
+                    };
+                    (*p, o)
+                })
+                .collect()
         }
     };
     if let Some(g) = &a.group {
@@ -869,20 +1389,53 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
             for p in &t.partitions {
                 check(p.error_code, &format!("offset of group {g}"))?;
                 if p.committed_offset >= 0 {
-                    pos.insert(p.partition_index, p.committed_offset);
+                    let pi = p.partition_index;
+                    let o = clamp_position(
+                        &topic,
+                        pi,
+                        p.committed_offset,
+                        start_of(&pi),
+                        hw_of(&pi),
+                        a.follow,
+                        &format!("group {g}'s committed offset"),
+                    );
+                    pos.insert(pi, o);
                 }
             }
         }
     }
-    let ends = offsets(c.bootstrap(), &topic, &parts, -1, committed_only).await?;
+    // The end for a run without --follow: the last stable offset (read_committed)
+    // or the high watermark, as they are now.
+    let ends = if committed_only {
+        offsets(c.bootstrap(), &topic, &parts, -1, true).await?
+    } else {
+        hws.clone()
+    };
+    let stop = StopFlag::install()?;
     let mut done: BTreeSet<i32> = BTreeSet::new();
     let mut aborted: HashMap<i32, AbortState> = HashMap::new();
-    let mut progress = Progress::new(a.progress, "consumed");
     let stdout = std::io::stdout();
+    let to_terminal = stdout.is_terminal();
+    // A terminal or a pipe that is followed sees every record at once;
+    // otherwise records are flushed after each fetched batch (before any wait).
+    let flush_each = to_terminal || a.follow;
+    let mut progress = Progress::new(a.progress, !to_terminal, "consumed");
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut count = 0u64;
     let limit = a.max_messages.unwrap_or(u64::MAX);
+    let mut stopped_by: Option<&'static str> = None;
+    let mut stdout_closed = false;
+    // --follow: per partition, the last stable offset it waits at behind a
+    // higher high watermark, since when, and whether that was reported.
+    let mut held: HashMap<i32, (i64, Instant, bool)> = HashMap::new();
+    let mut committed_pos = pos.clone();
+    let mut last_commit = Instant::now();
+    let broken_pipe = |e: &std::io::Error| e.kind() == std::io::ErrorKind::BrokenPipe;
     'outer: while count < limit {
+        if let Some(sig) = stop.get() {
+            stopped_by = Some(sig);
+            break;
+        }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
@@ -894,6 +1447,17 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
             }
             if done.len() == parts.len() {
                 break;
+            }
+        }
+        if let (Some(g), true) = (&a.group, a.follow) {
+            if pos != committed_pos && last_commit.elapsed() >= Duration::from_secs(5) {
+                // A failed periodic commit is retried at the next one and
+                // at the end; the run goes on.
+                match commit_group(&mut c, g, &topic, &pos).await {
+                    Ok(()) => committed_pos = pos.clone(),
+                    Err(e) => eprintln!("warning: periodic commit of group {g}: {e:#}"),
+                }
+                last_commit = Instant::now();
             }
         }
         let mut by_leader: BTreeMap<i32, Vec<FetchPartition>> = BTreeMap::new();
@@ -932,15 +1496,21 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
             for t in &r.responses {
                 for pd in &t.partitions {
                     let p = pd.partition_index;
+                    let at = pos.get(&p).copied().unwrap_or(0);
                     if pd.error_code == 1 {
-                        // OFFSET_OUT_OF_RANGE: restart at the log start
-                        let start = offsets(c.bootstrap(), &topic, &[p], -2, false).await?;
-                        let s0 = start.get(&p).copied().unwrap_or(0);
-                        eprintln!(
-                            "{topic}-{p}: offset {} is out of range; starting at {s0}",
-                            pos.get(&p).copied().unwrap_or(0)
+                        // OFFSET_OUT_OF_RANGE: into the log, never back to its start from past its end.
+                        let s0 = offsets(c.bootstrap(), &topic, &[p], -2, false).await?;
+                        let e0 = offsets(c.bootstrap(), &topic, &[p], -1, false).await?;
+                        let (s0, e0) = (
+                            s0.get(&p).copied().unwrap_or(0),
+                            e0.get(&p).copied().unwrap_or(0),
                         );
-                        pos.insert(p, s0);
+                        let to = clamp_position(&topic, p, at, s0, e0, a.follow, "offset");
+                        if to == at {
+                            // in range again by now (retention or a write raced the answer)
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        pos.insert(p, to);
                         continue;
                     }
                     check(pd.error_code, &format!("fetch {topic}-{p}"))?;
@@ -954,60 +1524,146 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
                         queue.clear();
                         queue.extend(l);
                     }
-                    let Some(data) = &pd.records else { continue };
-                    let from = pos.get(&p).copied().unwrap_or(0);
-                    let (recs, next) = decode_fetched(data, from, committed_only, queue, pids)?;
-                    pos.insert(p, next.max(from));
+                    let (recs, next) = match &pd.records {
+                        Some(data) => decode_fetched(data, at, committed_only, queue, pids)?,
+                        None => (Vec::new(), at),
+                    };
+                    pos.insert(p, next.max(at));
                     for r in &recs {
                         if count >= limit {
                             pos.insert(p, r.offset);
                             break 'outer;
                         }
-                        write_record(&mut out, &a.format, &topic, p, r)?;
+                        let written = write_record(&mut out, &a.format, &topic, p, r)
+                            .and_then(|()| if flush_each { out.flush() } else { Ok(()) });
+                        match written {
+                            Ok(()) => {}
+                            Err(e) if broken_pipe(&e) => {
+                                stdout_closed = true;
+                                break 'outer;
+                            }
+                            Err(e) => return Err(e).context("writing to stdout"),
+                        }
                         count += 1;
                     }
+                    match out.flush() {
+                        Ok(()) => {}
+                        Err(e) if broken_pipe(&e) => {
+                            stdout_closed = true;
+                            break 'outer;
+                        }
+                        Err(e) => return Err(e).context("writing to stdout"),
+                    }
                     progress.tick(count);
+                    // --follow behind an open transaction: say which, once it
+                    // has held this partition for two seconds.
+                    let lso = pd.last_stable_offset;
+                    let at = pos.get(&p).copied().unwrap_or(0);
+                    if a.follow
+                        && committed_only
+                        && lso >= 0
+                        && lso < pd.high_watermark
+                        && at >= lso
+                    {
+                        let h = held.entry(p).or_insert((lso, Instant::now(), false));
+                        if h.0 != lso {
+                            *h = (lso, Instant::now(), false);
+                        }
+                        if !h.2 && h.1.elapsed() >= Duration::from_secs(2) {
+                            h.2 = true;
+                            let hw = pd.high_watermark;
+                            let who = txn_holding(&mut c, leader, &topic, p, lso).await;
+                            eprintln!(
+                                "{topic}-{p}: waiting at the last stable offset {lso} (read_committed); \
+                                 the high watermark is {hw}: {} offsets are held back by {who}",
+                                hw - lso
+                            );
+                        }
+                    } else {
+                        held.remove(&p);
+                    }
                 }
             }
         }
     }
-    out.flush()?;
+    match out.flush() {
+        Ok(()) => {}
+        Err(e) if broken_pipe(&e) => stdout_closed = true,
+        Err(e) => return Err(e).context("writing to stdout"),
+    }
+    drop(out);
     progress.done();
-    if let Some(g) = &a.group {
-        let req = OffsetCommitRequest::default()
-            .with_group_id(GroupId(s(g)))
-            .with_generation_id_or_member_epoch(-1)
-            .with_member_id(StrBytes::default())
-            .with_topics(vec![OffsetCommitRequestTopic::default()
-                .with_name(TopicName(s(&topic)))
-                .with_partitions(
-                    pos.iter()
-                        .map(|(p, o)| {
-                            OffsetCommitRequestPartition::default()
-                                .with_partition_index(*p)
-                                .with_committed_offset(*o)
-                        })
-                        .collect(),
-                )]);
-        let node = c.coordinator(g, 0).await?;
-        let (r, _) = c
-            .node(node)
-            .await?
-            .call_max::<_, OffsetCommitResponse>(ApiKey::OffsetCommit, &req, 8)
-            .await?;
-        for t in &r.topics {
-            for p in &t.partitions {
-                check(p.error_code, &format!("commit offsets of group {g}"))?;
+    // Stopped at the last stable offset with the high watermark beyond it:
+    // records are held back by an open transaction; say which.
+    if committed_only && !a.follow && stopped_by.is_none() && !stdout_closed {
+        for p in &parts {
+            let (lso, hw) = (ends.get(p).copied().unwrap_or(0), hw_of(p));
+            if done.contains(p) && lso < hw && pos.get(p).copied().unwrap_or(0) >= lso {
+                let who =
+                    txn_holding(&mut c, *leaders.get(p).unwrap_or(&-1), &topic, *p, lso).await;
+                eprintln!(
+                    "{topic}-{p}: stopped at the last stable offset {lso} (read_committed); \
+                     the high watermark is {hw}: {} offsets are held back by {who}",
+                    hw - lso
+                );
             }
         }
     }
+    if let Some(sig) = stopped_by {
+        eprintln!("interrupted ({sig})");
+    }
+    if stdout_closed {
+        eprintln!(
+            "stdout was closed after {count} records{}",
+            if a.group.is_some() {
+                "; offsets not committed"
+            } else {
+                ""
+            }
+        );
+        return Ok(());
+    }
     eprintln!("consumed {count} records from {topic}");
+    if let Some(g) = &a.group {
+        commit_group(&mut c, g, &topic, &pos).await?;
+        let at: Vec<String> = pos
+            .iter()
+            .map(|(p, o)| format!("{topic}-{p} at {o}"))
+            .collect();
+        eprintln!("committed group {g}: {}", at.join(", "));
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_and_base64_encode_values() {
+        assert_eq!(hex(b""), "");
+        assert_eq!(hex(b"\x00\xffA"), "00ff41");
+        for (raw, enc) in [
+            (&b""[..], ""),
+            (b"f", "Zg=="),
+            (b"fo", "Zm8="),
+            (b"foo", "Zm9v"),
+            (b"foob", "Zm9vYg=="),
+            (b"fooba", "Zm9vYmE="),
+            (b"foobar", "Zm9vYmFy"),
+            (b"\xff\xfe\xfd", "//79"),
+        ] {
+            assert_eq!(base64(raw), enc);
+        }
+    }
+
+    #[test]
+    fn start_positions_stay_in_the_log() {
+        assert_eq!(clamp_position("t", 0, 10, 0, 2, true, "offset"), 2);
+        assert_eq!(clamp_position("t", 0, 1, 3, 9, false, "offset"), 3);
+        assert_eq!(clamp_position("t", 0, 5, 3, 9, false, "offset"), 5);
+        assert_eq!(clamp_position("t", 0, 9, 3, 9, false, "offset"), 9);
+    }
 
     #[test]
     fn murmur2_matches_kafka() {

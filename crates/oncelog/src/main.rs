@@ -38,7 +38,7 @@ enum Command {
         #[command(subcommand)]
         cmd: cli::TopicCmd,
     },
-    /// Transactions: list, describe, producers, find-hanging, abort.
+    /// Transactions: list, describe (with fences and history), history, producers, find-hanging, abort.
     Txn {
         #[command(flatten)]
         conn: ConnArgs,
@@ -85,6 +85,12 @@ enum Command {
         #[command(subcommand)]
         cmd: ClusterCmd,
     },
+    /// Print a shell completion script: `oncelog completions bash > /etc/bash_completion.d/oncelog`,
+    /// zsh (into a directory on $fpath as `_oncelog`) or fish (~/.config/fish/completions/oncelog.fish).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -95,8 +101,15 @@ enum ClusterCmd {
 
 #[derive(clap::Args)]
 struct ConnArgs {
-    /// Any Kafka-compatible broker.
-    #[arg(long, global = true, default_value = "127.0.0.1:9092")]
+    /// Any Kafka-compatible broker: HOST[:PORT] (port 9092 when left out),
+    /// or a comma-separated list of them.
+    #[arg(
+        long,
+        global = true,
+        env = "ONCELOG_BOOTSTRAP",
+        default_value = "127.0.0.1:9092",
+        value_parser = oncelog_client::parse_bootstrap
+    )]
     bootstrap: String,
     /// Machine-readable output.
     #[arg(long, global = true)]
@@ -216,6 +229,11 @@ fn main() -> Result<()> {
             conn,
             cmd: ClusterCmd::Info,
         } => client(|| cli::cluster_info(&conn.bootstrap, conn.json)),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "oncelog", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }
 
@@ -272,8 +290,7 @@ async fn bind(addr: std::net::SocketAddr, what: &str) -> Result<tokio::net::TcpL
 
 fn serve(args: ServeArgs) -> Result<()> {
     let settings = load_settings(&args).map_err(|e| SettingsError(format!("{e:#}")))?;
-    let config =
-        BrokerConfig::from_map(&settings).map_err(|e| SettingsError(e.to_string()))?;
+    let config = BrokerConfig::from_map(&settings).map_err(|e| SettingsError(e.to_string()))?;
     alloc_guard::keep_request_buffers();
     match oncelog_broker::datadir::raise_open_files_limit() {
         Some(n) => tracing::info!(open_files_limit = n, "this broker may open {n} files"),

@@ -26,6 +26,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::error::ErrorCode;
 use crate::txn_coordinator::TxnState;
+use crate::txn_history::Requester;
+use crate::txn_service::AdminAbort;
 use crate::{now_ms, Broker};
 
 fn s(v: impl Into<String>) -> StrBytes {
@@ -210,9 +212,12 @@ pub async fn list_transactions(
 /// kafka-python's `abort_transaction`). Only ABORT is accepted. A transaction
 /// the coordinator knows is aborted through it (fence, then markers on all of
 /// its partitions); an orphan gets one ABORT marker at the named partition.
+/// One the coordinator is completing is answered CONCURRENT_TRANSACTIONS
+/// (retriable): an orphan marker then could tear it.
 pub async fn write_txn_markers(
     b: Arc<Broker>,
     req: WriteTxnMarkersRequest,
+    who: Requester,
 ) -> WriteTxnMarkersResponse {
     let mut results = Vec::with_capacity(req.markers.len());
     for m in req.markers {
@@ -221,9 +226,10 @@ pub async fn write_txn_markers(
         if m.transaction_result {
             shared = Some(ErrorCode::InvalidRequest);
         } else {
-            match b.txn.admin_abort(&b, pid).await {
-                Ok(true) => shared = Some(ErrorCode::None),
-                Ok(false) => {}
+            match b.txn.admin_abort(&b, pid, &who).await {
+                Ok(AdminAbort::Aborted) => shared = Some(ErrorCode::None),
+                Ok(AdminAbort::Completing) => shared = Some(ErrorCode::ConcurrentTransactions),
+                Ok(AdminAbort::NotKnown) => {}
                 Err(e) => {
                     tracing::error!(producer_id = pid, error = %e, "admin abort failed");
                     shared = Some(ErrorCode::KafkaStorageError);

@@ -230,6 +230,11 @@ pub async fn dispatch(
     }))
 }
 
+/// Who sent a request, for the transaction history.
+fn requester(header: &RequestHeader, peer: std::net::SocketAddr) -> crate::txn_history::Requester {
+    crate::txn_history::Requester::new(header.client_id.as_ref().map(|c| c.as_str()), peer)
+}
+
 /// Runs the handler of one decoded request.
 async fn handle(
     b: Arc<Broker>,
@@ -250,10 +255,13 @@ async fn handle(
         RequestKind::FindCoordinator(r) => ready(respond(ResponseKind::FindCoordinator(
             meta::find_coordinator(&b, r, version),
         ))),
-        RequestKind::InitProducerId(r) => Box::pin(async move {
-            let resp = txn::init_producer_id(b, r, version).await;
-            respond(ResponseKind::InitProducerId(resp))
-        }),
+        RequestKind::InitProducerId(r) => {
+            let who = requester(&header, peer);
+            Box::pin(async move {
+                let resp = txn::init_producer_id(b, r, version, who).await;
+                respond(ResponseKind::InitProducerId(resp))
+            })
+        }
         RequestKind::DescribeProducers(r) => ready(respond(ResponseKind::DescribeProducers(
             admin_txn::describe_producers(&b, r),
         ))),
@@ -261,10 +269,13 @@ async fn handle(
             let resp = admin_txn::describe_transactions(b, r).await;
             respond(ResponseKind::DescribeTransactions(resp))
         }),
-        RequestKind::WriteTxnMarkers(r) => Box::pin(async move {
-            let resp = admin_txn::write_txn_markers(b, r).await;
-            respond(ResponseKind::WriteTxnMarkers(resp))
-        }),
+        RequestKind::WriteTxnMarkers(r) => {
+            let who = requester(&header, peer);
+            Box::pin(async move {
+                let resp = admin_txn::write_txn_markers(b, r, who).await;
+                respond(ResponseKind::WriteTxnMarkers(resp))
+            })
+        }
         RequestKind::ListTransactions(r) => Box::pin(async move {
             let resp = admin_txn::list_transactions(b, r, version).await;
             respond(ResponseKind::ListTransactions(resp))
@@ -321,14 +332,20 @@ async fn handle(
             let resp = group::txn_offset_commit(b, r, version).await;
             respond(ResponseKind::TxnOffsetCommit(resp))
         }),
-        RequestKind::AddPartitionsToTxn(r) => Box::pin(async move {
-            let resp = txn::add_partitions_to_txn(b, r, version).await;
-            respond(ResponseKind::AddPartitionsToTxn(resp))
-        }),
-        RequestKind::EndTxn(r) => Box::pin(async move {
-            let resp = txn::end_txn(b, r, version).await;
-            respond(ResponseKind::EndTxn(resp))
-        }),
+        RequestKind::AddPartitionsToTxn(r) => {
+            let who = requester(&header, peer);
+            Box::pin(async move {
+                let resp = txn::add_partitions_to_txn(b, r, version, who).await;
+                respond(ResponseKind::AddPartitionsToTxn(resp))
+            })
+        }
+        RequestKind::EndTxn(r) => {
+            let who = requester(&header, peer);
+            Box::pin(async move {
+                let resp = txn::end_txn(b, r, version, who).await;
+                respond(ResponseKind::EndTxn(resp))
+            })
+        }
         RequestKind::CreateTopics(r) => ready(respond(ResponseKind::CreateTopics(
             admin::create_topics(&b, r, version),
         ))),

@@ -149,8 +149,16 @@ fn append_one(
                                 "partition is not part of an ongoing transaction of this producer",
                             ),
                         };
-                        tracing::warn!(partition = %p.name(), producer_id = pb.producer_id, epoch = pb.epoch, reason = why,
-                            "transactional produce refused");
+                        let tp = (topic.to_string(), index);
+                        let tid = b.txn.rejected_write(
+                            pb.producer_id,
+                            pb.epoch,
+                            &tp,
+                            transactional_id,
+                            why,
+                        );
+                        tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
+                            producer_id = pb.producer_id, epoch = pb.epoch, reason = why, "transactional produce refused");
                         return failed(code, why);
                     }
                 }
@@ -170,8 +178,23 @@ fn append_one(
                         }
                         ProduceReject::InvalidTxnState => ErrorCode::InvalidTxnState,
                     };
-                    tracing::warn!(partition = %p.name(), producer_id = pb.producer_id, epoch = pb.epoch,
-                        first_seq = pb.first_seq, reason = %r, "produce rejected");
+                    // A transactional batch at a stale epoch is a zombie's late write.
+                    let tid = match r {
+                        ProduceReject::InvalidProducerEpoch { .. } if pb.transactional => {
+                            let tp = (topic.to_string(), index);
+                            let why = r.to_string();
+                            b.txn.rejected_write(
+                                pb.producer_id,
+                                pb.epoch,
+                                &tp,
+                                transactional_id,
+                                &why,
+                            )
+                        }
+                        _ => b.txn.transactional_id_of(pb.producer_id),
+                    };
+                    tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
+                        producer_id = pb.producer_id, epoch = pb.epoch, first_seq = pb.first_seq, reason = %r, "produce rejected");
                     return failed(code, r.to_string());
                 }
             }
@@ -284,6 +307,13 @@ async fn implicit_add(
             };
             tracing::warn!(transactional_id = %id.0.as_str(), producer_id = pid, epoch, error = %e,
                 "implicit add to transaction refused");
+            if matches!(e, TxnError::Coord(CoordError::ProducerFenced)) {
+                for tp in &parts {
+                    let why = "producer fenced";
+                    b.txn
+                        .rejected_write(pid, epoch, tp, Some(id.0.as_str()), why);
+                }
+            }
             parts.into_iter().map(|(t, i)| (t, i, code)).collect()
         }
     }

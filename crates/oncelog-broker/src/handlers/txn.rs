@@ -23,7 +23,8 @@ use kafka_protocol::messages::ProducerId;
 
 use crate::error::ErrorCode;
 use crate::txn_coordinator::CoordError;
-use crate::txn_service::{TxnError, VerifyError};
+use crate::txn_history::Requester;
+use crate::txn_service::{EndRequest, TxnError, VerifyError};
 use crate::Broker;
 
 /// The wire code for a coordinator error; PRODUCER_FENCED only where the
@@ -45,6 +46,7 @@ pub async fn init_producer_id(
     b: Arc<Broker>,
     req: InitProducerIdRequest,
     version: i16,
+    who: Requester,
 ) -> InitProducerIdResponse {
     let resp = InitProducerIdResponse::default()
         .with_producer_id(ProducerId(-1))
@@ -71,7 +73,7 @@ pub async fn init_producer_id(
         (version >= 3 && req.producer_id.0 >= 0).then_some((req.producer_id.0, req.producer_epoch));
     match b
         .txn
-        .init_producer_id(&b, &id, req.transaction_timeout_ms, expected)
+        .init_producer_id(&b, &id, req.transaction_timeout_ms, expected, &who)
         .await
     {
         Ok((pid, epoch)) => resp
@@ -88,32 +90,25 @@ pub async fn add_partitions_to_txn(
     b: Arc<Broker>,
     req: AddPartitionsToTxnRequest,
     version: i16,
+    who: Requester,
 ) -> AddPartitionsToTxnResponse {
     if version <= 3 {
-        let results = add_one(
-            &b,
-            req.v3_and_below_transactional_id.0.as_str(),
-            req.v3_and_below_producer_id.0,
-            req.v3_and_below_producer_epoch,
-            &req.v3_and_below_topics,
-            false,
-            version >= 2,
-        )
-        .await;
+        let txn = TxnRef {
+            id: req.v3_and_below_transactional_id.0.as_str(),
+            pid: req.v3_and_below_producer_id.0,
+            epoch: req.v3_and_below_producer_epoch,
+        };
+        let results = add_one(&b, txn, &req.v3_and_below_topics, false, version >= 2, &who).await;
         return AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results);
     }
     let mut out = Vec::with_capacity(req.transactions.len());
     for t in &req.transactions {
-        let topic_results = add_one(
-            &b,
-            t.transactional_id.0.as_str(),
-            t.producer_id.0,
-            t.producer_epoch,
-            &t.topics,
-            t.verify_only,
-            true,
-        )
-        .await;
+        let txn = TxnRef {
+            id: t.transactional_id.0.as_str(),
+            pid: t.producer_id.0,
+            epoch: t.producer_epoch,
+        };
+        let topic_results = add_one(&b, txn, &t.topics, t.verify_only, true, &who).await;
         out.push(
             AddPartitionsToTxnResult::default()
                 .with_transactional_id(t.transactional_id.clone())
@@ -123,17 +118,25 @@ pub async fn add_partitions_to_txn(
     AddPartitionsToTxnResponse::default().with_results_by_transaction(out)
 }
 
+/// The transaction an AddPartitionsToTxn entry names.
+#[derive(Debug, Clone, Copy)]
+struct TxnRef<'a> {
+    id: &'a str,
+    pid: i64,
+    epoch: i16,
+}
+
 /// One transaction's partitions: unknown partitions fail the whole set (they
 /// get UNKNOWN_TOPIC_OR_PARTITION, the others OPERATION_NOT_ATTEMPTED).
 async fn add_one(
     b: &Arc<Broker>,
-    id: &str,
-    pid: i64,
-    epoch: i16,
+    txn: TxnRef<'_>,
     topics: &[AddPartitionsToTxnTopic],
     verify_only: bool,
     fenced_known: bool,
+    who: &Requester,
 ) -> Vec<AddPartitionsToTxnTopicResult> {
+    let TxnRef { id, pid, epoch } = txn;
     let exists = |t: &str, p: i32| b.topics.get(t).and_then(|x| x.partition(p)).is_some();
     let unknown = topics
         .iter()
@@ -156,7 +159,7 @@ async fn add_one(
             .collect();
         shared = b
             .txn
-            .add_partitions(id, pid, epoch, &parts)
+            .add_partitions_by(id, pid, epoch, &parts, who)
             .await
             .err()
             .map(|e| txn_error_code(&e, fenced_known));
@@ -197,7 +200,12 @@ async fn add_one(
         .collect()
 }
 
-pub async fn end_txn(b: Arc<Broker>, req: EndTxnRequest, version: i16) -> EndTxnResponse {
+pub async fn end_txn(
+    b: Arc<Broker>,
+    req: EndTxnRequest,
+    version: i16,
+    who: Requester,
+) -> EndTxnResponse {
     let id = req.transactional_id.0.to_string();
     let tv2 = version >= 5;
     let mut resp = EndTxnResponse::default();
@@ -205,11 +213,14 @@ pub async fn end_txn(b: Arc<Broker>, req: EndTxnRequest, version: i16) -> EndTxn
         .txn
         .end_txn(
             &b,
-            &id,
-            req.producer_id.0,
-            req.producer_epoch,
-            req.committed,
-            tv2,
+            EndRequest {
+                id: &id,
+                producer_id: req.producer_id.0,
+                epoch: req.producer_epoch,
+                commit: req.committed,
+                tv2,
+            },
+            &who,
         )
         .await;
     match res {

@@ -1,0 +1,309 @@
+//! A transactional id's history (epochs, fences, recent events) as the
+//! broker serves it on its HTTP port (`GET /v1/transactions/<id>/history`):
+//! the Kafka protocol has no field for who fenced whom, so `oncelog txn
+//! describe` and `oncelog txn history` ask there.
+//!
+//! The HTTP client is a plain HTTP/1.1 GET with `Connection: close`: the
+//! broker's listener answers one small document with a Content-Length and
+//! closes, so a general HTTP crate (TLS, pools, redirects) would bring much
+//! and add nothing here. Everything is bounded: connect and read deadlines,
+//! and the size of the answer.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The broker's default HTTP port (`metrics.listen`).
+pub const DEFAULT_ADMIN_PORT: u16 = 9644;
+const DEADLINE: Duration = Duration::from_secs(5);
+const MAX_ANSWER_BYTES: u64 = 8 << 20;
+
+/// `http://<host of the first bootstrap address>:9644`.
+pub fn default_admin_url(bootstrap: &str) -> String {
+    let first = bootstrap.split(',').next().unwrap_or("").trim();
+    let host = if first.starts_with('[') {
+        first.split(']').next().map(|h| format!("{h}]"))
+    } else {
+        first.rsplit_once(':').map(|(h, _)| h.to_string())
+    }
+    .filter(|h| !h.is_empty())
+    .unwrap_or_else(|| first.to_string());
+    format!("http://{host}:{DEFAULT_ADMIN_PORT}")
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The history of `id` from the broker at `admin` (an `http://` URL).
+pub async fn fetch(admin: &str, id: &str) -> Result<Value> {
+    let path = format!("/v1/transactions/{}/history", percent_encode(id));
+    get_json(admin, &path).await
+}
+
+async fn get_json(base: &str, path: &str) -> Result<Value> {
+    let rest = base
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("{base}: only http:// URLs are supported"))?;
+    let (authority, prefix) = match rest.split_once('/') {
+        Some((a, p)) => (a, format!("/{}", p.trim_end_matches('/'))),
+        None => (rest, String::new()),
+    };
+    let prefix = prefix.trim_end_matches('/');
+    let url = format!("http://{authority}{prefix}{path}");
+    let stream = tokio::time::timeout(DEADLINE, TcpStream::connect(authority))
+        .await
+        .map_err(|_| anyhow!("GET {url}: connect timed out"))?
+        .with_context(|| format!("GET {url}"))?;
+    let answer = tokio::time::timeout(DEADLINE, exchange(stream, authority, prefix, path))
+        .await
+        .map_err(|_| anyhow!("GET {url}: no answer within {}s", DEADLINE.as_secs()))?
+        .with_context(|| format!("GET {url}"))?;
+    let (head, body) = split_answer(&answer).ok_or_else(|| anyhow!("GET {url}: not HTTP"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| anyhow!("GET {url}: no status in {head:?}"))?;
+    if status != 200 {
+        let why = String::from_utf8_lossy(body);
+        bail!("GET {url}: HTTP {status} {}", why.trim());
+    }
+    serde_json::from_slice(body).with_context(|| format!("GET {url}: not JSON"))
+}
+
+async fn exchange(
+    mut stream: TcpStream,
+    host: &str,
+    prefix: &str,
+    path: &str,
+) -> std::io::Result<Vec<u8>> {
+    let req = format!(
+        "GET {prefix}{path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(req.as_bytes()).await?;
+    let mut out = Vec::new();
+    stream.take(MAX_ANSWER_BYTES).read_to_end(&mut out).await?;
+    Ok(out)
+}
+
+/// (status line, body) of an HTTP answer.
+fn split_answer(answer: &[u8]) -> Option<(String, &[u8])> {
+    let end = answer.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&answer[..end]);
+    let status = head.lines().next()?.to_string();
+    Some((status, &answer[end + 4..]))
+}
+
+/// `2024-05-01 12:00:00.123Z` (UTC) for milliseconds since the epoch.
+pub fn fmt_ms(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    let rem = ms.rem_euclid(86_400_000);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn time(v: &Value) -> String {
+    v.as_i64().map_or_else(|| "-".to_string(), fmt_ms)
+}
+
+fn epoch_change(v: &Value, old: &str, new: &str) -> String {
+    match (v.get(old).and_then(Value::as_i64), v.get(new)) {
+        (Some(o), Some(n)) => format!("{o} -> {}", text(n)),
+        (None, Some(n)) => text(n),
+        _ => "-".to_string(),
+    }
+}
+
+fn list<'a>(h: &'a Value, key: &str) -> &'a [Value] {
+    h.get(key)
+        .and_then(Value::as_array)
+        .map(|a| a.as_slice())
+        .unwrap_or(&[])
+}
+
+/// The event rows: time, event, producer id, epoch, client, peer, detail.
+pub fn event_rows(h: &Value) -> Vec<Vec<String>> {
+    list(h, "events")
+        .iter()
+        .map(|e| {
+            let mut detail = Vec::new();
+            if let Some(c) = e.get("cause").and_then(Value::as_str) {
+                detail.push(format!("cause={c}"));
+            }
+            let parts: Vec<String> = list(e, "partitions").iter().map(text).collect();
+            if !parts.is_empty() {
+                detail.push(parts.join(","));
+            }
+            if let Some(d) = e.get("detail").and_then(Value::as_str) {
+                detail.push(d.to_string());
+            }
+            let n = e.get("count").and_then(Value::as_u64).unwrap_or(1);
+            if n > 1 {
+                detail.push(format!("x{n}, last at {}", time(&e["last_time_ms"])));
+            }
+            vec![
+                time(&e["time_ms"]),
+                text(&e["event"]),
+                text(&e["producer_id"]),
+                epoch_change(e, "old_epoch", "epoch"),
+                text(&e["client_id"]),
+                text(&e["peer"]),
+                detail.join("; "),
+            ]
+        })
+        .collect()
+}
+
+pub const EVENT_HEADERS: &[&str] = &[
+    "TIME",
+    "EVENT",
+    "PRODUCER-ID",
+    "EPOCH",
+    "CLIENT-ID",
+    "PEER",
+    "DETAIL",
+];
+
+/// Prints the epochs, fences and events sections of a history.
+pub fn print_sections(h: &Value, table: fn(&[&str], &[Vec<String>])) {
+    println!(
+        "\nhistory kept in memory since {} (a broker restart clears it)",
+        time(&h["history_since_ms"])
+    );
+    let epochs: Vec<Vec<String>> = list(h, "epochs")
+        .iter()
+        .map(|e| {
+            let ended = match (e["ended_ms"].as_i64(), e["ended_by"].as_str()) {
+                (Some(t), Some(by)) => format!("{} ({by})", fmt_ms(t)),
+                _ => "current".to_string(),
+            };
+            vec![
+                text(&e["producer_id"]),
+                text(&e["epoch"]),
+                time(&e["since_ms"]),
+                text(&e["via"]),
+                text(&e["client_id"]),
+                text(&e["peer"]),
+                ended,
+            ]
+        })
+        .collect();
+    println!("\nepochs:");
+    table(
+        &[
+            "PRODUCER-ID",
+            "EPOCH",
+            "SINCE",
+            "VIA",
+            "CLIENT-ID",
+            "PEER",
+            "ENDED",
+        ],
+        &epochs,
+    );
+    let fences: Vec<Vec<String>> = list(h, "fences")
+        .iter()
+        .map(|f| {
+            let aborted: Vec<String> = list(f, "aborted_partitions").iter().map(text).collect();
+            vec![
+                time(&f["time_ms"]),
+                text(&f["cause"]),
+                text(&f["producer_id"]),
+                epoch_change(f, "old_epoch", "new_epoch"),
+                text(&f["client_id"]),
+                text(&f["peer"]),
+                if aborted.is_empty() {
+                    "-".to_string()
+                } else {
+                    aborted.join(",")
+                },
+            ]
+        })
+        .collect();
+    println!("\nfences:");
+    table(
+        &[
+            "TIME",
+            "CAUSE",
+            "PRODUCER-ID",
+            "EPOCH",
+            "CLIENT-ID",
+            "PEER",
+            "ABORTED",
+        ],
+        &fences,
+    );
+    println!("\nevents:");
+    table(EVENT_HEADERS, &event_rows(h));
+    let dropped = h["events_dropped"].as_u64().unwrap_or(0);
+    if dropped > 0 {
+        println!("({dropped} older events not kept)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_url_from_bootstrap() {
+        assert_eq!(default_admin_url("127.0.0.1:9092"), "http://127.0.0.1:9644");
+        assert_eq!(
+            default_admin_url("b1.example:9092,b2:9092"),
+            "http://b1.example:9644"
+        );
+        assert_eq!(default_admin_url("[::1]:9092"), "http://[::1]:9644");
+        assert_eq!(default_admin_url("localhost"), "http://localhost:9644");
+    }
+
+    #[test]
+    fn encodes_and_formats() {
+        assert_eq!(percent_encode("a/b c-é"), "a%2Fb%20c-%C3%A9");
+        assert_eq!(fmt_ms(0), "1970-01-01 00:00:00.000Z");
+        assert_eq!(fmt_ms(1_709_251_199_999), "2024-02-29 23:59:59.999Z");
+        assert_eq!(fmt_ms(951_782_400_000), "2000-02-29 00:00:00.000Z");
+    }
+
+    #[test]
+    fn answers_are_split() {
+        let (status, body) = split_answer(b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n{}").unwrap();
+        assert_eq!((status.as_str(), body), ("HTTP/1.1 200 OK", &b"{}"[..]));
+        assert!(split_answer(b"garbage").is_none());
+    }
+}

@@ -1,0 +1,263 @@
+"""What an operator debugging a zombie producer sees, with real librdkafka
+clients against a real broker: `oncelog txn describe` shows every epoch and
+every fence of a transactional id (cause, old -> new epoch, the fencing
+client's client.id and address; served from the broker's HTTP port), the
+zombie's late write is refused, logged with its transactional id and counted
+in /metrics; `oncelog txn abort` of nothing fails with "nothing open";
+`oncelog group describe` shows members and their decoded assignments and
+fails for an unknown group."""
+
+import json
+import re
+import subprocess
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, KafkaException
+from prometheus_client.parser import text_string_to_metric_families
+
+from clients import consumer_config, create_topic, unique_topic
+from conftest import free_port, oncelog_bin, wait_until
+from test_transactions import txn_producer
+
+PEER = re.compile(r"^127\.0\.0\.1:\d+$")
+
+
+def run(b, *args, json_out=True):
+    argv = [str(oncelog_bin()), *args, "--bootstrap", b.bootstrap] + (["--json"] if json_out else [])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def ok(b, *args, json_out=True):
+    p = run(b, *args, json_out=json_out)
+    assert p.returncode == 0, f"{args} exited {p.returncode}: {p.stderr}"
+    return json.loads(p.stdout) if json_out else p.stdout
+
+
+def describe(b, tid, json_out=True):
+    return ok(b, "txn", "describe", tid, "--admin", b.admin, json_out=json_out)
+
+
+def metric(b, name, **labels):
+    with urllib.request.urlopen(f"{b.admin}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    want = tuple(sorted((k, str(v)) for k, v in labels.items()))
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and tuple(sorted(s.labels.items())) == want:
+                return s.value
+    return None
+
+
+@pytest.fixture
+def hb(broker_factory):
+    """A broker whose HTTP port (metrics and histories) is a free port."""
+    port = free_port()
+    b = broker_factory({"metrics.listen": f"127.0.0.1:{port}",
+                        "group.initial.rebalance.delay.ms": 0})
+    b.admin = f"http://127.0.0.1:{port}"
+    return b
+
+
+def late_write(p, topic):
+    """The zombie's write after it was fenced: must fail (librdkafka may
+    raise the fatal error out of flush)."""
+    errors = []
+    p.produce(topic, value=b"late", partition=0, on_delivery=lambda err, msg: errors.append(err))
+    try:
+        p.flush(30)
+    except (KafkaException, SystemError) as e:
+        errors.append(e)
+    assert errors and errors[0] is not None, "the zombie's late write was accepted"
+
+
+def rejected_lines(b, tid):
+    return [x for x in b.log_text().splitlines()
+            if "produce rejected" in x and f'transactional_id="{tid}"' in x]
+
+
+@pytest.mark.timeout(120)
+def test_two_fences_by_newer_producers(hb):
+    topic = unique_topic("zh")
+    create_topic(hb.bootstrap, topic)
+    tid = "fare-writer-" + topic
+    a = txn_producer(hb.bootstrap, tid, **{"client.id": "writer-a"})
+    a.init_transactions(30)
+    a.begin_transaction()
+    a.produce(topic, value=b"trip-9001", partition=0)
+    a.flush(30)
+
+    b = txn_producer(hb.bootstrap, tid, **{"client.id": "fencer-b"})
+    b.init_transactions(30)
+    late_write(a, topic)
+
+    # The refusal names the transactional id and is counted once per batch.
+    lines = rejected_lines(hb, tid)
+    assert len(lines) >= 1, hb.log_tail()
+    assert "epoch=0" in lines[0] and "older than the current epoch 1" in lines[0], lines[0]
+    assert metric(hb, "oncelog_rejected_zombie_writes_total", transactional_id=tid) == len(lines)
+
+    b.begin_transaction()
+    b.produce(topic, value=b"trip-9002", partition=0)
+    b.flush(30)
+    c = txn_producer(hb.bootstrap, tid, **{"client.id": "fencer-c"})
+    c.init_transactions(30)
+
+    d = describe(hb, tid)
+    assert (d["state"], d["producer_epoch"]) == ("CompleteAbort", 2)
+    h = d["history"]
+    assert h["tracked"] is True and h["persisted"] is False
+    fences = h["fences"]
+    assert [(f["cause"], f["old_epoch"], f["new_epoch"], f["client_id"], f["open_transaction"],
+             f["aborted_partitions"]) for f in fences] == [
+        ("newer_producer", 0, 1, "fencer-b", True, [f"{topic}-0"]),
+        ("newer_producer", 1, 2, "fencer-c", True, [f"{topic}-0"]),
+    ]
+    assert all(PEER.match(f["peer"]) for f in fences), fences
+    assert fences[0]["peer"] != fences[1]["peer"], "two clients, two connections"
+    assert fences[0]["time_ms"] <= fences[1]["time_ms"]
+    assert all(f["producer_id"] == d["producer_id"] for f in fences)
+
+    epochs = h["epochs"]
+    assert [(e["epoch"], e["via"], e["client_id"], e["ended_by"]) for e in epochs] == [
+        (0, "init", "writer-a", "newer_producer"),
+        (1, "newer_producer", "fencer-b", "newer_producer"),
+        (2, "newer_producer", "fencer-c", None),
+    ]
+    assert epochs[1]["peer"] == fences[0]["peer"] and epochs[2]["peer"] == fences[1]["peer"]
+    assert all(PEER.match(e["peer"]) for e in epochs)
+
+    kinds = [(e["event"], e["epoch"], e.get("old_epoch")) for e in h["events"]]
+    assert kinds == [
+        ("init", 0, None), ("begin", 0, None),
+        ("fence", 1, 0), ("abort", 1, None), ("rejected_write", 0, None),
+        ("begin", 1, None),
+        ("fence", 2, 1), ("abort", 2, None),
+    ], kinds
+    rejected = h["events"][4]
+    assert rejected["partitions"] == [f"{topic}-0"] and rejected["count"] == len(lines)
+    assert h["events"][1]["client_id"] == "writer-a" and h["events"][5]["client_id"] == "fencer-b"
+
+    table = describe(hb, tid, json_out=False)
+    fence_rows = [x.split() for x in table.splitlines() if "newer_producer" in x and "fencer-" in x
+                  and ("0 -> 1" in x or "1 -> 2" in x)]
+    assert len(fence_rows) >= 2, table
+    assert "history kept in memory since" in table
+
+    hist = ok(hb, "txn", "history", tid, "--admin", hb.admin)
+    assert hist["events"] == h["events"]
+    hist_table = ok(hb, "txn", "history", tid, "--admin", hb.admin, json_out=False)
+    assert hist_table.splitlines()[0].split()[:3] == ["TIME", "EVENT", "PRODUCER-ID"]
+    assert sum("rejected_write" in x for x in hist_table.splitlines()) == 1
+
+
+@pytest.mark.timeout(120)
+def test_timeout_fence_and_the_late_write_after_it(hb):
+    topic = unique_topic("zt")
+    create_topic(hb.bootstrap, topic)
+    tid = "slow-" + topic
+    p = txn_producer(hb.bootstrap, tid, **{"client.id": "slow-writer", "transaction.timeout.ms": 1500,
+                                          "message.timeout.ms": 1500})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"slow", partition=0)
+    p.flush(30)
+    wait_until(lambda: describe(hb, tid)["state"] == "CompleteAbort", 20, interval=0.3,
+               what="the timeout abort")
+    h = describe(hb, tid)["history"]
+    assert [(f["cause"], f["old_epoch"], f["new_epoch"], f["client_id"], f["peer"], f["open_transaction"])
+            for f in h["fences"]] == [("timeout", 0, 1, None, None, True)]
+    assert [(e["epoch"], e["via"], e["client_id"]) for e in h["epochs"]] == [
+        (0, "init", "slow-writer"), (1, "timeout", None)]
+    assert [e["event"] for e in h["events"]] == ["init", "begin", "fence", "abort"]
+    assert metric(hb, "oncelog_transaction_fences_total", transactional_id=tid, cause="timeout") == 1
+    assert metric(hb, "oncelog_rejected_zombie_writes_total", transactional_id=tid) is None
+
+    late_write(p, topic)
+    n = len(rejected_lines(hb, tid))
+    assert n >= 1
+    assert metric(hb, "oncelog_rejected_zombie_writes_total", transactional_id=tid) == n
+
+
+def test_history_unavailable_still_describes(hb):
+    topic = unique_topic("zu")
+    create_topic(hb.bootstrap, topic)
+    tid = "plain-" + topic
+    p = txn_producer(hb.bootstrap, tid)
+    p.init_transactions(30)
+    closed = f"http://127.0.0.1:{free_port()}"
+    d = ok(hb, "txn", "describe", tid, "--admin", closed)
+    assert (d["state"], d["producer_epoch"], d["history"]) == ("Empty", 0, None)
+    assert closed.removeprefix("http://") in d["history_unavailable"]
+    table = ok(hb, "txn", "describe", tid, "--admin", closed, json_out=False)
+    assert table.splitlines()[1].split()[:2] == [tid, "Empty"]
+    assert "history: unavailable" in table
+    r = run(hb, "txn", "history", tid, "--admin", closed)
+    assert r.returncode == 1 and r.stderr.startswith("error: GET "), r.stderr
+    # An id the broker never saw has an empty history, not an error.
+    d = ok(hb, "txn", "describe", tid, "--admin", hb.admin)
+    assert d["history"]["tracked"] is True
+    unknown = urllib.request.urlopen(f"{hb.admin}/v1/transactions/no%2Fsuch/history", timeout=10)
+    body = json.loads(unknown.read())
+    assert (body["transactional_id"], body["tracked"], body["events"]) == ("no/such", False, [])
+
+
+def test_abort_of_nothing_open_fails(hb):
+    topic = unique_topic("za")
+    create_topic(hb.bootstrap, topic)
+    r = run(hb, "txn", "abort", topic, "0", "--producer-id", "424242", "--producer-epoch", "0")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("error: nothing open: producer 424242"), r.stderr
+
+    tid = "hanging-" + topic
+    p = txn_producer(hb.bootstrap, tid)
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"x", partition=0)
+    p.flush(30)
+    [prod] = ok(hb, "txn", "producers", topic, "0")
+    args = ("txn", "abort", topic, "0", "--producer-id", str(prod["producer_id"]),
+            "--producer-epoch", str(prod["epoch"]))
+    done = ok(hb, *args)
+    assert done["aborted"] == {"topic": topic, "partition": 0, "producer_id": prod["producer_id"],
+                               "transactional_id": tid}
+    again = run(hb, *args)
+    assert again.returncode == 1 and "nothing open" in again.stderr, again.stderr
+    h = describe(hb, tid)["history"]
+    assert [(f["cause"], f["old_epoch"], f["new_epoch"], f["client_id"]) for f in h["fences"]] == [
+        ("administrator", 0, 1, "oncelog-cli")]
+    assert PEER.match(h["fences"][0]["peer"])
+
+
+@pytest.mark.timeout(120)
+def test_group_describe_shows_members_and_assignments(hb):
+    topic = unique_topic("zg")
+    create_topic(hb.bootstrap, topic, partitions=2)
+    group = "g-" + topic
+    c = Consumer(consumer_config(hb.bootstrap, **{"group.id": group, "client.id": "member-x",
+                                                  "group.instance.id": "inst-1",
+                                                  "auto.offset.reset": "earliest",
+                                                  "session.timeout.ms": 10000}))
+    try:
+        c.subscribe([topic])
+        wait_until(lambda: (c.poll(0.2), len(c.assignment()) == 2)[1], 30, what="an assignment")
+        d = ok(hb, "group", "describe", group)
+        assert (d["state"], d["protocol_type"], d["protocol"]) == ("Stable", "consumer", "range")
+        assert d["members"] == [{
+            "member_id": c.memberid(), "client_id": "member-x", "host": "/127.0.0.1",
+            "instance_id": "inst-1", "assignment": [{"topic": topic, "partitions": [0, 1]}],
+        }]
+        table = ok(hb, "group", "describe", group, json_out=False)
+        lines = table.splitlines()
+        assert lines[1].split() == ["MEMBER-ID", "CLIENT-ID", "HOST", "INSTANCE-ID", "ASSIGNMENT"]
+        assert lines[2].split() == [c.memberid(), "member-x", "/127.0.0.1", "inst-1",
+                                    f"{topic}-0,{topic}-1"]
+    finally:
+        c.close()
+
+
+def test_group_describe_of_unknown_group_fails(hb):
+    r = run(hb, "group", "describe", "no-such-group")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", "error: group no-such-group does not exist\n")
+    r = run(hb, "group", "describe", "no-such-group", json_out=False)
+    assert (r.returncode, r.stderr) == (1, "error: group no-such-group does not exist\n")

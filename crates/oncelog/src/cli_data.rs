@@ -872,6 +872,26 @@ pub async fn produce(bootstrap: &str, json_out: bool, a: ProduceArgs) -> Result<
                 n.acked
             )
         };
+        let chain = format!("{e:#}");
+        let fenced = txn
+            && ["InvalidProducerEpoch", "ProducerFenced"]
+                .iter()
+                .any(|c| chain.contains(c));
+        if fenced {
+            // A fence aborts the open transaction at the broker, and every
+            // later write of this producer is refused: nothing of it is left
+            // for a read_committed reader, whatever was in flight.
+            msg += &format!(
+                concat!(
+                    "; this producer was fenced: a newer producer took transactional id {:?}, ",
+                    "the broker aborted this one's open transaction and refuses its writes ",
+                    "({} uncommitted records will never be read by read_committed consumers)"
+                ),
+                a.transactional_id.as_deref().unwrap_or(""),
+                n.open_txn
+            );
+            return Err(e.context(msg));
+        }
         if n.in_flight > 0 {
             msg += &format!(
                 " ({} more were sent without an answer: they may or may not have been written)",

@@ -193,7 +193,9 @@ def test_an_older_layout_is_moved_and_loses_nothing(broker):
     (broker.data_dir / "topics.json").write_text(json.dumps(cat))
     broker.start()
     verify(broker, s)
-    assert entries(broker.data_dir / "internal") == ["__consumer_offsets-0", "__transaction_state-0"]
+    # The marker lets the offsets log skip records a client may have written.
+    assert entries(broker.data_dir / "internal") == [
+        "__consumer_offsets-0", "__consumer_offsets-0.client-written", "__transaction_state-0"]
     assert not (broker.data_dir / "__consumer_offsets-0").exists()
     log = broker.log_text(since_last_start=True)
     assert "internal log moved to the internal/ directory" in log

@@ -160,6 +160,30 @@ pub fn migrate(data_dir: &Path) -> Result<(), TopicError> {
     Ok(())
 }
 
+fn client_written_marker(data_dir: &Path, log: &str) -> PathBuf {
+    internal_dir(data_dir).join(format!("{log}.client-written"))
+}
+
+/// Records that clients could write into an internal log (a data directory
+/// from before internal names were reserved listed it as a topic), so its
+/// coordinator may skip records it cannot decode instead of refusing to start.
+pub fn mark_client_written(data_dir: &Path, topic: &str) -> Result<(), TopicError> {
+    let internal = internal_dir(data_dir);
+    std::fs::create_dir_all(&internal)
+        .map_err(|e| storage(format!("create {}: {e}", internal.display())))?;
+    let path = client_written_marker(data_dir, &format!("{topic}-0"));
+    File::create(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| storage(format!("write {}: {e}", path.display())))?;
+    sync_dir(&internal)
+}
+
+/// Whether the internal log `log` (e.g. `__consumer_offsets-0`) may hold
+/// records written by clients (see [`mark_client_written`]).
+pub fn client_written(data_dir: &Path, log: &str) -> bool {
+    client_written_marker(data_dir, log).exists()
+}
+
 /// Raises this process's soft limit on open files to its hard limit and
 /// returns the limit now in force (None if it cannot be read).
 pub fn raise_open_files_limit() -> Option<u64> {
@@ -228,5 +252,47 @@ mod tests {
         assert_eq!(std::fs::read(&moved).unwrap(), b"abc");
         migrate(dir.path()).unwrap();
         assert_eq!(std::fs::read(&moved).unwrap(), b"abc");
+    }
+}
+
+#[cfg(test)]
+mod client_written_tests {
+    use super::*;
+    use crate::groups::{GroupSettings, Groups};
+    use crate::internal_log::InternalLog;
+    use crate::txn_service::TxnService;
+
+    fn settings() -> GroupSettings {
+        GroupSettings {
+            initial_rebalance_delay: std::time::Duration::ZERO,
+            min_session_timeout_ms: 1,
+            max_session_timeout_ms: 10,
+            offsets_retention_ms: 1000,
+        }
+    }
+
+    /// A record a client produced into a coordinator's log (possible before
+    /// internal names were reserved) stops the coordinator from loading,
+    /// unless the log is marked as client-written.
+    #[test]
+    fn coordinators_skip_client_records_only_when_marked() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for log in INTERNAL_LOGS {
+                let (mut l, _) = InternalLog::open(dir.path(), log).unwrap();
+                l.append(&[(Some(b"fare-writer-7".as_slice()), Some(b"boom".as_slice()))])
+                    .unwrap();
+            }
+        });
+        assert!(Groups::open(dir.path(), settings()).is_err());
+        assert!(TxnService::open(dir.path()).is_err());
+        mark_client_written(dir.path(), "__consumer_offsets").unwrap();
+        mark_client_written(dir.path(), "__transaction_state").unwrap();
+        assert!(Groups::open(dir.path(), settings()).is_ok());
+        assert!(TxnService::open(dir.path()).is_ok());
     }
 }

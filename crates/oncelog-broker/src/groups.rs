@@ -386,11 +386,31 @@ impl Groups {
     pub fn open(data_dir: &Path, settings: GroupSettings) -> Result<Self, TopicError> {
         let (log, records) = InternalLog::open(data_dir, "__consumer_offsets-0")?;
         let mut groups = HashMap::new();
+        let mut foreign = 0usize;
+        let client_written = crate::datadir::client_written(data_dir, "__consumer_offsets-0");
         for (_, value) in records {
             let Some(v) = value else { continue };
-            let rec: OffsetRecord = serde_json::from_slice(&v)
-                .map_err(|e| TopicError::Storage(format!("offsets log record: {e}")))?;
-            apply(&mut groups, rec);
+            match serde_json::from_slice::<OffsetRecord>(&v) {
+                Ok(rec) => apply(&mut groups, rec),
+                Err(e) if !client_written => {
+                    return Err(TopicError::Storage(format!("offsets log record: {e}")))
+                }
+                // Before internal names were reserved a client could produce
+                // into this log; such a record is not the broker's. It stays
+                // on disk, and must not keep the broker from starting.
+                Err(e) => {
+                    foreign += 1;
+                    if foreign == 1 {
+                        tracing::error!(error = %e, "the offsets log holds a record the broker did not write (a client's, from before internal topics were reserved?); skipping it");
+                    }
+                }
+            }
+        }
+        if foreign > 0 {
+            tracing::error!(
+                records = foreign,
+                "skipped records of the offsets log that the broker did not write"
+            );
         }
         tracing::info!(groups = groups.len(), "group coordinator loaded");
         Ok(Self {

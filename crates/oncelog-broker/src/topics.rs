@@ -344,14 +344,18 @@ impl Topics {
         // A data directory from before internal names were reserved may
         // list a client-created topic of such a name; its partition 0 was
         // the coordinator's own log. The log stays the coordinator's.
-        cat.topics.retain(|m| {
-            let internal = datadir::is_internal_topic(&m.name);
-            if internal {
-                tracing::error!(topic = %m.name, partitions = m.partitions,
-                    "dropping a client-created topic with an internal name from the catalogue; its partition directories other than -0 are left in place");
-            }
-            !internal
-        });
+        for m in cat
+            .topics
+            .iter()
+            .filter(|m| datadir::is_internal_topic(&m.name))
+        {
+            // Clients may have produced into the coordinator's log: let it
+            // skip records it did not write (before the catalogue forgets).
+            datadir::mark_client_written(&dir, &m.name)?;
+            tracing::error!(topic = %m.name, partitions = m.partitions,
+                "dropping a client-created topic with an internal name from the catalogue; its partition directories other than -0 are left in place");
+        }
+        cat.topics.retain(|m| !datadir::is_internal_topic(&m.name));
         finish_staged(&dir, &cat.topics)?;
         let topics = Self {
             dir,

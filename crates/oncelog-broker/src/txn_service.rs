@@ -159,6 +159,7 @@ impl TxnService {
     pub fn open(data_dir: &Path) -> Result<Self, TopicError> {
         let (log, records) = InternalLog::open(data_dir, "__transaction_state-0")?;
         let mut txns: HashMap<String, TxnMeta> = HashMap::new();
+        let client_written = crate::datadir::client_written(data_dir, "__transaction_state-0");
         for (key, value) in records {
             let Some(key) = key.and_then(|k| String::from_utf8(k).ok()) else {
                 continue;
@@ -167,12 +168,21 @@ impl TxnService {
                 None => {
                     txns.remove(&key);
                 }
-                Some(v) => {
-                    let m = serde_json::from_slice::<TxnMeta>(&v).map_err(|e| {
-                        TopicError::Storage(format!("transaction log record for {key}: {e}"))
-                    })?;
-                    txns.insert(key, m);
-                }
+                Some(v) => match serde_json::from_slice::<TxnMeta>(&v) {
+                    Ok(m) => {
+                        txns.insert(key, m);
+                    }
+                    // A client's record, from before internal names were
+                    // reserved (see datadir::mark_client_written): skipped.
+                    Err(e) if client_written => {
+                        tracing::error!(key = %key, error = %e, "skipping a transaction log record the broker did not write");
+                    }
+                    Err(e) => {
+                        return Err(TopicError::Storage(format!(
+                            "transaction log record for {key}: {e}"
+                        )))
+                    }
+                },
             }
         }
         let mut producers = HashMap::new();

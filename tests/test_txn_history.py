@@ -136,6 +136,8 @@ def test_two_fences_by_newer_producers(hb):
     ], kinds
     rejected = h["events"][4]
     assert rejected["partitions"] == [f"{topic}-0"] and rejected["count"] == len(lines)
+    # the zombie's late write names the zombie's own client
+    assert rejected["client_id"] == "writer-a" and PEER.match(rejected["peer"]), rejected
     assert h["events"][1]["client_id"] == "writer-a" and h["events"][5]["client_id"] == "fencer-b"
 
     table = describe(hb, tid, json_out=False)

@@ -239,6 +239,7 @@ impl TxnService {
         partition: &(String, i32),
         request_id: Option<&str>,
         reason: &str,
+        who: &Requester,
     ) -> Option<String> {
         let id = self
             .transactional_id_of(pid)
@@ -251,6 +252,7 @@ impl TxnService {
         }
         if let Some(id) = &id {
             let e = Event::new(now_ms(), EventKind::RejectedWrite, pid, epoch)
+                .by(who)
                 .partitions([partition])
                 .detail(reason);
             self.history().event_if_known(id, e);

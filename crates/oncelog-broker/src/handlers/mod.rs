@@ -365,7 +365,7 @@ async fn handle(
             fetch::list_offsets(&b, r, version),
         ))),
         RequestKind::Produce(r) => {
-            let wait = produce::produce(&b, r, version).await;
+            let wait = produce::produce(&b, r, version, &requester(&header, peer)).await;
             Box::pin(async move {
                 let resp = wait.await?;
                 respond(ResponseKind::Produce(resp))

@@ -21,6 +21,7 @@ use crate::producer_state::{ProduceReject, Verdict};
 use crate::snapshot;
 use crate::topics::producer_batch;
 use crate::txn_coordinator::CoordError;
+use crate::txn_history::Requester;
 use crate::txn_service::{TxnError, VerifyError};
 use crate::Broker;
 
@@ -57,6 +58,7 @@ fn append_one(
     index: i32,
     records: Option<bytes::Bytes>,
     transactional_id: Option<&str>,
+    who: &Requester,
 ) -> Outcome {
     if crate::datadir::is_internal_topic(topic) {
         tracing::warn!(topic, "produce to an internal topic refused");
@@ -156,6 +158,7 @@ fn append_one(
                             &tp,
                             transactional_id,
                             why,
+                            who,
                         );
                         tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
                             producer_id = pb.producer_id, epoch = pb.epoch, reason = why, "transactional produce refused");
@@ -189,6 +192,7 @@ fn append_one(
                                 &tp,
                                 transactional_id,
                                 &why,
+                                who,
                             )
                         }
                         _ => b.txn.transactional_id_of(pb.producer_id),
@@ -260,6 +264,7 @@ async fn implicit_add(
     b: &Arc<Broker>,
     req: &ProduceRequest,
     version: i16,
+    who: &Requester,
 ) -> Vec<(String, i32, ErrorCode)> {
     let Some(id) = req.transactional_id.as_ref().filter(|_| version >= 12) else {
         return Vec::new();
@@ -311,7 +316,7 @@ async fn implicit_add(
                 for tp in &parts {
                     let why = "producer fenced";
                     b.txn
-                        .rejected_write(pid, epoch, tp, Some(id.0.as_str()), why);
+                        .rejected_write(pid, epoch, tp, Some(id.0.as_str()), why, who);
                 }
             }
             parts.into_iter().map(|(t, i)| (t, i, code)).collect()
@@ -325,8 +330,9 @@ pub async fn produce(
     b: &Arc<Broker>,
     req: ProduceRequest,
     version: i16,
+    who: &Requester,
 ) -> Pin<Box<dyn Future<Output = Option<ProduceResponse>> + Send>> {
-    let implicit = implicit_add(b, &req, version).await;
+    let implicit = implicit_add(b, &req, version, who).await;
     let txn_id = req.transactional_id.as_ref().map(|t| t.0.to_string());
     let acks = req.acks;
     let valid_acks = (-1..=1).contains(&acks);
@@ -347,7 +353,7 @@ pub async fn produce(
             } else if let Some((_, _, code)) = refused {
                 failed(*code, "the partition could not be added to the transaction")
             } else {
-                append_one(b, &name, pd.index, pd.records, txn_id.as_deref())
+                append_one(b, &name, pd.index, pd.records, txn_id.as_deref(), who)
             };
             parts.push((pd.index, out));
         }

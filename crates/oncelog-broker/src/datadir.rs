@@ -96,29 +96,34 @@ impl std::fmt::Debug for DirLock {
 /// acknowledge writes to the same files, and one's would be lost.
 pub fn lock(data_dir: &Path) -> Result<DirLock, TopicError> {
     use nix::fcntl::{Flock, FlockArg};
+    // The lock is on the directory itself, so removing the pid file cannot
+    // let a second broker in; the pid file only says who holds it.
+    let dir = File::open(data_dir)
+        .map_err(|e| storage(format!("open data directory {}: {e}", data_dir.display())))?;
     let path = data_dir.join(LOCK_FILE);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| storage(format!("open lock file {}: {e}", path.display())))?;
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(mut f) => {
+    match Flock::lock(dir, FlockArg::LockExclusiveNonblock) {
+        Ok(held) => {
             let pid = std::process::id();
-            let written = f
-                .set_len(0)
-                .and_then(|_| f.rewind())
-                .and_then(|_| writeln!(&mut *f, "{pid}"));
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .and_then(|mut f| {
+                    f.set_len(0)?;
+                    f.rewind()?;
+                    writeln!(f, "{pid}")
+                });
             if let Err(e) = written {
                 tracing::warn!(path = %path.display(), error = %e, "could not write the pid to the lock file");
             }
-            Ok(DirLock { _file: f })
+            Ok(DirLock { _file: held })
         }
-        Err((mut f, nix::errno::Errno::EWOULDBLOCK)) => {
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
             let mut holder = String::new();
-            let _ = f.read_to_string(&mut holder);
+            if let Ok(mut f) = File::open(&path) {
+                let _ = f.read_to_string(&mut holder);
+            }
             let holder = holder.trim();
             let who = if holder.is_empty() {
                 "another process".to_string()
@@ -138,12 +143,21 @@ pub fn lock(data_dir: &Path) -> Result<DirLock, TopicError> {
 /// Idempotent: after a crash half way, the next start finishes it.
 pub fn migrate(data_dir: &Path) -> Result<(), TopicError> {
     let internal = internal_dir(data_dir);
-    std::fs::create_dir_all(&internal)
-        .map_err(|e| storage(format!("create {}: {e}", internal.display())))?;
+    if !internal.is_dir() {
+        std::fs::create_dir_all(&internal)
+            .map_err(|e| storage(format!("create {}: {e}", internal.display())))?;
+        sync_dir(data_dir)?;
+    }
     for name in INTERNAL_LOGS {
         let old = data_dir.join(name);
         let new = internal.join(name);
         if !old.is_dir() {
+            if !new.exists() {
+                // the coordinator's log directory, durable before it is used
+                std::fs::create_dir_all(&new)
+                    .map_err(|e| storage(format!("create {}: {e}", new.display())))?;
+                sync_dir(&internal)?;
+            }
             continue;
         }
         if new.exists() {

@@ -158,10 +158,13 @@ fn run(
                     {
                         let mut log = p.lock();
                         gen.fetch_add(1, Ordering::AcqRel);
-                        if let Err(te) = log.truncate_to(durable) {
-                            tracing::error!(partition = %p.name(), error = %te, "truncation after failed sync failed");
+                        // A deleted partition's paths may be another topic's now.
+                        if !log.closed {
+                            if let Err(te) = log.truncate_to(durable) {
+                                tracing::error!(partition = %p.name(), error = %te, "truncation after failed sync failed");
+                            }
+                            log.rebuild_after_truncation();
                         }
-                        log.rebuild_after_truncation();
                     }
                     let msg = format!("fdatasync failed: {e}");
                     for r in reqs {

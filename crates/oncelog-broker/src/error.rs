@@ -52,6 +52,7 @@ pub enum ErrorCode {
     FencedInstanceId = 82,
     UnstableOffsetCommit = 88,
     TransactionalIdNotFound = 105,
+    UnknownTopicId = 100,
     InvalidRegularExpression = 128,
     InvalidRecord = 87,
     ProducerFenced = 90,

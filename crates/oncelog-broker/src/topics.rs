@@ -41,6 +41,10 @@ struct Catalogue {
 pub struct PartitionState {
     pub log: Log,
     pub producers: ProducerState,
+    /// Set under the lock when the partition's topic is deleted: nothing may
+    /// touch its files after that (they reach files by path, and a new topic
+    /// of the same name may own those paths).
+    pub closed: bool,
 }
 
 impl std::ops::Deref for PartitionState {
@@ -67,7 +71,11 @@ impl PartitionState {
             producers = snap;
             from = off;
         }
-        let mut st = Self { log, producers };
+        let mut st = Self {
+            log,
+            producers,
+            closed: false,
+        };
         if let Err(e) = st.replay_from(from) {
             tracing::error!(partition = name, error = %e, "producer state replay failed; rebuilding from the start");
             st.producers = ProducerState::new();
@@ -275,6 +283,8 @@ pub enum TopicError {
     AlreadyExists(String),
     #[error("topic {0} does not exist")]
     Unknown(String),
+    #[error("no topic has id {0}")]
+    UnknownId(Uuid),
     #[error("invalid topic name {0:?}: {1}")]
     InvalidName(String, &'static str),
     #[error("invalid partition count {0}")]
@@ -577,9 +587,20 @@ impl Topics {
             datadir::sync_dir(&datadir::staging_dir(&self.dir))
         })();
         if res.is_err() {
-            remove_quietly(&staged);
+            self.unstage(meta, from, to);
         }
         res
+    }
+
+    /// Removes staged partitions `from..to` of `meta` (only those: nothing
+    /// else under `staging/<topic id>/` is this change's).
+    fn unstage(&self, meta: &TopicMeta, from: i32, to: i32) {
+        let staged = self.staged_dir(meta.id);
+        for p in from..to {
+            remove_quietly(&staged.join(format!("{}-{p}", meta.name)));
+        }
+        let _ = std::fs::remove_dir(&staged);
+        let _ = std::fs::remove_dir(datadir::staging_dir(&self.dir));
     }
 
     /// Moves staged partitions `from..to` of a committed change into place
@@ -613,12 +634,13 @@ impl Topics {
                 for p in from..to {
                     remove_quietly(&self.partition_dir(&meta.name, p));
                 }
-                remove_quietly(&self.staged_dir(meta.id));
-                let _ = std::fs::remove_dir(datadir::staging_dir(&self.dir));
+                self.unstage(meta, from, to);
             }
-            Err(e) => {
-                tracing::error!(topic = %meta.name, error = %e, "could not undo the topic change; the next start completes it")
-            }
+            // Memory and disk would disagree from here on.
+            Err(e) => fatal_storage(&format!(
+                "could not undo the failed change of topic {}: {e}",
+                meta.name
+            )),
         }
     }
 
@@ -711,7 +733,7 @@ impl Topics {
         let mut after = before.clone();
         after.push(meta.clone());
         if let Err(e) = self.write_catalogue(after) {
-            remove_quietly(&self.staged_dir(meta.id));
+            self.unstage(&meta, 0, partitions);
             return Err(e);
         }
         crate::fail_point("topic-create-committed");
@@ -736,8 +758,13 @@ impl Topics {
 
     /// Deletes a topic: its partitions are moved under `staging/`, the
     /// catalogue write commits the deletion, then they are removed. A crash
-    /// before the catalogue write brings the topic back whole at the next start.
-    pub fn delete(&self, name: &str) -> Result<(), TopicError> {
+    /// before the catalogue write brings the topic back whole at the next
+    /// start. With `id` (DeleteTopics v6+), the topic must still be that one.
+    ///
+    /// Every partition is closed under its lock first and stays locked
+    /// through the change: appends, markers, retention and truncation reach
+    /// files by path, and after the deletion those paths may be a new topic's.
+    pub fn delete(&self, name: &str, id: Option<Uuid>) -> Result<(), TopicError> {
         if datadir::is_internal_topic(name) {
             return Err(TopicError::Internal {
                 topic: name.into(),
@@ -749,11 +776,27 @@ impl Topics {
             .get(name)
             .ok_or_else(|| TopicError::Unknown(name.into()))?;
         let meta = t.meta();
+        if let Some(id) = id.filter(|id| !id.is_nil()) {
+            if id != meta.id {
+                return Err(TopicError::UnknownId(id));
+            }
+        }
+        let parts = t
+            .partitions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut guards: Vec<_> = parts.iter().map(|p| p.lock()).collect();
+        for g in guards.iter_mut() {
+            g.closed = true;
+        }
         let staged = self.staged_dir(meta.id);
         let moved = (|| -> Result<(), TopicError> {
             std::fs::create_dir_all(&staged)
                 .map_err(|e| TopicError::Storage(format!("create {}: {e}", staged.display())))?;
-            for p in 0..t.partition_count() {
+            datadir::sync_dir(&datadir::staging_dir(&self.dir))?;
+            datadir::sync_dir(&self.dir)?;
+            for p in 0..meta.partitions {
                 let src = self.partition_dir(name, p);
                 let dst = staged.join(format!("{name}-{p}"));
                 if src.exists() {
@@ -774,16 +817,23 @@ impl Topics {
             )
         });
         if let Err(e) = committed {
-            // Still in the catalogue: put back whatever was moved.
+            // Still in the catalogue: put back whatever was moved, then reopen.
             if let Err(e2) = move_staged(&self.dir, &meta, 0, meta.partitions) {
-                tracing::error!(topic = name, error = %e2, "could not move partitions back after a failed delete; the next start does");
+                fatal_storage(&format!(
+                    "could not move the partitions of {name} back after a failed delete: {e2}"
+                ));
+            }
+            for g in guards.iter_mut() {
+                g.closed = false;
             }
             return Err(e);
         }
+        crate::fail_point("topic-delete-committed");
         self.map
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(name);
+        drop(guards);
         drop(std::mem::take(
             &mut *t.partitions.write().unwrap_or_else(|p| p.into_inner()),
         ));
@@ -827,6 +877,7 @@ impl Topics {
             return Ok(());
         }
         self.stage(&meta, cur, count)?;
+        crate::fail_point("topic-add-partitions-staged");
         let before = self.metas();
         let after = before
             .iter()
@@ -839,9 +890,10 @@ impl Topics {
             })
             .collect();
         if let Err(e) = self.write_catalogue(after) {
-            remove_quietly(&self.staged_dir(meta.id));
+            self.unstage(&meta, cur, count);
             return Err(e);
         }
+        crate::fail_point("topic-add-partitions-committed");
         let new = match self.install(&meta, cur, count) {
             Ok(new) => new,
             Err(e) => {
@@ -877,11 +929,17 @@ impl Topics {
         let t = self
             .get(name)
             .ok_or_else(|| TopicError::Unknown(name.into()))?;
-        let meta = {
-            let mut m = t.meta.write().unwrap_or_else(|p| p.into_inner());
-            m.configs = configs;
-            m.clone()
-        };
+        // Saved before it is acted on: a retention change must never delete
+        // segments on the strength of a setting that was not kept.
+        let mut meta = t.meta();
+        meta.configs = configs;
+        let after = self
+            .metas()
+            .into_iter()
+            .map(|m| if m.name == name { meta.clone() } else { m })
+            .collect();
+        self.write_catalogue(after)?;
+        *t.meta.write().unwrap_or_else(|p| p.into_inner()) = meta.clone();
         let lc = self.log_config(&meta);
         for p in t
             .partitions
@@ -891,7 +949,7 @@ impl Topics {
         {
             p.lock().set_config(lc.clone());
         }
-        self.persist()
+        Ok(())
     }
 
     /// Runs retention on every partition.
@@ -900,6 +958,9 @@ impl Topics {
         let producer_cutoff = now - self.config.producer_id_expiration_ms;
         for p in self.all_partitions() {
             let mut log = p.lock();
+            if log.closed {
+                continue;
+            }
             let expired = log.producers.expire(producer_cutoff);
             if expired > 0 {
                 tracing::info!(partition = %p.name(), expired, "idle producer ids expired");
@@ -928,10 +989,30 @@ pub fn write_atomically(dir: &Path, name: &str, data: &[u8]) -> Result<(), Topic
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(data)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, &dst)?;
-        std::fs::File::open(dir)?.sync_all()
+        std::fs::rename(&tmp, &dst)
     })();
-    res.map_err(|e| TopicError::Storage(format!("write {}: {e}", dst.display())))
+    res.map_err(|e| TopicError::Storage(format!("write {}: {e}", dst.display())))?;
+    // After the rename the new content may or may not survive a crash: the
+    // caller can neither go on as if it did nor undo it. Stop; the next start
+    // reads whichever content the disk kept and settles from there.
+    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        fatal_storage(&format!(
+            "fsync of {} after replacing {name} failed: {e}",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Stops the process when durable state is in doubt: an fsync failed after a
+/// change became visible, or a change could neither be finished nor undone.
+/// Every such change is settled by the next start from what is on disk.
+pub fn fatal_storage(what: &str) -> ! {
+    tracing::error!(
+        "{what}: stopping, so that the next start settles the change from what is on disk"
+    );
+    eprintln!("error: {what}");
+    std::process::abort()
 }
 
 /// Open files a new partition holds: its segment, offset index and time index.
@@ -968,6 +1049,7 @@ fn move_staged(dir: &Path, meta: &TopicMeta, from: i32, to: i32) -> Result<(), T
             .map_err(|e| TopicError::Storage(format!("move {}: {e}", src.display())))?;
     }
     datadir::sync_dir(dir)?;
+    datadir::sync_dir(&staged)?;
     let _ = std::fs::remove_dir(&staged);
     // only removed when empty: another change may be staged there
     let _ = std::fs::remove_dir(datadir::staging_dir(dir));
@@ -1052,7 +1134,7 @@ mod tests {
                 "{e}"
             );
             assert!(e.to_string().contains("internal topic"), "{e}");
-            let e = topics.delete(name).unwrap_err();
+            let e = topics.delete(name, None).unwrap_err();
             assert!(
                 matches!(
                     e,
@@ -1138,7 +1220,10 @@ mod tests {
         topics.create("d", 4, BTreeMap::new(), false).unwrap();
         topics.add_partitions("d", 6, false).unwrap();
         assert_eq!(topics.get("d").unwrap().partition_count(), 6);
-        topics.delete("d").unwrap();
+        let id = topics.get("d").unwrap().meta().id;
+        let e = topics.delete("d", Some(Uuid::new_v4())).unwrap_err();
+        assert!(matches!(e, TopicError::UnknownId(_)), "{e}");
+        topics.delete("d", Some(id)).unwrap();
         assert_eq!(entries(dir.path()), vec!["topics.json"]);
         drop(topics);
         let topics = Topics::open(&config(dir.path())).unwrap();

@@ -945,6 +945,10 @@ fn write_marker(
     };
     let (end, generation) = {
         let mut st = p.lock();
+        if st.closed {
+            tracing::info!(partition = %p.name(), "marker skipped: the topic was deleted");
+            return Ok(None);
+        }
         if let Err(e) = st
             .producers
             .check_marker(meta.producer_id, meta.epoch, coordinator_epoch)

@@ -6,6 +6,10 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, Result};
 use clap::Subcommand;
+use kafka_protocol::messages::create_partitions_request::{
+    CreatePartitionsRequest, CreatePartitionsTopic,
+};
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsResponse;
 use kafka_protocol::messages::create_topics_request::{
     CreatableTopic, CreatableTopicConfig, CreateTopicsRequest,
 };
@@ -79,6 +83,13 @@ pub enum TopicCmd {
     Describe { name: String },
     /// Delete a topic.
     Delete { name: String },
+    /// Raise a topic's partition count (all new partitions or none).
+    AddPartitions {
+        name: String,
+        /// The new total number of partitions.
+        #[arg(long)]
+        count: i32,
+    },
     /// Change topic configs: --set retention.ms=60000, --delete retention.ms.
     AlterConfig {
         name: String,
@@ -408,6 +419,30 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
                 &json!({"deleted": name}),
                 &["DELETED"],
                 vec![vec![name.clone()]],
+            );
+        }
+        TopicCmd::AddPartitions { name, count } => {
+            let req = CreatePartitionsRequest::default()
+                .with_timeout_ms(30000)
+                .with_topics(vec![CreatePartitionsTopic::default()
+                    .with_name(TopicName(s(&name)))
+                    .with_count(count)
+                    .with_assignments(None)]);
+            let (r, _) = c
+                .call::<_, CreatePartitionsResponse>(ApiKey::CreatePartitions, &req)
+                .await?;
+            for t in &r.results {
+                check_msg(
+                    t.error_code,
+                    t.error_message.as_ref(),
+                    &format!("add partitions to {name}"),
+                )?;
+            }
+            emit(
+                json_out,
+                &json!({"topic": name, "partitions": count}),
+                &["TOPIC", "PARTITIONS"],
+                vec![vec![name.clone(), count.to_string()]],
             );
         }
         TopicCmd::AlterConfig { name, set, delete } => {

@@ -31,7 +31,7 @@ enum Command {
     /// Run the broker. With no flags: data in ./oncelog-data, listening on 127.0.0.1:9092.
     #[command(after_help = settings_help())]
     Serve(ServeArgs),
-    /// Topics: list, create, describe (offsets, LSO, configs), delete, alter-config.
+    /// Topics: list, create, describe (offsets, LSO, configs), delete, add-partitions, alter-config.
     Topic {
         #[command(flatten)]
         conn: ConnArgs,

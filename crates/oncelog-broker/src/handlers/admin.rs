@@ -46,6 +46,7 @@ fn topic_error_code(e: &TopicError) -> ErrorCode {
     match e {
         TopicError::AlreadyExists(_) => ErrorCode::TopicAlreadyExists,
         TopicError::Unknown(_) => ErrorCode::UnknownTopicOrPartition,
+        TopicError::UnknownId(_) => ErrorCode::UnknownTopicId,
         TopicError::InvalidName(..) => ErrorCode::InvalidTopicException,
         TopicError::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
         TopicError::InvalidConfig(_) => ErrorCode::InvalidConfig,
@@ -236,9 +237,10 @@ pub fn delete_topics(
                             r.topic_id = t.meta().id;
                         }
                     }
-                    b.topics.delete(n)
+                    b.topics.delete(n, Some(id))
                 }
-                None => Err(TopicError::Unknown(id.to_string())),
+                None if id.is_nil() => Err(TopicError::Unknown(String::new())),
+                None => Err(TopicError::UnknownId(id)),
             };
             r.name = name.map(|n| TopicName(s(n)));
             if let Err(e) = res {
@@ -269,7 +271,7 @@ pub fn create_partitions(
                 .map(|t| t.partition_count())
                 .unwrap_or(0);
             let bad_assign = t.assignments.as_ref().is_some_and(|a| {
-                a.len() as i32 != t.count - cur
+                a.len() as i64 != i64::from(t.count) - i64::from(cur)
                     || a.iter()
                         .any(|x| x.broker_ids.len() != 1 || x.broker_ids[0].0 != b.config.node_id)
             });

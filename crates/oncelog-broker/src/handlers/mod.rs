@@ -231,6 +231,16 @@ pub async fn dispatch(
 }
 
 /// Who sent a request, for the transaction history.
+/// Runs file-heavy work (a topic's directories, their fsyncs) without
+/// stalling the other tasks of an async worker thread, where the runtime
+/// allows it.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 fn requester(header: &RequestHeader, peer: std::net::SocketAddr) -> crate::txn_history::Requester {
     crate::txn_history::Requester::new(header.client_id.as_ref().map(|c| c.as_str()), peer)
 }
@@ -346,15 +356,21 @@ async fn handle(
                 respond(ResponseKind::EndTxn(resp))
             })
         }
-        RequestKind::CreateTopics(r) => ready(respond(ResponseKind::CreateTopics(
-            admin::create_topics(&b, r, version),
-        ))),
-        RequestKind::DeleteTopics(r) => ready(respond(ResponseKind::DeleteTopics(
-            admin::delete_topics(&b, r, version),
-        ))),
-        RequestKind::CreatePartitions(r) => ready(respond(ResponseKind::CreatePartitions(
-            admin::create_partitions(&b, r),
-        ))),
+        RequestKind::CreateTopics(r) => {
+            ready(respond(ResponseKind::CreateTopics(blocking(|| {
+                admin::create_topics(&b, r, version)
+            }))))
+        }
+        RequestKind::DeleteTopics(r) => {
+            ready(respond(ResponseKind::DeleteTopics(blocking(|| {
+                admin::delete_topics(&b, r, version)
+            }))))
+        }
+        RequestKind::CreatePartitions(r) => {
+            ready(respond(ResponseKind::CreatePartitions(blocking(|| {
+                admin::create_partitions(&b, r)
+            }))))
+        }
         RequestKind::DescribeConfigs(r) => ready(respond(ResponseKind::DescribeConfigs(
             admin::describe_configs(&b, r, version),
         ))),

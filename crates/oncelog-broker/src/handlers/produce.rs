@@ -135,6 +135,12 @@ fn append_one(
     let mut data = BytesMut::from(&records[..]);
     let (base_offset, end, generation) = {
         let mut st = p.lock();
+        if st.closed {
+            return failed(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("topic {topic} was deleted"),
+            );
+        }
         let mut duplicate = None;
         if let Some(pb) = &pb {
             match st.producers.check(pb) {

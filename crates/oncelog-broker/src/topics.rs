@@ -306,6 +306,9 @@ impl From<LogError> for TopicError {
     }
 }
 
+/// The outcome of opening one partition's log.
+type OpenResult = Result<Arc<Partition>, TopicError>;
+
 pub struct Topics {
     dir: PathBuf,
     config: BrokerConfig,
@@ -473,7 +476,7 @@ impl Topics {
             .enumerate()
             .flat_map(|(ti, m)| (0..m.partitions).map(move |p| (ti, p)))
             .collect();
-        let results: Vec<Mutex<Option<Result<Arc<Partition>, TopicError>>>> =
+        let results: Vec<Mutex<Option<OpenResult>>> =
             jobs.iter().map(|_| Mutex::new(None)).collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let work = || loop {

@@ -162,7 +162,11 @@ def test_internal_topics_refuse_every_client(broker):
             r = subprocess.run([KCAT, "-b", broker.bootstrap, "-P", "-t", name,
                                 "-X", "message.timeout.ms=5000"],
                                input=b"boom\n", capture_output=True, timeout=60)
-            assert r.returncode != 0 or b"Invalid topic" in r.stderr, r.stderr
+            assert r.returncode == 1 and b"Delivery failed for message: Broker: Invalid topic" \
+                in r.stderr, r.stderr
+            r = subprocess.run([KCAT, "-b", broker.bootstrap, "-L", "-t", name],
+                               capture_output=True, timeout=60)
+            assert f'topic "{name}" with 0 partitions: Broker: Invalid topic'.encode() in r.stdout, r
         # a raw Produce to partition 0, with no Metadata first
         with w.Conn(broker.host, broker.port) as conn:
             conn.send(w.produce_request(3, 7, name, 0, w.encode_batch([(None, b"boom", [])])))
@@ -187,6 +191,15 @@ def test_an_older_layout_is_moved_and_loses_nothing(broker):
     for name in ("__consumer_offsets-0", "__transaction_state-0"):
         (broker.data_dir / "internal" / name).rename(broker.data_dir / name)
     (broker.data_dir / "internal").rmdir()
+    # What a client's produce to the auto-created topic left in the shared
+    # directory: a record the group coordinator never wrote.
+    log_dir = broker.data_dir / "__consumer_offsets-0"
+    segment = sorted(log_dir.glob("*.log"))[-1]
+    batches = list(w.walk_batches(segment.read_bytes()))
+    assert batches, "the offsets log should hold the seeded commit"
+    with open(segment, "ab") as f:
+        f.write(w.encode_batch([(None, b"a client's record", [])],
+                               base_offset=batches[-1].last_offset + 1))
     cat = json.loads((broker.data_dir / "topics.json").read_text())
     cat["topics"].append({"name": "__consumer_offsets", "id": str(uuid.uuid4()),
                           "partitions": 1, "configs": {}})
@@ -200,6 +213,7 @@ def test_an_older_layout_is_moved_and_loses_nothing(broker):
     log = broker.log_text(since_last_start=True)
     assert "internal log moved to the internal/ directory" in log
     assert "dropping a client-created topic with an internal name" in log
+    assert "skipped records of the offsets log that the broker did not write" in log
     broker.restart()
     verify(broker, s)
 

@@ -13,9 +13,13 @@
 
 mod checker;
 mod history;
+#[cfg(feature = "librdkafka")]
 pub mod load;
+mod load_common;
+#[cfg(feature = "librdkafka")]
 pub mod runner;
 pub mod wire_load;
+#[cfg(feature = "librdkafka")]
 pub mod worker;
 
 pub use checker::{check, Anomaly, AnomalyKind, Report};

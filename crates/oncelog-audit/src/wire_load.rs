@@ -35,7 +35,7 @@ use kafka_protocol::messages::produce_response::ProduceResponse;
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-use crate::load::{cpu_s, exit_code, monotonic_s, payload, read_go_line};
+use crate::load_common::{cpu_s, exit_code, monotonic_s, payload, read_go_line};
 
 /// Produce v9 is the last version that names topics (v13 uses topic ids)
 /// and is flexible; every broker the suite runs serves it.

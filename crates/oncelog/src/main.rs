@@ -68,12 +68,15 @@ enum Command {
     },
     /// Audit exactly-once on any Kafka-compatible cluster: real-client
     /// workloads under faults, then a check of the recorded history.
+    #[cfg(feature = "audit")]
     Audit(oncelog_audit::runner::AuditArgs),
     /// One workload process of `oncelog audit` (started by it).
     #[command(hide = true)]
+    #[cfg(feature = "audit")]
     AuditWorker(oncelog_audit::worker::WorkerArgs),
     /// A native closed-loop produce load for bench/suite.py (librdkafka).
     #[command(hide = true)]
+    #[cfg(feature = "audit")]
     BenchLoad(oncelog_audit::load::LoadArgs),
     /// A lean wire-protocol produce load for bench/suite.py.
     #[command(hide = true)]
@@ -91,6 +94,19 @@ enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+}
+
+impl Command {
+    /// Load and audit commands, whose clients' connection chatter during
+    /// deliberate broker kills is expected, not news.
+    fn quiet_clients(&self) -> bool {
+        match self {
+            #[cfg(feature = "audit")]
+            Command::Audit(_) | Command::AuditWorker(_) | Command::BenchLoad(_) => true,
+            Command::BenchWire(_) => true,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -186,13 +202,7 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_env("ONCELOG_LOG").unwrap_or_else(|_| {
                 // librdkafka's connection chatter during the auditor's
                 // own broker kills is expected, not news.
-                let quiet = matches!(
-                    cli.command,
-                    Command::Audit(_)
-                        | Command::AuditWorker(_)
-                        | Command::BenchLoad(_)
-                        | Command::BenchWire(_)
-                );
+                let quiet = cli.command.quiet_clients();
                 tracing_subscriber::EnvFilter::new(if quiet {
                     "info,rdkafka=off,librdkafka=off"
                 } else {
@@ -221,8 +231,11 @@ fn main() -> Result<()> {
             client(|| cli_data::produce(&conn.bootstrap, conn.json, args))
         }
         Command::Consume { conn, args } => client(|| cli_data::consume(&conn.bootstrap, args)),
+        #[cfg(feature = "audit")]
         Command::Audit(args) => std::process::exit(oncelog_audit::runner::run(args)),
+        #[cfg(feature = "audit")]
         Command::AuditWorker(args) => std::process::exit(oncelog_audit::worker::run(args)),
+        #[cfg(feature = "audit")]
         Command::BenchLoad(args) => std::process::exit(oncelog_audit::load::run(args)),
         Command::BenchWire(args) => std::process::exit(oncelog_audit::wire_load::run(args)),
         Command::Cluster {

@@ -27,6 +27,19 @@ use crate::topics::Partition;
 /// partition wait behind it.
 const SLOW_SYNC: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Group commit's answer for one write: `Ok` once its bytes are durable.
+pub type SyncReply = oneshot::Receiver<Result<(), String>>;
+
+/// How a write becomes visible and acknowledged.
+#[derive(Clone, Copy)]
+pub enum Durability<'a> {
+    /// fsync before ack: the write waits for group commit.
+    GroupCommit(&'a Syncer),
+    /// Interval flush: acknowledged once written; the high watermark follows
+    /// the log end, and the notify wakes long-poll fetches.
+    Interval(&'a Notify),
+}
+
 pub struct SyncRequest {
     pub partition: Arc<Partition>,
     /// The offset just past the waiter's append.
@@ -113,15 +126,12 @@ fn run(
         }
         for (key, (p, reqs)) in groups {
             let gen = &p.generation;
-            let (file, end, size, active_size) = {
-                let log = p.lock();
-                (
-                    log.active_file(),
-                    log.next_offset(),
-                    log.size_bytes(),
-                    log.active_size(),
-                )
-            };
+            let crate::partition::Tail {
+                file,
+                next_offset: end,
+                size_bytes: size,
+                active_size,
+            } = p.tail();
             let started = std::time::Instant::now();
             let res = file.sync_data();
             let took = started.elapsed();

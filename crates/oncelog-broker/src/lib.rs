@@ -2,8 +2,10 @@
 //! Kafka request handlers, and the TCP server that frames requests.
 //!
 //! Layering: `server` (sockets, framing, version negotiation) calls
-//! `handlers` (one module per API family), which use `topics` (partition
-//! state) and `durability` (group commit) on top of `oncelog-log`.
+//! `handlers` (one module per API family), which use `topics` (the
+//! catalogue), `partition` (each partition's state and its only write paths:
+//! append and transaction markers) and `durability` (group commit) on top of
+//! `oncelog-log`.
 
 pub mod config;
 pub mod datadir;
@@ -14,6 +16,7 @@ pub mod handlers;
 pub mod histogram;
 pub mod internal_log;
 pub mod metrics;
+pub mod partition;
 pub mod producer_ids;
 pub mod producer_state;
 pub mod server;
@@ -153,26 +156,35 @@ impl Broker {
         self.config.flush_interval_ms > 0
     }
 
+    /// How a partition write becomes durable: group commit, or (interval
+    /// flush) at once visible, synced by the flusher.
+    pub fn durability(&self) -> durability::Durability<'_> {
+        if self.interval_flush() {
+            durability::Durability::Interval(&self.data_notify)
+        } else {
+            durability::Durability::GroupCommit(&self.syncer)
+        }
+    }
+
     /// Syncs every partition; used at shutdown and by the interval flusher.
     /// Starts writeback of every partition's bytes appended since the last
     /// call (interval-flush mode; see [`writeback`]).
     pub fn start_writeback(&self) {
         for p in self.topics.all_partitions() {
-            let (file, active_size) = {
-                let log = p.lock();
-                (log.active_file(), log.active_size())
-            };
-            p.start_writeback(&file, active_size);
+            let tail = p.tail();
+            p.start_writeback(&tail.file, tail.active_size);
         }
     }
 
     pub fn flush_all(&self) -> usize {
         let mut failed = 0;
         for p in self.topics.all_partitions() {
-            let (file, end, active_size) = {
-                let log = p.lock();
-                (log.active_file(), log.next_offset(), log.active_size())
-            };
+            let crate::partition::Tail {
+                file,
+                next_offset: end,
+                active_size,
+                ..
+            } = p.tail();
             match file.sync_data() {
                 Ok(()) => {
                     p.advance_high_watermark(end);
@@ -199,9 +211,8 @@ impl Broker {
             .map(|(topic, partition, offset, _, _, _)| {
                 let (hw, lso) = match self.topics.get(&topic).and_then(|t| t.partition(partition)) {
                     Some(p) => {
-                        let hw = p.high_watermark();
-                        let lso = p.lock().last_stable_offset(hw);
-                        (hw, lso)
+                        let s = p.status();
+                        (s.high_watermark, s.last_stable_offset)
                     }
                     None => (-1, -1),
                 };
@@ -231,9 +242,7 @@ impl Broker {
     pub fn transaction_orphan_candidates(&self) -> Vec<(String, i32, i64, i16, i64)> {
         let mut out = Vec::new();
         for p in self.topics.all_partitions() {
-            let st = p.lock();
-            for (first, pid) in st.producers.ongoing() {
-                let epoch = st.producers.get(pid).map_or(-1, |e| e.epoch);
+            for (first, pid, epoch) in p.open_transactions() {
                 if self.txn.verify(pid, epoch, &p.topic, p.index).is_err() {
                     out.push((p.topic.clone(), p.index, pid, epoch, first));
                 }

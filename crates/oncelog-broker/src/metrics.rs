@@ -39,15 +39,14 @@ pub async fn render(b: &Arc<Broker>) -> String {
     let rows: Vec<Row> = parts
         .iter()
         .map(|p| {
-            let hw = p.high_watermark();
-            let st = p.lock();
+            let s = p.status();
             (
                 p.topic.clone(),
                 p.index,
-                hw,
-                st.last_stable_offset(hw),
-                st.log_start_offset(),
-                st.size_bytes(),
+                s.high_watermark,
+                s.last_stable_offset,
+                s.log_start_offset,
+                s.size_bytes,
             )
         })
         .collect();

@@ -1,5 +1,6 @@
 //! Topics and partitions: the durable topic catalogue (`topics.json`,
-//! replaced atomically) and each partition's log with its high watermark.
+//! replaced atomically) and the partitions it opens (see [`crate::partition`]
+//! for a partition's log, high watermark and writes).
 //!
 //! The high watermark is the end of the durable prefix of the log: with
 //! fsync-before-ack (the default) a consumer never sees a byte that a crash
@@ -7,13 +8,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
 
-use oncelog_log::{batch, Log, LogConfig, LogError};
+use oncelog_log::{Log, LogConfig, LogError};
 
-use crate::producer_state::{ProducerBatch, ProducerState};
-use crate::snapshot;
+pub use crate::partition::{producer_batch, replay_batch, Partition, PartitionState};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -34,220 +34,6 @@ pub struct TopicMeta {
 struct Catalogue {
     cluster_id: String,
     topics: Vec<TopicMeta>,
-}
-
-/// A partition's log and the state derived from it, under one lock so that
-/// every append and its state change happen together.
-pub struct PartitionState {
-    pub log: Log,
-    pub producers: ProducerState,
-    /// Set under the lock when the partition's topic is deleted: nothing may
-    /// touch its files after that (they reach files by path, and a new topic
-    /// of the same name may own those paths).
-    pub closed: bool,
-}
-
-impl std::ops::Deref for PartitionState {
-    type Target = Log;
-    fn deref(&self) -> &Log {
-        &self.log
-    }
-}
-
-impl std::ops::DerefMut for PartitionState {
-    fn deref_mut(&mut self) -> &mut Log {
-        &mut self.log
-    }
-}
-
-impl PartitionState {
-    /// Builds the producer state from the newest usable snapshot plus the
-    /// log after it.
-    pub fn load(log: Log, name: &str) -> Self {
-        let end = log.next_offset();
-        let mut producers = ProducerState::new();
-        let mut from = log.log_start_offset();
-        if let Some((off, snap)) = snapshot::load_latest(log.dir(), end) {
-            producers = snap;
-            from = off;
-        }
-        let mut st = Self {
-            log,
-            producers,
-            closed: false,
-        };
-        if let Err(e) = st.replay_from(from) {
-            tracing::error!(partition = name, error = %e, "producer state replay failed; rebuilding from the start");
-            st.producers = ProducerState::new();
-            if let Err(e) = st.replay_from(0) {
-                tracing::error!(partition = name, error = %e, "producer state replay failed");
-            }
-        }
-        st
-    }
-
-    fn replay_from(&mut self, from: i64) -> Result<(), LogError> {
-        let producers = &mut self.producers;
-        self.log.replay(from, |b| replay_batch(producers, b))
-    }
-
-    /// The last stable offset given the high watermark.
-    pub fn last_stable_offset(&self, hw: i64) -> i64 {
-        self.producers
-            .first_unstable_offset()
-            .map_or(hw, |f| f.min(hw))
-    }
-
-    /// Rebuilds the producer state after the log was cut back.
-    pub fn rebuild_after_truncation(&mut self) {
-        snapshot::remove_after(self.log.dir(), self.log.next_offset());
-        let mut producers = ProducerState::new();
-        let mut from = 0;
-        if let Some((off, snap)) = snapshot::load_latest(self.log.dir(), self.log.next_offset()) {
-            producers = snap;
-            from = off;
-        }
-        self.producers = producers;
-        if let Err(e) = self.replay_from(from) {
-            tracing::error!(dir = %self.log.dir().display(), error = %e, "producer state replay failed");
-        }
-    }
-}
-
-/// Applies one replayed batch (header bytes, or a whole control batch).
-pub fn replay_batch(producers: &mut ProducerState, b: &[u8]) {
-    let Ok(h) = batch::BatchHeader::new(b) else {
-        return;
-    };
-    if h.producer_id() < 0 {
-        return;
-    }
-    if h.is_control() {
-        if let Some((ty, coordinator_epoch)) = batch::control_record(b) {
-            if ty == batch::CONTROL_ABORT || ty == batch::CONTROL_COMMIT {
-                producers.apply_marker(
-                    h.producer_id(),
-                    h.producer_epoch(),
-                    coordinator_epoch,
-                    h.base_offset(),
-                    ty == batch::CONTROL_ABORT,
-                    h.max_timestamp(),
-                );
-            }
-        }
-    } else {
-        producers.apply_batch(&producer_batch(&h), h.base_offset(), h.last_offset());
-    }
-}
-
-pub fn producer_batch(h: &batch::BatchHeader<'_>) -> ProducerBatch {
-    ProducerBatch {
-        producer_id: h.producer_id(),
-        epoch: h.producer_epoch(),
-        first_seq: h.base_sequence(),
-        last_seq: h.last_sequence(),
-        transactional: h.is_transactional(),
-        max_timestamp: h.max_timestamp(),
-    }
-}
-
-pub struct Partition {
-    pub topic: String,
-    pub index: i32,
-    log: Mutex<PartitionState>,
-    high_watermark: AtomicI64,
-    log_start: AtomicI64,
-    /// Moves whenever the log is cut back, so waiters on truncated bytes fail.
-    pub generation: AtomicU64,
-    /// (active segment file, bytes of it already dropped from the page cache)
-    cache_dropped: Mutex<(usize, u64)>,
-    /// (active segment file, bytes of it whose writeback was started)
-    writeback_started: Mutex<(usize, u64)>,
-}
-
-impl Partition {
-    pub fn lock(&self) -> MutexGuard<'_, PartitionState> {
-        // A panic while holding the lock must not wedge the partition forever;
-        // the log's own state is updated only after each step succeeds.
-        self.log.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Drops the first `synced_len - keep` bytes of the active segment `file`
-    /// (synced, so clean) from the page cache, in whole MiB, each byte once.
-    /// Without it a long-running broker's page cache fills with data nobody
-    /// reads, and every write pays for reclaiming it: on the benchmark host
-    /// that made a produced GB cost 3-5x the broker CPU.
-    pub fn drop_cache_behind(&self, file: &Arc<std::fs::File>, synced_len: u64, keep: u64) {
-        let id = Arc::as_ptr(file) as usize;
-        let mut d = self.cache_dropped.lock().unwrap_or_else(|p| p.into_inner());
-        if d.0 != id {
-            *d = (id, 0);
-        }
-        let upto = synced_len.saturating_sub(keep) & !((1u64 << 20) - 1);
-        if upto <= d.1 {
-            return;
-        }
-        let (Ok(from), Ok(len)) = (i64::try_from(d.1), i64::try_from(upto - d.1)) else {
-            return;
-        };
-        if let Err(e) = nix::fcntl::posix_fadvise(
-            &**file,
-            from,
-            len,
-            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-        ) {
-            // only a hint: the kernel keeps the pages and reclaims them later
-            tracing::debug!(partition = %self.name(), error = %e, "posix_fadvise(DONTNEED) failed");
-        }
-        d.1 = upto;
-    }
-
-    /// Starts writeback of `file` (the active segment) from where the last
-    /// call stopped up to `len`.
-    pub fn start_writeback(&self, file: &Arc<std::fs::File>, len: u64) {
-        let id = Arc::as_ptr(file) as usize;
-        let mut w = self
-            .writeback_started
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if w.0 != id {
-            *w = (id, 0);
-        }
-        if len <= w.1 {
-            return;
-        }
-        if let Err(e) = crate::writeback::start(file, w.1, len - w.1) {
-            tracing::debug!(partition = %self.name(), error = %e, "sync_file_range failed");
-        }
-        w.1 = len;
-    }
-
-    pub fn high_watermark(&self) -> i64 {
-        self.high_watermark.load(Ordering::Acquire)
-    }
-
-    /// Moves the high watermark forward (never back); true if it moved.
-    pub fn advance_high_watermark(&self, to: i64) -> bool {
-        self.high_watermark.fetch_max(to, Ordering::AcqRel) < to
-    }
-
-    /// Sets the high watermark after a truncation.
-    pub fn reset_high_watermark(&self, to: i64) {
-        self.high_watermark.store(to, Ordering::Release);
-    }
-
-    pub fn log_start_offset(&self) -> i64 {
-        self.log_start.load(Ordering::Acquire)
-    }
-
-    pub fn refresh_log_start(&self, log: &Log) {
-        self.log_start
-            .store(log.log_start_offset(), Ordering::Release);
-    }
-
-    pub fn name(&self) -> String {
-        format!("{}-{}", self.topic, self.index)
-    }
 }
 
 pub struct Topic {
@@ -452,18 +238,7 @@ impl Topics {
                 report.bytes_dropped
             );
         }
-        let end = log.next_offset();
-        let start = log.log_start_offset();
-        Ok(Arc::new(Partition {
-            topic: meta.name.clone(),
-            index: p,
-            log: Mutex::new(PartitionState::load(log, &format!("{}-{}", meta.name, p))),
-            high_watermark: AtomicI64::new(end),
-            log_start: AtomicI64::new(start),
-            generation: AtomicU64::new(0),
-            cache_dropped: Mutex::new((0, 0)),
-            writeback_started: Mutex::new((0, 0)),
-        }))
+        Ok(Arc::new(Partition::new(meta.name.clone(), p, log)))
     }
 
     /// Opens (recovering) every partition of `metas`, in that order, on up

@@ -24,12 +24,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use oncelog_log::batch;
-use tokio::sync::{oneshot, Mutex};
+use tokio::sync::Mutex;
 
-use crate::durability::SyncRequest;
+use crate::durability::SyncReply;
 use crate::internal_log::InternalLog;
-use crate::snapshot;
+use crate::partition::{Marker, MarkerError};
 use crate::topics::TopicError;
 use crate::txn_coordinator::{self as tc, CoordError, EndPlan, InitPlan, TxnMeta, TxnState};
 use crate::txn_history::{Event, EventKind, Fence, FenceCause, Requester, TxnHistory};
@@ -147,11 +146,13 @@ pub struct EndRequest<'a> {
 }
 
 /// Why a produce of a transactional batch is refused by verification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
     /// The producer's epoch is older than the coordinator's.
+    #[error("producer epoch is fenced")]
     StaleEpoch,
     /// No open transaction holds this partition for this producer.
+    #[error("partition is not part of an ongoing transaction of this producer")]
     NotInTransaction,
 }
 
@@ -231,7 +232,7 @@ impl TxnService {
     /// partition outside its producer's open transaction): counts it per
     /// transactional id and notes it in that id's history. Returns the
     /// transactional id (the coordinator's, else the request's) for the log.
-    /// Called under a partition lock: takes only plain locks, never awaits.
+    /// Takes only plain locks and never awaits.
     pub fn rejected_write(
         &self,
         pid: i64,
@@ -938,60 +939,28 @@ fn write_marker(
     meta: &TxnMeta,
     commit: bool,
     coordinator_epoch: i32,
-) -> Result<Option<oneshot::Receiver<Result<(), String>>>, String> {
+) -> Result<Option<SyncReply>, String> {
     let Some(p) = b.topics.get(topic).and_then(|t| t.partition(index)) else {
         tracing::info!(partition = %format!("{topic}-{index}"), "marker skipped: partition no longer exists");
         return Ok(None);
     };
-    let (end, generation) = {
-        let mut st = p.lock();
-        if st.closed {
+    let marker = Marker {
+        producer_id: meta.producer_id,
+        epoch: meta.epoch,
+        commit,
+        coordinator_epoch,
+    };
+    match p.write_marker(marker, b.durability()) {
+        Ok(reply) => Ok(reply),
+        Err(MarkerError::Closed(_)) => {
             tracing::info!(partition = %p.name(), "marker skipped: the topic was deleted");
-            return Ok(None);
+            Ok(None)
         }
-        if let Err(e) = st
-            .producers
-            .check_marker(meta.producer_id, meta.epoch, coordinator_epoch)
-        {
+        Err(MarkerError::Refused(e)) => {
             tracing::error!(partition = %p.name(), producer_id = meta.producer_id, epoch = meta.epoch, error = %e,
                 "marker refused by the partition");
-            return Ok(None);
+            Ok(None)
         }
-        let mut m = batch::build_marker(
-            meta.producer_id,
-            meta.epoch,
-            commit,
-            coordinator_epoch,
-            now_ms(),
-        );
-        let info = st.append(&mut m).map_err(|e| e.to_string())?;
-        if info.rolled {
-            snapshot::write(st.log.dir(), info.base_offset, &st.producers);
-        }
-        st.producers.apply_marker(
-            meta.producer_id,
-            meta.epoch,
-            coordinator_epoch,
-            info.base_offset,
-            !commit,
-            now_ms(),
-        );
-        (
-            info.last_offset + 1,
-            p.generation.load(std::sync::atomic::Ordering::Acquire),
-        )
-    };
-    if b.interval_flush() {
-        p.advance_high_watermark(end);
-        b.data_notify.notify_waiters();
-        return Ok(None);
+        Err(MarkerError::Storage(e)) => Err(e.to_string()),
     }
-    let (tx, rx) = oneshot::channel();
-    b.syncer.request(SyncRequest {
-        partition: p,
-        end_offset: end,
-        generation,
-        reply: tx,
-    });
-    Ok(Some(rx))
 }

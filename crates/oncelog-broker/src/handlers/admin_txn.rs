@@ -52,13 +52,12 @@ pub fn describe_producers(
                         pr.error_code = ErrorCode::UnknownTopicOrPartition.code();
                         return pr;
                     };
-                    let st = p.lock();
-                    let mut producers: Vec<WireProducer> = st
-                        .producers
+                    let mut producers: Vec<WireProducer> = p
                         .producers()
+                        .into_iter()
                         .map(|(pid, e)| {
                             WireProducer::default()
-                                .with_producer_id(ProducerId(*pid))
+                                .with_producer_id(ProducerId(pid))
                                 .with_producer_epoch(e.epoch as i32)
                                 .with_last_sequence(e.last_seq().unwrap_or(-1))
                                 .with_last_timestamp(e.last_timestamp)

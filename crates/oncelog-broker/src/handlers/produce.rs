@@ -15,10 +15,9 @@ use oncelog_log::batch::{self, BatchError};
 use oncelog_log::LogError;
 use tokio::sync::oneshot;
 
-use crate::durability::SyncRequest;
 use crate::error::ErrorCode;
-use crate::producer_state::{ProduceReject, Verdict};
-use crate::snapshot;
+use crate::partition::AppendError;
+use crate::producer_state::{ProduceReject, ProducerBatch};
 use crate::topics::producer_batch;
 use crate::txn_coordinator::CoordError;
 use crate::txn_history::Requester;
@@ -133,134 +132,87 @@ fn append_one(
     }
     let pb = (h.producer_id() >= 0).then(|| producer_batch(&h));
     let mut data = BytesMut::from(&records[..]);
-    let (base_offset, end, generation) = {
-        let mut st = p.lock();
-        if st.closed {
-            return failed(
-                ErrorCode::UnknownTopicOrPartition,
-                format!("topic {topic} was deleted"),
-            );
-        }
-        let mut duplicate = None;
-        if let Some(pb) = &pb {
-            match st.producers.check(pb) {
-                Ok(Verdict::Append) if pb.transactional => {
-                    // The batch must belong to its producer's open transaction
-                    // holding this partition (zombies and late writes are refused).
-                    if let Err(e) = b.txn.verify(pb.producer_id, pb.epoch, topic, index) {
-                        let (code, why) = match e {
-                            VerifyError::StaleEpoch => {
-                                (ErrorCode::InvalidProducerEpoch, "producer epoch is fenced")
-                            }
-                            VerifyError::NotInTransaction => (
-                                ErrorCode::InvalidTxnState,
-                                "partition is not part of an ongoing transaction of this producer",
-                            ),
-                        };
-                        let tp = (topic.to_string(), index);
-                        let tid = b.txn.rejected_write(
-                            pb.producer_id,
-                            pb.epoch,
-                            &tp,
-                            transactional_id,
-                            why,
-                            who,
-                        );
-                        tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
-                            producer_id = pb.producer_id, epoch = pb.epoch, reason = why, "transactional produce refused");
-                        return failed(code, why);
-                    }
-                }
-                Ok(Verdict::Append) => {}
-                Ok(Verdict::Duplicate {
-                    first_offset,
-                    last_offset,
-                }) => duplicate = Some((first_offset, last_offset)),
-                Err(r) => {
-                    let code = match r {
-                        ProduceReject::InvalidProducerEpoch { .. } => {
-                            ErrorCode::InvalidProducerEpoch
-                        }
-                        ProduceReject::OutOfOrderSequence { .. }
-                        | ProduceReject::NewEpochNotAtZero { .. } => {
-                            ErrorCode::OutOfOrderSequenceNumber
-                        }
-                        ProduceReject::InvalidTxnState => ErrorCode::InvalidTxnState,
-                    };
-                    // A transactional batch at a stale epoch is a zombie's late write.
-                    let tid = match r {
-                        ProduceReject::InvalidProducerEpoch { .. } if pb.transactional => {
-                            let tp = (topic.to_string(), index);
-                            let why = r.to_string();
-                            b.txn.rejected_write(
-                                pb.producer_id,
-                                pb.epoch,
-                                &tp,
-                                transactional_id,
-                                &why,
-                                who,
-                            )
-                        }
-                        _ => b.txn.transactional_id_of(pb.producer_id),
-                    };
-                    tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
-                        producer_id = pb.producer_id, epoch = pb.epoch, first_seq = pb.first_seq, reason = %r, "produce rejected");
-                    return failed(code, r.to_string());
-                }
+    // The batch must belong to its producer's open transaction holding this
+    // partition (zombies and late writes are refused).
+    let verify = |pb: &ProducerBatch| b.txn.verify(pb.producer_id, pb.epoch, topic, index);
+    match p.append(&mut data, pb.as_ref(), verify, b.durability()) {
+        Ok(a) => {
+            if !a.duplicate {
+                b.appended_bytes
+                    .fetch_add(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            match a.durable {
+                None => Outcome::Done {
+                    code: ErrorCode::None,
+                    base_offset: a.base_offset,
+                    message: None,
+                },
+                Some(rx) => Outcome::Waiting {
+                    base_offset: a.base_offset,
+                    rx,
+                },
             }
         }
-        let generation = p.generation.load(std::sync::atomic::Ordering::Acquire);
-        match duplicate {
-            Some((first, last)) => {
-                tracing::debug!(partition = %p.name(), first, last, "duplicate batch answered with its original offsets");
-                (first, last + 1, generation)
-            }
-            None => match st.append(&mut data) {
-                Ok(info) => {
-                    if info.rolled {
-                        // State as of the new segment's base, before this batch.
-                        snapshot::write(st.log.dir(), info.base_offset, &st.producers);
-                    }
-                    if let Some(pb) = &pb {
-                        st.producers
-                            .apply_batch(pb, info.base_offset, info.last_offset);
-                    }
-                    b.appended_bytes
-                        .fetch_add(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    (info.base_offset, info.last_offset + 1, generation)
-                }
-                Err(LogError::Io { op, path, source }) => {
-                    tracing::error!(partition = %p.name(), op, path = %path.display(), error = %source,
-                        "append failed; not acknowledged");
-                    return failed(
-                        ErrorCode::KafkaStorageError,
-                        format!("{op} failed: {source}"),
-                    );
-                }
-                Err(e) => {
-                    tracing::error!(partition = %p.name(), error = %e, "append failed; not acknowledged");
-                    return failed(ErrorCode::KafkaStorageError, e.to_string());
-                }
-            },
+        Err(AppendError::Closed(_)) => failed(
+            ErrorCode::UnknownTopicOrPartition,
+            format!("topic {topic} was deleted"),
+        ),
+        Err(AppendError::Unverified(e)) => {
+            // checked only for a batch with a producer id
+            let Some(pb) = &pb else {
+                return failed(ErrorCode::InvalidTxnState, e.to_string());
+            };
+            let code = match e {
+                VerifyError::StaleEpoch => ErrorCode::InvalidProducerEpoch,
+                VerifyError::NotInTransaction => ErrorCode::InvalidTxnState,
+            };
+            let why = e.to_string();
+            let tp = (topic.to_string(), index);
+            let tid =
+                b.txn
+                    .rejected_write(pb.producer_id, pb.epoch, &tp, transactional_id, &why, who);
+            tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
+                producer_id = pb.producer_id, epoch = pb.epoch, reason = why.as_str(), "transactional produce refused");
+            failed(code, why)
         }
-    };
-    if b.interval_flush() {
-        p.advance_high_watermark(p.lock().next_offset());
-        b.data_notify.notify_waiters();
-        return Outcome::Done {
-            code: ErrorCode::None,
-            base_offset,
-            message: None,
-        };
+        Err(AppendError::Rejected(r)) => {
+            // refused only for a batch with a producer id
+            let Some(pb) = &pb else {
+                return failed(ErrorCode::InvalidRecord, r.to_string());
+            };
+            let code = match r {
+                ProduceReject::InvalidProducerEpoch { .. } => ErrorCode::InvalidProducerEpoch,
+                ProduceReject::OutOfOrderSequence { .. }
+                | ProduceReject::NewEpochNotAtZero { .. } => ErrorCode::OutOfOrderSequenceNumber,
+                ProduceReject::InvalidTxnState => ErrorCode::InvalidTxnState,
+            };
+            // A transactional batch at a stale epoch is a zombie's late write.
+            let tid = match r {
+                ProduceReject::InvalidProducerEpoch { .. } if pb.transactional => {
+                    let tp = (topic.to_string(), index);
+                    let why = r.to_string();
+                    b.txn
+                        .rejected_write(pb.producer_id, pb.epoch, &tp, transactional_id, &why, who)
+                }
+                _ => b.txn.transactional_id_of(pb.producer_id),
+            };
+            tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
+                producer_id = pb.producer_id, epoch = pb.epoch, first_seq = pb.first_seq, reason = %r, "produce rejected");
+            failed(code, r.to_string())
+        }
+        Err(AppendError::Storage(LogError::Io { op, path, source })) => {
+            tracing::error!(partition = %p.name(), op, path = %path.display(), error = %source,
+                "append failed; not acknowledged");
+            failed(
+                ErrorCode::KafkaStorageError,
+                format!("{op} failed: {source}"),
+            )
+        }
+        Err(AppendError::Storage(e)) => {
+            tracing::error!(partition = %p.name(), error = %e, "append failed; not acknowledged");
+            failed(ErrorCode::KafkaStorageError, e.to_string())
+        }
     }
-    let (tx, rx) = oneshot::channel();
-    b.syncer.request(SyncRequest {
-        partition: p,
-        end_offset: end,
-        generation,
-        reply: tx,
-    });
-    Outcome::Waiting { base_offset, rx }
 }
 
 /// KIP-890 part 2 (Produce v12): a transactional batch adds its partition

@@ -6,6 +6,14 @@ use std::io::BufRead;
 
 use anyhow::{bail, Context, Result};
 
+/// Wall-clock milliseconds since the epoch (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 pub(crate) fn monotonic_s() -> f64 {
     match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
         Ok(t) => t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9,

@@ -35,7 +35,7 @@ use kafka_protocol::messages::produce_response::ProduceResponse;
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-use crate::load_common::{cpu_s, exit_code, monotonic_s, payload, read_go_line};
+use crate::load_common::{cpu_s, exit_code, monotonic_s, now_ms, payload, read_go_line};
 
 /// Produce v9 is the last version that names topics (v13 uses topic ids)
 /// and is flexible; every broker the suite runs serves it.
@@ -237,13 +237,6 @@ fn batch(records: &[u8], n: usize, pid: i64, epoch: i16, seq: i32, ts_ms: i64) -
     b.freeze()
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 struct InFlight {
     corr: i32,
     /// When the request was sent, or (at a fixed rate) when it was due.
@@ -271,7 +264,7 @@ impl Producer {
 
     /// Sends one request with a batch for every partition.
     fn send(&mut self, due_s: Option<f64>) -> Result<InFlight> {
-        let ts = now_ms();
+        let ts = now_ms() as i64;
         let mut parts = Vec::with_capacity(self.partitions as usize);
         for p in 0..self.partitions {
             let s = &mut self.seq[p as usize];

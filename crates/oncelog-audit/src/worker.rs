@@ -66,12 +66,7 @@ pub enum Event {
     },
 }
 
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::load_common::now_ms;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct WorkerArgs {

@@ -60,7 +60,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub fn code(self) -> i16 {
+    pub const fn code(self) -> i16 {
         self as i16
     }
 }

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Mutex};
 
 use crate::error::ErrorCode;
-use crate::internal_log::InternalLog;
+use crate::internal_log::{InternalLog, PersistError};
 use crate::now_ms;
 use crate::topics::TopicError;
 
@@ -421,13 +421,13 @@ impl Groups {
     }
 
     /// Appends records to the offsets log and fsyncs them, then applies them.
-    fn persist(inner: &mut Inner, recs: Vec<OffsetRecord>) -> Result<(), String> {
+    fn persist(inner: &mut Inner, recs: Vec<OffsetRecord>) -> Result<(), PersistError> {
         if recs.is_empty() {
             return Ok(());
         }
         let mut values = Vec::with_capacity(recs.len());
         for r in &recs {
-            values.push(serde_json::to_vec(r).map_err(|e| e.to_string())?);
+            values.push(serde_json::to_vec(r)?);
         }
         let slices: Vec<oncelog_log::batch::KeyValue<'_>> =
             values.iter().map(|v| (None, Some(&v[..]))).collect();
@@ -811,7 +811,7 @@ impl Groups {
 
     /// The transaction of `pid` ended: its pending offsets become committed
     /// (or are dropped). Durable before it returns.
-    pub async fn complete_txn(&self, pid: i64, commit: bool) -> Result<(), String> {
+    pub async fn complete_txn(&self, pid: i64, commit: bool) -> Result<(), PersistError> {
         let mut inner = self.state.lock().await;
         if !inner.groups.values().any(|g| g.pending.contains_key(&pid)) {
             return Ok(());

@@ -7,12 +7,23 @@
 use std::path::Path;
 
 use oncelog_log::batch::{self, BatchBuilder, BatchIter};
-use oncelog_log::{Log, LogConfig};
+use oncelog_log::{Log, LogConfig, LogError};
 
 use crate::topics::TopicError;
 
 /// A record as stored: (key, value); a `None` value is a tombstone.
 pub type Record = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Why a change to an internal log was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// The record could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    /// The write or its fsync failed; the log was cut back.
+    #[error(transparent)]
+    Log(#[from] LogError),
+}
 
 pub struct InternalLog {
     log: Log,
@@ -62,7 +73,7 @@ impl InternalLog {
     }
 
     /// Appends the records as one batch and fsyncs it.
-    pub fn append(&mut self, records: &[batch::KeyValue<'_>]) -> Result<(), String> {
+    pub fn append(&mut self, records: &[batch::KeyValue<'_>]) -> Result<(), LogError> {
         if records.is_empty() {
             return Ok(());
         }
@@ -73,9 +84,9 @@ impl InternalLog {
         let mut b = bb.build();
         let before = self.log.next_offset();
         let log = &mut self.log;
-        let res = tokio::task::block_in_place(|| -> Result<(), String> {
-            log.append(&mut b).map_err(|e| e.to_string())?;
-            log.sync().map_err(|e| e.to_string())
+        let res = tokio::task::block_in_place(|| -> Result<(), LogError> {
+            log.append(&mut b)?;
+            log.sync()
         });
         if let Err(e) = &res {
             tracing::error!(dir = %self.log.dir().display(), error = %e, "internal log write failed; change not made");

@@ -36,13 +36,9 @@ pub use config::BrokerConfig;
 use durability::Syncer;
 use topics::{TopicError, Topics};
 
-/// Wall-clock milliseconds since the epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+/// Wall-clock milliseconds since the epoch; the log engine's clock, so
+/// that record timestamps, segment ages and coordinator deadlines agree.
+pub use oncelog_log::now_ms;
 
 /// Failpoints for crash tests: when `ONCELOG_FAILPOINTS` (a comma-separated
 /// list, read once) names `name`, the process aborts on the spot, as a power

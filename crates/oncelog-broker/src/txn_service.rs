@@ -27,12 +27,13 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Mutex;
 
 use crate::durability::SyncReply;
-use crate::internal_log::InternalLog;
+use crate::internal_log::{InternalLog, PersistError};
 use crate::partition::{Marker, MarkerError};
 use crate::topics::TopicError;
 use crate::txn_coordinator::{self as tc, CoordError, EndPlan, InitPlan, TxnMeta, TxnState};
 use crate::txn_history::{Event, EventKind, Fence, FenceCause, Requester, TxnHistory};
 use crate::{now_ms, Broker};
+use oncelog_log::LogError;
 
 /// What verification needs to know of a transactional producer id: its
 /// current epoch (so a fenced producer is told so, not INVALID_TXN_STATE)
@@ -431,13 +432,13 @@ impl TxnService {
     }
 
     /// Appends one record (a tombstone when `value` is `None`) and fsyncs it.
-    fn append_record(inner: &mut Inner, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+    fn append_record(inner: &mut Inner, key: &str, value: Option<&[u8]>) -> Result<(), LogError> {
         inner.log.append(&[(Some(key.as_bytes()), value)])
     }
 
     /// Appends and fsyncs the new metadata, then makes it current.
-    fn persist(&self, inner: &mut Inner, meta: TxnMeta) -> Result<(), String> {
-        let value = serde_json::to_vec(&meta).map_err(|e| e.to_string())?;
+    fn persist(&self, inner: &mut Inner, meta: TxnMeta) -> Result<(), PersistError> {
+        let value = serde_json::to_vec(&meta)?;
         Self::append_record(inner, &meta.transactional_id, Some(&value))?;
         update_view(
             &mut self.producers.write().unwrap_or_else(|p| p.into_inner()),
@@ -454,7 +455,8 @@ impl TxnService {
         inner: &mut Inner,
         prepared: TxnMeta,
     ) -> Result<TxnMeta, String> {
-        self.persist(inner, prepared.clone())?;
+        self.persist(inner, prepared.clone())
+            .map_err(|e| e.to_string())?;
         let commit = prepared.state == TxnState::PrepareCommit;
         crate::fail_point(if commit {
             "txn-after-prepare-commit"
@@ -476,7 +478,8 @@ impl TxnService {
         if let Some(e) = alloc_err {
             return Err(e);
         }
-        self.persist(inner, done.clone())?;
+        self.persist(inner, done.clone())
+            .map_err(|e| e.to_string())?;
         if commit {
             let now = now_ms();
             let mut topics: Vec<&String> = prepared
@@ -547,7 +550,7 @@ impl TxnService {
         let meta = match plan {
             InitPlan::Ready(m) => {
                 self.persist(&mut inner, m.clone())
-                    .map_err(TxnError::Storage)?;
+                    .map_err(|e| TxnError::Storage(e.to_string()))?;
                 self.note_init(before.as_ref(), &m, expected, who);
                 m
             }
@@ -613,7 +616,7 @@ impl TxnService {
             Ok(None) => Ok(()),
             Ok(Some(m)) => {
                 self.persist(&mut inner, m.clone())
-                    .map_err(TxnError::Storage)?;
+                    .map_err(|e| TxnError::Storage(e.to_string()))?;
                 let (kind, added): (EventKind, Vec<&(String, i32)>) = if was_open {
                     let added = m.partitions.iter().filter(|p| !had.contains(p)).collect();
                     (EventKind::AddPartitions, added)

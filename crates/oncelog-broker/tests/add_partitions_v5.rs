@@ -16,6 +16,7 @@ use kafka_protocol::messages::{
     ApiKey, ProducerId, RequestHeader, ResponseHeader, TopicName, TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use oncelog_broker::error::ErrorCode;
 use oncelog_broker::{Broker, BrokerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -68,6 +69,11 @@ fn txn(
             .with_partitions(parts)])
 }
 
+const NONE: i16 = ErrorCode::None.code();
+const INVALID_TXN_STATE: i16 = ErrorCode::InvalidTxnState.code();
+const INVALID_PRODUCER_EPOCH: i16 = ErrorCode::InvalidProducerEpoch.code();
+const UNKNOWN_TOPIC_OR_PARTITION: i16 = ErrorCode::UnknownTopicOrPartition.code();
+
 fn codes(r: &AddPartitionsToTxnResponse) -> Vec<Vec<i16>> {
     r.results_by_transaction
         .iter()
@@ -116,7 +122,7 @@ async fn batched_add_and_verify_only() {
             .with_producer_epoch(-1),
     )
     .await;
-    assert_eq!(init.error_code, 0);
+    assert_eq!(init.error_code, NONE);
     let (pid, epoch) = (init.producer_id.0, init.producer_epoch);
 
     let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
@@ -124,10 +130,10 @@ async fn batched_add_and_verify_only() {
         txn("a", pid, epoch, "t", vec![1, 2], false),
     ]);
     let r: AddPartitionsToTxnResponse = call(&mut s, ApiKey::AddPartitionsToTxn, 5, &req).await;
-    assert_eq!(r.error_code, 0);
+    assert_eq!(r.error_code, NONE);
     // Partition 0 was never added: verification fails (INVALID_TXN_STATE);
     // 1 and 2 are added.
-    assert_eq!(codes(&r), vec![vec![48], vec![0, 0]]);
+    assert_eq!(codes(&r), vec![vec![INVALID_TXN_STATE], vec![NONE, NONE]]);
 
     let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
         txn("a", pid, epoch, "t", vec![1, 2], true),
@@ -136,7 +142,14 @@ async fn batched_add_and_verify_only() {
     ]);
     let r: AddPartitionsToTxnResponse = call(&mut s, ApiKey::AddPartitionsToTxn, 4, &req).await;
     // Verified; an older epoch is stale (INVALID_PRODUCER_EPOCH); an unknown topic fails.
-    assert_eq!(codes(&r), vec![vec![0, 0], vec![47], vec![3]]);
+    assert_eq!(
+        codes(&r),
+        vec![
+            vec![NONE, NONE],
+            vec![INVALID_PRODUCER_EPOCH],
+            vec![UNKNOWN_TOPIC_OR_PARTITION]
+        ]
+    );
 
     // A new producer with the same id fences the open transaction. The old
     // epoch is now stale everywhere — reported as such, never as
@@ -154,12 +167,15 @@ async fn batched_add_and_verify_only() {
     .await;
     assert_eq!(
         (init2.error_code, init2.producer_id.0, init2.producer_epoch),
-        (0, pid, epoch + 1)
+        (NONE, pid, epoch + 1)
     );
     let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
         txn("a", pid, epoch, "t", vec![1], true),
         txn("a", pid, epoch + 1, "t", vec![1], true),
     ]);
     let r: AddPartitionsToTxnResponse = call(&mut s, ApiKey::AddPartitionsToTxn, 5, &req).await;
-    assert_eq!(codes(&r), vec![vec![47], vec![48]]);
+    assert_eq!(
+        codes(&r),
+        vec![vec![INVALID_PRODUCER_EPOCH], vec![INVALID_TXN_STATE]]
+    );
 }

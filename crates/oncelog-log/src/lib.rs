@@ -90,7 +90,8 @@ pub struct Log {
     segments: Vec<Segment>,
 }
 
-fn now_ms() -> i64 {
+/// Wall-clock milliseconds since the epoch (0 if the clock is before it).
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

@@ -722,10 +722,7 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
                         &DescribeTransactionsRequest::default().with_transactional_ids(ids),
                     )
                     .await?;
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|x| x.as_millis() as i64)
-                    .unwrap_or(0);
+                let now = oncelog_broker::now_ms();
                 for t in d.transaction_states.iter().filter(|t| t.error_code == 0) {
                     let parts: Vec<String> = t
                         .topics

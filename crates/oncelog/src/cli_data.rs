@@ -46,6 +46,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
+use oncelog_broker::now_ms;
 use oncelog_client::Client;
 use serde_json::{json, Value};
 
@@ -53,13 +54,6 @@ use crate::cli::{check, offsets};
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// Error codes worth retrying a request for.

@@ -3,8 +3,15 @@
 //! uncompressed batches of (key, value) records. Every append is fsynced
 //! before it returns; a failed append is cut back so the log never holds a
 //! change that was not acknowledged.
+//!
+//! [`InternalLog::into_writer`] hands the log to a thread of its own that
+//! commits appends in groups: whatever was asked for while the previous
+//! fsync ran goes out as one batch with one fsync, and every request of the
+//! group gets that fsync's outcome. Many transactional ids changing state
+//! at once then cost one fsync per group, not one each.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
 
 use oncelog_log::batch::{self, BatchBuilder, BatchIter};
 use oncelog_log::{Log, LogConfig, LogError};
@@ -23,6 +30,51 @@ pub enum PersistError {
     /// The write or its fsync failed; the log was cut back.
     #[error(transparent)]
     Log(#[from] LogError),
+    /// The group this change was committed with failed (the write or its
+    /// fsync); the log was cut back, none of the group's changes were made.
+    #[error(transparent)]
+    Group(#[from] Arc<LogError>),
+}
+
+/// Most requests one group commit takes.
+const MAX_GROUP: usize = 4096;
+
+struct WriteRequest {
+    records: Vec<Record>,
+    reply: tokio::sync::oneshot::Sender<Result<(), Arc<LogError>>>,
+}
+
+/// The handle of an internal log owned by its writer thread (see
+/// [`InternalLog::into_writer`]). Dropping every handle stops the thread.
+#[derive(Clone)]
+pub struct LogWriter {
+    tx: mpsc::Sender<WriteRequest>,
+    dir: PathBuf,
+}
+
+impl LogWriter {
+    /// Appends `records` as part of the next group and waits until that
+    /// group is durable (or failed, then none of it was made).
+    pub async fn append(&self, records: Vec<Record>) -> Result<(), PersistError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let stopped = || {
+            PersistError::Log(LogError::Io {
+                op: "write internal log",
+                path: self.dir.clone(),
+                source: std::io::Error::other("the internal log writer has stopped"),
+            })
+        };
+        self.tx
+            .send(WriteRequest { records, reply })
+            .map_err(|_| stopped())?;
+        match rx.await {
+            Ok(res) => res.map_err(PersistError::Group),
+            Err(_) => Err(stopped()),
+        }
+    }
 }
 
 pub struct InternalLog {
@@ -72,8 +124,47 @@ impl InternalLog {
         Ok((Self { log }, records))
     }
 
-    /// Appends the records as one batch and fsyncs it.
+    /// Hands the log to a thread of its own that commits appends in groups.
+    pub fn into_writer(self, name: &str) -> std::io::Result<LogWriter> {
+        let (tx, rx) = mpsc::channel::<WriteRequest>();
+        let dir = self.log.dir().to_path_buf();
+        std::thread::Builder::new()
+            .name(format!("internal-log-{name}"))
+            .spawn(move || self.serve(rx))?;
+        Ok(LogWriter { tx, dir })
+    }
+
+    /// The writer thread: one batch and one fsync per group of requests.
+    fn serve(mut self, rx: mpsc::Receiver<WriteRequest>) {
+        while let Ok(first) = rx.recv() {
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(r) => group.push(r),
+                    Err(_) => break,
+                }
+            }
+            let records: Vec<batch::KeyValue<'_>> = group
+                .iter()
+                .flat_map(|r| r.records.iter().map(|(k, v)| (k.as_deref(), v.as_deref())))
+                .collect();
+            let res = self.append_now(&records).map_err(Arc::new);
+            drop(records);
+            for r in group {
+                // A requester that went away learns nothing; the change stands.
+                let _ = r.reply.send(res.clone());
+            }
+        }
+    }
+
+    /// Appends the records as one batch and fsyncs it, from async code
+    /// (the blocking write runs in place on a worker thread).
     pub fn append(&mut self, records: &[batch::KeyValue<'_>]) -> Result<(), LogError> {
+        tokio::task::block_in_place(|| self.append_now(records))
+    }
+
+    /// Appends the records as one batch and fsyncs it; blocks.
+    fn append_now(&mut self, records: &[batch::KeyValue<'_>]) -> Result<(), LogError> {
         if records.is_empty() {
             return Ok(());
         }
@@ -84,10 +175,7 @@ impl InternalLog {
         let mut b = bb.build();
         let before = self.log.next_offset();
         let log = &mut self.log;
-        let res = tokio::task::block_in_place(|| -> Result<(), LogError> {
-            log.append(&mut b)?;
-            log.sync()
-        });
+        let res = log.append(&mut b).and_then(|_| log.sync());
         if let Err(e) = &res {
             tracing::error!(dir = %self.log.dir().display(), error = %e, "internal log write failed; change not made");
             if let Err(te) = self.log.truncate_to(before) {

@@ -105,6 +105,13 @@ pub async fn render(b: &Arc<Broker>) -> String {
     );
     let age = oldest.map_or(0.0, |t| (now_ms() - t).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "oncelog_transaction_oldest_open_age_seconds {age}");
+    family(
+        &mut out,
+        "oncelog_transactions_stuck",
+        "gauge",
+        "Transactions whose markers have failed to be written several times in a row (retried until durable).",
+    );
+    let _ = writeln!(out, "oncelog_transactions_stuck {}", b.txn.stuck_count());
     let stats = b.txn.stats();
     family(
         &mut out,

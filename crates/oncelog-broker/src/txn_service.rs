@@ -10,30 +10,73 @@
 //! to completion again; markers are idempotent for a partition's producer
 //! state (a second marker for a closed transaction closes nothing).
 //!
-//! All coordinator operations take one async lock; a produce only reads the
-//! small producer view (producer id → transactional id, current epoch and
-//! partitions of its open transaction), which is updated before markers are
-//! written, so a batch either lands before its transaction's marker or is
-//! refused.
+//! Concurrency is per transactional id: a state change of an id (its
+//! persist, markers, completion) holds that id's async lock, and nothing
+//! else. Different ids change state at once; their records share fsyncs
+//! through the internal log's group commit ([`LogWriter`]). A request that
+//! waits longer than [`ID_LOCK_WAIT`] for its id (the id is completing a
+//! transaction whose markers cannot be written) is answered
+//! CONCURRENT_TRANSACTIONS, which clients retry. Readers (describe, list,
+//! metrics, the orphan check) read the durable state without that lock.
+//!
+//! A produce only reads the small producer view (producer id →
+//! transactional id, current epoch and partitions of its open transaction),
+//! which is updated before markers are written, so a batch either lands
+//! before its transaction's marker or is refused.
+//!
+//! Markers that cannot be written are retried with a capped backoff for as
+//! long as it takes (a prepared outcome is never given up); after
+//! [`STUCK_AFTER`] failed tries the transaction is listed as stuck (metrics,
+//! the id's history) until its markers are durable.
 //!
 //! Every step is also noted in an in-memory [`TxnHistory`] (who held which
 //! epoch, every fence with its cause and the client that caused it, recent
 //! events) for operators; nothing here reads it back.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::durability::SyncReply;
-use crate::internal_log::{InternalLog, PersistError};
+use crate::internal_log::{InternalLog, LogWriter, PersistError};
 use crate::partition::{Marker, MarkerError};
 use crate::topics::TopicError;
 use crate::txn_coordinator::{self as tc, CoordError, EndPlan, InitPlan, TxnMeta, TxnState};
 use crate::txn_history::{Event, EventKind, Fence, FenceCause, Requester, TxnHistory};
 use crate::{now_ms, Broker};
-use oncelog_log::LogError;
+
+/// How long a request waits for its transactional id before it is answered
+/// CONCURRENT_TRANSACTIONS.
+pub const ID_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Failed marker writes after which a transaction is listed as stuck.
+pub const STUCK_AFTER: u32 = 3;
+
+/// The wait before retry `tries` of a marker: doubling from 100 ms, at most 5 s.
+fn backoff(tries: u32) -> Duration {
+    Duration::from_millis((100u64 << tries.min(6)).min(5_000))
+}
+
+/// A transaction whose markers keep failing at a partition.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stuck {
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub commit: bool,
+    pub partition: String,
+    pub tries: u32,
+    pub since_ms: i64,
+    pub error: String,
+}
+
+/// The lock of one transactional id, held across its state change.
+pub struct IdLock {
+    id: String,
+    _guard: OwnedMutexGuard<()>,
+}
 
 /// What verification needs to know of a transactional producer id: its
 /// current epoch (so a fenced producer is told so, not INVALID_TXN_STATE)
@@ -76,11 +119,6 @@ fn update_view(map: &mut HashMap<i64, ProducerView>, m: &TxnMeta) {
     map.insert(m.producer_id, ProducerView::of(m));
 }
 
-struct Inner {
-    txns: HashMap<String, TxnMeta>,
-    log: InternalLog,
-}
-
 /// Counters for metrics. Fences are counted per (transactional id, cause)
 /// and refused zombie writes per transactional id; past
 /// [`MAX_FENCE_LABELS`] ids, new ids are counted under `_other`.
@@ -112,7 +150,14 @@ fn bounded_label<'a>(known: impl Iterator<Item = &'a String>, id: &str) -> Strin
 pub const MAX_FENCE_LABELS: usize = 1000;
 
 pub struct TxnService {
-    inner: Mutex<Inner>,
+    /// The durable state of every transactional id (what the log holds);
+    /// changed only by [`Self::persist`], under the id's lock.
+    txns: RwLock<HashMap<String, TxnMeta>>,
+    /// One lock per transactional id (see the module comment).
+    locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    log: LogWriter,
+    /// Transactions whose markers keep failing, by transactional id.
+    stuck: std::sync::Mutex<BTreeMap<String, Stuck>>,
     stats: std::sync::Mutex<TxnStats>,
     /// Transaction durations, first partition added to completion: [commit, abort].
     pub durations: [crate::histogram::Histogram; 2],
@@ -195,8 +240,14 @@ impl TxnService {
             transactional_ids = txns.len(),
             "transaction coordinator loaded"
         );
+        let log = log
+            .into_writer("__transaction_state-0")
+            .map_err(|e| TopicError::Storage(format!("transaction log writer: {e}")))?;
         Ok(Self {
-            inner: Mutex::new(Inner { txns, log }),
+            txns: RwLock::new(txns),
+            locks: Default::default(),
+            log,
+            stuck: Default::default(),
             stats: Default::default(),
             durations: [
                 crate::histogram::Histogram::latency(),
@@ -220,7 +271,71 @@ impl TxnService {
 
     /// The history of one transactional id as JSON (see [`TxnHistory::to_json`]).
     pub fn history_json(&self, id: &str) -> serde_json::Value {
-        self.history().to_json(id)
+        let mut v = self.history().to_json(id);
+        if let (Some(o), Some(st)) = (v.as_object_mut(), self.stuck_of(id)) {
+            o.insert(
+                "stuck".to_string(),
+                serde_json::to_value(st).unwrap_or_default(),
+            );
+        }
+        v
+    }
+
+    /// Whether `id`'s transaction is stuck, and where.
+    pub fn stuck_of(&self, id: &str) -> Option<Stuck> {
+        self.stuck
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// How many transactions are stuck.
+    pub fn stuck_count(&self) -> usize {
+        self.stuck.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn snapshot(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, TxnMeta>> {
+        self.txns.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn meta(&self, id: &str) -> Option<TxnMeta> {
+        self.snapshot().get(id).cloned()
+    }
+
+    fn id_mutex(&self, id: &str) -> Arc<Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(id.to_string()).or_default().clone()
+    }
+
+    /// Takes `id`'s lock, waiting at most [`ID_LOCK_WAIT`].
+    async fn lock_id(&self, id: &str) -> Result<IdLock, TxnError> {
+        let m = self.id_mutex(id);
+        match tokio::time::timeout(ID_LOCK_WAIT, m.lock_owned()).await {
+            Ok(guard) => Ok(IdLock {
+                id: id.to_string(),
+                _guard: guard,
+            }),
+            Err(_) => Err(TxnError::Coord(CoordError::ConcurrentTransactions)),
+        }
+    }
+
+    /// Takes `id`'s lock if nobody holds it.
+    fn try_lock_id(&self, id: &str) -> Option<IdLock> {
+        let m = self.id_mutex(id);
+        m.try_lock_owned().ok().map(|guard| IdLock {
+            id: id.to_string(),
+            _guard: guard,
+        })
+    }
+
+    /// Forgets the locks of ids that have no state and that nobody holds.
+    fn prune_locks(&self) {
+        let txns = self.snapshot();
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        // A count of 1 is the map's own reference: nobody holds or waits for it,
+        // and nobody can take it while the map is locked.
+        locks.retain(|id, m| txns.contains_key(id) || Arc::strong_count(m) > 1);
     }
 
     /// The transactional id the coordinator knows for a producer id.
@@ -401,9 +516,8 @@ impl TxnService {
 
     /// (open transactions, start time of the oldest in ms).
     pub async fn open_transactions(&self) -> (usize, Option<i64>) {
-        let inner = self.inner.lock().await;
-        let open: Vec<i64> = inner
-            .txns
+        let txns = self.snapshot();
+        let open: Vec<i64> = txns
             .values()
             .filter(|m| m.state == TxnState::Ongoing)
             .map(|m| m.start_ms)
@@ -431,20 +545,35 @@ impl TxnService {
         }
     }
 
-    /// Appends one record (a tombstone when `value` is `None`) and fsyncs it.
-    fn append_record(inner: &mut Inner, key: &str, value: Option<&[u8]>) -> Result<(), LogError> {
-        inner.log.append(&[(Some(key.as_bytes()), value)])
-    }
-
-    /// Appends and fsyncs the new metadata, then makes it current.
-    fn persist(&self, inner: &mut Inner, meta: TxnMeta) -> Result<(), PersistError> {
+    /// Appends and fsyncs the new metadata (with other ids' changes, in
+    /// one group), then makes it current. The caller holds the id's lock.
+    async fn persist(&self, held: &IdLock, meta: TxnMeta) -> Result<(), PersistError> {
+        debug_assert_eq!(held.id, meta.transactional_id, "persist without the id's lock");
+        if let Some(old) = self.snapshot().get(&meta.transactional_id) {
+            // Invariant: an id's epoch never goes back for the same producer id.
+            debug_assert!(
+                old.producer_id != meta.producer_id || meta.epoch >= old.epoch,
+                "epoch went back for {}: {} -> {}",
+                meta.transactional_id,
+                old.epoch,
+                meta.epoch
+            );
+        }
         let value = serde_json::to_vec(&meta)?;
-        Self::append_record(inner, &meta.transactional_id, Some(&value))?;
+        self.log
+            .append(vec![(
+                Some(meta.transactional_id.as_bytes().to_vec()),
+                Some(value),
+            )])
+            .await?;
         update_view(
             &mut self.producers.write().unwrap_or_else(|p| p.into_inner()),
             &meta,
         );
-        inner.txns.insert(meta.transactional_id.clone(), meta);
+        self.txns
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(meta.transactional_id.clone(), meta);
         Ok(())
     }
 
@@ -452,18 +581,17 @@ impl TxnService {
     async fn finish(
         &self,
         b: &Arc<Broker>,
-        inner: &mut Inner,
+        held: &IdLock,
         prepared: TxnMeta,
-    ) -> Result<TxnMeta, String> {
-        self.persist(inner, prepared.clone())
-            .map_err(|e| e.to_string())?;
+    ) -> Result<TxnMeta, TxnError> {
+        self.persist(held, prepared.clone()).await?;
         let commit = prepared.state == TxnState::PrepareCommit;
         crate::fail_point(if commit {
             "txn-after-prepare-commit"
         } else {
             "txn-after-prepare-abort"
         });
-        write_markers(b, &prepared, commit, self.coordinator_epoch).await;
+        self.write_markers(b, &prepared, commit).await;
         crate::fail_point("txn-after-markers");
         // Complete; an exhausted epoch moves the id to a fresh producer id.
         let mut alloc_err = None;
@@ -476,10 +604,9 @@ impl TxnService {
         };
         let done = tc::complete_fence(&prepared, now_ms(), &mut new_pid);
         if let Some(e) = alloc_err {
-            return Err(e);
+            return Err(TxnError::Storage(e));
         }
-        self.persist(inner, done.clone())
-            .map_err(|e| e.to_string())?;
+        self.persist(held, done.clone()).await?;
         if commit {
             let now = now_ms();
             let mut topics: Vec<&String> = prepared
@@ -519,8 +646,8 @@ impl TxnService {
         expected: Option<(i64, i16)>,
         who: &Requester,
     ) -> Result<(i64, i16), TxnError> {
-        let mut inner = self.inner.lock().await;
-        let before = inner.txns.get(id).cloned();
+        let held = self.lock_id(id).await?;
+        let before = self.meta(id);
         let mut alloc_err = None;
         let mut new_pid = || match b.producer_ids.next() {
             Ok(p) => p,
@@ -530,7 +657,7 @@ impl TxnService {
             }
         };
         let plan = tc::plan_init(
-            inner.txns.get(id),
+            before.as_ref(),
             id,
             timeout_ms,
             expected,
@@ -549,8 +676,9 @@ impl TxnService {
         }
         let meta = match plan {
             InitPlan::Ready(m) => {
-                self.persist(&mut inner, m.clone())
-                    .map_err(|e| TxnError::Storage(e.to_string()))?;
+                if before.as_ref() != Some(&m) {
+                    self.persist(&held, m.clone()).await?;
+                }
                 self.note_init(before.as_ref(), &m, expected, who);
                 m
             }
@@ -569,10 +697,7 @@ impl TxnService {
                 if let Some(old) = &before {
                     self.note_fence(old, &f, FenceCause::NewerProducer, Some(who));
                 }
-                let done = self
-                    .finish(b, &mut inner, f.clone())
-                    .await
-                    .map_err(TxnError::Storage)?;
+                let done = self.finish(b, &held, f.clone()).await?;
                 self.note_end(&f, &done, f.epoch, "newer_producer", None, Some(who));
                 done
             }
@@ -608,15 +733,15 @@ impl TxnService {
         partitions: &[(String, i32)],
         who: &Requester,
     ) -> Result<(), TxnError> {
-        let mut inner = self.inner.lock().await;
-        let before = inner.txns.get(id);
+        let held = self.lock_id(id).await?;
+        let meta = self.meta(id);
+        let before = meta.as_ref();
         let was_open = before.is_some_and(|m| m.state == TxnState::Ongoing);
         let had = before.map(|m| m.partitions.clone()).unwrap_or_default();
         match tc::plan_add_partitions(before, pid, epoch, partitions, now_ms()) {
             Ok(None) => Ok(()),
             Ok(Some(m)) => {
-                self.persist(&mut inner, m.clone())
-                    .map_err(|e| TxnError::Storage(e.to_string()))?;
+                self.persist(&held, m.clone()).await?;
                 let (kind, added): (EventKind, Vec<&(String, i32)>) = if was_open {
                     let added = m.partitions.iter().filter(|p| !had.contains(p)).collect();
                     (EventKind::AddPartitions, added)
@@ -660,8 +785,9 @@ impl TxnService {
             commit,
             tv2,
         } = req;
-        let mut inner = self.inner.lock().await;
-        let meta = inner.txns.get(id);
+        let held = self.lock_id(id).await?;
+        let meta = self.meta(id);
+        let meta = meta.as_ref();
         let plan = if tv2 {
             tc::plan_end_v2(meta, pid, epoch, commit, now_ms())
         } else {
@@ -670,10 +796,7 @@ impl TxnService {
         match plan {
             Ok(EndPlan::AlreadyDone) => Ok(meta.map_or((pid, epoch), |m| (m.producer_id, m.epoch))),
             Ok(EndPlan::Prepare(p)) => {
-                let done = self
-                    .finish(b, &mut inner, p.clone())
-                    .await
-                    .map_err(TxnError::Storage)?;
+                let done = self.finish(b, &held, p.clone()).await?;
                 self.note_end(&p, &done, epoch, "end_txn", Some(who), Some(who));
                 Ok((done.producer_id, done.epoch))
             }
@@ -700,77 +823,120 @@ impl TxnService {
         }
     }
 
-    /// Drives every Prepare* transaction found at start to completion.
+    /// Drives every Prepare* transaction found at start to completion, each
+    /// id on its own (one whose markers cannot be written holds up no other).
     pub async fn recover(&self, b: &Arc<Broker>) {
-        let mut inner = self.inner.lock().await;
-        let pending: Vec<TxnMeta> = inner
-            .txns
+        let pending: Vec<String> = self
+            .snapshot()
             .values()
             .filter(|m| matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort))
-            .cloned()
+            .map(|m| m.transactional_id.clone())
             .collect();
-        for m in pending {
-            tracing::info!(transactional_id = %m.transactional_id, state = m.state.name(), "re-driving transaction markers after restart");
-            let commit = m.state == TxnState::PrepareCommit;
-            write_markers(b, &m, commit, self.coordinator_epoch).await;
-            let done = tc::complete(&m, now_ms());
-            if let Err(e) = self.persist(&mut inner, done.clone()) {
-                tracing::error!(transactional_id = %m.transactional_id, error = %e, "could not complete a recovered transaction");
+        let mut tasks = tokio::task::JoinSet::new();
+        for id in pending {
+            let b = b.clone();
+            tasks.spawn(async move { b.txn.recover_one(&b, &id).await });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn recover_one(&self, b: &Arc<Broker>, id: &str) {
+        let held = match self.lock_id(id).await {
+            Ok(h) => h,
+            Err(_) => return,
+        };
+        let Some(m) = self.meta(id) else { return };
+        if !matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
+            return;
+        }
+        tracing::info!(transactional_id = %m.transactional_id, state = m.state.name(), "re-driving transaction markers after restart");
+        let commit = m.state == TxnState::PrepareCommit;
+        self.write_markers(b, &m, commit).await;
+        let done = tc::complete(&m, now_ms());
+        if let Err(e) = self.persist(&held, done).await {
+            tracing::error!(transactional_id = %m.transactional_id, error = %e, "could not complete a recovered transaction");
+            return;
+        }
+        let kind = if commit {
+            EventKind::Commit
+        } else {
+            EventKind::Abort
+        };
+        let e = Event::new(now_ms(), kind, m.producer_id, m.epoch)
+            .partitions(&m.partitions)
+            .detail("markers re-driven after a restart");
+        self.history().event(&m.transactional_id, e);
+    }
+
+    /// Starts the abort (with an epoch bump) of every transaction past its
+    /// timeout, each in a task of its own; an id busy with another change
+    /// is looked at again on the next call.
+    pub fn abort_timed_out(&self, b: &Arc<Broker>) {
+        let now = now_ms();
+        let expired: Vec<String> = self
+            .snapshot()
+            .values()
+            .filter(|m| tc::plan_timeout(m, now).is_some())
+            .map(|m| m.transactional_id.clone())
+            .collect();
+        for id in expired {
+            let Some(held) = self.try_lock_id(&id) else {
                 continue;
-            }
-            let kind = if commit {
-                EventKind::Commit
-            } else {
-                EventKind::Abort
             };
-            let e = Event::new(now_ms(), kind, m.producer_id, m.epoch)
-                .partitions(&m.partitions)
-                .detail("markers re-driven after a restart");
-            self.history().event(&m.transactional_id, e);
+            let b = b.clone();
+            tokio::spawn(async move { b.txn.abort_one_timed_out(&b, held).await });
         }
     }
 
-    /// Aborts (with an epoch bump) every transaction past its timeout.
-    pub async fn abort_timed_out(&self, b: &Arc<Broker>) {
-        let mut inner = self.inner.lock().await;
-        let now = now_ms();
-        let expired: Vec<(TxnMeta, TxnMeta)> = inner
-            .txns
-            .values()
-            .filter_map(|m| tc::plan_timeout(m, now).map(|f| (m.clone(), f)))
-            .collect();
-        for (m, f) in expired {
-            self.count_fence(&f.transactional_id, "timeout");
-            tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, old_epoch = f.epoch - 1, new_epoch = f.epoch,
-                timeout_ms = f.timeout_ms, "transaction timed out; aborting it and fencing its producer");
-            self.note_fence(&m, &f, FenceCause::Timeout, None);
-            match self.finish(b, &mut inner, f.clone()).await {
-                Ok(done) => self.note_end(&f, &done, f.epoch, "timeout", None, None),
-                Err(e) => tracing::error!(error = %e, "timeout abort failed"),
-            }
+    async fn abort_one_timed_out(&self, b: &Arc<Broker>, held: IdLock) {
+        let Some(m) = self.meta(&held.id) else { return };
+        // Re-planned under the lock: the producer may have ended it meanwhile.
+        let Some(f) = tc::plan_timeout(&m, now_ms()) else {
+            return;
+        };
+        self.count_fence(&f.transactional_id, "timeout");
+        tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, old_epoch = f.epoch - 1, new_epoch = f.epoch,
+            timeout_ms = f.timeout_ms, "transaction timed out; aborting it and fencing its producer");
+        self.note_fence(&m, &f, FenceCause::Timeout, None);
+        match self.finish(b, &held, f.clone()).await {
+            Ok(done) => self.note_end(&f, &done, f.epoch, "timeout", None, None),
+            Err(e) => tracing::error!(transactional_id = %f.transactional_id, error = %e, "timeout abort failed"),
         }
     }
 
     /// Forgets transactional ids idle (no open transaction) since before
-    /// `cutoff`, writing a tombstone for each.
+    /// `cutoff`, writing a tombstone for each. Busy ids are left for later.
     pub async fn expire_ids(&self, cutoff: i64) {
-        let mut inner = self.inner.lock().await;
-        let idle: Vec<String> = inner
-            .txns
+        let idle = |m: &TxnMeta| {
+            matches!(
+                m.state,
+                TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort
+            ) && m.update_ms < cutoff
+        };
+        let candidates: Vec<String> = self
+            .snapshot()
             .values()
-            .filter(|m| {
-                matches!(
-                    m.state,
-                    TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort
-                ) && m.update_ms < cutoff
-            })
+            .filter(|m| idle(m))
             .map(|m| m.transactional_id.clone())
             .collect();
-        for id in idle {
-            if Self::append_record(&mut inner, &id, None).is_err() {
+        for id in candidates {
+            let Some(held) = self.try_lock_id(&id) else {
+                continue;
+            };
+            if !self.meta(&id).is_some_and(|m| idle(&m)) {
+                continue;
+            }
+            if let Err(e) = self.log.append(vec![(Some(id.as_bytes().to_vec()), None)]).await {
+                tracing::error!(transactional_id = %id, error = %e, "could not expire a transactional id");
                 return;
             }
-            if let Some(m) = inner.txns.remove(&id) {
+            let removed = self
+                .txns
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            drop(held);
+            if let Some(m) = removed {
                 let mut view = self.producers.write().unwrap_or_else(|p| p.into_inner());
                 view.remove(&m.producer_id);
                 drop(view);
@@ -779,6 +945,7 @@ impl TxnService {
             }
             tracing::info!(transactional_id = %id, "transactional id expired");
         }
+        self.prune_locks();
     }
 
     /// An operator asked to abort `pid`'s transaction (WriteTxnMarkers from
@@ -791,39 +958,44 @@ impl TxnService {
         b: &Arc<Broker>,
         pid: i64,
         who: &Requester,
-    ) -> Result<AdminAbort, String> {
-        let mut inner = self.inner.lock().await;
-        let Some((m, f)) = inner
-            .txns
+    ) -> Result<AdminAbort, TxnError> {
+        let ids: Vec<String> = self
+            .snapshot()
             .values()
             .filter(|m| m.producer_id == pid)
-            .find_map(|m| tc::plan_fence(m, now_ms()).map(|f| (m.clone(), f)))
-        else {
-            let completing = inner.txns.values().any(|m| {
-                m.producer_id == pid
-                    && matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort)
-            });
-            return Ok(if completing {
-                AdminAbort::Completing
-            } else {
-                AdminAbort::NotKnown
-            });
-        };
-        tracing::warn!(transactional_id = %m.transactional_id, producer_id = pid, old_epoch = m.epoch,
-            new_epoch = f.epoch, cause = "administrator", client_id = who.client_id.as_deref().unwrap_or(""),
-            peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
-            "transaction aborted by an administrator; its producer is fenced");
-        self.count_fence(&m.transactional_id, "administrator");
-        self.note_fence(&m, &f, FenceCause::Administrator, Some(who));
-        let done = self.finish(b, &mut inner, f.clone()).await?;
-        self.note_end(&f, &done, f.epoch, "administrator", Some(who), None);
-        Ok(AdminAbort::Aborted)
+            .map(|m| m.transactional_id.clone())
+            .collect();
+        let mut completing = false;
+        for id in ids {
+            let held = self.lock_id(&id).await?;
+            let Some(m) = self.meta(&id).filter(|m| m.producer_id == pid) else {
+                continue;
+            };
+            let Some(f) = tc::plan_fence(&m, now_ms()) else {
+                completing |= matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort);
+                continue;
+            };
+            tracing::warn!(transactional_id = %m.transactional_id, producer_id = pid, old_epoch = m.epoch,
+                new_epoch = f.epoch, cause = "administrator", client_id = who.client_id.as_deref().unwrap_or(""),
+                peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
+                "transaction aborted by an administrator; its producer is fenced");
+            self.count_fence(&m.transactional_id, "administrator");
+            self.note_fence(&m, &f, FenceCause::Administrator, Some(who));
+            let done = self.finish(b, &held, f.clone()).await?;
+            self.note_end(&f, &done, f.epoch, "administrator", Some(who), None);
+            return Ok(AdminAbort::Aborted);
+        }
+        Ok(if completing {
+            AdminAbort::Completing
+        } else {
+            AdminAbort::NotKnown
+        })
     }
 
     /// Whether the coordinator holds a transaction of `pid` that is open or
     /// being completed (its markers may still be on their way).
     pub async fn holds(&self, pid: i64) -> bool {
-        self.inner.lock().await.txns.values().any(|m| {
+        self.snapshot().values().any(|m| {
             m.producer_id == pid
                 && matches!(
                     m.state,
@@ -834,11 +1006,95 @@ impl TxnService {
 
     /// Every known transactional id's metadata.
     pub async fn list(&self) -> Vec<TxnMeta> {
-        self.inner.lock().await.txns.values().cloned().collect()
+        self.snapshot().values().cloned().collect()
     }
 
     pub async fn describe(&self, id: &str) -> Option<TxnMeta> {
-        self.inner.lock().await.txns.get(id).cloned()
+        self.meta(id)
+    }
+
+    /// Notes that `meta`'s markers failed at `partition` for the `tries`th
+    /// time; from [`STUCK_AFTER`] on, the transaction is listed as stuck.
+    fn marker_failed(&self, meta: &TxnMeta, commit: bool, partition: &str, tries: u32, error: &str) {
+        tracing::error!(partition = %partition, transactional_id = %meta.transactional_id,
+            error = %error, tries, "transaction marker not written; retrying");
+        if tries < STUCK_AFTER {
+            return;
+        }
+        let mut stuck = self.stuck.lock().unwrap_or_else(|p| p.into_inner());
+        let since_ms = stuck
+            .get(&meta.transactional_id)
+            .map_or_else(now_ms, |s| s.since_ms);
+        stuck.insert(
+            meta.transactional_id.clone(),
+            Stuck {
+                producer_id: meta.producer_id,
+                epoch: meta.epoch,
+                commit,
+                partition: partition.to_string(),
+                tries,
+                since_ms,
+                error: error.to_string(),
+            },
+        );
+    }
+
+    /// Writes one marker per partition of `meta` and waits until all are
+    /// durable, retrying a partition whose write or sync fails (with a
+    /// capped backoff, for as long as it takes: the outcome is decided).
+    async fn write_markers(&self, b: &Arc<Broker>, meta: &TxnMeta, commit: bool) {
+        let coordinator_epoch = self.coordinator_epoch;
+        let mut waits = Vec::new();
+        for (topic, index) in &meta.partitions {
+            if topic == crate::groups::OFFSETS_TOPIC {
+                // The group coordinator's side: pending offsets become committed or go.
+                let mut tries = 0u32;
+                while let Err(e) = b.groups.complete_txn(meta.producer_id, commit).await {
+                    tries += 1;
+                    self.marker_failed(meta, commit, crate::groups::OFFSETS_TOPIC, tries, &e.to_string());
+                    tokio::time::sleep(backoff(tries)).await;
+                }
+                continue;
+            }
+            waits.push((
+                topic.clone(),
+                *index,
+                write_marker(b, topic, *index, meta, commit, coordinator_epoch),
+            ));
+        }
+        for (topic, index, first) in waits {
+            let mut attempt = first;
+            let mut tries = 0u32;
+            loop {
+                let res = match attempt {
+                    Ok(Some(rx)) => match rx.await {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err("sync abandoned".to_string()),
+                    },
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match res {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tries += 1;
+                        self.marker_failed(meta, commit, &format!("{topic}-{index}"), tries, &e);
+                        tokio::time::sleep(backoff(tries)).await;
+                        attempt = write_marker(b, &topic, index, meta, commit, coordinator_epoch);
+                    }
+                }
+            }
+        }
+        let was_stuck = self
+            .stuck
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&meta.transactional_id);
+        if let Some(s) = was_stuck {
+            tracing::info!(transactional_id = %meta.transactional_id, tries = s.tries,
+                stuck_ms = now_ms() - s.since_ms, "stuck transaction's markers are durable now");
+        }
     }
 }
 
@@ -850,56 +1106,9 @@ pub enum TxnError {
     Storage(String),
 }
 
-/// Writes one marker per partition of `meta` and waits until all are
-/// durable, retrying a partition whose write or sync fails.
-async fn write_markers(b: &Arc<Broker>, meta: &TxnMeta, commit: bool, coordinator_epoch: i32) {
-    let mut waits = Vec::new();
-    for (topic, index) in &meta.partitions {
-        if topic == crate::groups::OFFSETS_TOPIC {
-            // The group coordinator's side: pending offsets become committed or go.
-            let mut tries = 0u32;
-            while let Err(e) = b.groups.complete_txn(meta.producer_id, commit).await {
-                tries += 1;
-                tracing::error!(transactional_id = %meta.transactional_id, error = %e, tries,
-                    "offsets marker not written; retrying");
-                tokio::time::sleep(std::time::Duration::from_millis(200 * tries.min(10) as u64))
-                    .await;
-            }
-            continue;
-        }
-        waits.push((
-            topic.clone(),
-            *index,
-            write_marker(b, topic, *index, meta, commit, coordinator_epoch),
-        ));
-    }
-    for (topic, index, first) in waits {
-        let mut attempt = first;
-        let mut tries = 0u32;
-        loop {
-            let res = match attempt {
-                Ok(Some(rx)) => match rx.await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(e),
-                    Err(_) => Err("sync abandoned".to_string()),
-                },
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
-            };
-            match res {
-                Ok(()) => break,
-                Err(e) => {
-                    tries += 1;
-                    tracing::error!(partition = %format!("{topic}-{index}"), transactional_id = %meta.transactional_id,
-                        error = %e, tries, "transaction marker not written; retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(
-                        200 * tries.min(10) as u64,
-                    ))
-                    .await;
-                    attempt = write_marker(b, &topic, index, meta, commit, coordinator_epoch);
-                }
-            }
-        }
+impl From<PersistError> for TxnError {
+    fn from(e: PersistError) -> Self {
+        TxnError::Storage(e.to_string())
     }
 }
 

@@ -27,7 +27,7 @@ use kafka_protocol::protocol::StrBytes;
 use crate::error::ErrorCode;
 use crate::txn_coordinator::TxnState;
 use crate::txn_history::Requester;
-use crate::txn_service::AdminAbort;
+use crate::txn_service::{AdminAbort, TxnError};
 use crate::{now_ms, Broker};
 
 fn s(v: impl Into<String>) -> StrBytes {
@@ -229,6 +229,8 @@ pub async fn write_txn_markers(
                 Ok(AdminAbort::Aborted) => shared = Some(ErrorCode::None),
                 Ok(AdminAbort::Completing) => shared = Some(ErrorCode::ConcurrentTransactions),
                 Ok(AdminAbort::NotKnown) => {}
+                // The transaction's id is busy with another change: retriable.
+                Err(TxnError::Coord(_)) => shared = Some(ErrorCode::ConcurrentTransactions),
                 Err(e) => {
                     tracing::error!(producer_id = pid, error = %e, "admin abort failed");
                     shared = Some(ErrorCode::KafkaStorageError);

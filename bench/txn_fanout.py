@@ -24,18 +24,23 @@ replication 1), then the broker is stopped. Targets:
 With --runs R each (target, producers) is measured R times and the table shows
 the median and the range of commits/s and the medians of the latencies.
 
+    # an oncelog from an earlier commit, to compare against
+    git worktree add /tmp/oncelog-old <commit> && \\
+        (cd /tmp/oncelog-old && cargo build --release) && \\
+        cp /tmp/oncelog-old/target/release/oncelog /tmp/oncelog-before
+
     # compile the load (the driver does this itself when the .class is
     # missing or older than the source)
     javac -cp '.tools/java-lib/*' -d .tools/bench-java bench/java/TxnFanout.java
 
     python3 bench/txn_fanout.py \\
-        --oncelog before=/work/bench-bin/oncelog-before \\
+        --oncelog before=/tmp/oncelog-before \\
         --oncelog after=target/release/oncelog \\
         --kafka --kafka-fsync --producers 8,64,256 --seconds 20 --warmup 5 \\
         --runs 3 --json /tmp/txn_fanout.json
 
     # a quick check
-    python3 bench/txn_fanout.py --oncelog before=/work/bench-bin/oncelog-before \\
+    python3 bench/txn_fanout.py --oncelog before=/tmp/oncelog-before \\
         --kafka --producers 8,64 --seconds 10 --warmup 3
 
 Bounded: TxnFanout exits by itself after S + W + 120 s and is killed at

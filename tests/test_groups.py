@@ -677,15 +677,18 @@ def test_silent_member_is_removed_after_session_timeout(broker_factory, registry
 
 
 @pytest.mark.timeout(120)
-def test_static_member_restart_keeps_its_partitions_without_rebalance(broker_factory, registry, tmp_path):
+@pytest.mark.parametrize("leader", ["dynamic", "static"])
+def test_static_member_restart_keeps_its_partitions_without_rebalance(broker_factory, registry, tmp_path,
+                                                                      leader):
+    """A static member killed and started again with its group.instance.id
+    takes its place back: same partitions, no rebalance for the other member,
+    whether the static member is a follower or the group's leader (KIP-345;
+    the leader is answered with its old leader id, so it does not assign)."""
     broker = broker_factory(GROUP_OVERRIDES)
     topic = unique_topic("static")
     create_topic(broker.bootstrap, topic, partitions=6)
     group = "g-" + topic
     session_ms = 10000
-    a = Member("a", broker.bootstrap, group, topic)  # dynamic, first: the leader
-    registry.append(a)
-    wait_balanced([a], 6, [6])
 
     def static_b(name):
         m = ProcMember.python("confluent", name, broker.bootstrap, group, topic, tmp_path,
@@ -694,7 +697,16 @@ def test_static_member_restart_keeps_its_partitions_without_rebalance(broker_fac
         registry.append(m)
         return m
 
-    b1 = static_b("b1")
+    if leader == "dynamic":
+        a = Member("a", broker.bootstrap, group, topic)  # first: the leader
+        registry.append(a)
+        wait_balanced([a], 6, [6])
+        b1 = static_b("b1")
+    else:
+        b1 = static_b("b1")  # first: the leader
+        wait_balanced([b1], 6, [6])
+        a = Member("a", broker.bootstrap, group, topic)
+        registry.append(a)
     before = wait_balanced([a, b1], 6, [3, 3])
     b1_member_id = [e for e in b1.events if e["event"] == "owned"][-1]["member_id"]
 
@@ -713,6 +725,114 @@ def test_static_member_restart_keeps_its_partitions_without_rebalance(broker_fac
     time.sleep(max(0.0, session_ms / 1000 + 2 - (time.monotonic() - t0)))
     assert a.events_since(t0) == [], a.events_since(t0)
     assert wait_balanced([a, b2], 6, [3, 3], stable_for=0.5) == after
+
+
+@pytest.mark.timeout(120)
+def test_second_instance_of_a_static_member_fences_the_first(broker_factory, registry, tmp_path):
+    """Two consumers started with one group.instance.id: the newer takes the
+    place, the older is told FENCED_INSTANCE_ID (librdkafka makes that a fatal
+    error and stops) instead of the two taking turns."""
+    broker = broker_factory(GROUP_OVERRIDES)
+    topic = unique_topic("fence-static")
+    create_topic(broker.bootstrap, topic, partitions=4)
+    group = "g-" + topic
+
+    def static(name):
+        m = ProcMember.python("confluent", name, broker.bootstrap, group, topic, tmp_path,
+                              session_timeout_ms=10000, heartbeat_ms=HEARTBEAT_MS,
+                              instance_id="only-one")
+        registry.append(m)
+        return m
+
+    s1 = static("s1")
+    wait_balanced([s1], 4, [4])
+    s2 = static("s2")
+
+    def s1_fenced():
+        with s1.lock:
+            return [e for e in s1.events if e["event"] == "error"
+                    and "fenced" in e.get("error", "").lower()]
+    wait_for(s1_fenced, 30, lambda: f"s1 fenced; events: {s1.events[-5:]}")
+    assert "FENCED_INSTANCE_ID" in broker.log_text() or s1_fenced(), broker.log_tail()
+    s1.errors.clear()  # expected: that is the point
+    s1.kill9()
+    assert wait_balanced([s2], 4, [4], stable_for=1.0) == {"s2": frozenset(range(4))}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_members_keep_their_generation_across_a_broker_restart(broker_factory, registry, how):
+    """Membership is kept in the offsets log: after a restart (clean or
+    kill -9) the members' heartbeats and commits are answered for their
+    generation, so nobody rebalances, and a transactional copier's next
+    TxnOffsetCommit is accepted (no UNKNOWN_MEMBER_ID, no aborted batch)."""
+    broker = broker_factory(GROUP_OVERRIDES)
+    topic = unique_topic("keep-gen")
+    out = topic + "-out"
+    create_topic(broker.bootstrap, topic, partitions=4)
+    create_topic(broker.bootstrap, out, partitions=1)
+    seed(broker.bootstrap, topic, 4, 20)
+    group = "g-" + topic
+    bs = broker.bootstrap
+    a = Member("a", bs, group, topic)
+    registry.append(a)
+    b = Member("b", bs, group, topic)
+    registry.append(b)
+    wait_balanced([a, b], 4, [2, 2])
+
+    # A transactional copier in a group of its own, driven from this thread.
+    c = Consumer(group_conf(bs, group + "-copier", **{"isolation.level": "read_committed"}))
+    c.subscribe([topic])
+    txn_id = "copier-" + topic
+
+    def copy_some(p, n, timeout=30):
+        copied = 0
+        deadline = time.monotonic() + timeout
+        while copied < n and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is None or m.error():
+                continue
+            p.begin_transaction()
+            p.produce(out, value=m.value())
+            positions = [tp for tp in c.position(c.assignment()) if tp.offset >= 0]
+            p.send_offsets_to_transaction(positions, c.consumer_group_metadata(), 30)
+            p.commit_transaction(30)
+            copied += 1
+        return copied
+
+    try:
+        p = txn_producer(bs, txn_id)
+        p.init_transactions(30)
+        assert copy_some(p, 10) == 10
+        # The producer goes before the broker does: a librdkafka transactional
+        # producer whose broker restarts between AddOffsetsToTxn and
+        # TxnOffsetCommit can wait forever (seen with every oncelog version).
+        del p
+        t0 = time.monotonic()
+        if how == "kill9":
+            broker.kill9()
+            broker.start()
+        else:
+            broker.restart()
+        # Straight after the restart, the consumer's group metadata (member
+        # id, generation) from before it.
+        p = txn_producer(bs, txn_id)
+        p.init_transactions(30)
+        assert copy_some(p, 10) == 10
+        assert "TxnOffsetCommit refused" not in broker.log_text(since_last_start=True), \
+            broker.log_tail()
+        # Past a session timeout and more: still nobody rebalanced.
+        time.sleep(SESSION_TIMEOUT_MS / 1000 + 3)
+        assert a.events_since(t0) == [] and b.events_since(t0) == [], \
+            (a.events_since(t0), b.events_since(t0))
+        assert copy_some(p, 10) == 10
+        del p
+        assert a.errors == [] and b.errors == []
+        # The copier's committed offsets cover the 30 records it copied.
+        got = committed(bs, group + "-copier", topic, {i: 0 for i in range(4)})
+        assert sum(o for o, _ in got.values() if o > 0) == 30, got
+    finally:
+        c.close()
 
 
 # ===================================================== 4. client interop

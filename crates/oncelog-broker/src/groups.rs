@@ -1,10 +1,22 @@
 //! The classic consumer-group coordinator and committed offsets.
 //!
-//! Membership (JoinGroup / SyncGroup / Heartbeat / LeaveGroup) lives in
-//! memory: after a restart members rejoin, as they do after a coordinator
-//! move in Kafka. Committed offsets live in an internal log
-//! (`__consumer_offsets-0`, one JSON record per change, fsynced before the
-//! answer) and are replayed at start.
+//! Membership (JoinGroup / SyncGroup / Heartbeat / LeaveGroup) is worked
+//! out in memory and kept in the offsets log as Kafka keeps it: whenever a
+//! generation becomes Stable (the leader's assignments delivered), a static
+//! member is replaced, or the group becomes Empty, one record holds the
+//! generation, leader, protocol and every member with its subscription and
+//! assignment. At start the last such record of each group is restored, each
+//! member's session starting anew, so after a restart members carry on with
+//! their generation: heartbeats, commits and KIP-447 TxnOffsetCommits are
+//! answered as before the restart, and nobody has to rebalance. Committed
+//! offsets live in the same internal log (`__consumer_offsets-0`, one JSON
+//! record per change, fsynced before the answer) and are replayed at start.
+//!
+//! Static members (KIP-345): a member that comes back with its
+//! `group.instance.id` and no member id takes over its previous
+//! incarnation's place; the previous incarnation is fenced, and any request
+//! it still sends with its old member id and that instance id is answered
+//! FENCED_INSTANCE_ID.
 //!
 //! Transactional offset commits (TxnOffsetCommit) are kept *pending* per
 //! producer id, also in the offsets log, until the transaction's marker
@@ -107,6 +119,32 @@ pub struct Group {
     pub offsets: HashMap<(String, i32), OffsetMeta>,
     /// Producer id → offsets committed in its open transaction.
     pub pending: HashMap<i64, HashMap<(String, i32), OffsetMeta>>,
+    /// The membership last written to the offsets log.
+    written: Option<MembershipRecord>,
+}
+
+/// A group's membership as the offsets log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MembershipRecord {
+    group: String,
+    generation: i32,
+    protocol_type: Option<String>,
+    protocol: Option<String>,
+    leader: Option<String>,
+    members: Vec<MemberRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MemberRecord {
+    id: String,
+    instance_id: Option<String>,
+    client_id: String,
+    client_host: String,
+    session_timeout_ms: u64,
+    rebalance_timeout_ms: u64,
+    /// (protocol name, the member's metadata for it).
+    protocols: Vec<(String, Vec<u8>)>,
+    assignment: Vec<u8>,
 }
 
 impl Group {
@@ -123,7 +161,96 @@ impl Group {
             join_not_before: None,
             offsets: HashMap::new(),
             pending: HashMap::new(),
+            written: None,
         }
+    }
+
+    /// The membership to keep, when the group is at rest (Stable or Empty).
+    fn membership(&self) -> Option<MembershipRecord> {
+        if !matches!(self.state, GroupState::Stable | GroupState::Empty) {
+            return None;
+        }
+        Some(MembershipRecord {
+            group: self.id.clone(),
+            generation: self.generation,
+            protocol_type: self.protocol_type.clone(),
+            protocol: self.protocol.clone(),
+            leader: self.leader.clone(),
+            members: self
+                .members
+                .values()
+                .map(|m| MemberRecord {
+                    id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    session_timeout_ms: m.session_timeout.as_millis() as u64,
+                    rebalance_timeout_ms: m.rebalance_timeout.as_millis() as u64,
+                    protocols: m
+                        .protocols
+                        .iter()
+                        .map(|(n, md)| (n.clone(), md.to_vec()))
+                        .collect(),
+                    assignment: m.assignment.to_vec(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Takes up the membership last written (at start): the generation
+    /// goes on, every member's session starts at `now`.
+    fn restore(&mut self, now: Instant) {
+        let Some(r) = self.written.clone() else {
+            return;
+        };
+        self.generation = r.generation;
+        self.protocol_type = r.protocol_type;
+        self.protocol = r.protocol;
+        self.leader = r.leader;
+        self.members = r
+            .members
+            .into_iter()
+            .map(|m| {
+                let member = Member {
+                    id: m.id.clone(),
+                    instance_id: m.instance_id,
+                    client_id: m.client_id,
+                    client_host: m.client_host,
+                    session_timeout: Duration::from_millis(m.session_timeout_ms),
+                    rebalance_timeout: Duration::from_millis(m.rebalance_timeout_ms),
+                    protocols: m
+                        .protocols
+                        .into_iter()
+                        .map(|(n, md)| (n, Bytes::from(md)))
+                        .collect(),
+                    assignment: Bytes::from(m.assignment),
+                    last_seen: now,
+                    join_waiter: None,
+                    sync_waiter: None,
+                };
+                (m.id, member)
+            })
+            .collect();
+        self.state = if self.members.is_empty() {
+            GroupState::Empty
+        } else {
+            GroupState::Stable
+        };
+    }
+
+    /// FENCED_INSTANCE_ID when `instance_id` now belongs to another member
+    /// id than `member_id` (a newer incarnation of a static member took its
+    /// place), or `member_id` is a static member with another instance id.
+    fn fenced_instance(&self, member_id: &str, instance_id: Option<&str>) -> bool {
+        let Some(iid) = instance_id else {
+            return false;
+        };
+        if let Some(m) = self.members.get(member_id) {
+            return m.instance_id.as_deref() != Some(iid);
+        }
+        self.members
+            .values()
+            .any(|m| m.instance_id.as_deref() == Some(iid))
     }
 
     pub fn has_pending(&self, topic: &str, partition: i32) -> bool {
@@ -291,6 +418,9 @@ enum OffsetRecord {
         topic: Option<String>,
         partition: Option<i32>,
     },
+    /// The group's membership (see the module comment).
+    #[serde(rename = "membership")]
+    Membership(MembershipRecord),
 }
 
 pub struct GroupSettings {
@@ -362,6 +492,12 @@ fn apply(groups: &mut HashMap<String, Group>, rec: OffsetRecord) {
                 groups.remove(&group);
             }
         },
+        OffsetRecord::Membership(r) => {
+            let g = groups
+                .entry(r.group.clone())
+                .or_insert_with(|| Group::new(&r.group));
+            g.written = Some(r);
+        }
     }
 }
 
@@ -412,7 +548,17 @@ impl Groups {
                 "skipped records of the offsets log that the broker did not write"
             );
         }
-        tracing::info!(groups = groups.len(), "group coordinator loaded");
+        let now = Instant::now();
+        let mut restored = 0usize;
+        for g in groups.values_mut() {
+            g.restore(now);
+            restored += g.members.len();
+        }
+        tracing::info!(
+            groups = groups.len(),
+            members = restored,
+            "group coordinator loaded"
+        );
         Ok(Self {
             state: Mutex::new(Inner { groups, log }),
             settings,
@@ -436,6 +582,28 @@ impl Groups {
             apply(&mut inner.groups, r);
         }
         Ok(())
+    }
+
+    /// Writes `group`'s membership if it is at rest and differs from what
+    /// the log holds. Membership is not acknowledged to anyone: if the write
+    /// fails it is logged, and after a restart the members rebalance.
+    fn save_membership(inner: &mut Inner, group: &str) {
+        let Some(g) = inner.groups.get(group) else {
+            return;
+        };
+        let Some(rec) = g.membership() else {
+            return;
+        };
+        if g.written.as_ref() == Some(&rec) || (g.written.is_none() && rec.members.is_empty()) {
+            return;
+        }
+        let generation = rec.generation;
+        let members = rec.members.len();
+        if let Err(e) = Self::persist(inner, vec![OffsetRecord::Membership(rec)]) {
+            tracing::error!(group, generation, error = %e, "group membership not written; after a restart its members rebalance");
+        } else {
+            tracing::debug!(group, generation, members, "group membership written");
+        }
     }
 
     fn new_member_id(&self, client_id: &str) -> String {
@@ -502,9 +670,13 @@ impl Groups {
                         .is_some_and(|p| req.protocols.iter().any(|(n, _)| n == p));
                     tracing::info!(group = %g.id, instance = ?req.instance_id, old_member = %old,
                         new_member = %member_id, "static member rejoined");
-                    if g.state == GroupState::Stable && !was_leader && keeps_protocol {
-                        // KIP-345: a static follower coming back to a stable
-                        // group keeps its assignment; no rebalance.
+                    if g.state == GroupState::Stable && keeps_protocol {
+                        // KIP-345: a static member coming back to a stable
+                        // group keeps its assignment; no rebalance. When it
+                        // led the group it leads it still, but the answer
+                        // names the old leader id, so the member does not
+                        // take itself for the leader and assign anew (an
+                        // assignment a stable group would not hand out).
                         m.id = member_id.clone();
                         m.protocols = req.protocols.clone();
                         m.client_id = req.client_id.clone();
@@ -514,15 +686,21 @@ impl Groups {
                             Duration::from_millis(req.rebalance_timeout_ms.max(0) as u64);
                         m.last_seen = Instant::now();
                         g.members.insert(member_id.clone(), m);
-                        return JoinResult {
+                        let answered_leader = g.leader.clone().unwrap_or_default();
+                        if was_leader {
+                            g.leader = Some(member_id.clone());
+                        }
+                        let res = JoinResult {
                             error: ErrorCode::None,
                             generation: g.generation,
                             protocol_type: g.protocol_type.clone(),
                             protocol: g.protocol.clone(),
-                            leader: g.leader.clone().unwrap_or_default(),
+                            leader: answered_leader,
                             member_id,
                             members: Vec::new(),
                         };
+                        Self::save_membership(&mut inner, &req.group);
+                        return res;
                     }
                     if was_leader {
                         g.leader = Some(member_id.clone());
@@ -541,6 +719,13 @@ impl Groups {
                 if m.instance_id.is_some() && m.instance_id != req.instance_id {
                     return join_error(ErrorCode::FencedInstanceId, &member_id);
                 }
+            }
+            if !member_id.is_empty()
+                && !g.members.contains_key(&member_id)
+                && g.fenced_instance(&member_id, req.instance_id.as_deref())
+            {
+                // An older incarnation of a static member that was replaced.
+                return join_error(ErrorCode::FencedInstanceId, &member_id);
             }
             let (tx, rx) = oneshot::channel();
             let m =
@@ -586,6 +771,7 @@ impl Groups {
         group: &str,
         generation: i32,
         member_id: &str,
+        instance_id: Option<&str>,
         assignments: Vec<(String, Bytes)>,
     ) -> (ErrorCode, Bytes, Option<String>, Option<String>) {
         let rx = {
@@ -593,6 +779,9 @@ impl Groups {
             let Some(g) = inner.groups.get_mut(group) else {
                 return (ErrorCode::UnknownMemberId, Bytes::new(), None, None);
             };
+            if g.fenced_instance(member_id, instance_id) {
+                return (ErrorCode::FencedInstanceId, Bytes::new(), None, None);
+            }
             let proto = (g.protocol_type.clone(), g.protocol.clone());
             let Some(m) = g.members.get_mut(member_id) else {
                 return (ErrorCode::UnknownMemberId, Bytes::new(), None, None);
@@ -614,7 +803,8 @@ impl Groups {
             }
             let (tx, rx) = oneshot::channel();
             m.sync_waiter = Some(tx);
-            if g.leader.as_deref() == Some(member_id) {
+            let leader = g.leader.as_deref() == Some(member_id);
+            if leader {
                 let given: HashMap<String, Bytes> = assignments.into_iter().collect();
                 for m in g.members.values_mut() {
                     m.assignment = given.get(&m.id).cloned().unwrap_or_default();
@@ -631,6 +821,9 @@ impl Groups {
                     "group stable"
                 );
             }
+            if leader {
+                Self::save_membership(&mut inner, group);
+            }
             rx
         };
         let (code, a) = rx
@@ -645,11 +838,20 @@ impl Groups {
         (code, a, proto.0, proto.1)
     }
 
-    pub async fn heartbeat(&self, group: &str, generation: i32, member_id: &str) -> ErrorCode {
+    pub async fn heartbeat(
+        &self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+    ) -> ErrorCode {
         let mut inner = self.state.lock().await;
         let Some(g) = inner.groups.get_mut(group) else {
             return ErrorCode::UnknownMemberId;
         };
+        if g.fenced_instance(member_id, instance_id) {
+            return ErrorCode::FencedInstanceId;
+        }
         let state = g.state;
         let gen = g.generation;
         let Some(m) = g.members.get_mut(member_id) else {
@@ -675,7 +877,7 @@ impl Groups {
             return members.iter().map(|_| ErrorCode::UnknownMemberId).collect();
         };
         let now = Instant::now();
-        members
+        let codes = members
             .into_iter()
             .map(|(id, iid)| {
                 let id = if id.is_empty() {
@@ -690,6 +892,9 @@ impl Groups {
                 } else {
                     id
                 };
+                if g.fenced_instance(&id, iid.as_deref()) {
+                    return ErrorCode::FencedInstanceId;
+                }
                 if g.members.contains_key(&id) {
                     tracing::info!(group, member = %id, "member left");
                     g.remove_member(&id, now, delay);
@@ -698,7 +903,9 @@ impl Groups {
                     ErrorCode::UnknownMemberId
                 }
             })
-            .collect()
+            .collect();
+        Self::save_membership(&mut inner, group);
+        codes
     }
 
     /// Checks that (member, generation) may commit for `group`; generation -1
@@ -723,11 +930,11 @@ impl Groups {
                 ErrorCode::UnknownMemberId
             };
         }
-        let Some(m) = g.members.get(member_id) else {
-            return ErrorCode::UnknownMemberId;
-        };
-        if instance_id.is_some() && m.instance_id.as_deref() != instance_id {
+        if g.fenced_instance(member_id, instance_id) {
             return ErrorCode::FencedInstanceId;
+        }
+        if !g.members.contains_key(member_id) {
+            return ErrorCode::UnknownMemberId;
         }
         if generation != g.generation {
             return ErrorCode::IllegalGeneration;
@@ -917,7 +1124,9 @@ impl Groups {
         let mut inner = self.state.lock().await;
         let now = Instant::now();
         let delay = self.settings.initial_rebalance_delay;
+        let mut changed = Vec::new();
         for g in inner.groups.values_mut() {
+            let before = (g.state, g.generation, g.members.len());
             if g.state == GroupState::PreparingRebalance {
                 let ready = g.all_joined() && g.join_not_before.is_none_or(|t| now >= t);
                 let expired = g.join_deadline.is_some_and(|d| now >= d);
@@ -948,6 +1157,12 @@ impl Groups {
                 tracing::info!(group = %g.id, member = %id, "member session expired; removed");
                 g.remove_member(&id, now, delay);
             }
+            if (g.state, g.generation, g.members.len()) != before {
+                changed.push(g.id.clone());
+            }
+        }
+        for id in changed {
+            Self::save_membership(&mut inner, &id);
         }
         // Offsets retention for groups without members.
         let cutoff = now_ms() - self.settings.offsets_retention_ms;

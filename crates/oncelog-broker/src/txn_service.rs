@@ -632,7 +632,9 @@ impl TxnService {
             let secs = (now_ms() - prepared.start_ms).max(0) as f64 / 1000.0;
             self.durations[usize::from(!commit)].observe(secs);
         }
-        tracing::info!(transactional_id = %prepared.transactional_id, producer_id = prepared.producer_id,
+        // Per transaction, so at debug: thousands a second are normal. The
+        // id's history (metrics port) and the counters keep them for operators.
+        tracing::debug!(transactional_id = %prepared.transactional_id, producer_id = prepared.producer_id,
             epoch = prepared.epoch, commit, partitions = prepared.partitions.len(), "transaction completed");
         Ok(done)
     }

@@ -119,6 +119,7 @@ pub async fn sync_group(b: Arc<Broker>, req: SyncGroupRequest, version: i16) -> 
             req.group_id.0.as_str(),
             req.generation_id,
             req.member_id.as_str(),
+            req.group_instance_id.as_ref().map(|x| x.as_str()),
             assignments,
         )
         .await;
@@ -139,6 +140,7 @@ pub async fn heartbeat(b: Arc<Broker>, req: HeartbeatRequest) -> HeartbeatRespon
             req.group_id.0.as_str(),
             req.generation_id,
             req.member_id.as_str(),
+            req.group_instance_id.as_ref().map(|x| x.as_str()),
         )
         .await;
     HeartbeatResponse::default().with_error_code(code.code())

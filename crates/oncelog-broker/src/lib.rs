@@ -61,6 +61,33 @@ pub fn fail_point(name: &str) {
     }
 }
 
+/// Injected storage faults for tests, from `ONCELOG_FAULTS`
+/// (comma-separated). `marker-error:TOPIC:N` makes the first N transaction
+/// marker writes to TOPIC's partitions fail as a storage error would, so a
+/// test can watch a transaction get stuck and recover while others go on.
+/// Unset (the default), nothing is injected.
+pub fn injected_marker_error(topic: &str) -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static FAULTS: std::sync::OnceLock<Vec<(String, AtomicU64)>> = std::sync::OnceLock::new();
+    let faults = FAULTS.get_or_init(|| {
+        std::env::var("ONCELOG_FAULTS")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|f| {
+                let rest = f.trim().strip_prefix("marker-error:")?;
+                let (t, n) = rest.rsplit_once(':')?;
+                Some((t.to_string(), AtomicU64::new(n.parse().ok()?)))
+            })
+            .collect()
+    });
+    faults.iter().any(|(t, left)| {
+        t == topic
+            && left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+    })
+}
+
 /// How often transactions are checked against their timeout.
 pub const TXN_REAPER_INTERVAL_MS: u64 = 1000;
 

@@ -548,7 +548,10 @@ impl TxnService {
     /// Appends and fsyncs the new metadata (with other ids' changes, in
     /// one group), then makes it current. The caller holds the id's lock.
     async fn persist(&self, held: &IdLock, meta: TxnMeta) -> Result<(), PersistError> {
-        debug_assert_eq!(held.id, meta.transactional_id, "persist without the id's lock");
+        debug_assert_eq!(
+            held.id, meta.transactional_id,
+            "persist without the id's lock"
+        );
         if let Some(old) = self.snapshot().get(&meta.transactional_id) {
             // Invariant: an id's epoch never goes back for the same producer id.
             debug_assert!(
@@ -795,6 +798,8 @@ impl TxnService {
         } else {
             tc::plan_end(meta, pid, epoch, commit, now_ms())
         };
+        tracing::debug!(transactional_id = id, producer_id = pid, epoch, commit, tv2,
+            state = ?meta.map(|m| (m.state, m.producer_id, m.epoch, m.partitions.len())), plan = ?plan.as_ref().map(|_| ()), "EndTxn");
         match plan {
             Ok(EndPlan::AlreadyDone) => Ok(meta.map_or((pid, epoch), |m| (m.producer_id, m.epoch))),
             Ok(EndPlan::Prepare(p)) => {
@@ -902,7 +907,9 @@ impl TxnService {
         self.note_fence(&m, &f, FenceCause::Timeout, None);
         match self.finish(b, &held, f.clone()).await {
             Ok(done) => self.note_end(&f, &done, f.epoch, "timeout", None, None),
-            Err(e) => tracing::error!(transactional_id = %f.transactional_id, error = %e, "timeout abort failed"),
+            Err(e) => {
+                tracing::error!(transactional_id = %f.transactional_id, error = %e, "timeout abort failed")
+            }
         }
     }
 
@@ -928,7 +935,11 @@ impl TxnService {
             if !self.meta(&id).is_some_and(|m| idle(&m)) {
                 continue;
             }
-            if let Err(e) = self.log.append(vec![(Some(id.as_bytes().to_vec()), None)]).await {
+            if let Err(e) = self
+                .log
+                .append(vec![(Some(id.as_bytes().to_vec()), None)])
+                .await
+            {
                 tracing::error!(transactional_id = %id, error = %e, "could not expire a transactional id");
                 return;
             }
@@ -1017,7 +1028,14 @@ impl TxnService {
 
     /// Notes that `meta`'s markers failed at `partition` for the `tries`th
     /// time; from [`STUCK_AFTER`] on, the transaction is listed as stuck.
-    fn marker_failed(&self, meta: &TxnMeta, commit: bool, partition: &str, tries: u32, error: &str) {
+    fn marker_failed(
+        &self,
+        meta: &TxnMeta,
+        commit: bool,
+        partition: &str,
+        tries: u32,
+        error: &str,
+    ) {
         tracing::error!(partition = %partition, transactional_id = %meta.transactional_id,
             error = %error, tries, "transaction marker not written; retrying");
         if tries < STUCK_AFTER {
@@ -1053,7 +1071,13 @@ impl TxnService {
                 let mut tries = 0u32;
                 while let Err(e) = b.groups.complete_txn(meta.producer_id, commit).await {
                     tries += 1;
-                    self.marker_failed(meta, commit, crate::groups::OFFSETS_TOPIC, tries, &e.to_string());
+                    self.marker_failed(
+                        meta,
+                        commit,
+                        crate::groups::OFFSETS_TOPIC,
+                        tries,
+                        &e.to_string(),
+                    );
                     tokio::time::sleep(backoff(tries)).await;
                 }
                 continue;
@@ -1158,6 +1182,10 @@ fn write_marker(
         tracing::info!(partition = %format!("{topic}-{index}"), "marker skipped: partition no longer exists");
         return Ok(None);
     };
+    if crate::injected_marker_error(topic) {
+        tracing::warn!(partition = %p.name(), "injected fault (ONCELOG_FAULTS): marker write fails");
+        return Err("injected storage fault".to_string());
+    }
     let marker = Marker {
         producer_id: meta.producer_id,
         epoch: meta.epoch,

@@ -673,7 +673,10 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             let h = history::fetch(&admin, &transactional_id).await?;
             let v = json!({"transactional_id": transactional_id,
                 "history_since_ms": h["history_since_ms"], "events": h["events"],
-                "events_dropped": h["events_dropped"]});
+                "events_dropped": h["events_dropped"], "stuck": h["stuck"]});
+            if !json_out {
+                history::print_stuck(&h);
+            }
             emit(
                 json_out,
                 &v,

@@ -252,6 +252,7 @@ async fn implicit_add(
     let Some((pid, epoch)) = ident else {
         return Vec::new();
     };
+    tracing::debug!(transactional_id = %id.0.as_str(), producer_id = pid, epoch, partitions = ?parts, "implicit add to transaction");
     match b
         .txn
         .add_partitions(id.0.as_str(), pid, epoch, &parts)

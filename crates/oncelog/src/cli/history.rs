@@ -200,12 +200,33 @@ pub const EVENT_HEADERS: &[&str] = &[
     "DETAIL",
 ];
 
+/// Prints where a stuck transaction is stuck (nothing when it is not).
+pub fn print_stuck(h: &Value) {
+    if let Some(st) = h.get("stuck").filter(|v| v.is_object()) {
+        println!(
+        "\nSTUCK: the {} markers of producer {} epoch {} have failed {} times at {} since {}: {}",
+        if st["commit"].as_bool() == Some(true) {
+            "COMMIT"
+        } else {
+            "ABORT"
+        },
+        text(&st["producer_id"]),
+        text(&st["epoch"]),
+        text(&st["tries"]),
+        text(&st["partition"]),
+        time(&st["since_ms"]),
+        text(&st["error"]),
+    );
+    }
+}
+
 /// Prints the epochs, fences and events sections of a history.
 pub fn print_sections(h: &Value, table: fn(&[&str], &[Vec<String>])) {
     println!(
         "\nhistory kept in memory since {} (a broker restart clears it)",
         time(&h["history_since_ms"])
     );
+    print_stuck(h);
     let epochs: Vec<Vec<String>> = list(h, "epochs")
         .iter()
         .map(|e| {

@@ -202,8 +202,14 @@ public class TxnFanout {
                 try {
                     pr.beginTransaction();
                     stage = "send";
-                    pr.send(new ProducerRecord<>(topic, p0, null, value));
-                    pr.send(new ProducerRecord<>(topic, p1, null, value));
+                    // A record refused by the client or the broker shows up
+                    // here first (the commit then fails with its own error).
+                    final int self = id;
+                    org.apache.kafka.clients.producer.Callback cb = (md, ex) -> {
+                        if (ex != null) noteError(self, "send", ex);
+                    };
+                    pr.send(new ProducerRecord<>(topic, p0, null, value), cb);
+                    pr.send(new ProducerRecord<>(topic, p1, null, value), cb);
                     stage = "commit";
                     long c0 = System.nanoTime();
                     pr.commitTransaction();

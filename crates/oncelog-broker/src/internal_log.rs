@@ -53,6 +53,25 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
+    /// Queues `records` for the next group and returns at once: they are
+    /// written and fsynced with that group (or, if it fails, not at all).
+    /// For changes whose loss a restart repairs by itself.
+    pub fn append_detached(&self, records: Vec<Record>) -> Result<(), PersistError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let (reply, _) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(WriteRequest { records, reply })
+            .map_err(|_| {
+                PersistError::Log(LogError::Io {
+                    op: "write internal log",
+                    path: self.dir.clone(),
+                    source: std::io::Error::other("the internal log writer has stopped"),
+                })
+            })
+    }
+
     /// Appends `records` as part of the next group and waits until that
     /// group is durable (or failed, then none of it was made).
     pub async fn append(&self, records: Vec<Record>) -> Result<(), PersistError> {

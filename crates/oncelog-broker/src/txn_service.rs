@@ -580,6 +580,26 @@ impl TxnService {
         Ok(())
     }
 
+    /// Like [`Self::persist`], but makes the change current at once and
+    /// lets it reach the disk with the next group commit (see `finish`).
+    fn persist_detached(&self, held: &IdLock, meta: TxnMeta) -> Result<(), PersistError> {
+        debug_assert_eq!(held.id, meta.transactional_id, "persist without the id's lock");
+        let value = serde_json::to_vec(&meta)?;
+        self.log.append_detached(vec![(
+            Some(meta.transactional_id.as_bytes().to_vec()),
+            Some(value),
+        )])?;
+        update_view(
+            &mut self.producers.write().unwrap_or_else(|p| p.into_inner()),
+            &meta,
+        );
+        self.txns
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(meta.transactional_id.clone(), meta);
+        Ok(())
+    }
+
     /// Persists a Prepare* state, writes its markers, persists the Complete state.
     async fn finish(
         &self,
@@ -609,7 +629,17 @@ impl TxnService {
         if let Some(e) = alloc_err {
             return Err(TxnError::Storage(e));
         }
-        self.persist(held, done.clone()).await?;
+        if done.producer_id == prepared.producer_id {
+            // The outcome is durable in the Prepare record and the markers:
+            // if the Complete record is lost, recovery at start finds the
+            // Prepare state and writes the (idempotent) markers again. So it
+            // goes out with the next group commit, not waited for. A new
+            // producer id (epoch exhausted) is waited for: the client is
+            // about to use it, and recovery would not hand it out again.
+            self.persist_detached(held, done.clone())?;
+        } else {
+            self.persist(held, done.clone()).await?;
+        }
         if commit {
             let now = now_ms();
             let mut topics: Vec<&String> = prepared

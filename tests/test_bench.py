@@ -101,3 +101,23 @@ def test_suite_ack_section_smoke(tmp_path):
     assert run["errors"] == 0 and run["acked"] == run["sent"] > 0
     assert run["peak_msgs_per_s"] > 0 and run["target_msgs_per_s"] == pytest.approx(run["peak_msgs_per_s"] / 2)
     assert run["ack_p99_ms"] > 0 and run["fdatasync_p99_ms"] > 0
+
+
+def test_txn_fanout_smoke(tmp_path):
+    """bench/txn_fanout.py end to end against this broker (Java producers,
+    a tiny window): every producer commits, the figures are its own."""
+    out = tmp_path / "fanout.json"
+    cmd = [sys.executable, str(REPO_ROOT / "bench" / "txn_fanout.py"),
+           "--oncelog", f"this={oncelog_bin()}", "--producers", "2,4", "--seconds", "2",
+           "--warmup", "1", "--runs", "1", "--java-heap", "256m", "--tmp", str(tmp_path),
+           "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "| this | 4 |" in p.stdout, p.stdout[-3000:]
+    d = json.loads(out.read_text())
+    rows = sorted(d["results"], key=lambda r: r["producers"])
+    assert [(r["target"], r["producers"]) for r in rows] == [("this", 2), ("this", 4)]
+    for r in rows:
+        assert r["commits"] > 0 and r["commits_per_s"] > 0, r
+        assert 0 < r["commit_p50_ms"] <= r["commit_p99_ms"], r
+        assert r["stopped_producers"] == 0 or r["error_kinds"], r

@@ -85,11 +85,7 @@ def _on_signal(signum, _frame):
 
 
 def _tail(path, n=20):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return ""
+    return kafka_ref._tail(path, n)
 
 
 def compile_java(java_home_bin=None):

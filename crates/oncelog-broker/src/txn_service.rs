@@ -103,6 +103,14 @@ impl ProducerView {
     }
 }
 
+/// The transaction log record of `m`: key = transactional id, value = JSON.
+fn record_of(m: &TxnMeta) -> Result<Vec<crate::internal_log::Record>, PersistError> {
+    Ok(vec![(
+        Some(m.transactional_id.as_bytes().to_vec()),
+        Some(serde_json::to_vec(m)?),
+    )])
+}
+
 /// Records `m` in the verification view; a producer id the transactional
 /// id moved away from (epoch exhausted) is fenced for good.
 fn update_view(map: &mut HashMap<i64, ProducerView>, m: &TxnMeta) {
@@ -562,13 +570,14 @@ impl TxnService {
                 meta.epoch
             );
         }
-        let value = serde_json::to_vec(&meta)?;
-        self.log
-            .append(vec![(
-                Some(meta.transactional_id.as_bytes().to_vec()),
-                Some(value),
-            )])
-            .await?;
+        self.log.append(record_of(&meta)?).await?;
+        self.make_current(meta);
+        Ok(())
+    }
+
+    /// The change is in the log (or on its way): the verification view and
+    /// the map say so.
+    fn make_current(&self, meta: TxnMeta) {
         update_view(
             &mut self.producers.write().unwrap_or_else(|p| p.into_inner()),
             &meta,
@@ -577,26 +586,14 @@ impl TxnService {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(meta.transactional_id.clone(), meta);
-        Ok(())
     }
 
     /// Like [`Self::persist`], but makes the change current at once and
     /// lets it reach the disk with the next group commit (see `finish`).
     fn persist_detached(&self, held: &IdLock, meta: TxnMeta) -> Result<(), PersistError> {
         debug_assert_eq!(held.id, meta.transactional_id, "persist without the id's lock");
-        let value = serde_json::to_vec(&meta)?;
-        self.log.append_detached(vec![(
-            Some(meta.transactional_id.as_bytes().to_vec()),
-            Some(value),
-        )])?;
-        update_view(
-            &mut self.producers.write().unwrap_or_else(|p| p.into_inner()),
-            &meta,
-        );
-        self.txns
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(meta.transactional_id.clone(), meta);
+        self.log.append_detached(record_of(&meta)?)?;
+        self.make_current(meta);
         Ok(())
     }
 

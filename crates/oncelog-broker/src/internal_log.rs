@@ -61,15 +61,13 @@ impl LogWriter {
             return Ok(());
         }
         let (reply, _) = tokio::sync::oneshot::channel();
-        self.tx
-            .send(WriteRequest { records, reply })
-            .map_err(|_| {
-                PersistError::Log(LogError::Io {
-                    op: "write internal log",
-                    path: self.dir.clone(),
-                    source: std::io::Error::other("the internal log writer has stopped"),
-                })
+        self.tx.send(WriteRequest { records, reply }).map_err(|_| {
+            PersistError::Log(LogError::Io {
+                op: "write internal log",
+                path: self.dir.clone(),
+                source: std::io::Error::other("the internal log writer has stopped"),
             })
+        })
     }
 
     /// Appends `records` as part of the next group and waits until that

@@ -591,7 +591,10 @@ impl TxnService {
     /// Like [`Self::persist`], but makes the change current at once and
     /// lets it reach the disk with the next group commit (see `finish`).
     fn persist_detached(&self, held: &IdLock, meta: TxnMeta) -> Result<(), PersistError> {
-        debug_assert_eq!(held.id, meta.transactional_id, "persist without the id's lock");
+        debug_assert_eq!(
+            held.id, meta.transactional_id,
+            "persist without the id's lock"
+        );
         self.log.append_detached(record_of(&meta)?)?;
         self.make_current(meta);
         Ok(())

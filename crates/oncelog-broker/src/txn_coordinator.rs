@@ -11,7 +11,7 @@
 //! Epoch `i16::MAX` is never handed to a client; an exhausted epoch moves the
 //! id to a fresh producer id at epoch 0.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -322,6 +322,275 @@ pub fn plan_fence(m: &TxnMeta, now: i64) -> Option<TxnMeta> {
     Some(n)
 }
 
+/// What verification needs to know of a transactional producer id: its
+/// current epoch (so a fenced producer is told so, not INVALID_TXN_STATE)
+/// and the partitions of its open transaction (empty when none is open);
+/// and, for log lines about refused writes, its transactional id.
+#[derive(Debug, Clone)]
+pub struct ProducerView {
+    pub transactional_id: String,
+    pub epoch: i16,
+    pub partitions: BTreeSet<(String, i32)>,
+}
+
+impl ProducerView {
+    pub fn of(m: &TxnMeta) -> Self {
+        Self {
+            transactional_id: m.transactional_id.clone(),
+            epoch: m.epoch,
+            partitions: if m.state == TxnState::Ongoing {
+                m.partitions.clone()
+            } else {
+                BTreeSet::new()
+            },
+        }
+    }
+}
+
+/// Records `m` in the verification view; a producer id the transactional
+/// id moved away from (epoch exhausted) is fenced for good.
+pub fn update_view(map: &mut HashMap<i64, ProducerView>, m: &TxnMeta) {
+    if m.prev_producer_id >= 0 && m.prev_producer_id != m.producer_id {
+        map.insert(
+            m.prev_producer_id,
+            ProducerView {
+                transactional_id: m.transactional_id.clone(),
+                epoch: i16::MAX,
+                partitions: BTreeSet::new(),
+            },
+        );
+    }
+    map.insert(m.producer_id, ProducerView::of(m));
+}
+
+/// Why a produce of a transactional batch is refused by verification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    /// The producer's epoch is older than the coordinator's.
+    #[error("producer epoch is fenced")]
+    StaleEpoch,
+    /// No open transaction holds this partition for this producer.
+    #[error("partition is not part of an ongoing transaction of this producer")]
+    NotInTransaction,
+}
+
+/// KIP-890 verification: may producer `view` (at `epoch`) write a
+/// transactional batch to `topic`-`partition`?
+pub fn verify_write(
+    view: Option<&ProducerView>,
+    epoch: i16,
+    topic: &str,
+    partition: i32,
+) -> Result<(), VerifyError> {
+    match view {
+        Some(o) if epoch < o.epoch => Err(VerifyError::StaleEpoch),
+        Some(o) if epoch == o.epoch && o.partitions.contains(&(topic.to_string(), partition)) => {
+            Ok(())
+        }
+        _ => Err(VerifyError::NotInTransaction),
+    }
+}
+
+/// One step the driver takes for a decision. A decision is a list of
+/// these, run in order; a step starts only when the one before it is done,
+/// and a failed step ends the list (what is durable stays decided).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Append to the transaction log and wait until it is durable; then it
+    /// is current.
+    Persist(TxnMeta),
+    /// Current at once; it reaches the disk with the next group commit. Only
+    /// for a change that recovery re-creates if it is lost (a Complete whose
+    /// Prepare and markers are durable).
+    PersistLater(TxnMeta),
+    /// Write a marker to each partition and wait until all are durable,
+    /// retrying for as long as it takes.
+    WriteMarkers {
+        producer_id: i64,
+        epoch: i16,
+        commit: bool,
+        partitions: Vec<(String, i32)>,
+    },
+    /// The group coordinator's side: the producer's pending transactional
+    /// offsets become committed, or are dropped.
+    CompleteOffsets { producer_id: i64, commit: bool },
+    /// Answer the client with the identity it uses next.
+    Reply { producer_id: i64, epoch: i16 },
+}
+
+/// The steps that take a Prepare* transaction to `done`: markers (data
+/// partitions, then offsets), then the Complete record. Without `prepared`
+/// persisted first (recovery: it already is).
+fn drive(prepared: &TxnMeta, done: &TxnMeta) -> Vec<Effect> {
+    let commit = prepared.state == TxnState::PrepareCommit;
+    let mut out = Vec::new();
+    let data: Vec<(String, i32)> = prepared
+        .partitions
+        .iter()
+        .filter(|(t, _)| t != crate::groups::OFFSETS_TOPIC)
+        .cloned()
+        .collect();
+    if !data.is_empty() {
+        out.push(Effect::WriteMarkers {
+            producer_id: prepared.producer_id,
+            epoch: prepared.epoch,
+            commit,
+            partitions: data,
+        });
+    }
+    if prepared
+        .partitions
+        .iter()
+        .any(|(t, _)| t == crate::groups::OFFSETS_TOPIC)
+    {
+        out.push(Effect::CompleteOffsets {
+            producer_id: prepared.producer_id,
+            commit,
+        });
+    }
+    if done.producer_id == prepared.producer_id {
+        // The outcome is durable in the Prepare record and the markers: a
+        // lost Complete record is re-driven from the Prepare at start.
+        out.push(Effect::PersistLater(done.clone()));
+    } else {
+        // A new producer id: the client is about to use it, and recovery
+        // would not hand it out again.
+        out.push(Effect::Persist(done.clone()));
+    }
+    out
+}
+
+/// Ends a transaction: persist its Prepare* state, then [`drive`] it to the
+/// state [`complete_fence`] gives.
+pub fn finish(prepared: &TxnMeta, now: i64, new_pid: &mut dyn FnMut() -> i64) -> Vec<Effect> {
+    let done = complete_fence(prepared, now, new_pid);
+    let mut out = vec![Effect::Persist(prepared.clone())];
+    out.extend(drive(prepared, &done));
+    out
+}
+
+/// If a decision ends a transaction: the Prepare* state it persists and
+/// the state it completes in.
+pub fn transition(effects: &[Effect]) -> Option<(&TxnMeta, &TxnMeta)> {
+    let prepared = effects.iter().find_map(|e| match e {
+        Effect::Persist(m)
+            if matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort) =>
+        {
+            Some(m)
+        }
+        _ => None,
+    })?;
+    let done = effects.iter().rev().find_map(|e| match e {
+        Effect::Persist(m) | Effect::PersistLater(m)
+            if matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort) =>
+        {
+            Some(m)
+        }
+        _ => None,
+    })?;
+    Some((prepared, done))
+}
+
+fn reply_with(mut effects: Vec<Effect>) -> Vec<Effect> {
+    let last = effects.iter().rev().find_map(|e| match e {
+        Effect::Persist(m) | Effect::PersistLater(m) => Some((m.producer_id, m.epoch)),
+        _ => None,
+    });
+    if let Some((producer_id, epoch)) = last {
+        effects.push(Effect::Reply { producer_id, epoch });
+    }
+    effects
+}
+
+/// InitProducerId as effects. `existing` is the current metadata.
+pub fn decide_init(
+    existing: Option<&TxnMeta>,
+    id: &str,
+    timeout_ms: i32,
+    expected: Option<(i64, i16)>,
+    now: i64,
+    new_pid: &mut dyn FnMut() -> i64,
+) -> Result<Vec<Effect>, CoordError> {
+    Ok(
+        match plan_init(existing, id, timeout_ms, expected, now, new_pid)? {
+            InitPlan::Ready(m) if existing == Some(&m) => vec![Effect::Reply {
+                producer_id: m.producer_id,
+                epoch: m.epoch,
+            }],
+            InitPlan::Ready(m) => reply_with(vec![Effect::Persist(m)]),
+            InitPlan::Fence(f) => reply_with(finish(&f, now, new_pid)),
+        },
+    )
+}
+
+/// AddPartitionsToTxn (and AddOffsetsToTxn) as effects.
+pub fn decide_add_partitions(
+    m: Option<&TxnMeta>,
+    pid: i64,
+    epoch: i16,
+    partitions: &[(String, i32)],
+    now: i64,
+) -> Result<Vec<Effect>, CoordError> {
+    let reply = Effect::Reply {
+        producer_id: pid,
+        epoch,
+    };
+    Ok(match plan_add_partitions(m, pid, epoch, partitions, now)? {
+        None => vec![reply],
+        Some(n) => vec![Effect::Persist(n), reply],
+    })
+}
+
+/// EndTxn as effects; `tv2` picks KIP-890's rules ([`plan_end_v2`]).
+pub fn decide_end(
+    m: Option<&TxnMeta>,
+    pid: i64,
+    epoch: i16,
+    commit: bool,
+    tv2: bool,
+    now: i64,
+    new_pid: &mut dyn FnMut() -> i64,
+) -> Result<Vec<Effect>, CoordError> {
+    let plan = if tv2 {
+        plan_end_v2(m, pid, epoch, commit, now)?
+    } else {
+        plan_end(m, pid, epoch, commit, now)?
+    };
+    Ok(match plan {
+        EndPlan::AlreadyDone => vec![Effect::Reply {
+            producer_id: m.map_or(pid, |m| m.producer_id),
+            epoch: m.map_or(epoch, |m| m.epoch),
+        }],
+        EndPlan::Prepare(p) => reply_with(finish(&p, now, new_pid)),
+    })
+}
+
+/// The timeout reaper's abort of `m`, if it has outlived its timeout.
+pub fn decide_timeout(m: &TxnMeta, now: i64, new_pid: &mut dyn FnMut() -> i64) -> Vec<Effect> {
+    plan_timeout(m, now).map_or_else(Vec::new, |f| finish(&f, now, new_pid))
+}
+
+/// An operator's abort of `m`'s open transaction (fencing its producer).
+pub fn decide_admin_abort(m: &TxnMeta, now: i64, new_pid: &mut dyn FnMut() -> i64) -> Vec<Effect> {
+    plan_fence(m, now).map_or_else(Vec::new, |f| finish(&f, now, new_pid))
+}
+
+/// At start: a Prepare* state found in the log is driven to completion
+/// again (markers are idempotent). The Complete record is waited for.
+pub fn decide_recovery(m: &TxnMeta, now: i64) -> Vec<Effect> {
+    if !matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
+        return Vec::new();
+    }
+    let done = complete(m, now);
+    drive(m, &done)
+        .into_iter()
+        .map(|e| match e {
+            Effect::PersistLater(d) => Effect::Persist(d),
+            e => e,
+        })
+        .collect()
+}
+
 fn check_identity(m: Option<&TxnMeta>, pid: i64, epoch: i16) -> Result<&TxnMeta, CoordError> {
     let m = m.ok_or(CoordError::InvalidProducerIdMapping)?;
     if m.producer_id != pid {
@@ -629,5 +898,458 @@ mod tests {
         assert_eq!(plan_timeout(&o, 1100), None);
         let f = plan_timeout(&o, 1101).unwrap();
         assert_eq!((f.epoch, f.state), (1, TxnState::PrepareAbort));
+    }
+
+    /// Fresh producer ids for the effect tables: 201, 202, …
+    fn fresh() -> impl FnMut() -> i64 {
+        let mut n = 200;
+        move || {
+            n += 1;
+            n
+        }
+    }
+
+    /// An effect list in a line each, for tables: `P` = Persist (waited),
+    /// `L` = PersistLater, `M` = markers, `O` = offsets, `R` = reply.
+    fn shape(effects: &[Effect]) -> Vec<String> {
+        effects
+            .iter()
+            .map(|e| match e {
+                Effect::Persist(m) => format!("P {} {}/{}", m.state.name(), m.producer_id, m.epoch),
+                Effect::PersistLater(m) => {
+                    format!("L {} {}/{}", m.state.name(), m.producer_id, m.epoch)
+                }
+                Effect::WriteMarkers {
+                    producer_id,
+                    epoch,
+                    commit,
+                    partitions,
+                } => {
+                    let ps: Vec<String> =
+                        partitions.iter().map(|(t, p)| format!("{t}-{p}")).collect();
+                    let kind = if *commit { "commit" } else { "abort" };
+                    format!("M {kind} {producer_id}/{epoch} {}", ps.join(","))
+                }
+                Effect::CompleteOffsets {
+                    producer_id,
+                    commit,
+                } => format!(
+                    "O {} {producer_id}",
+                    if *commit { "commit" } else { "abort" }
+                ),
+                Effect::Reply { producer_id, epoch } => format!("R {producer_id}/{epoch}"),
+            })
+            .collect()
+    }
+
+    /// Metadata of id "t" (producer 101) in `state` at `epoch`, with two data
+    /// partitions and the offsets partition when a transaction is open.
+    fn at(state: TxnState, epoch: i16) -> TxnMeta {
+        let open = matches!(
+            state,
+            TxnState::Ongoing | TxnState::PrepareCommit | TxnState::PrepareAbort
+        );
+        TxnMeta {
+            transactional_id: "t".into(),
+            producer_id: 101,
+            prev_producer_id: -1,
+            epoch,
+            last_epoch: epoch - 1,
+            timeout_ms: 1000,
+            state,
+            partitions: if open {
+                [tp("a", 0), tp("b", 1), tp(crate::groups::OFFSETS_TOPIC, 0)]
+                    .into_iter()
+                    .collect()
+            } else {
+                BTreeSet::new()
+            },
+            start_ms: if open { 10 } else { -1 },
+            update_ms: 10,
+        }
+    }
+
+    type Row<'a> = (&'a str, Result<Vec<String>, CoordError>);
+
+    fn check(rows: Vec<(Row, Result<Vec<Effect>, CoordError>)>) {
+        for ((what, want), got) in rows {
+            assert_eq!(got.map(|e| shape(&e)), want, "{what}");
+        }
+    }
+
+    fn ok(lines: &[&str]) -> Result<Vec<String>, CoordError> {
+        Ok(lines.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn end_txn_effects_v1() {
+        use TxnState::*;
+        let e = |m: Option<&TxnMeta>, pid, epoch, commit| {
+            decide_end(m, pid, epoch, commit, false, 50, &mut fresh())
+        };
+        let full = |kind: &str, prep: &str, done: &str| {
+            ok(&[
+                &format!("P {prep} 101/3"),
+                &format!("M {kind} 101/3 a-0,b-1"),
+                &format!("O {kind} 101"),
+                &format!("L {done} 101/3"),
+                "R 101/3",
+            ])
+        };
+        check(vec![
+            (
+                (
+                    "ongoing, commit",
+                    full("commit", "PrepareCommit", "CompleteCommit"),
+                ),
+                e(Some(&at(Ongoing, 3)), 101, 3, true),
+            ),
+            (
+                (
+                    "ongoing, abort",
+                    full("abort", "PrepareAbort", "CompleteAbort"),
+                ),
+                e(Some(&at(Ongoing, 3)), 101, 3, false),
+            ),
+            (
+                (
+                    "commit being prepared",
+                    Err(CoordError::ConcurrentTransactions),
+                ),
+                e(Some(&at(PrepareCommit, 3)), 101, 3, true),
+            ),
+            (
+                (
+                    "abort while a commit is prepared",
+                    Err(CoordError::InvalidTxnState),
+                ),
+                e(Some(&at(PrepareCommit, 3)), 101, 3, false),
+            ),
+            (
+                (
+                    "abort being prepared",
+                    Err(CoordError::ConcurrentTransactions),
+                ),
+                e(Some(&at(PrepareAbort, 3)), 101, 3, false),
+            ),
+            (
+                ("commit retried after it completed", ok(&["R 101/3"])),
+                e(Some(&at(CompleteCommit, 3)), 101, 3, true),
+            ),
+            (
+                ("abort retried after it completed", ok(&["R 101/3"])),
+                e(Some(&at(CompleteAbort, 3)), 101, 3, false),
+            ),
+            (
+                ("commit after an abort", Err(CoordError::InvalidTxnState)),
+                e(Some(&at(CompleteAbort, 3)), 101, 3, true),
+            ),
+            (
+                ("commit with nothing open", Err(CoordError::InvalidTxnState)),
+                e(Some(&at(Empty, 3)), 101, 3, true),
+            ),
+            (
+                ("stale epoch", Err(CoordError::ProducerFenced)),
+                e(Some(&at(Ongoing, 3)), 101, 2, true),
+            ),
+            (
+                (
+                    "other producer id",
+                    Err(CoordError::InvalidProducerIdMapping),
+                ),
+                e(Some(&at(Ongoing, 3)), 7, 3, true),
+            ),
+            (
+                ("unknown id", Err(CoordError::InvalidProducerIdMapping)),
+                e(None, 101, 3, true),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn end_txn_effects_v2() {
+        use TxnState::*;
+        let e = |m: &TxnMeta, pid, epoch, commit| {
+            decide_end(Some(m), pid, epoch, commit, true, 50, &mut fresh())
+        };
+        let mut last = at(Ongoing, i16::MAX - 2);
+        last.last_epoch = -1;
+        check(vec![
+            (
+                (
+                    "ongoing, commit: markers and answer carry the bumped epoch",
+                    ok(&[
+                        "P PrepareCommit 101/4",
+                        "M commit 101/4 a-0,b-1",
+                        "O commit 101",
+                        "L CompleteCommit 101/4",
+                        "R 101/4",
+                    ]),
+                ),
+                e(&at(Ongoing, 3), 101, 3, true),
+            ),
+            (
+                (
+                    "ongoing, abort",
+                    ok(&[
+                        "P PrepareAbort 101/4",
+                        "M abort 101/4 a-0,b-1",
+                        "O abort 101",
+                        "L CompleteAbort 101/4",
+                        "R 101/4",
+                    ]),
+                ),
+                e(&at(Ongoing, 3), 101, 3, false),
+            ),
+            (
+                (
+                    "abort with nothing open: a bump, no markers",
+                    ok(&["P PrepareAbort 101/4", "L CompleteAbort 101/4", "R 101/4"]),
+                ),
+                e(&at(Empty, 3), 101, 3, false),
+            ),
+            (
+                ("commit with nothing open", Err(CoordError::InvalidTxnState)),
+                e(&at(Empty, 3), 101, 3, true),
+            ),
+            (
+                ("retry of a completed commit", ok(&["R 101/3"])),
+                e(&at(CompleteCommit, 3), 101, 2, true),
+            ),
+            (
+                (
+                    "commit retry racing a timeout abort",
+                    Err(CoordError::ProducerFenced),
+                ),
+                e(&at(CompleteAbort, 3), 101, 2, true),
+            ),
+            (
+                (
+                    "retry while prepared",
+                    Err(CoordError::ConcurrentTransactions),
+                ),
+                e(&at(PrepareCommit, 3), 101, 2, true),
+            ),
+            (
+                ("zombie while prepared", Err(CoordError::ProducerFenced)),
+                e(&at(PrepareCommit, 3), 101, 1, true),
+            ),
+            (
+                (
+                    "zombie on an open transaction",
+                    Err(CoordError::ProducerFenced),
+                ),
+                e(&at(Ongoing, 3), 101, 1, true),
+            ),
+            (
+                (
+                    "the last epoch: a new producer id, waited for",
+                    ok(&[
+                        &format!("P PrepareCommit 101/{}", i16::MAX - 1),
+                        &format!("M commit 101/{} a-0,b-1", i16::MAX - 1),
+                        "O commit 101",
+                        "P CompleteCommit 201/0",
+                        "R 201/0",
+                    ]),
+                ),
+                e(&last, 101, i16::MAX - 2, true),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn init_and_add_effects() {
+        use TxnState::*;
+        let i =
+            |m: Option<&TxnMeta>, expected| decide_init(m, "t", 1000, expected, 50, &mut fresh());
+        let mut retried = at(Empty, 3);
+        retried.last_epoch = 2;
+        check(vec![
+            (
+                ("a new id", ok(&["P Empty 201/0", "R 201/0"])),
+                i(None, None),
+            ),
+            (
+                (
+                    "a known id: the epoch is bumped",
+                    ok(&["P Empty 101/4", "R 101/4"]),
+                ),
+                i(Some(&at(Empty, 3)), None),
+            ),
+            (
+                (
+                    "an open transaction is fenced and aborted first",
+                    ok(&[
+                        "P PrepareAbort 101/4",
+                        "M abort 101/4 a-0,b-1",
+                        "O abort 101",
+                        "L CompleteAbort 101/4",
+                        "R 101/4",
+                    ]),
+                ),
+                i(Some(&at(Ongoing, 3)), None),
+            ),
+            (
+                (
+                    "KIP-360 retry: answered again, nothing written",
+                    ok(&["R 101/3"]),
+                ),
+                i(Some(&retried), Some((101, 2))),
+            ),
+            (
+                ("KIP-360 from a zombie", Err(CoordError::ProducerFenced)),
+                i(Some(&at(Empty, 3)), Some((101, 1))),
+            ),
+            (
+                (
+                    "while markers are written",
+                    Err(CoordError::ConcurrentTransactions),
+                ),
+                i(Some(&at(PrepareAbort, 3)), None),
+            ),
+        ]);
+        let a = |m: &TxnMeta, epoch, parts: &[(String, i32)]| {
+            decide_add_partitions(Some(m), 101, epoch, parts, 50)
+        };
+        check(vec![
+            (
+                ("begins a transaction", ok(&["P Ongoing 101/3", "R 101/3"])),
+                a(&at(CompleteCommit, 3), 3, &[tp("a", 0)]),
+            ),
+            (
+                (
+                    "a partition already in it: nothing written",
+                    ok(&["R 101/3"]),
+                ),
+                a(&at(Ongoing, 3), 3, &[tp("a", 0)]),
+            ),
+            (
+                ("a new partition", ok(&["P Ongoing 101/3", "R 101/3"])),
+                a(&at(Ongoing, 3), 3, &[tp("c", 0)]),
+            ),
+            (
+                ("fenced", Err(CoordError::ProducerFenced)),
+                a(&at(Ongoing, 3), 2, &[tp("c", 0)]),
+            ),
+            (
+                (
+                    "while a commit is written",
+                    Err(CoordError::ConcurrentTransactions),
+                ),
+                a(&at(PrepareCommit, 3), 3, &[tp("c", 0)]),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn timeout_admin_and_recovery_effects() {
+        use TxnState::*;
+        let abort = [
+            "P PrepareAbort 101/4",
+            "M abort 101/4 a-0,b-1",
+            "O abort 101",
+            "L CompleteAbort 101/4",
+        ];
+        let t = |m: &TxnMeta, now| Ok(decide_timeout(m, now, &mut fresh()));
+        check(vec![
+            (("not yet expired", ok(&[])), t(&at(Ongoing, 3), 1010)),
+            (
+                ("expired: fenced and aborted, nobody to answer", ok(&abort)),
+                t(&at(Ongoing, 3), 1011),
+            ),
+            (("nothing open", ok(&[])), t(&at(CompleteCommit, 3), 99_999)),
+            (
+                ("being committed", ok(&[])),
+                t(&at(PrepareCommit, 3), 99_999),
+            ),
+        ]);
+        let adm = |m: &TxnMeta| Ok(decide_admin_abort(m, 50, &mut fresh()));
+        check(vec![
+            (
+                ("admin abort of an open transaction", ok(&abort)),
+                adm(&at(Ongoing, 3)),
+            ),
+            (
+                ("admin abort with nothing open", ok(&[])),
+                adm(&at(Empty, 3)),
+            ),
+        ]);
+        let r = |m: &TxnMeta| Ok(decide_recovery(m, 50));
+        check(vec![
+            (
+                (
+                    "recovery of a prepared commit: markers, then a waited Complete",
+                    ok(&[
+                        "M commit 101/3 a-0,b-1",
+                        "O commit 101",
+                        "P CompleteCommit 101/3",
+                    ]),
+                ),
+                r(&at(PrepareCommit, 3)),
+            ),
+            (
+                (
+                    "recovery of a prepared abort",
+                    ok(&[
+                        "M abort 101/3 a-0,b-1",
+                        "O abort 101",
+                        "P CompleteAbort 101/3",
+                    ]),
+                ),
+                r(&at(PrepareAbort, 3)),
+            ),
+            (
+                ("nothing to recover when open", ok(&[])),
+                r(&at(Ongoing, 3)),
+            ),
+            (
+                ("nothing to recover when complete", ok(&[])),
+                r(&at(CompleteAbort, 3)),
+            ),
+        ]);
+    }
+
+    proptest::proptest! {
+        /// Whatever is decided, the order the crash tests rely on holds: a
+        /// marker only after its Prepare is durable, the answer last, and
+        /// only a Complete that recovery can re-create is left unwaited.
+        #[test]
+        fn effect_order_invariants(
+            state in 0usize..6, epoch in 0i16..i16::MAX, req_epoch_delta in -2i16..2,
+            commit: bool, tv2: bool, op in 0usize..4,
+        ) {
+            let states = [TxnState::Empty, TxnState::Ongoing, TxnState::PrepareCommit,
+                TxnState::PrepareAbort, TxnState::CompleteCommit, TxnState::CompleteAbort];
+            let m = at(states[state], epoch);
+            let req = epoch.saturating_add(req_epoch_delta).max(0);
+            let effects = match op {
+                0 => decide_end(Some(&m), 101, req, commit, tv2, 5000, &mut fresh()).unwrap_or_default(),
+                1 => decide_init(Some(&m), "t", 1000, Some((101, req)), 5000, &mut fresh()).unwrap_or_default(),
+                2 => decide_timeout(&m, 5000, &mut fresh()),
+                _ => decide_recovery(&m, 5000),
+            };
+            let prepared_at = effects.iter().position(|e| matches!(e,
+                Effect::Persist(p) if matches!(p.state, TxnState::PrepareCommit | TxnState::PrepareAbort)));
+            for (i, e) in effects.iter().enumerate() {
+                match e {
+                    Effect::WriteMarkers { epoch: me, .. } => {
+                        // Recovery's Prepare is already durable.
+                        proptest::prop_assert!(op == 3 || prepared_at.is_some_and(|p| p < i));
+                        proptest::prop_assert!(*me >= m.epoch);
+                    }
+                    Effect::CompleteOffsets { .. } => {
+                        proptest::prop_assert!(op == 3 || prepared_at.is_some_and(|p| p < i));
+                    }
+                    Effect::PersistLater(d) => {
+                        proptest::prop_assert!(matches!(d.state, TxnState::CompleteCommit | TxnState::CompleteAbort));
+                        proptest::prop_assert_eq!(d.producer_id, m.producer_id);
+                    }
+                    Effect::Reply { .. } => proptest::prop_assert_eq!(i, effects.len() - 1),
+                    Effect::Persist(p) => {
+                        proptest::prop_assert!(p.producer_id != m.producer_id || p.epoch >= m.epoch);
+                    }
+                }
+            }
+        }
     }
 }

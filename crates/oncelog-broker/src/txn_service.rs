@@ -44,7 +44,8 @@ use crate::durability::SyncReply;
 use crate::internal_log::{InternalLog, LogWriter, PersistError};
 use crate::partition::{Marker, MarkerError};
 use crate::topics::TopicError;
-use crate::txn_coordinator::{self as tc, CoordError, EndPlan, InitPlan, TxnMeta, TxnState};
+use crate::txn_coordinator::{self as tc, update_view, CoordError, Effect, TxnMeta, TxnState};
+pub use crate::txn_coordinator::{ProducerView, VerifyError};
 use crate::txn_history::{Event, EventKind, Fence, FenceCause, Requester, TxnHistory};
 use crate::{now_ms, Broker};
 
@@ -78,53 +79,12 @@ pub struct IdLock {
     _guard: OwnedMutexGuard<()>,
 }
 
-/// What verification needs to know of a transactional producer id: its
-/// current epoch (so a fenced producer is told so, not INVALID_TXN_STATE)
-/// and the partitions of its open transaction (empty when none is open);
-/// and, for log lines about refused writes, its transactional id.
-#[derive(Debug, Clone)]
-pub struct ProducerView {
-    pub transactional_id: String,
-    pub epoch: i16,
-    pub partitions: BTreeSet<(String, i32)>,
-}
-
-impl ProducerView {
-    fn of(m: &TxnMeta) -> Self {
-        Self {
-            transactional_id: m.transactional_id.clone(),
-            epoch: m.epoch,
-            partitions: if m.state == TxnState::Ongoing {
-                m.partitions.clone()
-            } else {
-                BTreeSet::new()
-            },
-        }
-    }
-}
-
 /// The transaction log record of `m`: key = transactional id, value = JSON.
 fn record_of(m: &TxnMeta) -> Result<Vec<crate::internal_log::Record>, PersistError> {
     Ok(vec![(
         Some(m.transactional_id.as_bytes().to_vec()),
         Some(serde_json::to_vec(m)?),
     )])
-}
-
-/// Records `m` in the verification view; a producer id the transactional
-/// id moved away from (epoch exhausted) is fenced for good.
-fn update_view(map: &mut HashMap<i64, ProducerView>, m: &TxnMeta) {
-    if m.prev_producer_id >= 0 && m.prev_producer_id != m.producer_id {
-        map.insert(
-            m.prev_producer_id,
-            ProducerView {
-                transactional_id: m.transactional_id.clone(),
-                epoch: i16::MAX,
-                partitions: BTreeSet::new(),
-            },
-        );
-    }
-    map.insert(m.producer_id, ProducerView::of(m));
 }
 
 /// Counters for metrics. Fences are counted per (transactional id, cause)
@@ -197,17 +157,6 @@ pub struct EndRequest<'a> {
     pub epoch: i16,
     pub commit: bool,
     pub tv2: bool,
-}
-
-/// Why a produce of a transactional batch is refused by verification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum VerifyError {
-    /// The producer's epoch is older than the coordinator's.
-    #[error("producer epoch is fenced")]
-    StaleEpoch,
-    /// No open transaction holds this partition for this producer.
-    #[error("partition is not part of an ongoing transaction of this producer")]
-    NotInTransaction,
 }
 
 impl TxnService {
@@ -542,15 +491,7 @@ impl TxnService {
         partition: i32,
     ) -> Result<(), VerifyError> {
         let map = self.producers.read().unwrap_or_else(|p| p.into_inner());
-        match map.get(&pid) {
-            Some(o) if epoch < o.epoch => Err(VerifyError::StaleEpoch),
-            Some(o)
-                if epoch == o.epoch && o.partitions.contains(&(topic.to_string(), partition)) =>
-            {
-                Ok(())
-            }
-            _ => Err(VerifyError::NotInTransaction),
-        }
+        tc::verify_write(map.get(&pid), epoch, topic, partition)
     }
 
     /// Appends and fsyncs the new metadata (with other ids' changes, in
@@ -600,46 +541,101 @@ impl TxnService {
         Ok(())
     }
 
-    /// Persists a Prepare* state, writes its markers, persists the Complete state.
-    async fn finish(
+    /// Runs a decision's effects in order (see [`Effect`]) and returns the
+    /// identity of its Reply, if it has one. A step starts only when the one
+    /// before it is done; a failed persist ends the list. The caller holds
+    /// the id's lock.
+    async fn run(
         &self,
         b: &Arc<Broker>,
         held: &IdLock,
-        prepared: TxnMeta,
-    ) -> Result<TxnMeta, TxnError> {
-        self.persist(held, prepared.clone()).await?;
-        let commit = prepared.state == TxnState::PrepareCommit;
-        crate::fail_point(if commit {
-            "txn-after-prepare-commit"
-        } else {
-            "txn-after-prepare-abort"
-        });
-        self.write_markers(b, &prepared, commit).await;
-        crate::fail_point("txn-after-markers");
-        // Complete; an exhausted epoch moves the id to a fresh producer id.
-        let mut alloc_err = None;
-        let mut new_pid = || match b.producer_ids.next() {
-            Ok(p) => p,
-            Err(e) => {
-                alloc_err = Some(e.to_string());
-                -1
+        effects: Vec<Effect>,
+    ) -> Result<Option<(i64, i16)>, TxnError> {
+        let mut prepared: Option<TxnMeta> = None;
+        let mut reply = None;
+        for effect in effects {
+            match effect {
+                Effect::Persist(m) => {
+                    self.before_persist(&m);
+                    self.persist(held, m.clone()).await?;
+                    self.after_persist(b, m, &mut prepared);
+                }
+                Effect::PersistLater(m) => {
+                    self.before_persist(&m);
+                    self.persist_detached(held, m.clone())?;
+                    self.after_persist(b, m, &mut prepared);
+                }
+                Effect::WriteMarkers {
+                    producer_id,
+                    epoch,
+                    commit,
+                    partitions,
+                } => {
+                    let marker = Marker {
+                        producer_id,
+                        epoch,
+                        commit,
+                        coordinator_epoch: self.coordinator_epoch,
+                    };
+                    self.write_markers(b, &held.id, marker, &partitions).await;
+                }
+                Effect::CompleteOffsets {
+                    producer_id,
+                    commit,
+                } => {
+                    let mut tries = 0u32;
+                    while let Err(e) = b.groups.complete_txn(producer_id, commit).await {
+                        tries += 1;
+                        let marker = Marker {
+                            producer_id,
+                            epoch: -1,
+                            commit,
+                            coordinator_epoch: self.coordinator_epoch,
+                        };
+                        let at = crate::groups::OFFSETS_TOPIC;
+                        self.marker_failed(&held.id, marker, at, tries, &e.to_string());
+                        tokio::time::sleep(backoff(tries)).await;
+                    }
+                    self.unstick(&held.id);
+                }
+                Effect::Reply { producer_id, epoch } => reply = Some((producer_id, epoch)),
             }
-        };
-        let done = tc::complete_fence(&prepared, now_ms(), &mut new_pid);
-        if let Some(e) = alloc_err {
-            return Err(TxnError::Storage(e));
         }
-        if done.producer_id == prepared.producer_id {
-            // The outcome is durable in the Prepare record and the markers:
-            // if the Complete record is lost, recovery at start finds the
-            // Prepare state and writes the (idempotent) markers again. So it
-            // goes out with the next group commit, not waited for. A new
-            // producer id (epoch exhausted) is waited for: the client is
-            // about to use it, and recovery would not hand it out again.
-            self.persist_detached(held, done.clone())?;
-        } else {
-            self.persist(held, done.clone()).await?;
+        Ok(reply)
+    }
+
+    /// Fail points for the crash tests, at the same places as always: a
+    /// Complete is about to be persisted (its markers are durable).
+    fn before_persist(&self, m: &TxnMeta) {
+        if matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort) {
+            crate::fail_point("txn-after-markers");
         }
+    }
+
+    /// After a persist: fail points once a Prepare is durable; counters once
+    /// a transaction this decision prepared is complete.
+    fn after_persist(&self, b: &Arc<Broker>, m: TxnMeta, prepared: &mut Option<TxnMeta>) {
+        match m.state {
+            TxnState::PrepareCommit => {
+                crate::fail_point("txn-after-prepare-commit");
+                *prepared = Some(m);
+            }
+            TxnState::PrepareAbort => {
+                crate::fail_point("txn-after-prepare-abort");
+                *prepared = Some(m);
+            }
+            TxnState::CompleteCommit | TxnState::CompleteAbort => {
+                if let Some(p) = prepared.take() {
+                    self.account(b, &p);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Counters, writer prefixes and the debug line of a completed transaction.
+    fn account(&self, b: &Arc<Broker>, prepared: &TxnMeta) {
+        let commit = prepared.state == TxnState::PrepareCommit;
         if commit {
             let now = now_ms();
             let mut topics: Vec<&String> = prepared
@@ -669,7 +665,6 @@ impl TxnService {
         // id's history (metrics port) and the counters keep them for operators.
         tracing::debug!(transactional_id = %prepared.transactional_id, producer_id = prepared.producer_id,
             epoch = prepared.epoch, commit, partitions = prepared.partitions.len(), "transaction completed");
-        Ok(done)
     }
 
     /// InitProducerId for a transactional id: (pid, epoch). `who` sent it.
@@ -684,66 +679,58 @@ impl TxnService {
         let held = self.lock_id(id).await?;
         let before = self.meta(id);
         let mut alloc_err = None;
-        let mut new_pid = || match b.producer_ids.next() {
-            Ok(p) => p,
-            Err(e) => {
-                alloc_err = Some(e.to_string());
-                -1
-            }
-        };
-        let plan = tc::plan_init(
+        let decided = tc::decide_init(
             before.as_ref(),
             id,
             timeout_ms,
             expected,
             now_ms(),
-            &mut new_pid,
-        )
-        .map_err(|e| {
+            &mut pid_source(b, &mut alloc_err),
+        );
+        let effects = decided.map_err(|e| {
             if e == CoordError::ProducerFenced {
                 let (pid, epoch) = expected.unwrap_or((-1, -1));
                 self.note_fenced_request(id, pid, epoch, "InitProducerId", who);
             }
             TxnError::Coord(e)
         })?;
-        if let Some(e) = alloc_err.take() {
+        if let Some(e) = alloc_err {
             return Err(TxnError::Storage(e));
         }
-        let meta = match plan {
-            InitPlan::Ready(m) => {
-                if before.as_ref() != Some(&m) {
-                    self.persist(&held, m.clone()).await?;
-                }
-                self.note_init(before.as_ref(), &m, expected, who);
-                m
+        let ends = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone()));
+        if let Some((f, _)) = &ends {
+            tracing::warn!(
+                transactional_id = id,
+                producer_id = f.producer_id,
+                old_epoch = f.epoch - 1,
+                new_epoch = f.epoch,
+                partitions = f.partitions.len(),
+                client_id = who.client_id.as_deref().unwrap_or(""),
+                peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
+                "producer fenced by a new InitProducerId; aborting its open transaction"
+            );
+            self.count_fence(id, "newer_producer");
+            if let Some(old) = &before {
+                self.note_fence(old, f, FenceCause::NewerProducer, Some(who));
             }
-            InitPlan::Fence(f) => {
-                tracing::warn!(
-                    transactional_id = id,
-                    producer_id = f.producer_id,
-                    old_epoch = f.epoch - 1,
-                    new_epoch = f.epoch,
-                    partitions = f.partitions.len(),
-                    client_id = who.client_id.as_deref().unwrap_or(""),
-                    peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
-                    "producer fenced by a new InitProducerId; aborting its open transaction"
-                );
-                self.count_fence(id, "newer_producer");
-                if let Some(old) = &before {
-                    self.note_fence(old, &f, FenceCause::NewerProducer, Some(who));
+        }
+        let answer = self.run(b, &held, effects).await?;
+        match &ends {
+            Some((f, done)) => self.note_end(f, done, f.epoch, "newer_producer", None, Some(who)),
+            None => {
+                if let Some(m) = self.meta(id) {
+                    self.note_init(before.as_ref(), &m, expected, who);
                 }
-                let done = self.finish(b, &held, f.clone()).await?;
-                self.note_end(&f, &done, f.epoch, "newer_producer", None, Some(who));
-                done
             }
-        };
+        }
+        let (pid, epoch) = answer.ok_or_else(|| TxnError::Storage("no answer".into()))?;
         tracing::debug!(
             transactional_id = id,
-            producer_id = meta.producer_id,
-            epoch = meta.epoch,
+            producer_id = pid,
+            epoch,
             "InitProducerId"
         );
-        Ok((meta.producer_id, meta.epoch))
+        Ok((pid, epoch))
     }
 
     /// Adds partitions to the open transaction (opening one if needed), for
@@ -773,10 +760,17 @@ impl TxnService {
         let before = meta.as_ref();
         let was_open = before.is_some_and(|m| m.state == TxnState::Ongoing);
         let had = before.map(|m| m.partitions.clone()).unwrap_or_default();
-        match tc::plan_add_partitions(before, pid, epoch, partitions, now_ms()) {
-            Ok(None) => Ok(()),
-            Ok(Some(m)) => {
-                self.persist(&held, m.clone()).await?;
+        match tc::decide_add_partitions(before, pid, epoch, partitions, now_ms()) {
+            Ok(effects) => {
+                // Effects: a Persist when the set changes, then the Reply.
+                let mut changed = None;
+                for e in effects {
+                    if let Effect::Persist(m) = e {
+                        self.persist(&held, m.clone()).await?;
+                        changed = Some(m);
+                    }
+                }
+                let Some(m) = changed else { return Ok(()) };
                 let (kind, added): (EventKind, Vec<&(String, i32)>) = if was_open {
                     let added = m.partitions.iter().filter(|p| !had.contains(p)).collect();
                     (EventKind::AddPartitions, added)
@@ -823,19 +817,29 @@ impl TxnService {
         let held = self.lock_id(id).await?;
         let meta = self.meta(id);
         let meta = meta.as_ref();
-        let plan = if tv2 {
-            tc::plan_end_v2(meta, pid, epoch, commit, now_ms())
-        } else {
-            tc::plan_end(meta, pid, epoch, commit, now_ms())
-        };
+        let mut alloc_err = None;
+        let decided = tc::decide_end(
+            meta,
+            pid,
+            epoch,
+            commit,
+            tv2,
+            now_ms(),
+            &mut pid_source(b, &mut alloc_err),
+        );
         tracing::debug!(transactional_id = id, producer_id = pid, epoch, commit, tv2,
-            state = ?meta.map(|m| (m.state, m.producer_id, m.epoch, m.partitions.len())), plan = ?plan.as_ref().map(|_| ()), "EndTxn");
-        match plan {
-            Ok(EndPlan::AlreadyDone) => Ok(meta.map_or((pid, epoch), |m| (m.producer_id, m.epoch))),
-            Ok(EndPlan::Prepare(p)) => {
-                let done = self.finish(b, &held, p.clone()).await?;
-                self.note_end(&p, &done, epoch, "end_txn", Some(who), Some(who));
-                Ok((done.producer_id, done.epoch))
+            state = ?meta.map(|m| (m.state, m.producer_id, m.epoch, m.partitions.len())), decided = ?decided.as_ref().map(|e| e.len()), "EndTxn");
+        match decided {
+            Ok(effects) => {
+                if let Some(e) = alloc_err {
+                    return Err(TxnError::Storage(e));
+                }
+                let ends = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone()));
+                let answer = self.run(b, &held, effects).await?;
+                if let Some((p, done)) = &ends {
+                    self.note_end(p, done, epoch, "end_txn", Some(who), Some(who));
+                }
+                answer.ok_or_else(|| TxnError::Storage("no answer".into()))
             }
             Err(e) => {
                 if e == CoordError::ProducerFenced {
@@ -883,18 +887,16 @@ impl TxnService {
             Err(_) => return,
         };
         let Some(m) = self.meta(id) else { return };
-        if !matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
+        let effects = tc::decide_recovery(&m, now_ms());
+        if effects.is_empty() {
             return;
         }
         tracing::info!(transactional_id = %m.transactional_id, state = m.state.name(), "re-driving transaction markers after restart");
-        let commit = m.state == TxnState::PrepareCommit;
-        self.write_markers(b, &m, commit).await;
-        let done = tc::complete(&m, now_ms());
-        if let Err(e) = self.persist(&held, done).await {
+        if let Err(e) = self.run(b, &held, effects).await {
             tracing::error!(transactional_id = %m.transactional_id, error = %e, "could not complete a recovered transaction");
             return;
         }
-        let kind = if commit {
+        let kind = if m.state == TxnState::PrepareCommit {
             EventKind::Commit
         } else {
             EventKind::Abort
@@ -927,16 +929,22 @@ impl TxnService {
 
     async fn abort_one_timed_out(&self, b: &Arc<Broker>, held: IdLock) {
         let Some(m) = self.meta(&held.id) else { return };
-        // Re-planned under the lock: the producer may have ended it meanwhile.
-        let Some(f) = tc::plan_timeout(&m, now_ms()) else {
+        // Re-decided under the lock: the producer may have ended it meanwhile.
+        let mut alloc_err = None;
+        let effects = tc::decide_timeout(&m, now_ms(), &mut pid_source(b, &mut alloc_err));
+        let Some((f, done)) = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone())) else {
             return;
         };
+        if let Some(e) = alloc_err {
+            tracing::error!(transactional_id = %f.transactional_id, error = %e, "timeout abort failed");
+            return;
+        }
         self.count_fence(&f.transactional_id, "timeout");
         tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, old_epoch = f.epoch - 1, new_epoch = f.epoch,
             timeout_ms = f.timeout_ms, "transaction timed out; aborting it and fencing its producer");
         self.note_fence(&m, &f, FenceCause::Timeout, None);
-        match self.finish(b, &held, f.clone()).await {
-            Ok(done) => self.note_end(&f, &done, f.epoch, "timeout", None, None),
+        match self.run(b, &held, effects).await {
+            Ok(_) => self.note_end(&f, &done, f.epoch, "timeout", None, None),
             Err(e) => {
                 tracing::error!(transactional_id = %f.transactional_id, error = %e, "timeout abort failed")
             }
@@ -1014,17 +1022,23 @@ impl TxnService {
             let Some(m) = self.meta(&id).filter(|m| m.producer_id == pid) else {
                 continue;
             };
-            let Some(f) = tc::plan_fence(&m, now_ms()) else {
+            let mut alloc_err = None;
+            let effects = tc::decide_admin_abort(&m, now_ms(), &mut pid_source(b, &mut alloc_err));
+            let Some((f, done)) = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone()))
+            else {
                 completing |= matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort);
                 continue;
             };
+            if let Some(e) = alloc_err {
+                return Err(TxnError::Storage(e));
+            }
             tracing::warn!(transactional_id = %m.transactional_id, producer_id = pid, old_epoch = m.epoch,
                 new_epoch = f.epoch, cause = "administrator", client_id = who.client_id.as_deref().unwrap_or(""),
                 peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
                 "transaction aborted by an administrator; its producer is fenced");
             self.count_fence(&m.transactional_id, "administrator");
             self.note_fence(&m, &f, FenceCause::Administrator, Some(who));
-            let done = self.finish(b, &held, f.clone()).await?;
+            self.run(b, &held, effects).await?;
             self.note_end(&f, &done, f.epoch, "administrator", Some(who), None);
             return Ok(AdminAbort::Aborted);
         }
@@ -1056,31 +1070,22 @@ impl TxnService {
         self.meta(id)
     }
 
-    /// Notes that `meta`'s markers failed at `partition` for the `tries`th
+    /// Notes that `marker`'s write failed at `partition` for the `tries`th
     /// time; from [`STUCK_AFTER`] on, the transaction is listed as stuck.
-    fn marker_failed(
-        &self,
-        meta: &TxnMeta,
-        commit: bool,
-        partition: &str,
-        tries: u32,
-        error: &str,
-    ) {
-        tracing::error!(partition = %partition, transactional_id = %meta.transactional_id,
+    fn marker_failed(&self, id: &str, marker: Marker, partition: &str, tries: u32, error: &str) {
+        tracing::error!(partition = %partition, transactional_id = %id,
             error = %error, tries, "transaction marker not written; retrying");
         if tries < STUCK_AFTER {
             return;
         }
         let mut stuck = self.stuck.lock().unwrap_or_else(|p| p.into_inner());
-        let since_ms = stuck
-            .get(&meta.transactional_id)
-            .map_or_else(now_ms, |s| s.since_ms);
+        let since_ms = stuck.get(id).map_or_else(now_ms, |s| s.since_ms);
         stuck.insert(
-            meta.transactional_id.clone(),
+            id.to_string(),
             Stuck {
-                producer_id: meta.producer_id,
-                epoch: meta.epoch,
-                commit,
+                producer_id: marker.producer_id,
+                epoch: marker.epoch,
+                commit: marker.commit,
                 partition: partition.to_string(),
                 tries,
                 since_ms,
@@ -1089,35 +1094,33 @@ impl TxnService {
         );
     }
 
-    /// Writes one marker per partition of `meta` and waits until all are
-    /// durable, retrying a partition whose write or sync fails (with a
-    /// capped backoff, for as long as it takes: the outcome is decided).
-    async fn write_markers(&self, b: &Arc<Broker>, meta: &TxnMeta, commit: bool) {
-        let coordinator_epoch = self.coordinator_epoch;
-        let mut waits = Vec::new();
-        for (topic, index) in &meta.partitions {
-            if topic == crate::groups::OFFSETS_TOPIC {
-                // The group coordinator's side: pending offsets become committed or go.
-                let mut tries = 0u32;
-                while let Err(e) = b.groups.complete_txn(meta.producer_id, commit).await {
-                    tries += 1;
-                    self.marker_failed(
-                        meta,
-                        commit,
-                        crate::groups::OFFSETS_TOPIC,
-                        tries,
-                        &e.to_string(),
-                    );
-                    tokio::time::sleep(backoff(tries)).await;
-                }
-                continue;
-            }
-            waits.push((
-                topic.clone(),
-                *index,
-                write_marker(b, topic, *index, meta, commit, coordinator_epoch),
-            ));
+    /// `id`'s markers are durable: it is no longer stuck.
+    fn unstick(&self, id: &str) {
+        let was_stuck = self
+            .stuck
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        if let Some(s) = was_stuck {
+            tracing::info!(transactional_id = %id, tries = s.tries,
+                stuck_ms = now_ms() - s.since_ms, "stuck transaction's markers are durable now");
         }
+    }
+
+    /// Writes `marker` to every partition and waits until all are durable,
+    /// retrying a partition whose write or sync fails (with a capped
+    /// backoff, for as long as it takes: the outcome is decided).
+    async fn write_markers(
+        &self,
+        b: &Arc<Broker>,
+        id: &str,
+        marker: Marker,
+        partitions: &[(String, i32)],
+    ) {
+        let waits: Vec<_> = partitions
+            .iter()
+            .map(|(topic, index)| (topic, *index, write_marker(b, topic, *index, marker)))
+            .collect();
         for (topic, index, first) in waits {
             let mut attempt = first;
             let mut tries = 0u32;
@@ -1135,21 +1138,25 @@ impl TxnService {
                     Ok(()) => break,
                     Err(e) => {
                         tries += 1;
-                        self.marker_failed(meta, commit, &format!("{topic}-{index}"), tries, &e);
+                        self.marker_failed(id, marker, &format!("{topic}-{index}"), tries, &e);
                         tokio::time::sleep(backoff(tries)).await;
-                        attempt = write_marker(b, &topic, index, meta, commit, coordinator_epoch);
+                        attempt = write_marker(b, topic, index, marker);
                     }
                 }
             }
         }
-        let was_stuck = self
-            .stuck
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&meta.transactional_id);
-        if let Some(s) = was_stuck {
-            tracing::info!(transactional_id = %meta.transactional_id, tries = s.tries,
-                stuck_ms = now_ms() - s.since_ms, "stuck transaction's markers are durable now");
+        self.unstick(id);
+    }
+}
+
+/// A source of fresh producer ids for the planners; an allocation failure
+/// is kept in `err` (the planner gets -1 and the caller gives up).
+fn pid_source<'a>(b: &'a Broker, err: &'a mut Option<String>) -> impl FnMut() -> i64 + 'a {
+    move || match b.producer_ids.next() {
+        Ok(p) => p,
+        Err(e) => {
+            *err = Some(e.to_string());
+            -1
         }
     }
 }
@@ -1179,21 +1186,15 @@ pub async fn abort_orphan(
     epoch: i16,
     coordinator_epoch: i32,
 ) -> Result<(), String> {
-    let meta = TxnMeta {
-        transactional_id: format!("(orphan of producer {pid})"),
-        producer_id: pid,
-        prev_producer_id: -1,
-        epoch,
-        last_epoch: -1,
-        timeout_ms: 0,
-        state: TxnState::PrepareAbort,
-        partitions: Default::default(),
-        start_ms: -1,
-        update_ms: now_ms(),
-    };
     tracing::warn!(partition = %format!("{topic}-{index}"), producer_id = pid, epoch,
         "aborting an orphaned transaction the coordinator does not know");
-    match write_marker(b, topic, index, &meta, false, coordinator_epoch)? {
+    let marker = Marker {
+        producer_id: pid,
+        epoch,
+        commit: false,
+        coordinator_epoch,
+    };
+    match write_marker(b, topic, index, marker)? {
         Some(rx) => rx.await.map_err(|_| "sync abandoned".to_string())?,
         None => Ok(()),
     }
@@ -1204,9 +1205,7 @@ fn write_marker(
     b: &Arc<Broker>,
     topic: &str,
     index: i32,
-    meta: &TxnMeta,
-    commit: bool,
-    coordinator_epoch: i32,
+    marker: Marker,
 ) -> Result<Option<SyncReply>, String> {
     let Some(p) = b.topics.get(topic).and_then(|t| t.partition(index)) else {
         tracing::info!(partition = %format!("{topic}-{index}"), "marker skipped: partition no longer exists");
@@ -1216,12 +1215,6 @@ fn write_marker(
         tracing::warn!(partition = %p.name(), "injected fault (ONCELOG_FAULTS): marker write fails");
         return Err("injected storage fault".to_string());
     }
-    let marker = Marker {
-        producer_id: meta.producer_id,
-        epoch: meta.epoch,
-        commit,
-        coordinator_epoch,
-    };
     match p.write_marker(marker, b.durability()) {
         Ok(reply) => Ok(reply),
         Err(MarkerError::Closed(_)) => {
@@ -1229,7 +1222,7 @@ fn write_marker(
             Ok(None)
         }
         Err(MarkerError::Refused(e)) => {
-            tracing::error!(partition = %p.name(), producer_id = meta.producer_id, epoch = meta.epoch, error = %e,
+            tracing::error!(partition = %p.name(), producer_id = marker.producer_id, epoch = marker.epoch, error = %e,
                 "marker refused by the partition");
             Ok(None)
         }

@@ -77,9 +77,7 @@ impl PartitionState {
 
     /// The last stable offset given the high watermark.
     pub fn last_stable_offset(&self, hw: i64) -> i64 {
-        self.producers
-            .first_unstable_offset()
-            .map_or(hw, |f| f.min(hw))
+        self.producers.last_stable_offset(hw)
     }
 
     /// Rebuilds the producer state after the log was cut back.
@@ -318,6 +316,7 @@ impl Partition {
             if st.closed {
                 return Err(AppendError::Closed(self.topic.clone()));
             }
+            st.producers.settle(self.high_watermark());
             let mut duplicate = None;
             if let Some(pb) = producer {
                 match st.producers.check(pb)? {
@@ -381,6 +380,7 @@ impl Partition {
             if st.closed {
                 return Err(MarkerError::Closed(self.topic.clone()));
             }
+            st.producers.settle(self.high_watermark());
             st.producers.check_marker(
                 marker.producer_id,
                 marker.epoch,

@@ -134,6 +134,13 @@ pub struct ProducerState {
     /// Aborted transactions in marker order (the partition's abort index).
     #[serde(default)]
     aborted: Vec<AbortedTxn>,
+    /// Transactions closed by a marker that may not be durable yet: first
+    /// offset → the marker's offset. The last stable offset stays at such a
+    /// transaction's first offset until the high watermark passes its
+    /// marker (Kafka's "unreplicated transactions"), so a read_committed
+    /// reader never sees records whose marker a crash could still take away.
+    #[serde(default)]
+    closing: BTreeMap<i64, i64>,
 }
 
 impl ProducerState {
@@ -160,6 +167,24 @@ impl ProducerState {
     /// First offset of the earliest open transaction.
     pub fn first_unstable_offset(&self) -> Option<i64> {
         self.ongoing.keys().next().copied()
+    }
+
+    /// The last stable offset for high watermark `hw`: the first offset of
+    /// the earliest transaction that is open, or closed by a marker at or
+    /// past `hw`; `hw` when there is none.
+    pub fn last_stable_offset(&self, hw: i64) -> i64 {
+        let open = self.first_unstable_offset();
+        let closing = self
+            .closing
+            .iter()
+            .find(|(_, marker)| **marker >= hw)
+            .map(|(first, _)| *first);
+        [open, closing].into_iter().flatten().fold(hw, i64::min)
+    }
+
+    /// Forgets closed transactions whose markers are below `hw` (durable).
+    pub fn settle(&mut self, hw: i64) {
+        self.closing.retain(|_, marker| *marker >= hw);
     }
 
     /// Open transactions: (first offset, producer id), oldest first.
@@ -284,6 +309,7 @@ impl ProducerState {
         e.last_timestamp = e.last_timestamp.max(timestamp);
         let first = e.current_txn_first_offset.take()?;
         self.ongoing.remove(&first);
+        self.closing.insert(first, offset);
         if aborted {
             self.aborted.push(AbortedTxn {
                 producer_id: pid,
@@ -421,6 +447,30 @@ mod tests {
         assert_eq!(s.check(&batch(1, 0, 0, 3)), Ok(Verdict::Append));
         append(&mut s, batch(1, 0, 0, 3), 2);
         assert_eq!(s.check(&batch(1, 0, 3, 1)), Ok(Verdict::Append));
+    }
+
+    #[test]
+    fn the_lso_waits_for_the_marker_to_be_durable() {
+        // Found by the simulation test: the LSO moved past a transaction
+        // as soon as its marker was appended, so read_committed readers saw
+        // its records before the marker was synced; a crash then took them
+        // away again until recovery rewrote the marker.
+        let mut s = ProducerState::new();
+        let mut t = batch(7, 0, 0, 3);
+        t.transactional = true;
+        append(&mut s, t, 10);
+        assert_eq!(s.last_stable_offset(13), 10);
+        s.apply_marker(7, 0, 1, 13, false, 5);
+        assert_eq!(s.first_unstable_offset(), None);
+        // The marker (offset 13) is not below the high watermark yet.
+        assert_eq!(s.last_stable_offset(13), 10);
+        assert_eq!(s.last_stable_offset(14), 14);
+        s.settle(14);
+        assert_eq!(
+            s.last_stable_offset(13),
+            13,
+            "settled: only the HW bounds it"
+        );
     }
 
     #[test]

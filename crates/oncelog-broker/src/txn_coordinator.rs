@@ -257,7 +257,12 @@ pub fn plan_end_v2(
         return Err(CoordError::InvalidProducerIdMapping);
     }
     let current = m.producer_id == pid && epoch == m.epoch;
-    let retry = rotated_retry || (m.producer_id == pid && m.epoch as i32 == epoch as i32 + 1);
+    // A retry: this producer's own end bumped the epoch (`last_epoch` names
+    // the epoch it bumped from). A fence by a new producer clears
+    // `last_epoch`, so a zombie one epoch behind is not taken for a retry
+    // and handed the new producer's identity.
+    let retry = rotated_retry
+        || (m.producer_id == pid && m.epoch as i32 == epoch as i32 + 1 && m.last_epoch == epoch);
     let bump = |state: TxnState| {
         let mut n = m.clone();
         n.epoch = m.epoch.saturating_add(1);
@@ -301,11 +306,16 @@ pub fn complete(m: &TxnMeta, now: i64) -> TxnMeta {
 }
 
 /// If this transaction has outlived its timeout, the fencing abort to run.
+/// Nobody else holds the bumped epoch, so the timed-out producer's own
+/// abort (TV2) or KIP-360 re-init is answered with it (`last_epoch`).
 pub fn plan_timeout(m: &TxnMeta, now: i64) -> Option<TxnMeta> {
     if m.state != TxnState::Ongoing || m.start_ms < 0 || now - m.start_ms <= m.timeout_ms as i64 {
         return None;
     }
-    plan_fence(m, now)
+    plan_fence(m, now).map(|mut f| {
+        f.last_epoch = m.epoch;
+        f
+    })
 }
 
 /// The fencing abort of an open transaction (timeout or operator): epoch + 1,
@@ -817,6 +827,36 @@ mod tests {
         assert_eq!(
             plan_end_v2(Some(&c), 7, 2, true, 8),
             Err(CoordError::InvalidProducerIdMapping)
+        );
+    }
+
+    #[test]
+    fn tv2_zombie_abort_after_a_fence_is_not_a_retry() {
+        // Found by the simulation test: a producer fenced by a new instance
+        // (InitProducerId bumped the epoch to N+1 for it) sent EndTxn(abort)
+        // with epoch N. It was taken for a retry and answered with N+1, the
+        // new instance's identity: two producers then wrote as one.
+        let mut next = pids();
+        let m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
+        let o = plan_add_partitions(Some(&m), 101, 0, &[tp("a", 0)], 2)
+            .unwrap()
+            .unwrap();
+        let InitPlan::Fence(f) = plan_init(Some(&o), "t", 1000, None, 3, &mut next).unwrap() else {
+            panic!("expected a fence")
+        };
+        let fenced = complete_fence(&f, 4, &mut next);
+        assert_eq!(fenced.epoch, 1);
+        assert_eq!(
+            plan_end_v2(Some(&fenced), 101, 0, false, 5),
+            Err(CoordError::ProducerFenced)
+        );
+        // After a timeout nobody else holds the new epoch: the timed-out
+        // producer's own abort is answered with it, as before.
+        let t = plan_timeout(&o, 5000).unwrap();
+        let timed_out = complete_fence(&t, 5001, &mut next);
+        assert_eq!(
+            plan_end_v2(Some(&timed_out), 101, 0, false, 5002),
+            Ok(EndPlan::AlreadyDone)
         );
     }
 

@@ -3,6 +3,7 @@ no crate in that build has a C build step. Read from cargo's own dependency
 graph, so it needs no second build."""
 
 import shutil
+import sys
 import subprocess
 
 import pytest
@@ -32,3 +33,27 @@ def test_without_default_features_nothing_compiles_c():
     assert {"rdkafka-sys", "cc"} <= full, sorted(full)
     assert "oncelog-broker" in lean and "oncelog-client" in lean
     assert not (set(C_BUILDERS) & lean), sorted(set(C_BUILDERS) & lean)
+
+
+CYCLES = REPO_ROOT / "scripts" / "module_cycles.py"
+
+
+def cycles(src):
+    return subprocess.run([sys.executable, str(CYCLES), str(src)],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("crate", sorted(p.name for p in (REPO_ROOT / "crates").iterdir()
+                                         if (p / "src").is_dir()))
+def test_no_module_imports_another_that_imports_it_back(crate):
+    p = cycles(REPO_ROOT / "crates" / crate / "src")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "no cycles" in p.stdout
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path):
+    (tmp_path / "lib.rs").write_text("pub mod a;\npub mod b;\n")
+    (tmp_path / "a.rs").write_text("use crate::b::B;\npub struct A;\n")
+    (tmp_path / "b.rs").write_text("pub struct B(crate::a::A);\n")
+    p = cycles(tmp_path)
+    assert p.returncode == 1 and "cycle: a <-> b" in p.stdout, p.stdout

@@ -427,8 +427,17 @@ impl BrokerConfig {
     ];
 }
 
+/// Why a topic config value is not acceptable (a message for the client).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidTopicConfig(pub String);
+
 /// Checks a topic config value; returns a reason when it is not acceptable.
-pub fn validate_topic_config(key: &str, value: &str) -> Result<(), String> {
+pub fn validate_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> {
+    check_topic_config(key, value).map_err(InvalidTopicConfig)
+}
+
+fn check_topic_config(key: &str, value: &str) -> Result<(), String> {
     if !BrokerConfig::TOPIC_CONFIGS.contains(&key) {
         return Err(format!("unknown topic config {key}"));
     }

@@ -18,36 +18,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 
 use crate::histogram::Histogram;
-use crate::topics::Partition;
+use crate::partition::Partition;
+pub use crate::partition::{Durability, SyncError, SyncQueue, SyncReply, SyncRequest};
 
 /// An fdatasync at least this slow is logged: acknowledgements of every
 /// partition wait behind it.
 const SLOW_SYNC: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Group commit's answer for one write: `Ok` once its bytes are durable.
-pub type SyncReply = oneshot::Receiver<Result<(), String>>;
-
-/// How a write becomes visible and acknowledged.
-#[derive(Clone, Copy)]
-pub enum Durability<'a> {
-    /// fsync before ack: the write waits for group commit.
-    GroupCommit(&'a Syncer),
-    /// Interval flush: acknowledged once written; the high watermark follows
-    /// the log end, and the notify wakes long-poll fetches.
-    Interval(&'a Notify),
-}
-
-pub struct SyncRequest {
-    pub partition: Arc<Partition>,
-    /// The offset just past the waiter's append.
-    pub end_offset: i64,
-    /// The partition's truncation generation when the waiter appended.
-    pub generation: u64,
-    pub reply: oneshot::Sender<Result<(), String>>,
-}
 
 pub struct Syncer {
     /// One queue per sync thread.
@@ -85,11 +64,13 @@ impl Syncer {
         }
         Self { txs, stats }
     }
+}
 
+impl SyncQueue for Syncer {
     /// Queues a sync; the answer comes once the bytes are durable or failed.
-    pub fn request(&self, req: SyncRequest) {
+    fn request(&self, req: SyncRequest) {
         if self.txs.is_empty() {
-            let _ = req.reply.send(Err("no sync thread".into()));
+            let _ = req.reply.send(Err(SyncError::NoSyncThread));
             return;
         }
         // A partition always goes to the same thread: its syncs stay in
@@ -97,7 +78,7 @@ impl Syncer {
         let key = (Arc::as_ptr(&req.partition) as usize as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let i = ((key >> 32) % self.txs.len() as u64) as usize;
         if let Err(mpsc::SendError(req)) = self.txs[i].send(req) {
-            let _ = req.reply.send(Err("sync thread stopped".into()));
+            let _ = req.reply.send(Err(SyncError::Stopped));
         }
     }
 }
@@ -157,7 +138,7 @@ fn run(
                         let _ = r.reply.send(if ok {
                             Ok(())
                         } else {
-                            Err("log was truncated after a storage error".into())
+                            Err(SyncError::Truncated)
                         });
                     }
                 }
@@ -165,20 +146,10 @@ fn run(
                     let durable = p.high_watermark();
                     tracing::error!(partition = %p.name(), error = %e, durable_offset = durable,
                         "fdatasync failed; dropping unacknowledged tail");
-                    {
-                        let mut log = p.lock();
-                        gen.fetch_add(1, Ordering::AcqRel);
-                        // A deleted partition's paths may be another topic's now.
-                        if !log.closed {
-                            if let Err(te) = log.truncate_to(durable) {
-                                tracing::error!(partition = %p.name(), error = %te, "truncation after failed sync failed");
-                            }
-                            log.rebuild_after_truncation();
-                        }
-                    }
-                    let msg = format!("fdatasync failed: {e}");
+                    p.truncate_to_durable();
+                    let err = SyncError::Fsync(Arc::new(e));
                     for r in reqs {
-                        let _ = r.reply.send(Err(msg.clone()));
+                        let _ = r.reply.send(Err(err.clone()));
                     }
                 }
             }

@@ -1,4 +1,8 @@
-//! Kafka error codes with their wire numbers. A removed code is never reused.
+//! Kafka error codes with their wire numbers (a removed code is never
+//! reused), and the storage-side error of the topic catalogue.
+
+use oncelog_log::LogError;
+use uuid::Uuid;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i16)]
@@ -62,5 +66,34 @@ pub enum ErrorCode {
 impl ErrorCode {
     pub const fn code(self) -> i16 {
         self as i16
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopicError {
+    #[error("topic {0} already exists")]
+    AlreadyExists(String),
+    #[error("topic {0} does not exist")]
+    Unknown(String),
+    #[error("no topic has id {0}")]
+    UnknownId(Uuid),
+    #[error("invalid topic name {0:?}: {1}")]
+    InvalidName(String, &'static str),
+    #[error("invalid partition count {0}")]
+    InvalidPartitions(String),
+    #[error("invalid config: {0}")]
+    InvalidConfig(String),
+    #[error("{topic} is an internal topic owned by the broker: clients cannot {action} it")]
+    Internal { topic: String, action: &'static str },
+    #[error("storage: {0}")]
+    Storage(String),
+    /// The data directory cannot be used (not a directory, owned by another broker).
+    #[error("{0}")]
+    DataDir(String),
+}
+
+impl From<LogError> for TopicError {
+    fn from(e: LogError) -> Self {
+        TopicError::Storage(e.to_string())
     }
 }

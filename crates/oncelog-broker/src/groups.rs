@@ -43,9 +43,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Mutex};
 
 use crate::error::ErrorCode;
+use crate::error::TopicError;
 use crate::internal_log::{InternalLog, PersistError};
-use crate::now_ms;
-use crate::topics::TopicError;
+use oncelog_log::now_ms;
 
 /// The pseudo-partition that stands for a group's offsets in a transaction.
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";

@@ -16,7 +16,7 @@ use std::sync::{mpsc, Arc};
 use oncelog_log::batch::{self, BatchBuilder, BatchIter};
 use oncelog_log::{Log, LogConfig, LogError};
 
-use crate::topics::TopicError;
+use crate::error::TopicError;
 
 /// A record as stored: (key, value); a `None` value is a tombstone.
 pub type Record = (Option<Vec<u8>>, Option<Vec<u8>>);
@@ -185,7 +185,7 @@ impl InternalLog {
         if records.is_empty() {
             return Ok(());
         }
-        let mut bb = BatchBuilder::new(crate::now_ms());
+        let mut bb = BatchBuilder::new(oncelog_log::now_ms());
         for (i, (k, v)) in records.iter().enumerate() {
             bb = bb.record(i as i64, *k, *v);
         }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod datadir;
 pub mod durability;
 pub mod error;
+pub mod faults;
 pub mod groups;
 pub mod handlers;
 pub mod histogram;
@@ -34,59 +35,13 @@ use tokio::sync::Notify;
 
 pub use config::BrokerConfig;
 use durability::Syncer;
-use topics::{TopicError, Topics};
+use error::TopicError;
+pub use faults::{fail_point, injected_marker_error};
+use topics::Topics;
 
 /// Wall-clock milliseconds since the epoch; the log engine's clock, so
 /// that record timestamps, segment ages and coordinator deadlines agree.
 pub use oncelog_log::now_ms;
-
-/// Failpoints for crash tests: when `ONCELOG_FAILPOINTS` (a comma-separated
-/// list, read once) names `name`, the process aborts on the spot, as a power
-/// cut would stop it. Unset in normal operation.
-pub fn fail_point(name: &str) {
-    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let points = POINTS.get_or_init(|| {
-        std::env::var("ONCELOG_FAILPOINTS")
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| !s.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default()
-    });
-    if points.iter().any(|p| p == name) {
-        tracing::error!(failpoint = name, "failpoint hit: aborting the process");
-        std::process::abort();
-    }
-}
-
-/// Injected storage faults for tests, from `ONCELOG_FAULTS`
-/// (comma-separated). `marker-error:TOPIC:N` makes the first N transaction
-/// marker writes to TOPIC's partitions fail as a storage error would, so a
-/// test can watch a transaction get stuck and recover while others go on.
-/// Unset (the default), nothing is injected.
-pub fn injected_marker_error(topic: &str) -> bool {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static FAULTS: std::sync::OnceLock<Vec<(String, AtomicU64)>> = std::sync::OnceLock::new();
-    let faults = FAULTS.get_or_init(|| {
-        std::env::var("ONCELOG_FAULTS")
-            .unwrap_or_default()
-            .split(',')
-            .filter_map(|f| {
-                let rest = f.trim().strip_prefix("marker-error:")?;
-                let (t, n) = rest.rsplit_once(':')?;
-                Some((t.to_string(), AtomicU64::new(n.parse().ok()?)))
-            })
-            .collect()
-    });
-    faults.iter().any(|(t, left)| {
-        t == topic
-            && left
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                .is_ok()
-    })
-}
 
 /// How often transactions are checked against their timeout.
 pub const TXN_REAPER_INTERVAL_MS: u64 = 1000;
@@ -181,11 +136,11 @@ impl Broker {
 
     /// How a partition write becomes durable: group commit, or (interval
     /// flush) at once visible, synced by the flusher.
-    pub fn durability(&self) -> durability::Durability<'_> {
+    pub fn durability(&self) -> partition::Durability<'_> {
         if self.interval_flush() {
-            durability::Durability::Interval(&self.data_notify)
+            partition::Durability::Interval(&self.data_notify)
         } else {
-            durability::Durability::GroupCommit(&self.syncer)
+            partition::Durability::GroupCommit(&self.syncer)
         }
     }
 
@@ -387,5 +342,35 @@ impl Broker {
                 }
             });
         }
+    }
+}
+
+impl txn_service::TxnRuntime for Broker {
+    fn txn(&self) -> &txn_service::TxnService {
+        &self.txn
+    }
+
+    fn partition(&self, topic: &str, index: i32) -> Option<Arc<partition::Partition>> {
+        self.topics.get(topic).and_then(|t| t.partition(index))
+    }
+
+    fn durability(&self) -> partition::Durability<'_> {
+        Broker::durability(self)
+    }
+
+    async fn complete_offsets(
+        &self,
+        producer_id: i64,
+        commit: bool,
+    ) -> Result<(), internal_log::PersistError> {
+        self.groups.complete_txn(producer_id, commit).await
+    }
+
+    fn next_producer_id(&self) -> Result<i64, TopicError> {
+        self.producer_ids.next()
+    }
+
+    fn record_commit(&self, topic: &str, transactional_id: &str, now_ms: i64) {
+        self.writers.record_commit(topic, transactional_id, now_ms)
     }
 }

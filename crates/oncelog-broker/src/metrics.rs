@@ -12,7 +12,8 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::{now_ms, Broker};
+use crate::Broker;
+use oncelog_log::now_ms;
 
 /// Escapes a label value (backslash, quote, newline).
 fn esc(v: &str) -> String {

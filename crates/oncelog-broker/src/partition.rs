@@ -10,15 +10,14 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use oncelog_log::{batch, Log, LogError};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
-use crate::durability::{Durability, SyncReply, SyncRequest};
-use crate::now_ms;
 use crate::producer_state::{
     MarkerReject, ProduceReject, ProducerBatch, ProducerEntry, ProducerState, Verdict,
 };
 use crate::snapshot;
-use crate::txn_service::VerifyError;
+use crate::txn_coordinator::VerifyError;
+use oncelog_log::now_ms;
 
 /// A partition's log and the state derived from it, under one lock so that
 /// every append and its state change happen together.
@@ -166,12 +165,167 @@ impl Partition {
         }
     }
 
-    /// The partition's state under its lock. Writes go through
-    /// [`Partition::append`] and [`Partition::write_marker`].
-    pub fn lock(&self) -> MutexGuard<'_, PartitionState> {
+    /// The partition's state under its lock. Only this module takes it:
+    /// everything else goes through the methods below.
+    fn lock(&self) -> MutexGuard<'_, PartitionState> {
         // A panic while holding the lock must not wedge the partition forever;
         // the log's own state is updated only after each step succeeds.
         self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What a fetch from `offset` sees: the offsets that bound it and up to
+    /// `max_bytes` of data (none when `max_bytes` is 0), below the last
+    /// stable offset for read_committed, else below the high watermark.
+    /// `min_one`: return a whole first batch even if it is larger.
+    pub fn read(&self, offset: i64, max_bytes: usize, read_committed: bool, min_one: bool) -> Read {
+        let hw = self.high_watermark();
+        let st = self.lock();
+        let start = st.log_start_offset();
+        let end = st.next_offset();
+        let lso = st.last_stable_offset(hw);
+        let upper = if read_committed { lso } else { hw };
+        let aborted = if read_committed {
+            st.producers.aborted_overlapping(offset, upper)
+        } else {
+            Vec::new()
+        };
+        let data = if offset < start || offset > end {
+            Err(ReadError::OutOfRange)
+        } else if offset < upper && max_bytes > 0 {
+            match st.read(offset, max_bytes, upper, min_one) {
+                Ok(d) => Ok(d),
+                Err(LogError::OffsetOutOfRange { .. }) => Err(ReadError::OutOfRange),
+                Err(e) => Err(ReadError::Storage(e)),
+            }
+        } else {
+            Ok(Vec::new())
+        };
+        Read {
+            high_watermark: hw,
+            last_stable_offset: lso,
+            log_start_offset: start,
+            aborted,
+            data,
+        }
+    }
+
+    /// ListOffsets for one partition: the offset (and its timestamp, or -1)
+    /// for `spec` (-2/-4 earliest, -1 latest, -3 max timestamp, or a
+    /// timestamp), bounded by the LSO for read_committed. `Ok(None)`: no
+    /// such offset.
+    pub fn offset_for(
+        &self,
+        spec: i64,
+        read_committed: bool,
+    ) -> Result<Option<(i64, i64)>, OffsetLookupError> {
+        let hw = self.high_watermark();
+        let st = self.lock();
+        let upper = if read_committed {
+            st.last_stable_offset(hw)
+        } else {
+            hw
+        };
+        let found = |r: Result<Option<(i64, i64)>, LogError>| match r {
+            Ok(Some((off, ts))) if off < upper => Ok(Some((off, ts))),
+            Ok(_) => Ok(None),
+            Err(e) => Err(OffsetLookupError::Storage(e)),
+        };
+        match spec {
+            -2 | -4 => Ok(Some((st.log_start_offset(), -1))),
+            -1 => Ok(Some((upper, -1))),
+            -3 => {
+                let max = st.max_timestamp();
+                if max < 0 {
+                    return Ok(None);
+                }
+                found(st.offset_for_timestamp(max))
+            }
+            ts if ts >= 0 => found(st.offset_for_timestamp(ts)),
+            _ => Err(OffsetLookupError::InvalidSpec),
+        }
+    }
+
+    /// Whether `pid` has a transaction open here that a marker with `epoch`
+    /// and `coordinator_epoch` may close (an older epoch may not).
+    pub fn open_transaction_of(
+        &self,
+        pid: i64,
+        epoch: i16,
+        coordinator_epoch: i32,
+    ) -> Result<bool, MarkerReject> {
+        let st = self.lock();
+        match st.producers.get(pid) {
+            Some(e) if e.current_txn_first_offset.is_some() => {
+                st.producers.check_marker(pid, epoch, coordinator_epoch)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Closes every partition of `parts` under its lock and runs `f` while
+    /// holding all of them (a topic's delete): nothing of theirs is read or
+    /// written meanwhile, and nothing is written after. If `f` fails they
+    /// are opened again.
+    pub fn closing_all<T, E>(
+        parts: &[Arc<Partition>],
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut guards: Vec<_> = parts.iter().map(|p| p.lock()).collect();
+        for g in guards.iter_mut() {
+            g.closed = true;
+        }
+        let res = f();
+        if res.is_err() {
+            for g in guards.iter_mut() {
+                g.closed = false;
+            }
+        }
+        res
+    }
+
+    pub fn set_config(&self, config: oncelog_log::LogConfig) {
+        self.lock().set_config(config);
+    }
+
+    /// Retention: forgets producers idle since before `producer_cutoff` and
+    /// removes segments past the log's limits at `now`. Nothing on a closed
+    /// partition.
+    pub fn apply_retention(&self, now: i64, producer_cutoff: i64) {
+        let mut st = self.lock();
+        if st.closed {
+            return;
+        }
+        let expired = st.producers.expire(producer_cutoff);
+        if expired > 0 {
+            tracing::info!(partition = %self.name(), expired, "idle producer ids expired");
+        }
+        match st.apply_retention(now) {
+            Ok(0) => {}
+            Ok(n) => {
+                self.refresh_log_start(&st);
+                let start = st.log_start_offset();
+                st.producers.trim_aborted(start);
+                tracing::info!(partition = %self.name(), segments = n, log_start_offset = start, "retention");
+            }
+            Err(e) => tracing::error!(partition = %self.name(), error = %e, "retention failed"),
+        }
+    }
+
+    /// After a failed fsync: the log is cut back to what is durable (the
+    /// high watermark) and its producer state rebuilt; the truncation
+    /// generation moves, so every waiter on the lost bytes fails. A closed
+    /// partition's files are left alone (its paths may be a new topic's).
+    pub fn truncate_to_durable(&self) {
+        let durable = self.high_watermark();
+        let mut st = self.lock();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        if !st.closed {
+            if let Err(e) = st.truncate_to(durable) {
+                tracing::error!(partition = %self.name(), error = %e, "truncation after failed sync failed");
+            }
+            st.rebuild_after_truncation();
+        }
     }
 
     /// Drops the first `synced_len - keep` bytes of the active segment `file`
@@ -444,6 +598,83 @@ impl Partition {
 }
 
 /// See [`Partition::status`].
+/// Group commit's answer for one write: `Ok` once its bytes are durable.
+pub type SyncReply = oneshot::Receiver<Result<(), SyncError>>;
+
+/// Why a write was not made durable (it was not acknowledged).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SyncError {
+    #[error("fdatasync failed: {0}")]
+    Fsync(Arc<std::io::Error>),
+    /// The log was cut back past the write after another write's sync failed.
+    #[error("log was truncated after a storage error")]
+    Truncated,
+    #[error("no sync thread")]
+    NoSyncThread,
+    #[error("sync thread stopped")]
+    Stopped,
+    /// The reply was dropped before it was sent.
+    #[error("sync abandoned")]
+    Abandoned,
+}
+
+/// Waits for group commit's answer to a write.
+pub async fn durable(reply: SyncReply) -> Result<(), SyncError> {
+    reply.await.unwrap_or(Err(SyncError::Abandoned))
+}
+
+/// How a write becomes visible and acknowledged.
+#[derive(Clone, Copy)]
+pub enum Durability<'a> {
+    /// fsync before ack: the write waits for group commit.
+    GroupCommit(&'a dyn SyncQueue),
+    /// Interval flush: acknowledged once written; the high watermark follows
+    /// the log end, and the notify wakes long-poll fetches.
+    Interval(&'a Notify),
+}
+
+pub struct SyncRequest {
+    pub partition: Arc<Partition>,
+    /// The offset just past the waiter's append.
+    pub end_offset: i64,
+    /// The partition's truncation generation when the waiter appended.
+    pub generation: u64,
+    pub reply: oneshot::Sender<Result<(), SyncError>>,
+}
+
+/// Where a write waiting for durability is queued (group commit).
+pub trait SyncQueue: Send + Sync {
+    /// Queues `req`; its reply is sent once its bytes are durable (or not).
+    fn request(&self, req: SyncRequest);
+}
+
+/// What [`Partition::read`] found.
+#[derive(Debug)]
+pub struct Read {
+    pub high_watermark: i64,
+    pub last_stable_offset: i64,
+    pub log_start_offset: i64,
+    /// Aborted transactions overlapping the read (read_committed only).
+    pub aborted: Vec<crate::producer_state::AbortedTxn>,
+    pub data: Result<Vec<u8>, ReadError>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("offset out of range")]
+    OutOfRange,
+    #[error("read failed: {0}")]
+    Storage(LogError),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OffsetLookupError {
+    #[error("not a valid offset spec")]
+    InvalidSpec,
+    #[error("timestamp lookup failed: {0}")]
+    Storage(LogError),
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct PartitionStatus {
     pub high_watermark: i64,

@@ -7,7 +7,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::topics::{write_atomically, TopicError};
+use crate::datadir::write_atomically;
+use crate::error::TopicError;
 
 const BLOCK: i64 = 1000;
 

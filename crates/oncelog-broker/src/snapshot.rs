@@ -50,7 +50,7 @@ pub fn write(dir: &Path, offset: i64, state: &ProducerState) {
     let res = serde_json::to_vec(state)
         .map_err(|e| e.to_string())
         .and_then(|data| {
-            crate::topics::write_atomically(dir, &format!("{offset:020}.snapshot"), &data)
+            crate::datadir::write_atomically(dir, &format!("{offset:020}.snapshot"), &data)
                 .map_err(|e| e.to_string())
         });
     if let Err(e) = res {

@@ -11,15 +11,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 
-use oncelog_log::{Log, LogConfig, LogError};
+use oncelog_log::{Log, LogConfig};
 
 pub use crate::partition::{producer_batch, replay_batch, Partition, PartitionState};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
-use crate::datadir;
-use crate::now_ms;
+use crate::datadir::{self, fatal_storage, write_atomically};
+use crate::error::TopicError;
+use oncelog_log::now_ms;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TopicMeta {
@@ -60,35 +61,6 @@ impl Topic {
     }
     pub fn meta(&self) -> TopicMeta {
         self.meta.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum TopicError {
-    #[error("topic {0} already exists")]
-    AlreadyExists(String),
-    #[error("topic {0} does not exist")]
-    Unknown(String),
-    #[error("no topic has id {0}")]
-    UnknownId(Uuid),
-    #[error("invalid topic name {0:?}: {1}")]
-    InvalidName(String, &'static str),
-    #[error("invalid partition count {0}")]
-    InvalidPartitions(String),
-    #[error("invalid config: {0}")]
-    InvalidConfig(String),
-    #[error("{topic} is an internal topic owned by the broker: clients cannot {action} it")]
-    Internal { topic: String, action: &'static str },
-    #[error("storage: {0}")]
-    Storage(String),
-    /// The data directory cannot be used (not a directory, owned by another broker).
-    #[error("{0}")]
-    DataDir(String),
-}
-
-impl From<LogError> for TopicError {
-    fn from(e: LogError) -> Self {
-        TopicError::Storage(e.to_string())
     }
 }
 
@@ -390,7 +362,7 @@ impl Topics {
         to: i32,
     ) -> Result<Vec<Arc<Partition>>, TopicError> {
         move_staged(&self.dir, meta, from, to)?;
-        crate::fail_point("topic-installed");
+        crate::faults::fail_point("topic-installed");
         (from..to).map(|p| self.open_partition(meta, p)).collect()
     }
 
@@ -486,7 +458,8 @@ impl Topics {
             )));
         }
         for (k, v) in &configs {
-            crate::config::validate_topic_config(k, v).map_err(TopicError::InvalidConfig)?;
+            crate::config::validate_topic_config(k, v)
+                .map_err(|e| TopicError::InvalidConfig(e.0))?;
         }
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         if self.get(name).is_some() {
@@ -506,7 +479,7 @@ impl Topics {
             }));
         }
         self.stage(&meta, 0, partitions)?;
-        crate::fail_point("topic-create-staged");
+        crate::faults::fail_point("topic-create-staged");
         let before = self.metas();
         let mut after = before.clone();
         after.push(meta.clone());
@@ -514,7 +487,7 @@ impl Topics {
             self.unstage(&meta, 0, partitions);
             return Err(e);
         }
-        crate::fail_point("topic-create-committed");
+        crate::faults::fail_point("topic-create-committed");
         let parts = match self.install(&meta, 0, partitions) {
             Ok(parts) => parts,
             Err(e) => {
@@ -564,54 +537,53 @@ impl Topics {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let mut guards: Vec<_> = parts.iter().map(|p| p.lock()).collect();
-        for g in guards.iter_mut() {
-            g.closed = true;
-        }
         let staged = self.staged_dir(meta.id);
-        let moved = (|| -> Result<(), TopicError> {
-            std::fs::create_dir_all(&staged)
-                .map_err(|e| TopicError::Storage(format!("create {}: {e}", staged.display())))?;
-            datadir::sync_dir(&datadir::staging_dir(&self.dir))?;
-            datadir::sync_dir(&self.dir)?;
-            for p in 0..meta.partitions {
-                let src = self.partition_dir(name, p);
-                let dst = staged.join(format!("{name}-{p}"));
-                if src.exists() {
-                    std::fs::rename(&src, &dst)
-                        .map_err(|e| TopicError::Storage(format!("move {}: {e}", src.display())))?;
+        // Closed under their locks for the whole change: nothing of the old
+        // topic is read or written meanwhile, nor written after.
+        Partition::closing_all(&parts, || -> Result<(), TopicError> {
+            let moved = (|| -> Result<(), TopicError> {
+                std::fs::create_dir_all(&staged).map_err(|e| {
+                    TopicError::Storage(format!("create {}: {e}", staged.display()))
+                })?;
+                datadir::sync_dir(&datadir::staging_dir(&self.dir))?;
+                datadir::sync_dir(&self.dir)?;
+                for p in 0..meta.partitions {
+                    let src = self.partition_dir(name, p);
+                    let dst = staged.join(format!("{name}-{p}"));
+                    if src.exists() {
+                        std::fs::rename(&src, &dst).map_err(|e| {
+                            TopicError::Storage(format!("move {}: {e}", src.display()))
+                        })?;
+                    }
                 }
+                datadir::sync_dir(&staged)?;
+                datadir::sync_dir(&self.dir)
+            })();
+            crate::faults::fail_point("topic-delete-staged");
+            let committed = moved.and_then(|()| {
+                self.write_catalogue(
+                    self.metas()
+                        .into_iter()
+                        .filter(|m| m.name != name)
+                        .collect(),
+                )
+            });
+            if let Err(e) = committed {
+                // Still in the catalogue: put back whatever was moved, then reopen.
+                if let Err(e2) = move_staged(&self.dir, &meta, 0, meta.partitions) {
+                    fatal_storage(&format!(
+                        "could not move the partitions of {name} back after a failed delete: {e2}"
+                    ));
+                }
+                return Err(e);
             }
-            datadir::sync_dir(&staged)?;
-            datadir::sync_dir(&self.dir)
-        })();
-        crate::fail_point("topic-delete-staged");
-        let committed = moved.and_then(|()| {
-            self.write_catalogue(
-                self.metas()
-                    .into_iter()
-                    .filter(|m| m.name != name)
-                    .collect(),
-            )
-        });
-        if let Err(e) = committed {
-            // Still in the catalogue: put back whatever was moved, then reopen.
-            if let Err(e2) = move_staged(&self.dir, &meta, 0, meta.partitions) {
-                fatal_storage(&format!(
-                    "could not move the partitions of {name} back after a failed delete: {e2}"
-                ));
-            }
-            for g in guards.iter_mut() {
-                g.closed = false;
-            }
-            return Err(e);
-        }
-        crate::fail_point("topic-delete-committed");
-        self.map
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
-        drop(guards);
+            crate::faults::fail_point("topic-delete-committed");
+            self.map
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(name);
+            Ok(())
+        })?;
         drop(std::mem::take(
             &mut *t.partitions.write().unwrap_or_else(|p| p.into_inner()),
         ));
@@ -655,7 +627,7 @@ impl Topics {
             return Ok(());
         }
         self.stage(&meta, cur, count)?;
-        crate::fail_point("topic-add-partitions-staged");
+        crate::faults::fail_point("topic-add-partitions-staged");
         let before = self.metas();
         let after = before
             .iter()
@@ -671,7 +643,7 @@ impl Topics {
             self.unstage(&meta, cur, count);
             return Err(e);
         }
-        crate::fail_point("topic-add-partitions-committed");
+        crate::faults::fail_point("topic-add-partitions-committed");
         let new = match self.install(&meta, cur, count) {
             Ok(new) => new,
             Err(e) => {
@@ -701,7 +673,8 @@ impl Topics {
             });
         }
         for (k, v) in &configs {
-            crate::config::validate_topic_config(k, v).map_err(TopicError::InvalidConfig)?;
+            crate::config::validate_topic_config(k, v)
+                .map_err(|e| TopicError::InvalidConfig(e.0))?;
         }
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let t = self
@@ -725,7 +698,7 @@ impl Topics {
             .unwrap_or_else(|p| p.into_inner())
             .iter()
         {
-            p.lock().set_config(lc.clone());
+            p.set_config(lc.clone());
         }
         Ok(())
     }
@@ -735,62 +708,9 @@ impl Topics {
         let now = now_ms();
         let producer_cutoff = now - self.config.producer_id_expiration_ms;
         for p in self.all_partitions() {
-            let mut log = p.lock();
-            if log.closed {
-                continue;
-            }
-            let expired = log.producers.expire(producer_cutoff);
-            if expired > 0 {
-                tracing::info!(partition = %p.name(), expired, "idle producer ids expired");
-            }
-            match log.apply_retention(now) {
-                Ok(0) => {}
-                Ok(n) => {
-                    p.refresh_log_start(&log);
-                    let start = log.log_start_offset();
-                    log.producers.trim_aborted(start);
-                    tracing::info!(partition = %p.name(), segments = n, log_start_offset = log.log_start_offset(), "retention");
-                }
-                Err(e) => tracing::error!(partition = %p.name(), error = %e, "retention failed"),
-            }
+            p.apply_retention(now, producer_cutoff);
         }
     }
-}
-
-/// Writes `name` in `dir` through a temporary file, fsync and rename, so a
-/// crash leaves either the old or the new content.
-pub fn write_atomically(dir: &Path, name: &str, data: &[u8]) -> Result<(), TopicError> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{name}.tmp"));
-    let dst = dir.join(name);
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &dst)
-    })();
-    res.map_err(|e| TopicError::Storage(format!("write {}: {e}", dst.display())))?;
-    // After the rename the new content may or may not survive a crash: the
-    // caller can neither go on as if it did nor undo it. Stop; the next start
-    // reads whichever content the disk kept and settles from there.
-    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
-        fatal_storage(&format!(
-            "fsync of {} after replacing {name} failed: {e}",
-            dir.display()
-        ));
-    }
-    Ok(())
-}
-
-/// Stops the process when durable state is in doubt: an fsync failed after a
-/// change became visible, or a change could neither be finished nor undone.
-/// Every such change is settled by the next start from what is on disk.
-pub fn fatal_storage(what: &str) -> ! {
-    tracing::error!(
-        "{what}: stopping, so that the next start settles the change from what is on disk"
-    );
-    eprintln!("error: {what}");
-    std::process::abort()
 }
 
 /// Open files a new partition holds: its segment, offset index and time index.

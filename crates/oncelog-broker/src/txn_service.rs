@@ -40,14 +40,35 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::durability::SyncReply;
+use crate::error::TopicError;
 use crate::internal_log::{InternalLog, LogWriter, PersistError};
+use crate::partition::{durable, Durability, Partition, SyncError, SyncReply};
 use crate::partition::{Marker, MarkerError};
-use crate::topics::TopicError;
 use crate::txn_coordinator::{self as tc, update_view, CoordError, Effect, TxnMeta, TxnState};
 pub use crate::txn_coordinator::{ProducerView, VerifyError};
 use crate::txn_history::{Event, EventKind, Fence, FenceCause, Requester, TxnHistory};
-use crate::{now_ms, Broker};
+use oncelog_log::now_ms;
+use oncelog_log::LogError;
+
+/// What the coordinator's driver needs from the rest of the broker: the
+/// partitions markers go to and how their writes become durable, the group
+/// coordinator's side of transactional offsets, fresh producer ids, and the
+/// per-topic commit bookkeeping. The broker implements it; the coordinator
+/// reaches nothing else of it.
+pub trait TxnRuntime: Send + Sync + 'static {
+    fn txn(&self) -> &TxnService;
+    fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>>;
+    fn durability(&self) -> Durability<'_>;
+    /// The producer's pending transactional offsets become committed (or go).
+    fn complete_offsets(
+        &self,
+        producer_id: i64,
+        commit: bool,
+    ) -> impl std::future::Future<Output = Result<(), PersistError>> + Send;
+    fn next_producer_id(&self) -> Result<i64, TopicError>;
+    /// A transaction of `transactional_id` committed to `topic`.
+    fn record_commit(&self, topic: &str, transactional_id: &str, now_ms: i64);
+}
 
 /// How long a request waits for its transactional id before it is answered
 /// CONCURRENT_TRANSACTIONS.
@@ -545,9 +566,9 @@ impl TxnService {
     /// identity of its Reply, if it has one. A step starts only when the one
     /// before it is done; a failed persist ends the list. The caller holds
     /// the id's lock.
-    async fn run(
+    async fn run<R: TxnRuntime>(
         &self,
-        b: &Arc<Broker>,
+        b: &Arc<R>,
         held: &IdLock,
         effects: Vec<Effect>,
     ) -> Result<Option<(i64, i16)>, TxnError> {
@@ -584,7 +605,7 @@ impl TxnService {
                     commit,
                 } => {
                     let mut tries = 0u32;
-                    while let Err(e) = b.groups.complete_txn(producer_id, commit).await {
+                    while let Err(e) = b.complete_offsets(producer_id, commit).await {
                         tries += 1;
                         let marker = Marker {
                             producer_id,
@@ -608,20 +629,20 @@ impl TxnService {
     /// Complete is about to be persisted (its markers are durable).
     fn before_persist(&self, m: &TxnMeta) {
         if matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort) {
-            crate::fail_point("txn-after-markers");
+            crate::faults::fail_point("txn-after-markers");
         }
     }
 
     /// After a persist: fail points once a Prepare is durable; counters once
     /// a transaction this decision prepared is complete.
-    fn after_persist(&self, b: &Arc<Broker>, m: TxnMeta, prepared: &mut Option<TxnMeta>) {
+    fn after_persist<R: TxnRuntime>(&self, b: &Arc<R>, m: TxnMeta, prepared: &mut Option<TxnMeta>) {
         match m.state {
             TxnState::PrepareCommit => {
-                crate::fail_point("txn-after-prepare-commit");
+                crate::faults::fail_point("txn-after-prepare-commit");
                 *prepared = Some(m);
             }
             TxnState::PrepareAbort => {
-                crate::fail_point("txn-after-prepare-abort");
+                crate::faults::fail_point("txn-after-prepare-abort");
                 *prepared = Some(m);
             }
             TxnState::CompleteCommit | TxnState::CompleteAbort => {
@@ -634,7 +655,7 @@ impl TxnService {
     }
 
     /// Counters, writer prefixes and the debug line of a completed transaction.
-    fn account(&self, b: &Arc<Broker>, prepared: &TxnMeta) {
+    fn account<R: TxnRuntime>(&self, b: &Arc<R>, prepared: &TxnMeta) {
         let commit = prepared.state == TxnState::PrepareCommit;
         if commit {
             let now = now_ms();
@@ -646,7 +667,7 @@ impl TxnService {
                 .collect();
             topics.dedup();
             for t in topics {
-                b.writers.record_commit(t, &prepared.transactional_id, now);
+                b.record_commit(t, &prepared.transactional_id, now);
             }
         }
         {
@@ -668,9 +689,9 @@ impl TxnService {
     }
 
     /// InitProducerId for a transactional id: (pid, epoch). `who` sent it.
-    pub async fn init_producer_id(
+    pub async fn init_producer_id<R: TxnRuntime>(
         &self,
-        b: &Arc<Broker>,
+        b: &Arc<R>,
         id: &str,
         timeout_ms: i32,
         expected: Option<(i64, i16)>,
@@ -685,7 +706,7 @@ impl TxnService {
             timeout_ms,
             expected,
             now_ms(),
-            &mut pid_source(b, &mut alloc_err),
+            &mut pid_source(b.as_ref(), &mut alloc_err),
         );
         let effects = decided.map_err(|e| {
             if e == CoordError::ProducerFenced {
@@ -695,7 +716,7 @@ impl TxnService {
             TxnError::Coord(e)
         })?;
         if let Some(e) = alloc_err {
-            return Err(TxnError::Storage(e));
+            return Err(TxnError::ProducerIds(e));
         }
         let ends = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone()));
         if let Some((f, _)) = &ends {
@@ -723,7 +744,7 @@ impl TxnService {
                 }
             }
         }
-        let (pid, epoch) = answer.ok_or_else(|| TxnError::Storage("no answer".into()))?;
+        let (pid, epoch) = answer.ok_or(TxnError::NoAnswer)?;
         tracing::debug!(
             transactional_id = id,
             producer_id = pid,
@@ -801,9 +822,9 @@ impl TxnService {
     }
 
     /// EndTxn. Returns the producer id and epoch the client uses next.
-    pub async fn end_txn(
+    pub async fn end_txn<R: TxnRuntime>(
         &self,
-        b: &Arc<Broker>,
+        b: &Arc<R>,
         req: EndRequest<'_>,
         who: &Requester,
     ) -> Result<(i64, i16), TxnError> {
@@ -825,21 +846,21 @@ impl TxnService {
             commit,
             tv2,
             now_ms(),
-            &mut pid_source(b, &mut alloc_err),
+            &mut pid_source(b.as_ref(), &mut alloc_err),
         );
         tracing::debug!(transactional_id = id, producer_id = pid, epoch, commit, tv2,
             state = ?meta.map(|m| (m.state, m.producer_id, m.epoch, m.partitions.len())), decided = ?decided.as_ref().map(|e| e.len()), "EndTxn");
         match decided {
             Ok(effects) => {
                 if let Some(e) = alloc_err {
-                    return Err(TxnError::Storage(e));
+                    return Err(TxnError::ProducerIds(e));
                 }
                 let ends = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone()));
                 let answer = self.run(b, &held, effects).await?;
                 if let Some((p, done)) = &ends {
                     self.note_end(p, done, epoch, "end_txn", Some(who), Some(who));
                 }
-                answer.ok_or_else(|| TxnError::Storage("no answer".into()))
+                answer.ok_or(TxnError::NoAnswer)
             }
             Err(e) => {
                 if e == CoordError::ProducerFenced {
@@ -866,7 +887,7 @@ impl TxnService {
 
     /// Drives every Prepare* transaction found at start to completion, each
     /// id on its own (one whose markers cannot be written holds up no other).
-    pub async fn recover(&self, b: &Arc<Broker>) {
+    pub async fn recover<R: TxnRuntime>(&self, b: &Arc<R>) {
         let pending: Vec<String> = self
             .snapshot()
             .values()
@@ -876,12 +897,12 @@ impl TxnService {
         let mut tasks = tokio::task::JoinSet::new();
         for id in pending {
             let b = b.clone();
-            tasks.spawn(async move { b.txn.recover_one(&b, &id).await });
+            tasks.spawn(async move { b.txn().recover_one(&b, &id).await });
         }
         while tasks.join_next().await.is_some() {}
     }
 
-    async fn recover_one(&self, b: &Arc<Broker>, id: &str) {
+    async fn recover_one<R: TxnRuntime>(&self, b: &Arc<R>, id: &str) {
         let held = match self.lock_id(id).await {
             Ok(h) => h,
             Err(_) => return,
@@ -910,7 +931,7 @@ impl TxnService {
     /// Starts the abort (with an epoch bump) of every transaction past its
     /// timeout, each in a task of its own; an id busy with another change
     /// is looked at again on the next call.
-    pub fn abort_timed_out(&self, b: &Arc<Broker>) {
+    pub fn abort_timed_out<R: TxnRuntime>(&self, b: &Arc<R>) {
         let now = now_ms();
         let expired: Vec<String> = self
             .snapshot()
@@ -923,15 +944,15 @@ impl TxnService {
                 continue;
             };
             let b = b.clone();
-            tokio::spawn(async move { b.txn.abort_one_timed_out(&b, held).await });
+            tokio::spawn(async move { b.txn().abort_one_timed_out(&b, held).await });
         }
     }
 
-    async fn abort_one_timed_out(&self, b: &Arc<Broker>, held: IdLock) {
+    async fn abort_one_timed_out<R: TxnRuntime>(&self, b: &Arc<R>, held: IdLock) {
         let Some(m) = self.meta(&held.id) else { return };
         // Re-decided under the lock: the producer may have ended it meanwhile.
         let mut alloc_err = None;
-        let effects = tc::decide_timeout(&m, now_ms(), &mut pid_source(b, &mut alloc_err));
+        let effects = tc::decide_timeout(&m, now_ms(), &mut pid_source(b.as_ref(), &mut alloc_err));
         let Some((f, done)) = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone())) else {
             return;
         };
@@ -1004,9 +1025,9 @@ impl TxnService {
     /// coordinator: the producer is fenced (epoch + 1) and every partition of
     /// the transaction gets its ABORT marker, so a live transaction is never
     /// torn. `who` is the administrator's client.
-    pub async fn admin_abort(
+    pub async fn admin_abort<R: TxnRuntime>(
         &self,
-        b: &Arc<Broker>,
+        b: &Arc<R>,
         pid: i64,
         who: &Requester,
     ) -> Result<AdminAbort, TxnError> {
@@ -1023,14 +1044,15 @@ impl TxnService {
                 continue;
             };
             let mut alloc_err = None;
-            let effects = tc::decide_admin_abort(&m, now_ms(), &mut pid_source(b, &mut alloc_err));
+            let effects =
+                tc::decide_admin_abort(&m, now_ms(), &mut pid_source(b.as_ref(), &mut alloc_err));
             let Some((f, done)) = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone()))
             else {
                 completing |= matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort);
                 continue;
             };
             if let Some(e) = alloc_err {
-                return Err(TxnError::Storage(e));
+                return Err(TxnError::ProducerIds(e));
             }
             tracing::warn!(transactional_id = %m.transactional_id, producer_id = pid, old_epoch = m.epoch,
                 new_epoch = f.epoch, cause = "administrator", client_id = who.client_id.as_deref().unwrap_or(""),
@@ -1110,9 +1132,9 @@ impl TxnService {
     /// Writes `marker` to every partition and waits until all are durable,
     /// retrying a partition whose write or sync fails (with a capped
     /// backoff, for as long as it takes: the outcome is decided).
-    async fn write_markers(
+    async fn write_markers<R: TxnRuntime>(
         &self,
-        b: &Arc<Broker>,
+        b: &Arc<R>,
         id: &str,
         marker: Marker,
         partitions: &[(String, i32)],
@@ -1126,19 +1148,16 @@ impl TxnService {
             let mut tries = 0u32;
             loop {
                 let res = match attempt {
-                    Ok(Some(rx)) => match rx.await {
-                        Ok(Ok(())) => Ok(()),
-                        Ok(Err(e)) => Err(e),
-                        Err(_) => Err("sync abandoned".to_string()),
-                    },
+                    Ok(Some(rx)) => durable(rx).await.map_err(MarkerWriteError::from),
                     Ok(None) => Ok(()),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(e),
                 };
                 match res {
                     Ok(()) => break,
                     Err(e) => {
                         tries += 1;
-                        self.marker_failed(id, marker, &format!("{topic}-{index}"), tries, &e);
+                        let at = format!("{topic}-{index}");
+                        self.marker_failed(id, marker, &at, tries, &e.to_string());
                         tokio::time::sleep(backoff(tries)).await;
                         attempt = write_marker(b, topic, index, marker);
                     }
@@ -1151,41 +1170,57 @@ impl TxnService {
 
 /// A source of fresh producer ids for the planners; an allocation failure
 /// is kept in `err` (the planner gets -1 and the caller gives up).
-fn pid_source<'a>(b: &'a Broker, err: &'a mut Option<String>) -> impl FnMut() -> i64 + 'a {
-    move || match b.producer_ids.next() {
+fn pid_source<'a, R: TxnRuntime>(
+    b: &'a R,
+    err: &'a mut Option<TopicError>,
+) -> impl FnMut() -> i64 + 'a {
+    move || match b.next_producer_id() {
         Ok(p) => p,
         Err(e) => {
-            *err = Some(e.to_string());
+            *err = Some(e);
             -1
         }
     }
 }
 
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum TxnError {
     #[error("{0}")]
     Coord(CoordError),
-    #[error("storage: {0}")]
-    Storage(String),
+    /// The transaction log could not take the change; none of it was made.
+    #[error("transaction log: {0}")]
+    Persist(#[from] PersistError),
+    /// No producer id could be allocated.
+    #[error("producer id allocation: {0}")]
+    ProducerIds(TopicError),
+    /// A decision ran without an answer (its effect list has no Reply).
+    #[error("the coordinator's decision had no answer")]
+    NoAnswer,
 }
 
-impl From<PersistError> for TxnError {
-    fn from(e: PersistError) -> Self {
-        TxnError::Storage(e.to_string())
-    }
+/// Why a marker was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkerWriteError {
+    /// `ONCELOG_FAULTS` asked for this failure.
+    #[error("injected storage fault")]
+    Injected,
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Sync(#[from] SyncError),
 }
 
 /// Aborts an orphan: a transaction open at one partition that the
 /// coordinator does not know (e.g. its id expired or its state was lost).
 /// Writes one ABORT marker there and waits until it is durable.
-pub async fn abort_orphan(
-    b: &Arc<Broker>,
+pub async fn abort_orphan<R: TxnRuntime>(
+    b: &Arc<R>,
     topic: &str,
     index: i32,
     pid: i64,
     epoch: i16,
     coordinator_epoch: i32,
-) -> Result<(), String> {
+) -> Result<(), MarkerWriteError> {
     tracing::warn!(partition = %format!("{topic}-{index}"), producer_id = pid, epoch,
         "aborting an orphaned transaction the coordinator does not know");
     let marker = Marker {
@@ -1195,25 +1230,25 @@ pub async fn abort_orphan(
         coordinator_epoch,
     };
     match write_marker(b, topic, index, marker)? {
-        Some(rx) => rx.await.map_err(|_| "sync abandoned".to_string())?,
+        Some(rx) => Ok(durable(rx).await?),
         None => Ok(()),
     }
 }
 
 /// Appends one marker; `Ok(None)` when there is nothing to write there.
-fn write_marker(
-    b: &Arc<Broker>,
+fn write_marker<R: TxnRuntime>(
+    b: &Arc<R>,
     topic: &str,
     index: i32,
     marker: Marker,
-) -> Result<Option<SyncReply>, String> {
-    let Some(p) = b.topics.get(topic).and_then(|t| t.partition(index)) else {
+) -> Result<Option<SyncReply>, MarkerWriteError> {
+    let Some(p) = b.partition(topic, index) else {
         tracing::info!(partition = %format!("{topic}-{index}"), "marker skipped: partition no longer exists");
         return Ok(None);
     };
-    if crate::injected_marker_error(topic) {
+    if crate::faults::injected_marker_error(topic) {
         tracing::warn!(partition = %p.name(), "injected fault (ONCELOG_FAULTS): marker write fails");
-        return Err("injected storage fault".to_string());
+        return Err(MarkerWriteError::Injected);
     }
     match p.write_marker(marker, b.durability()) {
         Ok(reply) => Ok(reply),
@@ -1226,6 +1261,6 @@ fn write_marker(
                 "marker refused by the partition");
             Ok(None)
         }
-        Err(MarkerError::Storage(e)) => Err(e.to_string()),
+        Err(MarkerError::Storage(e)) => Err(MarkerWriteError::Log(e)),
     }
 }

@@ -73,13 +73,26 @@ impl Writers {
     }
 }
 
+/// A transactional write refused by the topic's writer prefix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("topic allows transactional writes only from prefix {allowed:?} ({WRITER_PREFIX_CONFIG}); {transactional_id:?} has prefix {prefix:?}")]
+pub struct WriterRefused {
+    pub allowed: String,
+    pub transactional_id: String,
+    pub prefix: String,
+}
+
 /// Whether `transactional_id` may write to a topic whose configs are `configs`.
-pub fn allowed(configs: &BTreeMap<String, String>, transactional_id: &str) -> Result<(), String> {
+pub fn allowed(
+    configs: &BTreeMap<String, String>,
+    transactional_id: &str,
+) -> Result<(), WriterRefused> {
     match configs.get(WRITER_PREFIX_CONFIG) {
-        Some(p) if !p.is_empty() && prefix_of(transactional_id) != p => Err(format!(
-            "topic allows transactional writes only from prefix {p:?} ({WRITER_PREFIX_CONFIG}); {transactional_id:?} has prefix {:?}",
-            prefix_of(transactional_id)
-        )),
+        Some(p) if !p.is_empty() && prefix_of(transactional_id) != p => Err(WriterRefused {
+            allowed: p.clone(),
+            transactional_id: transactional_id.to_string(),
+            prefix: prefix_of(transactional_id).to_string(),
+        }),
         _ => Ok(()),
     }
 }

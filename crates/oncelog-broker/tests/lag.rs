@@ -2,10 +2,25 @@
 //! high watermark, with an open transaction holding the LSO back.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use oncelog_broker::groups::OffsetMeta;
+use oncelog_broker::partition::{producer_batch, Partition};
 use oncelog_broker::{Broker, BrokerConfig, LagRow};
 use oncelog_log::batch::BatchBuilder;
+
+/// Appends `data` as a client's produce would (a transactional batch is
+/// taken as verified) and waits until it is durable.
+async fn append(broker: &Broker, p: &Arc<Partition>, mut data: Vec<u8>) {
+    let h = oncelog_log::batch::BatchHeader::new(&data).unwrap();
+    let pb = (h.producer_id() >= 0).then(|| producer_batch(&h));
+    let done = p
+        .append(&mut data, pb.as_ref(), |_| Ok(()), broker.durability())
+        .unwrap();
+    if let Some(rx) = done.durable {
+        rx.await.unwrap().unwrap();
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lag_is_measured_against_lso_and_high_watermark() {
@@ -18,31 +33,28 @@ async fn lag_is_measured_against_lso_and_high_watermark() {
         .create("t", 1, BTreeMap::new(), false)
         .unwrap();
     let p = topic.partition(0).unwrap();
-    {
-        let mut st = p.lock();
-        for _ in 0..10 {
-            let mut b = BatchBuilder::new(1).record(0, None, Some(b"v")).build();
-            st.append(&mut b).unwrap();
-        }
-        // An open transaction starting at offset 10.
-        let mut tb = BatchBuilder::new(1).record(0, None, Some(b"t"));
-        tb.producer_id = 5;
-        tb.producer_epoch = 0;
-        tb.base_sequence = 0;
-        tb.attributes = oncelog_log::batch::ATTR_TRANSACTIONAL;
-        let mut b = tb.build();
-        let info = st.append(&mut b).unwrap();
-        let h = oncelog_log::batch::BatchHeader::new(&b).unwrap();
-        st.producers.apply_batch(
-            &oncelog_broker::topics::producer_batch(&h),
-            info.base_offset,
-            info.last_offset,
-        );
-        for _ in 0..3 {
-            let mut b = BatchBuilder::new(1).record(0, None, Some(b"v")).build();
-            st.append(&mut b).unwrap();
-        }
-        p.advance_high_watermark(st.next_offset());
+    for _ in 0..10 {
+        append(
+            &broker,
+            &p,
+            BatchBuilder::new(1).record(0, None, Some(b"v")).build(),
+        )
+        .await;
+    }
+    // An open transaction starting at offset 10.
+    let mut tb = BatchBuilder::new(1).record(0, None, Some(b"t"));
+    tb.producer_id = 5;
+    tb.producer_epoch = 0;
+    tb.base_sequence = 0;
+    tb.attributes = oncelog_log::batch::ATTR_TRANSACTIONAL;
+    append(&broker, &p, tb.build()).await;
+    for _ in 0..3 {
+        append(
+            &broker,
+            &p,
+            BatchBuilder::new(1).record(0, None, Some(b"v")).build(),
+        )
+        .await;
     }
     let code = broker
         .groups

@@ -17,31 +17,16 @@
 //!   active file handle to sync outside any lock.
 
 pub mod batch;
+mod error;
 mod segment;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use thiserror::Error;
-
+pub use error::LogError;
 pub use segment::sync_dir;
 use segment::Segment;
-
-#[derive(Debug, Error)]
-pub enum LogError {
-    #[error("{op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("offset {offset} out of range [{start}, {end}]")]
-    OffsetOutOfRange { offset: i64, start: i64, end: i64 },
-    #[error("invalid batch: {0}")]
-    Batch(#[from] batch::BatchError),
-}
 
 /// Settings of one partition log. Retention values ≤ 0 disable that limit.
 #[derive(Debug, Clone, PartialEq)]

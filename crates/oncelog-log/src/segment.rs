@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::batch::{self, BatchHeader, HEADER_LEN, LOG_OVERHEAD};
-use crate::LogError;
+use crate::error::LogError;
 
 /// One index point: the batch starting at `pos` has base offset
 /// `base + rel_offset`; every batch before `pos` has a max timestamp ≤ `max_ts_before`.

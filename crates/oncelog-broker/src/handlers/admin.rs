@@ -29,7 +29,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::config::{BrokerConfig, SETTINGS};
 use crate::error::ErrorCode;
-use crate::topics::TopicError;
+use crate::error::TopicError;
 use crate::Broker;
 
 const RESOURCE_TOPIC: i8 = 2;
@@ -474,7 +474,7 @@ pub fn incremental_alter_configs(
             }
             for (k, v) in &configs {
                 if let Err(e) = crate::config::validate_topic_config(k, v) {
-                    fail(ErrorCode::InvalidConfig, e);
+                    fail(ErrorCode::InvalidConfig, e.0);
                     return out;
                 }
             }

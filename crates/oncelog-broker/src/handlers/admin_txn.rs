@@ -28,7 +28,8 @@ use crate::error::ErrorCode;
 use crate::txn_coordinator::TxnState;
 use crate::txn_history::Requester;
 use crate::txn_service::{AdminAbort, TxnError};
-use crate::{now_ms, Broker};
+use crate::Broker;
+use oncelog_log::now_ms;
 
 fn s(v: impl Into<String>) -> StrBytes {
     StrBytes::from_string(v.into())
@@ -287,21 +288,10 @@ async fn orphan_abort(
     let Some(p) = b.topics.get(topic).and_then(|t| t.partition(index)) else {
         return ErrorCode::UnknownTopicOrPartition;
     };
-    {
-        let st = p.lock();
-        let Some(e) = st.producers.get(pid) else {
-            return ErrorCode::None;
-        };
-        if e.current_txn_first_offset.is_none() {
-            return ErrorCode::None;
-        }
-        if st
-            .producers
-            .check_marker(pid, epoch, coordinator_epoch)
-            .is_err()
-        {
-            return ErrorCode::InvalidProducerEpoch;
-        }
+    match p.open_transaction_of(pid, epoch, coordinator_epoch) {
+        Ok(true) => {}
+        Ok(false) => return ErrorCode::None,
+        Err(_) => return ErrorCode::InvalidProducerEpoch,
     }
     match crate::txn_service::abort_orphan(b, topic, index, pid, epoch, coordinator_epoch).await {
         Ok(()) => ErrorCode::None,

@@ -20,10 +20,10 @@ use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
 };
 use kafka_protocol::messages::ProducerId;
-use oncelog_log::LogError;
 use tokio::time::Instant;
 
 use crate::error::ErrorCode;
+use crate::partition::{OffsetLookupError, ReadError};
 use crate::Broker;
 
 /// Longest long poll we honour, whatever the client asks.
@@ -52,21 +52,17 @@ fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
                 parts.push(pd);
                 continue;
             };
-            let hw = p.high_watermark();
-            let log = p.lock();
-            let start = log.log_start_offset();
-            let end = log.next_offset();
-            let lso = log.last_stable_offset(hw);
-            let upper = if read_committed { lso } else { hw };
-            pd.high_watermark = hw;
-            pd.last_stable_offset = lso;
+            let offset = fp.fetch_offset;
+            let limit = (fp.partition_max_bytes.max(0) as usize).min(remaining);
+            let read = p.read(offset, limit, read_committed, total == 0);
+            pd.high_watermark = read.high_watermark;
+            pd.last_stable_offset = read.last_stable_offset;
             if version >= 5 {
-                pd.log_start_offset = start;
+                pd.log_start_offset = read.log_start_offset;
             }
             if read_committed {
                 pd.aborted_transactions = Some(
-                    log.producers
-                        .aborted_overlapping(fp.fetch_offset, upper)
+                    read.aborted
                         .into_iter()
                         .map(|a| {
                             AbortedTransaction::default()
@@ -76,27 +72,21 @@ fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
                         .collect(),
                 );
             }
-            let offset = fp.fetch_offset;
-            if offset < start || offset > end {
-                pd.error_code = ErrorCode::OffsetOutOfRange.code();
-                has_error = true;
-            } else if offset < upper && remaining > 0 {
-                let limit = (fp.partition_max_bytes.max(0) as usize).min(remaining);
-                match log.read(offset, limit, upper, total == 0) {
-                    Ok(data) => {
-                        total += data.len();
-                        remaining = remaining.saturating_sub(data.len());
-                        pd.records = Some(Bytes::from(data));
-                    }
-                    Err(LogError::OffsetOutOfRange { .. }) => {
-                        pd.error_code = ErrorCode::OffsetOutOfRange.code();
-                        has_error = true;
-                    }
-                    Err(e) => {
-                        tracing::error!(partition = %p.name(), error = %e, "read failed");
-                        pd.error_code = ErrorCode::KafkaStorageError.code();
-                        has_error = true;
-                    }
+            match read.data {
+                Ok(data) if data.is_empty() => {}
+                Ok(data) => {
+                    total += data.len();
+                    remaining = remaining.saturating_sub(data.len());
+                    pd.records = Some(Bytes::from(data));
+                }
+                Err(ReadError::OutOfRange) => {
+                    pd.error_code = ErrorCode::OffsetOutOfRange.code();
+                    has_error = true;
+                }
+                Err(e) => {
+                    tracing::error!(partition = %p.name(), error = %e, "read failed");
+                    pd.error_code = ErrorCode::KafkaStorageError.code();
+                    has_error = true;
                 }
             }
             if pd.records.is_none() {
@@ -159,40 +149,19 @@ pub fn list_offsets(b: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> L
                     if version >= 4 {
                         r.leader_epoch = 0;
                     }
-                    let hw = p.high_watermark();
-                    let log = p.lock();
-                    match lp.timestamp {
-                        // EARLIEST and EARLIEST_LOCAL
-                        -2 | -4 => r.offset = log.log_start_offset(),
-                        // LATEST: the high watermark, or the last stable offset for read_committed
-                        -1 if read_committed => r.offset = log.last_stable_offset(hw),
-                        -1 => r.offset = hw,
-                        // MAX_TIMESTAMP
-                        -3 => {
-                            let max = log.max_timestamp();
-                            if max >= 0 {
-                                if let Ok(Some((off, ts))) = log.offset_for_timestamp(max) {
-                                    if off < hw {
-                                        r.offset = off;
-                                        r.timestamp = ts;
-                                    }
-                                }
-                            }
+                    match p.offset_for(lp.timestamp, read_committed) {
+                        Ok(Some((off, ts))) => {
+                            r.offset = off;
+                            r.timestamp = ts;
                         }
-                        ts if ts >= 0 => match log.offset_for_timestamp(ts) {
-                            Ok(Some((off, found)))
-                                if off < if read_committed { log.last_stable_offset(hw) } else { hw } =>
-                            {
-                                r.offset = off;
-                                r.timestamp = found;
-                            }
-                            Ok(_) => {}
-                            Err(e) => {
-                                tracing::error!(partition = %p.name(), error = %e, "timestamp lookup failed");
-                                r.error_code = ErrorCode::KafkaStorageError.code();
-                            }
-                        },
-                        _ => r.error_code = ErrorCode::InvalidRequest.code(),
+                        Ok(None) => {}
+                        Err(OffsetLookupError::InvalidSpec) => {
+                            r.error_code = ErrorCode::InvalidRequest.code()
+                        }
+                        Err(e) => {
+                            tracing::error!(partition = %p.name(), error = %e, "timestamp lookup failed");
+                            r.error_code = ErrorCode::KafkaStorageError.code();
+                        }
                     }
                     r
                 })

@@ -42,8 +42,9 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::error::ErrorCode;
 use crate::groups::{JoinRequest, OffsetMeta, OFFSETS_TOPIC};
-use crate::txn_service::VerifyError;
-use crate::{now_ms, Broker};
+use crate::txn_coordinator::VerifyError;
+use crate::Broker;
+use oncelog_log::now_ms;
 
 fn s(v: impl Into<String>) -> StrBytes {
     StrBytes::from_string(v.into())

@@ -16,7 +16,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::SUPPORTED;
 use crate::error::ErrorCode;
-use crate::topics::{Topic, TopicError};
+use crate::error::TopicError;
+use crate::topics::Topic;
 use crate::Broker;
 
 pub fn api_versions(b: &Broker, version: i16, unsupported: bool) -> ApiVersionsResponse {

@@ -13,10 +13,9 @@ use kafka_protocol::messages::produce_response::{
 use kafka_protocol::protocol::StrBytes;
 use oncelog_log::batch::{self, BatchError};
 use oncelog_log::LogError;
-use tokio::sync::oneshot;
 
 use crate::error::ErrorCode;
-use crate::partition::AppendError;
+use crate::partition::{durable, AppendError, SyncReply};
 use crate::producer_state::{ProduceReject, ProducerBatch};
 use crate::topics::producer_batch;
 use crate::txn_coordinator::CoordError;
@@ -32,7 +31,7 @@ enum Outcome {
     },
     Waiting {
         base_offset: i64,
-        rx: oneshot::Receiver<Result<(), String>>,
+        rx: SyncReply,
     },
 }
 
@@ -111,7 +110,10 @@ fn append_one(
         {
             tracing::warn!(partition = %p.name(), transactional_id = transactional_id.unwrap_or(""),
                 reason = %why, "second transactional writer refused");
-            return failed(ErrorCode::TransactionalIdAuthorizationFailed, why);
+            return failed(
+                ErrorCode::TransactionalIdAuthorizationFailed,
+                why.to_string(),
+            );
         }
     }
     if h.producer_id() >= 0 && h.base_sequence() < 0 {
@@ -264,9 +266,10 @@ async fn implicit_add(
             // states become NOT_ENOUGH_REPLICAS, which every client retries.
             let code = match e {
                 TxnError::Coord(CoordError::ProducerFenced) => ErrorCode::InvalidProducerEpoch,
-                TxnError::Coord(CoordError::ConcurrentTransactions) | TxnError::Storage(_) => {
-                    ErrorCode::NotEnoughReplicas
-                }
+                TxnError::Coord(CoordError::ConcurrentTransactions)
+                | TxnError::Persist(_)
+                | TxnError::ProducerIds(_)
+                | TxnError::NoAnswer => ErrorCode::NotEnoughReplicas,
                 TxnError::Coord(_) => ErrorCode::InvalidTxnState,
             };
             tracing::warn!(transactional_id = %id.0.as_str(), producer_id = pid, epoch, error = %e,
@@ -330,18 +333,13 @@ pub async fn produce(
                         base_offset,
                         message,
                     } => (code, base_offset, message),
-                    Outcome::Waiting { base_offset, rx } => match rx.await {
-                        Ok(Ok(())) => {
+                    Outcome::Waiting { base_offset, rx } => match durable(rx).await {
+                        Ok(()) => {
                             // Durable but not yet answered: a crash here loses the ack.
-                            crate::fail_point("produce-before-ack");
+                            crate::faults::fail_point("produce-before-ack");
                             (ErrorCode::None, base_offset, None)
                         }
-                        Ok(Err(e)) => (ErrorCode::KafkaStorageError, -1, Some(e)),
-                        Err(_) => (
-                            ErrorCode::KafkaStorageError,
-                            -1,
-                            Some("sync abandoned".into()),
-                        ),
+                        Err(e) => (ErrorCode::KafkaStorageError, -1, Some(e.to_string())),
                     },
                 };
                 let mut r = PartitionProduceResponse::default()

@@ -38,7 +38,9 @@ pub(crate) fn txn_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
             ErrorCode::InvalidProducerIdMapping
         }
         TxnError::Coord(CoordError::InvalidTxnState) => ErrorCode::InvalidTxnState,
-        TxnError::Storage(_) => ErrorCode::CoordinatorNotAvailable,
+        TxnError::Persist(_) | TxnError::ProducerIds(_) | TxnError::NoAnswer => {
+            ErrorCode::CoordinatorNotAvailable
+        }
     }
 }
 

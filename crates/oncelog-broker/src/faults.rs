@@ -1,0 +1,50 @@
+//! Fault injection for crash and storage-fault tests, from environment
+//! variables read once; nothing is injected when they are unset.
+
+/// Failpoints for crash tests: when `ONCELOG_FAILPOINTS` (a comma-separated
+/// list, read once) names `name`, the process aborts on the spot, as a power
+/// cut would stop it. Unset in normal operation.
+pub fn fail_point(name: &str) {
+    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let points = POINTS.get_or_init(|| {
+        std::env::var("ONCELOG_FAILPOINTS")
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    if points.iter().any(|p| p == name) {
+        tracing::error!(failpoint = name, "failpoint hit: aborting the process");
+        std::process::abort();
+    }
+}
+
+/// Injected storage faults for tests, from `ONCELOG_FAULTS`
+/// (comma-separated). `marker-error:TOPIC:N` makes the first N transaction
+/// marker writes to TOPIC's partitions fail as a storage error would, so a
+/// test can watch a transaction get stuck and recover while others go on.
+/// Unset (the default), nothing is injected.
+pub fn injected_marker_error(topic: &str) -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static FAULTS: std::sync::OnceLock<Vec<(String, AtomicU64)>> = std::sync::OnceLock::new();
+    let faults = FAULTS.get_or_init(|| {
+        std::env::var("ONCELOG_FAULTS")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|f| {
+                let rest = f.trim().strip_prefix("marker-error:")?;
+                let (t, n) = rest.rsplit_once(':')?;
+                Some((t.to_string(), AtomicU64::new(n.parse().ok()?)))
+            })
+            .collect()
+    });
+    faults.iter().any(|(t, left)| {
+        t == topic
+            && left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+    })
+}

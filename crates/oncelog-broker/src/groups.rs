@@ -36,6 +36,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -44,7 +45,7 @@ use tokio::sync::{oneshot, Mutex};
 
 use crate::error::ErrorCode;
 use crate::error::TopicError;
-use crate::internal_log::{InternalLog, PersistError};
+use crate::internal_log::{InternalLog, LogWriter, OnDurable, Pending, PersistError};
 use oncelog_log::now_ms;
 
 /// The pseudo-partition that stands for a group's offsets in a transaction.
@@ -431,14 +432,16 @@ pub struct GroupSettings {
 }
 
 pub struct Groups {
-    state: Mutex<Inner>,
+    /// The groups. Never held while waiting for the offsets log: changes
+    /// are applied by the log's writer thread, in log order, once durable.
+    state: Arc<Mutex<Inner>>,
+    log: LogWriter,
     settings: GroupSettings,
     next_member: AtomicU64,
 }
 
 struct Inner {
     groups: HashMap<String, Group>,
-    log: InternalLog,
 }
 
 fn apply(groups: &mut HashMap<String, Group>, rec: OffsetRecord) {
@@ -488,9 +491,18 @@ fn apply(groups: &mut HashMap<String, Group>, rec: OffsetRecord) {
                     g.offsets.remove(&(t, p));
                 }
             }
-            _ => {
-                groups.remove(&group);
-            }
+            _ => match groups.get_mut(&group) {
+                // Members joined while the delete was being written: its
+                // offsets go, the live group stays (as a replay would
+                // bring it back from its next membership record).
+                Some(g) if !g.members.is_empty() => {
+                    g.offsets.clear();
+                    g.pending.clear();
+                }
+                _ => {
+                    groups.remove(&group);
+                }
+            },
         },
         OffsetRecord::Membership(r) => {
             let g = groups
@@ -559,35 +571,40 @@ impl Groups {
             members = restored,
             "group coordinator loaded"
         );
+        let log = log
+            .into_writer("__consumer_offsets-0")
+            .map_err(|e| TopicError::Storage(format!("start the offsets log writer: {e}")))?;
         Ok(Self {
-            state: Mutex::new(Inner { groups, log }),
+            state: Arc::new(Mutex::new(Inner { groups })),
+            log,
             settings,
             next_member: AtomicU64::new(0),
         })
     }
 
-    /// Appends records to the offsets log and fsyncs them, then applies them.
-    fn persist(inner: &mut Inner, recs: Vec<OffsetRecord>) -> Result<(), PersistError> {
-        if recs.is_empty() {
-            return Ok(());
-        }
+    /// Hands records to the offsets log. Once they are durable the
+    /// writer thread applies them (in log order, before anyone is told);
+    /// if their group commit fails, none is applied. Never await the
+    /// result while holding `state`: the apply needs it.
+    fn submit(&self, recs: Vec<OffsetRecord>) -> Result<Pending, PersistError> {
         let mut values = Vec::with_capacity(recs.len());
         for r in &recs {
-            values.push(serde_json::to_vec(r)?);
+            values.push((None, Some(serde_json::to_vec(r)?)));
         }
-        let slices: Vec<oncelog_log::batch::KeyValue<'_>> =
-            values.iter().map(|v| (None, Some(&v[..]))).collect();
-        inner.log.append(&slices)?;
-        for r in recs {
-            apply(&mut inner.groups, r);
-        }
-        Ok(())
+        let state = self.state.clone();
+        let apply_all: OnDurable = Box::new(move || {
+            let mut inner = state.blocking_lock();
+            for r in recs {
+                apply(&mut inner.groups, r);
+            }
+        });
+        self.log.submit(values, Some(apply_all))
     }
 
     /// Writes `group`'s membership if it is at rest and differs from what
     /// the log holds. Membership is not acknowledged to anyone: if the write
     /// fails it is logged, and after a restart the members rebalance.
-    fn save_membership(inner: &mut Inner, group: &str) {
+    fn save_membership(&self, inner: &mut Inner, group: &str) {
         let Some(g) = inner.groups.get(group) else {
             return;
         };
@@ -599,10 +616,21 @@ impl Groups {
         }
         let generation = rec.generation;
         let members = rec.members.len();
-        if let Err(e) = Self::persist(inner, vec![OffsetRecord::Membership(rec)]) {
-            tracing::error!(group, generation, error = %e, "group membership not written; after a restart its members rebalance");
-        } else {
-            tracing::debug!(group, generation, members, "group membership written");
+        let group = group.to_string();
+        match self.submit(vec![OffsetRecord::Membership(rec)]) {
+            Ok(pending) => {
+                tokio::spawn(async move {
+                    match pending.durable().await {
+                        Ok(()) => {
+                            tracing::debug!(group, generation, members, "group membership written")
+                        }
+                        Err(e) => tracing::error!(group, generation, error = %e,
+                            "group membership not written; after a restart its members rebalance"),
+                    }
+                });
+            }
+            Err(e) => tracing::error!(group, generation, error = %e,
+                "group membership not written; after a restart its members rebalance"),
         }
     }
 
@@ -699,7 +727,7 @@ impl Groups {
                             member_id,
                             members: Vec::new(),
                         };
-                        Self::save_membership(&mut inner, &req.group);
+                        self.save_membership(&mut inner, &req.group);
                         return res;
                     }
                     if was_leader {
@@ -822,7 +850,7 @@ impl Groups {
                 );
             }
             if leader {
-                Self::save_membership(&mut inner, group);
+                self.save_membership(&mut inner, group);
             }
             rx
         };
@@ -904,7 +932,7 @@ impl Groups {
                 }
             })
             .collect();
-        Self::save_membership(&mut inner, group);
+        self.save_membership(&mut inner, group);
         codes
     }
 
@@ -975,8 +1003,18 @@ impl Groups {
                 meta,
             })
             .collect();
-        match Self::persist(&mut inner, recs) {
-            Ok(()) => ErrorCode::None,
+        let pending = self.submit(recs);
+        drop(inner);
+        Self::answer(pending).await
+    }
+
+    /// The answer to a commit once its records are durable (and applied).
+    async fn answer(pending: Result<Pending, PersistError>) -> ErrorCode {
+        match pending {
+            Ok(p) => match p.durable().await {
+                Ok(()) => ErrorCode::None,
+                Err(_) => ErrorCode::CoordinatorNotAvailable,
+            },
             Err(_) => ErrorCode::CoordinatorNotAvailable,
         }
     }
@@ -992,7 +1030,7 @@ impl Groups {
         instance_id: Option<&str>,
         offsets: Vec<(String, i32, OffsetMeta)>,
     ) -> ErrorCode {
-        let mut inner = self.state.lock().await;
+        let inner = self.state.lock().await;
         if !member_id.is_empty() {
             let code =
                 Self::check_commit(inner.groups.get(group), generation, member_id, instance_id);
@@ -1010,20 +1048,22 @@ impl Groups {
                 meta,
             })
             .collect();
-        match Self::persist(&mut inner, recs) {
-            Ok(()) => ErrorCode::None,
-            Err(_) => ErrorCode::CoordinatorNotAvailable,
-        }
+        let pending = self.submit(recs);
+        drop(inner);
+        Self::answer(pending).await
     }
 
     /// The transaction of `pid` ended: its pending offsets become committed
     /// (or are dropped). Durable before it returns.
     pub async fn complete_txn(&self, pid: i64, commit: bool) -> Result<(), PersistError> {
-        let mut inner = self.state.lock().await;
-        if !inner.groups.values().any(|g| g.pending.contains_key(&pid)) {
-            return Ok(());
-        }
-        Self::persist(&mut inner, vec![OffsetRecord::TxnEnd { pid, commit }])?;
+        let pending = {
+            let inner = self.state.lock().await;
+            if !inner.groups.values().any(|g| g.pending.contains_key(&pid)) {
+                return Ok(());
+            }
+            self.submit(vec![OffsetRecord::TxnEnd { pid, commit }])?
+        };
+        pending.durable().await?;
         tracing::debug!(producer_id = pid, commit, "transactional offsets completed");
         Ok(())
     }
@@ -1098,25 +1138,23 @@ impl Groups {
 
     /// DeleteGroups: only empty groups (NON_EMPTY_GROUP otherwise).
     pub async fn delete(&self, group: &str) -> ErrorCode {
-        let mut inner = self.state.lock().await;
-        match inner.groups.get(group) {
-            None => ErrorCode::GroupIdNotFound,
-            Some(g) if !g.members.is_empty() => ErrorCode::NonEmptyGroup,
-            Some(_) => {
-                let rec = OffsetRecord::Delete {
+        let pending = {
+            let inner = self.state.lock().await;
+            match inner.groups.get(group) {
+                None => return ErrorCode::GroupIdNotFound,
+                Some(g) if !g.members.is_empty() => return ErrorCode::NonEmptyGroup,
+                Some(_) => self.submit(vec![OffsetRecord::Delete {
                     group: group.to_string(),
                     topic: None,
                     partition: None,
-                };
-                match Self::persist(&mut inner, vec![rec]) {
-                    Ok(()) => {
-                        tracing::info!(group, "group deleted");
-                        ErrorCode::None
-                    }
-                    Err(_) => ErrorCode::CoordinatorNotAvailable,
-                }
+                }]),
             }
+        };
+        let code = Self::answer(pending).await;
+        if code == ErrorCode::None {
+            tracing::info!(group, "group deleted");
         }
+        code
     }
 
     /// Timers: ends join phases, expires sessions, drops old offsets of empty groups.
@@ -1162,7 +1200,7 @@ impl Groups {
             }
         }
         for id in changed {
-            Self::save_membership(&mut inner, &id);
+            self.save_membership(&mut inner, &id);
         }
         // Offsets retention for groups without members.
         let cutoff = now_ms() - self.settings.offsets_retention_ms;
@@ -1182,8 +1220,12 @@ impl Groups {
         }
         if !old.is_empty() {
             let n = old.len();
-            if Self::persist(&mut inner, old).is_ok() {
-                tracing::info!(offsets = n, "expired committed offsets removed");
+            if let Ok(pending) = self.submit(old) {
+                tokio::spawn(async move {
+                    if pending.durable().await.is_ok() {
+                        tracing::info!(offsets = n, "expired committed offsets removed");
+                    }
+                });
             }
         }
     }
@@ -1274,5 +1316,55 @@ mod tests {
         assert!(!g.fenced_instance("m1", None));
         assert!(!g.fenced_instance("unknown", None));
         assert!(!g.fenced_instance("unknown", Some("never-seen")));
+    }
+
+    fn settings() -> GroupSettings {
+        GroupSettings {
+            initial_rebalance_delay: Duration::ZERO,
+            min_session_timeout_ms: 1,
+            max_session_timeout_ms: 10_000,
+            offsets_retention_ms: 86_400_000,
+        }
+    }
+
+    async fn committed(groups: &Groups, partition: i32) -> i64 {
+        let got = groups
+            .fetch_offsets("g", Some(vec![("t".to_string(), vec![partition])]), false)
+            .await;
+        got[0].2
+    }
+
+    /// Commits are applied off the lock by the log's writer thread: what a
+    /// fetch sees after many concurrent commits is what a restart replays
+    /// (the log's order), and every commit is seen by a fetch after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_commits_apply_in_log_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let groups = Arc::new(Groups::open(dir.path(), settings()).unwrap());
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..200i64 {
+            let g = groups.clone();
+            tasks.spawn(async move {
+                let meta = OffsetMeta {
+                    offset: i,
+                    leader_epoch: -1,
+                    metadata: None,
+                    commit_ms: 1,
+                };
+                let p = (i % 2) as i32;
+                let code = g.commit("g", -1, "", None, vec![("t".into(), p, meta)]).await;
+                assert_eq!(code, ErrorCode::None);
+                // Read your write: at least this commit (or a later one) is seen.
+                assert!(committed(&g, p).await >= 0);
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+        let live = (committed(&groups, 0).await, committed(&groups, 1).await);
+        drop(groups);
+        let reopened = Groups::open(dir.path(), settings()).unwrap();
+        let replayed = (committed(&reopened, 0).await, committed(&reopened, 1).await);
+        assert_eq!(live, replayed);
     }
 }

@@ -39,9 +39,38 @@ pub enum PersistError {
 /// Most requests one group commit takes.
 const MAX_GROUP: usize = 4096;
 
+/// Run on the writer thread once a change is durable, before its reply is
+/// sent and before any later change's: state built from the log is applied
+/// in log order.
+pub type OnDurable = Box<dyn FnOnce() + Send>;
+
 struct WriteRequest {
     records: Vec<Record>,
     reply: tokio::sync::oneshot::Sender<Result<(), Arc<LogError>>>,
+    on_durable: Option<OnDurable>,
+}
+
+/// A change handed to the writer: await [`Pending::durable`] for its outcome.
+pub struct Pending {
+    rx: tokio::sync::oneshot::Receiver<Result<(), Arc<LogError>>>,
+    dir: PathBuf,
+}
+
+impl Pending {
+    pub async fn durable(self) -> Result<(), PersistError> {
+        match self.rx.await {
+            Ok(res) => res.map_err(PersistError::Group),
+            Err(_) => Err(stopped(&self.dir)),
+        }
+    }
+}
+
+fn stopped(dir: &Path) -> PersistError {
+    PersistError::Log(LogError::Io {
+        op: "write internal log",
+        path: dir.to_path_buf(),
+        source: std::io::Error::other("the internal log writer has stopped"),
+    })
 }
 
 /// The handle of an internal log owned by its writer thread (see
@@ -53,44 +82,47 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
+    /// Queues `records` for the next group and returns at once. Once they
+    /// are durable, `on_durable` runs on the writer thread, in log order
+    /// (so it must not wait for anything that waits for this log); if their
+    /// group fails it does not run, and none of it was made. With no
+    /// records it does not run at all.
+    pub fn submit(
+        &self,
+        records: Vec<Record>,
+        on_durable: Option<OnDurable>,
+    ) -> Result<Pending, PersistError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        if records.is_empty() {
+            // Nothing to write, nothing to apply.
+            drop(on_durable);
+            let _ = reply.send(Ok(()));
+        } else {
+            self.tx
+                .send(WriteRequest {
+                    records,
+                    reply,
+                    on_durable,
+                })
+                .map_err(|_| stopped(&self.dir))?;
+        }
+        Ok(Pending {
+            rx,
+            dir: self.dir.clone(),
+        })
+    }
+
     /// Queues `records` for the next group and returns at once: they are
     /// written and fsynced with that group (or, if it fails, not at all).
     /// For changes whose loss a restart repairs by itself.
     pub fn append_detached(&self, records: Vec<Record>) -> Result<(), PersistError> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let (reply, _) = tokio::sync::oneshot::channel();
-        self.tx.send(WriteRequest { records, reply }).map_err(|_| {
-            PersistError::Log(LogError::Io {
-                op: "write internal log",
-                path: self.dir.clone(),
-                source: std::io::Error::other("the internal log writer has stopped"),
-            })
-        })
+        self.submit(records, None).map(drop)
     }
 
     /// Appends `records` as part of the next group and waits until that
     /// group is durable (or failed, then none of it was made).
     pub async fn append(&self, records: Vec<Record>) -> Result<(), PersistError> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        let stopped = || {
-            PersistError::Log(LogError::Io {
-                op: "write internal log",
-                path: self.dir.clone(),
-                source: std::io::Error::other("the internal log writer has stopped"),
-            })
-        };
-        self.tx
-            .send(WriteRequest { records, reply })
-            .map_err(|_| stopped())?;
-        match rx.await {
-            Ok(res) => res.map_err(PersistError::Group),
-            Err(_) => Err(stopped()),
-        }
+        self.submit(records, None)?.durable().await
     }
 }
 
@@ -168,6 +200,11 @@ impl InternalLog {
             let res = self.append_now(&records).map_err(Arc::new);
             drop(records);
             for r in group {
+                if res.is_ok() {
+                    if let Some(f) = r.on_durable {
+                        f();
+                    }
+                }
                 // A requester that went away learns nothing; the change stands.
                 let _ = r.reply.send(res.clone());
             }

@@ -78,6 +78,18 @@ pub struct OffsetMeta {
     pub commit_ms: i64,
 }
 
+/// One partition's answer to OffsetFetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchedOffset {
+    pub topic: String,
+    pub partition: i32,
+    /// -1 when nothing is committed (or it is unstable).
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<String>,
+    pub error: ErrorCode,
+}
+
 /// What a JoinGroup waiter receives.
 #[derive(Debug, Clone)]
 pub struct JoinResult {
@@ -1069,13 +1081,12 @@ impl Groups {
     }
 
     /// OffsetFetch. `None` topics: every committed partition of the group.
-    /// Per partition: (topic, partition, offset or -1, leader epoch, metadata, error).
     pub async fn fetch_offsets(
         &self,
         group: &str,
         topics: Option<Vec<(String, Vec<i32>)>>,
         require_stable: bool,
-    ) -> Vec<(String, i32, i64, i32, Option<String>, ErrorCode)> {
+    ) -> Vec<FetchedOffset> {
         let inner = self.state.lock().await;
         let g = inner.groups.get(group);
         let wanted: Vec<(String, i32)> = match topics {
@@ -1093,20 +1104,28 @@ impl Groups {
         };
         wanted
             .into_iter()
-            .map(|(t, p)| {
-                if require_stable && g.is_some_and(|g| g.has_pending(&t, p)) {
-                    return (t, p, -1, -1, None, ErrorCode::UnstableOffsetCommit);
+            .map(|(topic, partition)| {
+                let none = |metadata, error| FetchedOffset {
+                    offset: -1,
+                    leader_epoch: -1,
+                    metadata,
+                    error,
+                    topic: topic.clone(),
+                    partition,
+                };
+                if require_stable && g.is_some_and(|g| g.has_pending(&topic, partition)) {
+                    return none(None, ErrorCode::UnstableOffsetCommit);
                 }
-                match g.and_then(|g| g.offsets.get(&(t.clone(), p))) {
-                    Some(m) => (
-                        t,
-                        p,
-                        m.offset,
-                        m.leader_epoch,
-                        m.metadata.clone(),
-                        ErrorCode::None,
-                    ),
-                    None => (t, p, -1, -1, Some(String::new()), ErrorCode::None),
+                match g.and_then(|g| g.offsets.get(&(topic.clone(), partition))) {
+                    Some(m) => FetchedOffset {
+                        offset: m.offset,
+                        leader_epoch: m.leader_epoch,
+                        metadata: m.metadata.clone(),
+                        error: ErrorCode::None,
+                        topic,
+                        partition,
+                    },
+                    None => none(Some(String::new()), ErrorCode::None),
                 }
             })
             .collect()
@@ -1331,7 +1350,7 @@ mod tests {
         let got = groups
             .fetch_offsets("g", Some(vec![("t".to_string(), vec![partition])]), false)
             .await;
-        got[0].2
+        got[0].offset
     }
 
     /// Commits are applied off the lock by the log's writer thread: what a
@@ -1352,7 +1371,9 @@ mod tests {
                     commit_ms: 1,
                 };
                 let p = (i % 2) as i32;
-                let code = g.commit("g", -1, "", None, vec![("t".into(), p, meta)]).await;
+                let code = g
+                    .commit("g", -1, "", None, vec![("t".into(), p, meta)])
+                    .await;
                 assert_eq!(code, ErrorCode::None);
                 // Read your write: at least this commit (or a later one) is seen.
                 assert!(committed(&g, p).await >= 0);

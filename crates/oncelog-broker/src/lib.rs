@@ -46,6 +46,16 @@ pub use oncelog_log::now_ms;
 /// How often transactions are checked against their timeout.
 pub const TXN_REAPER_INTERVAL_MS: u64 = 1000;
 
+/// A transaction open at a partition whose coordinator does not hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OrphanCandidate {
+    pub topic: String,
+    pub partition: i32,
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub first_offset: i64,
+}
+
 /// One partition's consumer lag for a group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LagRow {
@@ -186,7 +196,8 @@ impl Broker {
         let committed = self.groups.fetch_offsets(group, None, false).await;
         committed
             .into_iter()
-            .map(|(topic, partition, offset, _, _, _)| {
+            .map(|row| {
+                let (topic, partition, offset) = (row.topic, row.partition, row.offset);
                 let (hw, lso) = match self.topics.get(&topic).and_then(|t| t.partition(partition)) {
                     Some(p) => {
                         let s = p.status();
@@ -215,14 +226,23 @@ impl Broker {
             .collect()
     }
 
-    /// Open transactions at partitions that the coordinator does not hold
-    /// open: (topic, partition, producer id, producer epoch, first offset).
-    pub fn transaction_orphan_candidates(&self) -> Vec<(String, i32, i64, i16, i64)> {
+    /// Open transactions at partitions that the coordinator does not hold open.
+    pub fn transaction_orphan_candidates(&self) -> Vec<OrphanCandidate> {
         let mut out = Vec::new();
         for p in self.topics.all_partitions() {
-            for (first, pid, epoch) in p.open_transactions() {
-                if self.txn.verify(pid, epoch, &p.topic, p.index).is_err() {
-                    out.push((p.topic.clone(), p.index, pid, epoch, first));
+            for (first_offset, producer_id, epoch) in p.open_transactions() {
+                if self
+                    .txn
+                    .verify(producer_id, epoch, &p.topic, p.index)
+                    .is_err()
+                {
+                    out.push(OrphanCandidate {
+                        topic: p.topic.clone(),
+                        partition: p.index,
+                        producer_id,
+                        epoch,
+                        first_offset,
+                    });
                 }
             }
         }
@@ -253,7 +273,14 @@ impl Broker {
                 tick.tick().await;
                 let now: std::collections::HashSet<_> =
                     b.transaction_orphan_candidates().into_iter().collect();
-                for (topic, index, pid, epoch, first) in now.intersection(&previous) {
+                for o in now.intersection(&previous) {
+                    let (topic, index, pid, epoch, first) = (
+                        &o.topic,
+                        &o.partition,
+                        &o.producer_id,
+                        &o.epoch,
+                        &o.first_offset,
+                    );
                     // Never race the coordinator: a transaction it holds is its to end.
                     if b.txn.holds(*pid).await {
                         continue;

@@ -282,18 +282,18 @@ pub async fn offset_fetch(
         .fetch_offsets(req.group_id.0.as_str(), topics, require_stable)
         .await;
     let mut by_topic: Vec<(String, Vec<OffsetFetchResponsePartition>)> = Vec::new();
-    for (t, p, off, epoch, meta, code) in rows {
+    for row in rows {
         let mut part = OffsetFetchResponsePartition::default()
-            .with_partition_index(p)
-            .with_committed_offset(off)
-            .with_metadata(meta.map(s))
-            .with_error_code(code.code());
+            .with_partition_index(row.partition)
+            .with_committed_offset(row.offset)
+            .with_metadata(row.metadata.map(s))
+            .with_error_code(row.error.code());
         if version >= 5 {
-            part.committed_leader_epoch = epoch;
+            part.committed_leader_epoch = row.leader_epoch;
         }
-        match by_topic.iter_mut().find(|(n, _)| *n == t) {
+        match by_topic.iter_mut().find(|(n, _)| *n == row.topic) {
             Some((_, v)) => v.push(part),
-            None => by_topic.push((t, vec![part])),
+            None => by_topic.push((row.topic, vec![part])),
         }
     }
     OffsetFetchResponse::default().with_topics(

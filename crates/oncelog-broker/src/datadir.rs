@@ -41,6 +41,9 @@ const LOCK_FILE: &str = "oncelog.lock";
 /// The internal logs, by their directory name.
 pub const INTERNAL_LOGS: &[&str] = &["__transaction_state-0", "__consumer_offsets-0"];
 
+/// The pseudo-partition that stands for a group's offsets in a transaction.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
 pub fn is_internal_topic(name: &str) -> bool {
     INTERNAL_TOPICS.contains(&name)
 }

@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 
 use crate::histogram::Histogram;
 use crate::partition::Partition;
-pub use crate::partition::{Durability, SyncError, SyncQueue, SyncReply, SyncRequest};
+pub use crate::partition::{SyncError, SyncQueue, SyncReply, SyncRequest, WriteMode};
 
 /// An fdatasync at least this slow is logged: acknowledgements of every
 /// partition wait behind it.

@@ -45,11 +45,11 @@ use tokio::sync::{oneshot, Mutex};
 
 use crate::error::ErrorCode;
 use crate::error::TopicError;
-use crate::internal_log::{InternalLog, LogWriter, OnDurable, Pending, PersistError};
+use crate::internal_log::{InternalLog, OnDurable, Pending, PersistError};
+use crate::storage::SharedStateLog;
 use oncelog_log::now_ms;
 
-/// The pseudo-partition that stands for a group's offsets in a transaction.
-pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+pub use crate::datadir::OFFSETS_TOPIC;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupState {
@@ -447,7 +447,7 @@ pub struct Groups {
     /// The groups. Never held while waiting for the offsets log: changes
     /// are applied by the log's writer thread, in log order, once durable.
     state: Arc<Mutex<Inner>>,
-    log: LogWriter,
+    log: SharedStateLog,
     settings: GroupSettings,
     next_member: AtomicU64,
 }
@@ -588,7 +588,7 @@ impl Groups {
             .map_err(|e| TopicError::Storage(format!("start the offsets log writer: {e}")))?;
         Ok(Self {
             state: Arc::new(Mutex::new(Inner { groups })),
-            log,
+            log: Arc::new(log),
             settings,
             next_member: AtomicU64::new(0),
         })

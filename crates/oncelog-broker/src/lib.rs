@@ -22,6 +22,7 @@ pub mod producer_ids;
 pub mod producer_state;
 pub mod server;
 pub mod snapshot;
+pub mod storage;
 pub mod topics;
 pub mod txn_coordinator;
 pub mod txn_history;
@@ -81,7 +82,7 @@ pub struct Broker {
     pub txn: txn_service::TxnService,
     pub groups: groups::Groups,
     pub writers: writers::Writers,
-    pub syncer: Syncer,
+    pub syncer: Arc<Syncer>,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
     /// Bytes of record batches appended since start (for bytes-per-sync figures).
@@ -101,7 +102,18 @@ impl Broker {
         // Before anything is read or written: one broker per directory.
         let dir_lock = datadir::lock(&config.data_dir)?;
         datadir::migrate(&config.data_dir)?;
-        let topics = Topics::open(&config)?;
+        let data_notify = Arc::new(Notify::new());
+        let syncer = Arc::new(Syncer::start(
+            data_notify.clone(),
+            config.cache_keep_bytes,
+            config.sync_threads,
+        ));
+        let mode = if config.flush_interval_ms > 0 {
+            partition::WriteMode::Interval(data_notify.clone())
+        } else {
+            partition::WriteMode::GroupCommit(syncer.clone())
+        };
+        let topics = Topics::open(&config, mode)?;
         let producer_ids = producer_ids::ProducerIds::open(&config.data_dir)?;
         let txn = txn_service::TxnService::open(&config.data_dir)?;
         let groups = groups::Groups::open(
@@ -115,12 +127,6 @@ impl Broker {
                 offsets_retention_ms: config.offsets_retention_minutes.saturating_mul(60_000),
             },
         )?;
-        let data_notify = Arc::new(Notify::new());
-        let syncer = Syncer::start(
-            data_notify.clone(),
-            config.cache_keep_bytes,
-            config.sync_threads,
-        );
         Ok(Arc::new(Self {
             config,
             topics,
@@ -142,16 +148,6 @@ impl Broker {
     /// Whether appends are acknowledged before they are synced.
     pub fn interval_flush(&self) -> bool {
         self.config.flush_interval_ms > 0
-    }
-
-    /// How a partition write becomes durable: group commit, or (interval
-    /// flush) at once visible, synced by the flusher.
-    pub fn durability(&self) -> partition::Durability<'_> {
-        if self.interval_flush() {
-            partition::Durability::Interval(&self.data_notify)
-        } else {
-            partition::Durability::GroupCommit(&self.syncer)
-        }
     }
 
     /// Syncs every partition; used at shutdown and by the interval flusher.
@@ -377,12 +373,8 @@ impl txn_service::TxnRuntime for Broker {
         &self.txn
     }
 
-    fn partition(&self, topic: &str, index: i32) -> Option<Arc<partition::Partition>> {
-        self.topics.get(topic).and_then(|t| t.partition(index))
-    }
-
-    fn durability(&self) -> partition::Durability<'_> {
-        Broker::durability(self)
+    fn partition(&self, topic: &str, index: i32) -> Option<Arc<dyn storage::PartitionStore>> {
+        self.topics.get(topic).and_then(|t| t.store(index))
     }
 
     async fn complete_offsets(

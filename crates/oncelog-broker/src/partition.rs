@@ -7,7 +7,7 @@
 //! typed errors into wire codes and messages.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use oncelog_log::{batch, Log, LogError};
 use tokio::sync::{oneshot, Notify};
@@ -144,25 +144,32 @@ pub struct Partition {
     cache_dropped: Mutex<(usize, u64)>,
     /// (active segment file, bytes of it whose writeback was started)
     writeback_started: Mutex<(usize, u64)>,
+    mode: WriteMode,
+    /// This partition, for the sync requests it queues.
+    me: Weak<Partition>,
 }
 
 impl Partition {
     /// A partition over `log`, just opened (recovered): the producer state
-    /// is loaded and the high watermark starts at the log end.
-    pub fn new(topic: String, index: i32, log: Log) -> Self {
+    /// is loaded and the high watermark starts at the log end. Its writes
+    /// become durable as `mode` says.
+    pub fn new(topic: String, index: i32, log: Log, mode: WriteMode) -> Arc<Self> {
         let end = log.next_offset();
         let start = log.log_start_offset();
         let name = format!("{topic}-{index}");
-        Self {
+        let state = PartitionState::load(log, &name);
+        Arc::new_cyclic(|me| Self {
             topic,
             index,
-            log: Mutex::new(PartitionState::load(log, &name)),
+            log: Mutex::new(state),
             high_watermark: AtomicI64::new(end),
             log_start: AtomicI64::new(start),
             generation: AtomicU64::new(0),
             cache_dropped: Mutex::new((0, 0)),
             writeback_started: Mutex::new((0, 0)),
-        }
+            mode,
+            me: me.clone(),
+        })
     }
 
     /// The partition's state under its lock. Only this module takes it:
@@ -459,11 +466,10 @@ impl Partition {
     /// A duplicate of a batch still in the producer state is not appended and
     /// is answered with its original offsets.
     pub fn append(
-        self: &Arc<Self>,
+        &self,
         data: &mut [u8],
         producer: Option<&ProducerBatch>,
-        verify: impl FnOnce(&ProducerBatch) -> Result<(), VerifyError>,
-        durability: Durability<'_>,
+        verify: &dyn Fn(&ProducerBatch) -> Result<(), VerifyError>,
     ) -> Result<Appended, AppendError> {
         let (base_offset, end, duplicate, generation, log_end) = {
             let mut st = self.lock();
@@ -514,7 +520,7 @@ impl Partition {
         Ok(Appended {
             base_offset,
             duplicate,
-            durable: self.hand_off(end, log_end, generation, durability),
+            durable: self.hand_off(end, log_end, generation),
         })
     }
 
@@ -524,11 +530,7 @@ impl Partition {
     /// coordinator epoch); a marker for a transaction already closed here
     /// is written and closes nothing. Returns group commit's answer, or
     /// `None` when the marker is already visible (interval flush).
-    pub fn write_marker(
-        self: &Arc<Self>,
-        marker: Marker,
-        durability: Durability<'_>,
-    ) -> Result<Option<SyncReply>, MarkerError> {
+    pub fn write_marker(&self, marker: Marker) -> Result<Option<SyncReply>, MarkerError> {
         let (end, generation) = {
             let mut st = self.lock();
             if st.closed {
@@ -564,29 +566,28 @@ impl Partition {
                 self.generation.load(Ordering::Acquire),
             )
         };
-        Ok(self.hand_off(end, end, generation, durability))
+        Ok(self.hand_off(end, end, generation))
     }
 
     /// After a write that ends at `end` (the log then ending at `log_end`):
     /// queues it to group commit, or in interval-flush mode moves the high
     /// watermark to the log end at once.
-    fn hand_off(
-        self: &Arc<Self>,
-        end: i64,
-        log_end: i64,
-        generation: u64,
-        durability: Durability<'_>,
-    ) -> Option<SyncReply> {
-        match durability {
-            Durability::Interval(data_notify) => {
+    fn hand_off(&self, end: i64, log_end: i64, generation: u64) -> Option<SyncReply> {
+        match &self.mode {
+            WriteMode::Interval(data_notify) => {
                 self.advance_high_watermark(log_end);
                 data_notify.notify_waiters();
                 None
             }
-            Durability::GroupCommit(syncer) => {
+            WriteMode::GroupCommit(syncer) => {
                 let (tx, rx) = oneshot::channel();
+                let Some(me) = self.me.upgrade() else {
+                    // Dropped while writing: nobody can wait for it.
+                    let _ = tx.send(Err(SyncError::Abandoned));
+                    return Some(rx);
+                };
                 syncer.request(SyncRequest {
-                    partition: self.clone(),
+                    partition: me,
                     end_offset: end,
                     generation,
                     reply: tx,
@@ -597,7 +598,6 @@ impl Partition {
     }
 }
 
-/// See [`Partition::status`].
 /// Group commit's answer for one write: `Ok` once its bytes are durable.
 pub type SyncReply = oneshot::Receiver<Result<(), SyncError>>;
 
@@ -623,14 +623,14 @@ pub async fn durable(reply: SyncReply) -> Result<(), SyncError> {
     reply.await.unwrap_or(Err(SyncError::Abandoned))
 }
 
-/// How a write becomes visible and acknowledged.
-#[derive(Clone, Copy)]
-pub enum Durability<'a> {
-    /// fsync before ack: the write waits for group commit.
-    GroupCommit(&'a dyn SyncQueue),
+/// How a partition's writes become visible and acknowledged.
+#[derive(Clone)]
+pub enum WriteMode {
+    /// fsync before ack: a write waits for group commit.
+    GroupCommit(Arc<dyn SyncQueue>),
     /// Interval flush: acknowledged once written; the high watermark follows
     /// the log end, and the notify wakes long-poll fetches.
-    Interval(&'a Notify),
+    Interval(Arc<Notify>),
 }
 
 pub struct SyncRequest {
@@ -675,6 +675,7 @@ pub enum OffsetLookupError {
     Storage(LogError),
 }
 
+/// See [`Partition::status`].
 #[derive(Debug, Clone, Copy)]
 pub struct PartitionStatus {
     pub high_watermark: i64,

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use oncelog_log::{Log, LogConfig};
 
-pub use crate::partition::{producer_batch, replay_batch, Partition, PartitionState};
+pub use crate::partition::{producer_batch, replay_batch, Partition, PartitionState, WriteMode};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -49,6 +49,12 @@ impl std::fmt::Debug for Topic {
 }
 
 impl Topic {
+    /// Partition `i` as the protocol code sees it (the storage boundary).
+    pub fn store(&self, i: i32) -> Option<Arc<dyn crate::storage::PartitionStore>> {
+        self.partition(i)
+            .map(|p| p as Arc<dyn crate::storage::PartitionStore>)
+    }
+
     pub fn partition(&self, i: i32) -> Option<Arc<Partition>> {
         let ps = self.partitions.read().unwrap_or_else(|p| p.into_inner());
         usize::try_from(i).ok().and_then(|i| ps.get(i).cloned())
@@ -74,6 +80,8 @@ pub struct Topics {
     map: RwLock<HashMap<String, Arc<Topic>>>,
     /// Serializes catalogue changes (create, delete, alter) and their file write.
     write_lock: Mutex<()>,
+    /// How every partition's writes become durable.
+    mode: WriteMode,
 }
 
 pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
@@ -97,8 +105,9 @@ pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
 }
 
 impl Topics {
-    /// Loads the catalogue and opens (recovering) every partition log.
-    pub fn open(config: &BrokerConfig) -> Result<Self, TopicError> {
+    /// Loads the catalogue and opens (recovering) every partition log; their
+    /// writes become durable as `mode` says.
+    pub fn open(config: &BrokerConfig, mode: WriteMode) -> Result<Self, TopicError> {
         let dir = config.data_dir.clone();
         crate::datadir::ensure_dir(&dir)?;
         let path = dir.join("topics.json");
@@ -134,6 +143,7 @@ impl Topics {
             cluster_id: cat.cluster_id.clone(),
             map: RwLock::new(HashMap::new()),
             write_lock: Mutex::new(()),
+            mode,
         };
         let started = std::time::Instant::now();
         let mut opened = topics.open_partitions(&cat.topics).into_iter();
@@ -210,7 +220,7 @@ impl Topics {
                 report.bytes_dropped
             );
         }
-        Ok(Arc::new(Partition::new(meta.name.clone(), p, log)))
+        Ok(Partition::new(meta.name.clone(), p, log, self.mode.clone()))
     }
 
     /// Opens (recovering) every partition of `metas`, in that order, on up
@@ -799,6 +809,10 @@ fn finish_staged(dir: &Path, topics: &[TopicMeta]) -> Result<(), TopicError> {
 mod tests {
     use super::*;
 
+    fn interval() -> WriteMode {
+        WriteMode::Interval(Arc::new(tokio::sync::Notify::new()))
+    }
+
     fn config(dir: &Path) -> BrokerConfig {
         let mut m = BTreeMap::new();
         m.insert("data.dir".to_string(), dir.display().to_string());
@@ -818,7 +832,7 @@ mod tests {
     #[test]
     fn internal_names_cannot_be_created_deleted_or_altered() {
         let dir = tempfile::tempdir().unwrap();
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         for name in datadir::INTERNAL_TOPICS {
             let e = topics.create(name, 1, BTreeMap::new(), false).unwrap_err();
             assert!(
@@ -854,7 +868,7 @@ mod tests {
     #[test]
     fn limits_are_checked_before_anything_is_written() {
         let dir = tempfile::tempdir().unwrap();
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         let e = topics
             .create("big", 51, BTreeMap::new(), false)
             .unwrap_err();
@@ -868,7 +882,7 @@ mod tests {
     #[test]
     fn a_failed_create_leaves_nothing_behind() {
         let dir = tempfile::tempdir().unwrap();
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         // A plain file where partition 3 goes makes the install fail after
         // the catalogue write: the change must be undone.
         std::fs::write(dir.path().join("x-3"), b"in the way").unwrap();
@@ -877,7 +891,7 @@ mod tests {
         assert!(topics.get("x").is_none());
         assert_eq!(entries(dir.path()), vec!["topics.json", "x-3"]);
         drop(topics);
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         assert!(topics.get("x").is_none());
         assert_eq!(entries(dir.path()), vec!["topics.json", "x-3"]);
     }
@@ -885,7 +899,7 @@ mod tests {
     #[test]
     fn start_completes_committed_changes_and_drops_uncommitted_ones() {
         let dir = tempfile::tempdir().unwrap();
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         topics.create("kept", 3, BTreeMap::new(), false).unwrap();
         let meta = topics.get("kept").unwrap().meta();
         drop(topics);
@@ -903,7 +917,7 @@ mod tests {
         // And an uncommitted create of another topic.
         let orphan = datadir::staging_dir(dir.path()).join("0123");
         std::fs::create_dir_all(orphan.join("gone-0")).unwrap();
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         assert_eq!(topics.get("kept").unwrap().partition_count(), 3);
         assert_eq!(
             entries(dir.path()),
@@ -914,7 +928,7 @@ mod tests {
     #[test]
     fn delete_removes_every_partition_and_survives_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         topics.create("d", 4, BTreeMap::new(), false).unwrap();
         topics.add_partitions("d", 6, false).unwrap();
         assert_eq!(topics.get("d").unwrap().partition_count(), 6);
@@ -924,7 +938,7 @@ mod tests {
         topics.delete("d", Some(id)).unwrap();
         assert_eq!(entries(dir.path()), vec!["topics.json"]);
         drop(topics);
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         assert!(topics.get("d").is_none());
         assert_eq!(entries(dir.path()), vec!["topics.json"]);
     }
@@ -932,7 +946,7 @@ mod tests {
     #[test]
     fn a_legacy_catalogue_entry_with_an_internal_name_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         topics.create("user", 1, BTreeMap::new(), false).unwrap();
         drop(topics);
         let path = dir.path().join("topics.json");
@@ -945,7 +959,7 @@ mod tests {
                 "name": "__consumer_offsets", "id": Uuid::new_v4(), "partitions": 1, "configs": {}
             }));
         std::fs::write(&path, serde_json::to_vec(&cat).unwrap()).unwrap();
-        let topics = Topics::open(&config(dir.path())).unwrap();
+        let topics = Topics::open(&config(dir.path()), interval()).unwrap();
         assert!(topics.get("__consumer_offsets").is_none());
         assert!(topics.get("user").is_some());
         assert!(!dir.path().join("__consumer_offsets-0").exists());

@@ -437,7 +437,7 @@ fn drive(prepared: &TxnMeta, done: &TxnMeta) -> Vec<Effect> {
     let data: Vec<(String, i32)> = prepared
         .partitions
         .iter()
-        .filter(|(t, _)| t != crate::groups::OFFSETS_TOPIC)
+        .filter(|(t, _)| t != crate::datadir::OFFSETS_TOPIC)
         .cloned()
         .collect();
     if !data.is_empty() {
@@ -451,7 +451,7 @@ fn drive(prepared: &TxnMeta, done: &TxnMeta) -> Vec<Effect> {
     if prepared
         .partitions
         .iter()
-        .any(|(t, _)| t == crate::groups::OFFSETS_TOPIC)
+        .any(|(t, _)| t == crate::datadir::OFFSETS_TOPIC)
     {
         out.push(Effect::CompleteOffsets {
             producer_id: prepared.producer_id,
@@ -998,7 +998,7 @@ mod tests {
             timeout_ms: 1000,
             state,
             partitions: if open {
-                [tp("a", 0), tp("b", 1), tp(crate::groups::OFFSETS_TOPIC, 0)]
+                [tp("a", 0), tp("b", 1), tp(crate::datadir::OFFSETS_TOPIC, 0)]
                     .into_iter()
                     .collect()
             } else {

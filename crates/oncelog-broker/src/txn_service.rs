@@ -41,9 +41,10 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::error::TopicError;
-use crate::internal_log::{InternalLog, LogWriter, PersistError};
-use crate::partition::{durable, Durability, Partition, SyncError, SyncReply};
+use crate::internal_log::{InternalLog, PersistError};
+use crate::partition::{durable, SyncError, SyncReply};
 use crate::partition::{Marker, MarkerError};
+use crate::storage::{PartitionStore, SharedStateLog};
 use crate::txn_coordinator::{self as tc, update_view, CoordError, Effect, TxnMeta, TxnState};
 pub use crate::txn_coordinator::{ProducerView, VerifyError};
 use crate::txn_history::{Event, EventKind, Fence, FenceCause, Requester, TxnHistory};
@@ -51,14 +52,13 @@ use oncelog_log::now_ms;
 use oncelog_log::LogError;
 
 /// What the coordinator's driver needs from the rest of the broker: the
-/// partitions markers go to and how their writes become durable, the group
+/// partitions markers go to, the group
 /// coordinator's side of transactional offsets, fresh producer ids, and the
 /// per-topic commit bookkeeping. The broker implements it; the coordinator
 /// reaches nothing else of it.
 pub trait TxnRuntime: Send + Sync + 'static {
     fn txn(&self) -> &TxnService;
-    fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>>;
-    fn durability(&self) -> Durability<'_>;
+    fn partition(&self, topic: &str, index: i32) -> Option<Arc<dyn PartitionStore>>;
     /// The producer's pending transactional offsets become committed (or go).
     fn complete_offsets(
         &self,
@@ -144,7 +144,7 @@ pub struct TxnService {
     txns: RwLock<HashMap<String, TxnMeta>>,
     /// One lock per transactional id (see the module comment).
     locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
-    log: LogWriter,
+    log: SharedStateLog,
     /// Transactions whose markers keep failing, by transactional id.
     stuck: std::sync::Mutex<BTreeMap<String, Stuck>>,
     stats: std::sync::Mutex<TxnStats>,
@@ -224,7 +224,7 @@ impl TxnService {
         Ok(Self {
             txns: RwLock::new(txns),
             locks: Default::default(),
-            log,
+            log: Arc::new(log),
             stuck: Default::default(),
             stats: Default::default(),
             durations: [
@@ -1250,7 +1250,7 @@ fn write_marker<R: TxnRuntime>(
         tracing::warn!(partition = %p.name(), "injected fault (ONCELOG_FAULTS): marker write fails");
         return Err(MarkerWriteError::Injected);
     }
-    match p.write_marker(marker, b.durability()) {
+    match p.write_marker(marker) {
         Ok(reply) => Ok(reply),
         Err(MarkerError::Closed(_)) => {
             tracing::info!(partition = %p.name(), "marker skipped: the topic was deleted");

@@ -11,12 +11,10 @@ use oncelog_log::batch::BatchBuilder;
 
 /// Appends `data` as a client's produce would (a transactional batch is
 /// taken as verified) and waits until it is durable.
-async fn append(broker: &Broker, p: &Arc<Partition>, mut data: Vec<u8>) {
+async fn append(p: &Arc<Partition>, mut data: Vec<u8>) {
     let h = oncelog_log::batch::BatchHeader::new(&data).unwrap();
     let pb = (h.producer_id() >= 0).then(|| producer_batch(&h));
-    let done = p
-        .append(&mut data, pb.as_ref(), |_| Ok(()), broker.durability())
-        .unwrap();
+    let done = p.append(&mut data, pb.as_ref(), &|_| Ok(())).unwrap();
     if let Some(rx) = done.durable {
         rx.await.unwrap().unwrap();
     }
@@ -34,12 +32,7 @@ async fn lag_is_measured_against_lso_and_high_watermark() {
         .unwrap();
     let p = topic.partition(0).unwrap();
     for _ in 0..10 {
-        append(
-            &broker,
-            &p,
-            BatchBuilder::new(1).record(0, None, Some(b"v")).build(),
-        )
-        .await;
+        append(&p, BatchBuilder::new(1).record(0, None, Some(b"v")).build()).await;
     }
     // An open transaction starting at offset 10.
     let mut tb = BatchBuilder::new(1).record(0, None, Some(b"t"));
@@ -47,14 +40,9 @@ async fn lag_is_measured_against_lso_and_high_watermark() {
     tb.producer_epoch = 0;
     tb.base_sequence = 0;
     tb.attributes = oncelog_log::batch::ATTR_TRANSACTIONAL;
-    append(&broker, &p, tb.build()).await;
+    append(&p, tb.build()).await;
     for _ in 0..3 {
-        append(
-            &broker,
-            &p,
-            BatchBuilder::new(1).record(0, None, Some(b"v")).build(),
-        )
-        .await;
+        append(&p, BatchBuilder::new(1).record(0, None, Some(b"v")).build()).await;
     }
     let code = broker
         .groups

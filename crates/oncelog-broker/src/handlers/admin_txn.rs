@@ -49,7 +49,7 @@ pub fn describe_producers(
                 .iter()
                 .map(|i| {
                     let mut pr = PartitionResponse::default().with_partition_index(*i);
-                    let Some(p) = topic.as_ref().and_then(|x| x.partition(*i)) else {
+                    let Some(p) = topic.as_ref().and_then(|x| x.store(*i)) else {
                         pr.error_code = ErrorCode::UnknownTopicOrPartition.code();
                         return pr;
                     };
@@ -285,7 +285,7 @@ async fn orphan_abort(
     epoch: i16,
     coordinator_epoch: i32,
 ) -> ErrorCode {
-    let Some(p) = b.topics.get(topic).and_then(|t| t.partition(index)) else {
+    let Some(p) = b.topics.get(topic).and_then(|t| t.store(index)) else {
         return ErrorCode::UnknownTopicOrPartition;
     };
     match p.open_transaction_of(pid, epoch, coordinator_epoch) {

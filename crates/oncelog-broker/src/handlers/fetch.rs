@@ -46,7 +46,7 @@ fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
         let mut parts = Vec::with_capacity(ft.partitions.len());
         for fp in &ft.partitions {
             let mut pd = PartitionData::default().with_partition_index(fp.partition);
-            let Some(p) = topic.as_ref().and_then(|t| t.partition(fp.partition)) else {
+            let Some(p) = topic.as_ref().and_then(|t| t.store(fp.partition)) else {
                 pd.error_code = ErrorCode::UnknownTopicOrPartition.code();
                 has_error = true;
                 parts.push(pd);
@@ -142,7 +142,7 @@ pub fn list_offsets(b: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> L
                         .with_partition_index(lp.partition_index)
                         .with_timestamp(-1)
                         .with_offset(-1);
-                    let Some(p) = topic.as_ref().and_then(|t| t.partition(lp.partition_index)) else {
+                    let Some(p) = topic.as_ref().and_then(|t| t.store(lp.partition_index)) else {
                         r.error_code = ErrorCode::UnknownTopicOrPartition.code();
                         return r;
                     };

@@ -200,7 +200,7 @@ pub async fn offset_commit(
             let exists = b
                 .topics
                 .get(t.name.0.as_str())
-                .and_then(|x| x.partition(p.partition_index))
+                .and_then(|x| x.store(p.partition_index))
                 .is_some();
             if !exists {
                 unknown.push((t.name.0.to_string(), p.partition_index));

@@ -71,7 +71,7 @@ fn append_one(
             format!("unknown topic {topic}"),
         );
     };
-    let Some(p) = t.partition(index) else {
+    let Some(p) = t.store(index) else {
         return failed(
             ErrorCode::UnknownTopicOrPartition,
             format!("unknown partition {topic}-{index}"),
@@ -137,7 +137,7 @@ fn append_one(
     // The batch must belong to its producer's open transaction holding this
     // partition (zombies and late writes are refused).
     let verify = |pb: &ProducerBatch| b.txn.verify(pb.producer_id, pb.epoch, topic, index);
-    match p.append(&mut data, pb.as_ref(), verify, b.durability()) {
+    match p.append(&mut data, pb.as_ref(), &verify) {
         Ok(a) => {
             if !a.duplicate {
                 b.appended_bytes
@@ -243,7 +243,7 @@ async fn implicit_add(
             let exists = b
                 .topics
                 .get(td.name.0.as_str())
-                .and_then(|t| t.partition(pd.index))
+                .and_then(|t| t.store(pd.index))
                 .is_some();
             if h.is_transactional() && h.producer_id() >= 0 && exists {
                 ident = Some((h.producer_id(), h.producer_epoch()));
@@ -350,7 +350,7 @@ pub async fn produce(
                     let log_start = b
                         .topics
                         .get(&name)
-                        .and_then(|t| t.partition(index))
+                        .and_then(|t| t.store(index))
                         .map(|p| p.log_start_offset())
                         .unwrap_or(-1);
                     r.log_start_offset = log_start;

@@ -139,7 +139,7 @@ async fn add_one(
     who: &Requester,
 ) -> Vec<AddPartitionsToTxnTopicResult> {
     let TxnRef { id, pid, epoch } = txn;
-    let exists = |t: &str, p: i32| b.topics.get(t).and_then(|x| x.partition(p)).is_some();
+    let exists = |t: &str, p: i32| b.topics.get(t).and_then(|x| x.store(p)).is_some();
     let unknown = topics
         .iter()
         .any(|t| t.partitions.iter().any(|p| !exists(t.name.0.as_str(), *p)));

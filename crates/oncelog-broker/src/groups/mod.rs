@@ -25,15 +25,14 @@
 //! `require_stable` answers UNSTABLE_OFFSET_COMMIT (KIP-447), so a new owner
 //! never starts from a stale offset.
 //!
-//! Group state machine (Kafka's): Empty → PreparingRebalance (a join) →
-//! CompletingRebalance (every member rejoined, or the rebalance timeout
-//! passed: JoinGroup answers go out, the leader gets the member list) →
-//! Stable (the leader's SyncGroup delivered the assignments). A join, a
-//! leave or an expired session sends a Stable group back to
-//! PreparingRebalance; heartbeats then answer REBALANCE_IN_PROGRESS so
-//! members rejoin.
+//! The membership rules are a pure state machine ([`machine`]): each request
+//! takes the time as an input and returns its answer and its effects on
+//! other members' waiting requests. This driver keeps those waiting
+//! requests (one channel each), delivers the effects, and writes to the
+//! offsets log what must be durable. It never waits on the log while holding
+//! its lock: the log's writer applies each change once durable, in log order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -43,6 +42,13 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Mutex};
 
+mod machine;
+use machine::{join_error, MembershipRecord};
+pub use machine::{
+    Effect, Group, GroupState, JoinOutcome, JoinRequest, JoinResult, Member, OffsetMeta,
+    SyncOutcome,
+};
+
 use crate::error::ErrorCode;
 use crate::error::TopicError;
 use crate::internal_log::{InternalLog, OnDurable, Pending, PersistError};
@@ -50,33 +56,6 @@ use crate::storage::SharedStateLog;
 use oncelog_log::now_ms;
 
 pub use crate::datadir::OFFSETS_TOPIC;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GroupState {
-    Empty,
-    PreparingRebalance,
-    CompletingRebalance,
-    Stable,
-}
-
-impl GroupState {
-    pub fn name(self) -> &'static str {
-        match self {
-            GroupState::Empty => "Empty",
-            GroupState::PreparingRebalance => "PreparingRebalance",
-            GroupState::CompletingRebalance => "CompletingRebalance",
-            GroupState::Stable => "Stable",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OffsetMeta {
-    pub offset: i64,
-    pub leader_epoch: i32,
-    pub metadata: Option<String>,
-    pub commit_ms: i64,
-}
 
 /// One partition's answer to OffsetFetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,320 +67,6 @@ pub struct FetchedOffset {
     pub leader_epoch: i32,
     pub metadata: Option<String>,
     pub error: ErrorCode,
-}
-
-/// What a JoinGroup waiter receives.
-#[derive(Debug, Clone)]
-pub struct JoinResult {
-    pub error: ErrorCode,
-    pub generation: i32,
-    pub protocol_type: Option<String>,
-    pub protocol: Option<String>,
-    pub leader: String,
-    pub member_id: String,
-    /// (member id, instance id, metadata) — for the leader only.
-    pub members: Vec<(String, Option<String>, Bytes)>,
-}
-
-pub struct Member {
-    pub id: String,
-    pub instance_id: Option<String>,
-    pub client_id: String,
-    pub client_host: String,
-    pub session_timeout: Duration,
-    pub rebalance_timeout: Duration,
-    pub protocols: Vec<(String, Bytes)>,
-    pub assignment: Bytes,
-    pub last_seen: Instant,
-    join_waiter: Option<oneshot::Sender<JoinResult>>,
-    sync_waiter: Option<oneshot::Sender<(ErrorCode, Bytes)>>,
-}
-
-pub struct Group {
-    pub id: String,
-    pub state: GroupState,
-    pub generation: i32,
-    pub protocol_type: Option<String>,
-    pub protocol: Option<String>,
-    pub leader: Option<String>,
-    pub members: BTreeMap<String, Member>,
-    /// When the join phase must end (rebalance timeout), and the earliest it may
-    /// (the initial rebalance delay of an empty group).
-    join_deadline: Option<Instant>,
-    join_not_before: Option<Instant>,
-    pub offsets: HashMap<(String, i32), OffsetMeta>,
-    /// Producer id → offsets committed in its open transaction.
-    pub pending: HashMap<i64, HashMap<(String, i32), OffsetMeta>>,
-    /// The membership last written to the offsets log.
-    written: Option<MembershipRecord>,
-}
-
-/// A group's membership as the offsets log keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct MembershipRecord {
-    group: String,
-    generation: i32,
-    protocol_type: Option<String>,
-    protocol: Option<String>,
-    leader: Option<String>,
-    members: Vec<MemberRecord>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct MemberRecord {
-    id: String,
-    instance_id: Option<String>,
-    client_id: String,
-    client_host: String,
-    session_timeout_ms: u64,
-    rebalance_timeout_ms: u64,
-    /// (protocol name, the member's metadata for it).
-    protocols: Vec<(String, Vec<u8>)>,
-    assignment: Vec<u8>,
-}
-
-impl Group {
-    fn new(id: &str) -> Self {
-        Self {
-            id: id.to_string(),
-            state: GroupState::Empty,
-            generation: 0,
-            protocol_type: None,
-            protocol: None,
-            leader: None,
-            members: BTreeMap::new(),
-            join_deadline: None,
-            join_not_before: None,
-            offsets: HashMap::new(),
-            pending: HashMap::new(),
-            written: None,
-        }
-    }
-
-    /// The membership to keep, when the group is at rest (Stable or Empty).
-    fn membership(&self) -> Option<MembershipRecord> {
-        if !matches!(self.state, GroupState::Stable | GroupState::Empty) {
-            return None;
-        }
-        Some(MembershipRecord {
-            group: self.id.clone(),
-            generation: self.generation,
-            protocol_type: self.protocol_type.clone(),
-            protocol: self.protocol.clone(),
-            leader: self.leader.clone(),
-            members: self
-                .members
-                .values()
-                .map(|m| MemberRecord {
-                    id: m.id.clone(),
-                    instance_id: m.instance_id.clone(),
-                    client_id: m.client_id.clone(),
-                    client_host: m.client_host.clone(),
-                    session_timeout_ms: m.session_timeout.as_millis() as u64,
-                    rebalance_timeout_ms: m.rebalance_timeout.as_millis() as u64,
-                    protocols: m
-                        .protocols
-                        .iter()
-                        .map(|(n, md)| (n.clone(), md.to_vec()))
-                        .collect(),
-                    assignment: m.assignment.to_vec(),
-                })
-                .collect(),
-        })
-    }
-
-    /// Takes up the membership last written (at start): the generation
-    /// goes on, every member's session starts at `now`.
-    fn restore(&mut self, now: Instant) {
-        let Some(r) = self.written.clone() else {
-            return;
-        };
-        self.generation = r.generation;
-        self.protocol_type = r.protocol_type;
-        self.protocol = r.protocol;
-        self.leader = r.leader;
-        self.members = r
-            .members
-            .into_iter()
-            .map(|m| {
-                let member = Member {
-                    id: m.id.clone(),
-                    instance_id: m.instance_id,
-                    client_id: m.client_id,
-                    client_host: m.client_host,
-                    session_timeout: Duration::from_millis(m.session_timeout_ms),
-                    rebalance_timeout: Duration::from_millis(m.rebalance_timeout_ms),
-                    protocols: m
-                        .protocols
-                        .into_iter()
-                        .map(|(n, md)| (n, Bytes::from(md)))
-                        .collect(),
-                    assignment: Bytes::from(m.assignment),
-                    last_seen: now,
-                    join_waiter: None,
-                    sync_waiter: None,
-                };
-                (m.id, member)
-            })
-            .collect();
-        self.state = if self.members.is_empty() {
-            GroupState::Empty
-        } else {
-            GroupState::Stable
-        };
-    }
-
-    /// FENCED_INSTANCE_ID when `instance_id` now belongs to another member
-    /// id than `member_id` (a newer incarnation of a static member took its
-    /// place), or `member_id` is a static member with another instance id.
-    fn fenced_instance(&self, member_id: &str, instance_id: Option<&str>) -> bool {
-        let Some(iid) = instance_id else {
-            return false;
-        };
-        if let Some(m) = self.members.get(member_id) {
-            return m.instance_id.as_deref() != Some(iid);
-        }
-        self.members
-            .values()
-            .any(|m| m.instance_id.as_deref() == Some(iid))
-    }
-
-    pub fn has_pending(&self, topic: &str, partition: i32) -> bool {
-        let k = (topic.to_string(), partition);
-        self.pending.values().any(|m| m.contains_key(&k))
-    }
-
-    /// Starts (or keeps) a rebalance.
-    fn prepare_rebalance(&mut self, now: Instant, initial_delay: Duration) {
-        if self.state == GroupState::PreparingRebalance {
-            return;
-        }
-        // Members waiting for their assignment learn that a new round started.
-        for m in self.members.values_mut() {
-            if let Some(w) = m.sync_waiter.take() {
-                let _ = w.send((ErrorCode::RebalanceInProgress, Bytes::new()));
-            }
-        }
-        let timeout = self
-            .members
-            .values()
-            .map(|m| m.rebalance_timeout)
-            .max()
-            .unwrap_or(Duration::from_secs(60));
-        self.join_deadline = Some(now + timeout);
-        self.join_not_before = (self.state == GroupState::Empty).then(|| now + initial_delay);
-        self.state = GroupState::PreparingRebalance;
-    }
-
-    fn all_joined(&self) -> bool {
-        !self.members.is_empty() && self.members.values().all(|m| m.join_waiter.is_some())
-    }
-
-    /// Ends the join phase: drops members that did not rejoin, picks the
-    /// protocol, bumps the generation and answers every JoinGroup.
-    fn complete_join(&mut self) {
-        self.members.retain(|_, m| m.join_waiter.is_some());
-        self.join_deadline = None;
-        self.join_not_before = None;
-        if self.members.is_empty() {
-            self.state = GroupState::Empty;
-            self.generation += 1;
-            self.protocol = None;
-            self.leader = None;
-            return;
-        }
-        self.generation += 1;
-        if self
-            .leader
-            .as_ref()
-            .is_none_or(|l| !self.members.contains_key(l))
-        {
-            self.leader = self.members.keys().next().cloned();
-        }
-        // The first protocol of the leader's list that every member supports.
-        let leader = self.leader.clone().unwrap_or_default();
-        let candidates: Vec<String> = self
-            .members
-            .get(&leader)
-            .map(|m| m.protocols.iter().map(|(n, _)| n.clone()).collect())
-            .unwrap_or_default();
-        self.protocol = candidates.into_iter().find(|p| {
-            self.members
-                .values()
-                .all(|m| m.protocols.iter().any(|(n, _)| n == p))
-        });
-        self.state = GroupState::CompletingRebalance;
-        let proto = self.protocol.clone();
-        let members: Vec<(String, Option<String>, Bytes)> = self
-            .members
-            .values()
-            .map(|m| {
-                let meta = m
-                    .protocols
-                    .iter()
-                    .find(|(n, _)| Some(n) == proto.as_ref())
-                    .map(|(_, md)| md.clone())
-                    .unwrap_or_default();
-                (m.id.clone(), m.instance_id.clone(), meta)
-            })
-            .collect();
-        for m in self.members.values_mut() {
-            m.assignment = Bytes::new();
-            if let Some(w) = m.join_waiter.take() {
-                let _ = w.send(JoinResult {
-                    error: ErrorCode::None,
-                    generation: self.generation,
-                    protocol_type: self.protocol_type.clone(),
-                    protocol: proto.clone(),
-                    leader: leader.clone(),
-                    member_id: m.id.clone(),
-                    members: if m.id == leader {
-                        members.clone()
-                    } else {
-                        Vec::new()
-                    },
-                });
-            }
-        }
-    }
-
-    fn remove_member(&mut self, id: &str, now: Instant, initial_delay: Duration) {
-        if let Some(mut m) = self.members.remove(id) {
-            if let Some(w) = m.join_waiter.take() {
-                let _ = w.send(join_error(ErrorCode::UnknownMemberId, id));
-            }
-            if let Some(w) = m.sync_waiter.take() {
-                let _ = w.send((ErrorCode::UnknownMemberId, Bytes::new()));
-            }
-        }
-        if self.leader.as_deref() == Some(id) {
-            self.leader = None;
-        }
-        if self.members.is_empty() {
-            self.state = GroupState::Empty;
-            self.join_deadline = None;
-            self.join_not_before = None;
-            self.generation += 1;
-            self.protocol = None;
-        } else {
-            self.prepare_rebalance(now, initial_delay);
-            if self.state == GroupState::PreparingRebalance && self.all_joined() {
-                self.complete_join();
-            }
-        }
-    }
-}
-
-fn join_error(error: ErrorCode, member_id: &str) -> JoinResult {
-    JoinResult {
-        error,
-        generation: -1,
-        protocol_type: None,
-        protocol: None,
-        leader: String::new(),
-        member_id: member_id.to_string(),
-        members: Vec::new(),
-    }
 }
 
 /// Records of the offsets log.
@@ -454,6 +119,33 @@ pub struct Groups {
 
 struct Inner {
     groups: HashMap<String, Group>,
+    /// JoinGroup and SyncGroup requests waiting, by (group, member id).
+    joins: HashMap<(String, String), oneshot::Sender<JoinResult>>,
+    syncs: HashMap<(String, String), oneshot::Sender<(ErrorCode, Bytes)>>,
+}
+
+impl Inner {
+    /// Answers the waiting requests that `group`'s effects end.
+    fn deliver(&mut self, group: &str, effects: Vec<Effect>) {
+        for e in effects {
+            match e {
+                Effect::Join(r) => {
+                    if let Some(tx) = self.joins.remove(&(group.to_string(), r.member_id.clone())) {
+                        let _ = tx.send(r);
+                    }
+                }
+                Effect::Sync {
+                    member,
+                    error,
+                    assignment,
+                } => {
+                    if let Some(tx) = self.syncs.remove(&(group.to_string(), member)) {
+                        let _ = tx.send((error, assignment));
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn apply(groups: &mut HashMap<String, Group>, rec: OffsetRecord) {
@@ -528,20 +220,6 @@ fn apply(groups: &mut HashMap<String, Group>, rec: OffsetRecord) {
 /// Errors of the membership calls.
 pub type GroupResult<T> = Result<T, ErrorCode>;
 
-pub struct JoinRequest {
-    pub group: String,
-    pub member_id: String,
-    pub instance_id: Option<String>,
-    pub client_id: String,
-    pub client_host: String,
-    pub session_timeout_ms: i32,
-    pub rebalance_timeout_ms: i32,
-    pub protocol_type: String,
-    pub protocols: Vec<(String, Bytes)>,
-    /// JoinGroup v4+: a first join without a member id is told its id and rejoins.
-    pub require_known_member_id: bool,
-}
-
 impl Groups {
     pub fn open(data_dir: &Path, settings: GroupSettings) -> Result<Self, TopicError> {
         let (log, records) = InternalLog::open(data_dir, "__consumer_offsets-0")?;
@@ -587,7 +265,11 @@ impl Groups {
             .into_writer("__consumer_offsets-0")
             .map_err(|e| TopicError::Storage(format!("start the offsets log writer: {e}")))?;
         Ok(Self {
-            state: Arc::new(Mutex::new(Inner { groups })),
+            state: Arc::new(Mutex::new(Inner {
+                groups,
+                joins: HashMap::new(),
+                syncs: HashMap::new(),
+            })),
             log: Arc::new(log),
             settings,
             next_member: AtomicU64::new(0),
@@ -661,143 +343,31 @@ impl Groups {
         {
             return join_error(ErrorCode::InvalidSessionTimeout, &req.member_id);
         }
+        let fresh = self.new_member_id(&req.client_id);
         let rx = {
             let mut inner = self.state.lock().await;
-            let now = Instant::now();
-            let delay = self.settings.initial_rebalance_delay;
             let g = inner
                 .groups
                 .entry(req.group.clone())
                 .or_insert_with(|| Group::new(&req.group));
-            if let Some(pt) = &g.protocol_type {
-                if !g.members.is_empty() && pt != &req.protocol_type {
-                    return join_error(ErrorCode::InconsistentGroupProtocol, &req.member_id);
+            let delay = self.settings.initial_rebalance_delay;
+            let (outcome, effects) = g.join(&req, fresh, Instant::now(), delay);
+            let rx = match outcome {
+                JoinOutcome::Answer(r) => {
+                    inner.deliver(&req.group, effects);
+                    self.save_membership(&mut inner, &req.group);
+                    return r;
                 }
-            }
-            if !g.members.is_empty()
-                && !req.protocols.iter().any(|(n, _)| {
-                    g.members
-                        .values()
-                        .all(|m| m.protocols.iter().any(|(x, _)| x == n))
-                })
-            {
-                return join_error(ErrorCode::InconsistentGroupProtocol, &req.member_id);
-            }
-            let mut member_id = req.member_id.clone();
-            if member_id.is_empty() {
-                // A static member coming back replaces its previous incarnation.
-                let previous = req.instance_id.as_ref().and_then(|iid| {
-                    g.members
-                        .values()
-                        .find(|m| m.instance_id.as_ref() == Some(iid))
-                        .map(|m| m.id.clone())
-                });
-                member_id = self.new_member_id(&req.client_id);
-                if let Some(old) = previous {
-                    let Some(mut m) = g.members.remove(&old) else {
-                        return join_error(ErrorCode::UnknownMemberId, &req.member_id);
-                    };
-                    if let Some(w) = m.join_waiter.take() {
-                        let _ = w.send(join_error(ErrorCode::FencedInstanceId, &old));
+                JoinOutcome::Wait { member } => {
+                    let (tx, rx) = oneshot::channel();
+                    let key = (req.group.clone(), member.clone());
+                    if let Some(old) = inner.joins.insert(key, tx) {
+                        let _ = old.send(join_error(ErrorCode::UnknownMemberId, &member));
                     }
-                    if let Some(w) = m.sync_waiter.take() {
-                        let _ = w.send((ErrorCode::FencedInstanceId, Bytes::new()));
-                    }
-                    let was_leader = g.leader.as_deref() == Some(old.as_str());
-                    let keeps_protocol = g
-                        .protocol
-                        .as_ref()
-                        .is_some_and(|p| req.protocols.iter().any(|(n, _)| n == p));
-                    tracing::info!(group = %g.id, instance = ?req.instance_id, old_member = %old,
-                        new_member = %member_id, "static member rejoined");
-                    if g.state == GroupState::Stable && keeps_protocol {
-                        // KIP-345: a static member coming back to a stable
-                        // group keeps its assignment; no rebalance. When it
-                        // led the group it leads it still, but the answer
-                        // names the old leader id, so the member does not
-                        // take itself for the leader and assign anew (an
-                        // assignment a stable group would not hand out).
-                        m.id = member_id.clone();
-                        m.protocols = req.protocols.clone();
-                        m.client_id = req.client_id.clone();
-                        m.client_host = req.client_host.clone();
-                        m.session_timeout = Duration::from_millis(req.session_timeout_ms as u64);
-                        m.rebalance_timeout =
-                            Duration::from_millis(req.rebalance_timeout_ms.max(0) as u64);
-                        m.last_seen = Instant::now();
-                        g.members.insert(member_id.clone(), m);
-                        let answered_leader = g.leader.clone().unwrap_or_default();
-                        if was_leader {
-                            g.leader = Some(member_id.clone());
-                        }
-                        let res = JoinResult {
-                            error: ErrorCode::None,
-                            generation: g.generation,
-                            protocol_type: g.protocol_type.clone(),
-                            protocol: g.protocol.clone(),
-                            leader: answered_leader,
-                            member_id,
-                            members: Vec::new(),
-                        };
-                        self.save_membership(&mut inner, &req.group);
-                        return res;
-                    }
-                    if was_leader {
-                        g.leader = Some(member_id.clone());
-                    }
-                } else if req.require_known_member_id && req.instance_id.is_none() {
-                    // KIP-394: tell a dynamic member its id; it rejoins with it.
-                    return join_error(ErrorCode::MemberIdRequired, &member_id);
+                    rx
                 }
-            } else if !g.members.contains_key(&member_id) {
-                // v4+: the id we handed out with MEMBER_ID_REQUIRED (or one
-                // from before a restart) is accepted; older versions rejoin.
-                if !req.require_known_member_id {
-                    return join_error(ErrorCode::UnknownMemberId, &member_id);
-                }
-            } else if let Some(m) = g.members.get(&member_id) {
-                if m.instance_id.is_some() && m.instance_id != req.instance_id {
-                    return join_error(ErrorCode::FencedInstanceId, &member_id);
-                }
-            }
-            if !member_id.is_empty()
-                && !g.members.contains_key(&member_id)
-                && g.fenced_instance(&member_id, req.instance_id.as_deref())
-            {
-                // An older incarnation of a static member that was replaced.
-                return join_error(ErrorCode::FencedInstanceId, &member_id);
-            }
-            let (tx, rx) = oneshot::channel();
-            let m =
-                g.members
-                    .entry(member_id.clone())
-                    .or_insert_with(|| Member {
-                        id: member_id.clone(),
-                        instance_id: req.instance_id.clone(),
-                        client_id: req.client_id.clone(),
-                        client_host: req.client_host.clone(),
-                        session_timeout: Duration::from_millis(req.session_timeout_ms as u64),
-                        rebalance_timeout: Duration::from_millis(
-                            req.rebalance_timeout_ms.max(0) as u64
-                        ),
-                        protocols: Vec::new(),
-                        assignment: Bytes::new(),
-                        last_seen: now,
-                        join_waiter: None,
-                        sync_waiter: None,
-                    });
-            m.protocols = req.protocols.clone();
-            m.session_timeout = Duration::from_millis(req.session_timeout_ms as u64);
-            m.rebalance_timeout = Duration::from_millis(req.rebalance_timeout_ms.max(0) as u64);
-            m.last_seen = now;
-            if let Some(old) = m.join_waiter.replace(tx) {
-                let _ = old.send(join_error(ErrorCode::UnknownMemberId, &member_id));
-            }
-            g.protocol_type = Some(req.protocol_type.clone());
-            g.prepare_rebalance(now, delay);
-            if g.all_joined() && g.join_not_before.is_none_or(|t| now >= t) {
-                g.complete_join();
-            }
+            };
+            inner.deliver(&req.group, effects);
             rx
         };
         match rx.await {
@@ -819,51 +389,26 @@ impl Groups {
             let Some(g) = inner.groups.get_mut(group) else {
                 return (ErrorCode::UnknownMemberId, Bytes::new(), None, None);
             };
-            if g.fenced_instance(member_id, instance_id) {
-                return (ErrorCode::FencedInstanceId, Bytes::new(), None, None);
-            }
-            let proto = (g.protocol_type.clone(), g.protocol.clone());
-            let Some(m) = g.members.get_mut(member_id) else {
-                return (ErrorCode::UnknownMemberId, Bytes::new(), None, None);
-            };
-            m.last_seen = Instant::now();
-            if generation != g.generation {
-                return (ErrorCode::IllegalGeneration, Bytes::new(), None, None);
-            }
-            match g.state {
-                GroupState::Empty => return (ErrorCode::UnknownMemberId, Bytes::new(), None, None),
-                GroupState::PreparingRebalance => {
-                    return (ErrorCode::RebalanceInProgress, Bytes::new(), None, None)
-                }
-                GroupState::Stable => {
-                    let a = m.assignment.clone();
-                    return (ErrorCode::None, a, proto.0, proto.1);
-                }
-                GroupState::CompletingRebalance => {}
+            let (outcome, effects) = g.sync(
+                generation,
+                member_id,
+                instance_id,
+                assignments,
+                Instant::now(),
+            );
+            if let SyncOutcome::Answer(code, a) = outcome {
+                let proto = (g.protocol_type.clone(), g.protocol.clone());
+                inner.deliver(group, effects);
+                return (code, a, proto.0, proto.1);
             }
             let (tx, rx) = oneshot::channel();
-            m.sync_waiter = Some(tx);
-            let leader = g.leader.as_deref() == Some(member_id);
-            if leader {
-                let given: HashMap<String, Bytes> = assignments.into_iter().collect();
-                for m in g.members.values_mut() {
-                    m.assignment = given.get(&m.id).cloned().unwrap_or_default();
-                    if let Some(w) = m.sync_waiter.take() {
-                        let _ = w.send((ErrorCode::None, m.assignment.clone()));
-                    }
-                }
-                g.state = GroupState::Stable;
-                tracing::info!(
-                    group,
-                    generation,
-                    members = g.members.len(),
-                    protocol = g.protocol.as_deref().unwrap_or(""),
-                    "group stable"
-                );
+            let key = (group.to_string(), member_id.to_string());
+            if let Some(old) = inner.syncs.insert(key, tx) {
+                let _ = old.send((ErrorCode::RebalanceInProgress, Bytes::new()));
             }
-            if leader {
-                self.save_membership(&mut inner, group);
-            }
+            inner.deliver(group, effects);
+            // The leader's assignments make the group Stable: keep it.
+            self.save_membership(&mut inner, group);
             rx
         };
         let (code, a) = rx
@@ -886,22 +431,9 @@ impl Groups {
         instance_id: Option<&str>,
     ) -> ErrorCode {
         let mut inner = self.state.lock().await;
-        let Some(g) = inner.groups.get_mut(group) else {
-            return ErrorCode::UnknownMemberId;
-        };
-        if g.fenced_instance(member_id, instance_id) {
-            return ErrorCode::FencedInstanceId;
-        }
-        let state = g.state;
-        let gen = g.generation;
-        let Some(m) = g.members.get_mut(member_id) else {
-            return ErrorCode::UnknownMemberId;
-        };
-        m.last_seen = Instant::now();
-        match state {
-            GroupState::PreparingRebalance => ErrorCode::RebalanceInProgress,
-            _ if generation != gen => ErrorCode::IllegalGeneration,
-            _ => ErrorCode::None,
+        match inner.groups.get_mut(group) {
+            Some(g) => g.heartbeat(generation, member_id, instance_id, Instant::now()),
+            None => ErrorCode::UnknownMemberId,
         }
     }
 
@@ -916,73 +448,24 @@ impl Groups {
         let Some(g) = inner.groups.get_mut(group) else {
             return members.iter().map(|_| ErrorCode::UnknownMemberId).collect();
         };
-        let now = Instant::now();
-        let codes = members
-            .into_iter()
-            .map(|(id, iid)| {
-                let id = if id.is_empty() {
-                    iid.as_ref()
-                        .and_then(|i| {
-                            g.members
-                                .values()
-                                .find(|m| m.instance_id.as_ref() == Some(i))
-                        })
-                        .map(|m| m.id.clone())
-                        .unwrap_or_default()
-                } else {
-                    id
-                };
-                if g.fenced_instance(&id, iid.as_deref()) {
-                    return ErrorCode::FencedInstanceId;
-                }
-                if g.members.contains_key(&id) {
-                    tracing::info!(group, member = %id, "member left");
-                    g.remove_member(&id, now, delay);
-                    ErrorCode::None
-                } else {
-                    ErrorCode::UnknownMemberId
-                }
-            })
-            .collect();
+        let (codes, effects) = g.leave(members, Instant::now(), delay);
+        inner.deliver(group, effects);
         self.save_membership(&mut inner, group);
         codes
     }
 
-    /// Checks that (member, generation) may commit for `group`; generation -1
-    /// with no member is a standalone commit, allowed while the group is empty.
+    /// Checks that (member, generation) may commit for `group`.
     fn check_commit(
         g: Option<&Group>,
         generation: i32,
         member_id: &str,
         instance_id: Option<&str>,
     ) -> ErrorCode {
-        let Some(g) = g else {
-            return if generation < 0 {
-                ErrorCode::None
-            } else {
-                ErrorCode::IllegalGeneration
-            };
-        };
-        if generation < 0 && member_id.is_empty() {
-            return if g.members.is_empty() {
-                ErrorCode::None
-            } else {
-                ErrorCode::UnknownMemberId
-            };
+        match g {
+            Some(g) => g.check_commit(generation, member_id, instance_id),
+            None if generation < 0 => ErrorCode::None,
+            None => ErrorCode::IllegalGeneration,
         }
-        if g.fenced_instance(member_id, instance_id) {
-            return ErrorCode::FencedInstanceId;
-        }
-        if !g.members.contains_key(member_id) {
-            return ErrorCode::UnknownMemberId;
-        }
-        if generation != g.generation {
-            return ErrorCode::IllegalGeneration;
-        }
-        if g.state == GroupState::PreparingRebalance {
-            return ErrorCode::RebalanceInProgress;
-        }
-        ErrorCode::None
     }
 
     /// OffsetCommit: one code for the whole request (membership), or per-partition storage errors.
@@ -1182,41 +665,18 @@ impl Groups {
         let now = Instant::now();
         let delay = self.settings.initial_rebalance_delay;
         let mut changed = Vec::new();
+        let mut effects = Vec::new();
         for g in inner.groups.values_mut() {
-            let before = (g.state, g.generation, g.members.len());
-            if g.state == GroupState::PreparingRebalance {
-                let ready = g.all_joined() && g.join_not_before.is_none_or(|t| now >= t);
-                let expired = g.join_deadline.is_some_and(|d| now >= d);
-                if ready || expired {
-                    if expired && !ready {
-                        let late: Vec<String> = g
-                            .members
-                            .values()
-                            .filter(|m| m.join_waiter.is_none())
-                            .map(|m| m.id.clone())
-                            .collect();
-                        for id in &late {
-                            tracing::info!(group = %g.id, member = %id, "member did not rejoin in time; removed");
-                        }
-                    }
-                    g.complete_join();
-                }
-            }
-            let expired: Vec<String> = g
-                .members
-                .values()
-                .filter(|m| {
-                    m.join_waiter.is_none() && now.duration_since(m.last_seen) > m.session_timeout
-                })
-                .map(|m| m.id.clone())
-                .collect();
-            for id in expired {
-                tracing::info!(group = %g.id, member = %id, "member session expired; removed");
-                g.remove_member(&id, now, delay);
-            }
-            if (g.state, g.generation, g.members.len()) != before {
+            let (c, e) = g.tick(now, delay);
+            if c {
                 changed.push(g.id.clone());
             }
+            if !e.is_empty() {
+                effects.push((g.id.clone(), e));
+            }
+        }
+        for (id, e) in effects {
+            inner.deliver(&id, e);
         }
         for id in changed {
             self.save_membership(&mut inner, &id);
@@ -1265,8 +725,8 @@ mod tests {
             protocols: vec![("range".to_string(), Bytes::from_static(b"\x00\x01sub"))],
             assignment: Bytes::from_static(b"\x00\x01asg"),
             last_seen: Instant::now(),
-            join_waiter: None,
-            sync_waiter: None,
+            joining: false,
+            syncing: false,
         }
     }
 

@@ -1,6 +1,7 @@
 //! A lean closed-loop produce load (`oncelog bench-wire`) for the benchmark
-//! suite. It speaks the Kafka wire protocol itself over one blocking TCP
-//! connection: an idempotent producer id from InitProducerId, then Produce
+//! suite. It speaks the Kafka wire protocol over one blocking TCP connection
+//! (framed by `oncelog_client::frame`, into buffers it reuses): an
+//! idempotent producer id from InitProducerId, then Produce
 //! requests (acks=all) carrying one record batch per partition, up to
 //! `--window` requests in flight, exactly as a Kafka producer with
 //! `max.in.flight.requests.per_connection` does.
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::api_versions_request::ApiVersionsRequest;
 use kafka_protocol::messages::api_versions_response::ApiVersionsResponse;
 use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
@@ -32,10 +34,14 @@ use kafka_protocol::messages::produce_request::{
     PartitionProduceData, ProduceRequest, TopicProduceData,
 };
 use kafka_protocol::messages::produce_response::ProduceResponse;
-use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader, TopicName};
+use kafka_protocol::messages::{ApiKey, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use oncelog_client::frame::{common_version, decode_response, encode_request, version_ranges};
 
 use crate::load_common::{cpu_s, exit_code, monotonic_s, now_ms, payload, read_go_line};
+
+/// The client id of every request.
+const CLIENT_ID: &str = "oncelog-bench-wire";
 
 /// Produce v9 is the last version that names topics (v13 uses topic ids)
 /// and is flexible; every broker the suite runs serves it.
@@ -100,18 +106,8 @@ impl Writer {
         self.correlation += 1;
         let corr = self.correlation;
         self.frame.clear();
-        self.frame.put_i32(0);
-        RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(corr)
-            .with_client_id(Some(StrBytes::from_static_str("oncelog-bench-wire")))
-            .encode(&mut self.frame, key.request_header_version(version))
-            .map_err(|e| anyhow!("encoding a {key:?} header: {e}"))?;
-        req.encode(&mut self.frame, version)
-            .map_err(|e| anyhow!("encoding a {key:?} request: {e}"))?;
-        let len = i32::try_from(self.frame.len() - 4).context("request too large")?;
-        self.frame[..4].copy_from_slice(&len.to_be_bytes());
+        encode_request(&mut self.frame, key, version, corr, CLIENT_ID, req)
+            .with_context(|| format!("encoding a {key:?} request"))?;
         self.stream
             .write_all(&self.frame)
             .with_context(|| format!("writing a {key:?} request"))?;
@@ -140,16 +136,8 @@ impl Reader {
         self.stream
             .read_exact(&mut self.body)
             .with_context(|| format!("reading a {key:?} response"))?;
-        let mut b = Bytes::copy_from_slice(&self.body);
-        let h = ResponseHeader::decode(&mut b, key.response_header_version(version))
-            .map_err(|e| anyhow!("decoding a {key:?} response header: {e}"))?;
-        if h.correlation_id != corr {
-            bail!(
-                "{key:?} response has correlation id {}, expected {corr}",
-                h.correlation_id
-            );
-        }
-        R::decode(&mut b, version).map_err(|e| anyhow!("decoding a {key:?} response: {e}"))
+        decode_response(Bytes::copy_from_slice(&self.body), key, version, corr)
+            .with_context(|| format!("decoding a {key:?} response"))
     }
 }
 
@@ -349,9 +337,17 @@ fn read_loop(
 /// Error codes InitProducerId answers while a broker is still starting
 /// (Kafka allocates producer ids through its controller).
 fn retriable(code: i16) -> bool {
-    // COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE,
-    // NOT_COORDINATOR, CONCURRENT_TRANSACTIONS, REQUEST_TIMED_OUT
-    matches!(code, 14 | 15 | 16 | 51 | 7)
+    use ResponseError::*;
+    matches!(
+        ResponseError::try_from_code(code),
+        Some(
+            CoordinatorLoadInProgress
+                | CoordinatorNotAvailable
+                | NotCoordinator
+                | ConcurrentTransactions
+                | RequestTimedOut
+        )
+    )
 }
 
 fn run_inner(args: &WireLoadArgs) -> Result<()> {
@@ -366,23 +362,15 @@ fn run_inner(args: &WireLoadArgs) -> Result<()> {
         0,
         &ApiVersionsRequest::default(),
     )?;
-    let range = |key: ApiKey| {
-        av.api_keys
-            .iter()
-            .find(|k| k.api_key == key as i16)
-            .map(|k| (k.min_version, k.max_version))
-            .ok_or_else(|| anyhow!("the broker does not serve {key:?}"))
+    let ranges = version_ranges(&av);
+    let pick = |key: ApiKey, ours: (i16, i16)| {
+        common_version(&ranges, key, ours).map_err(|_| match ranges.get(&(key as i16)) {
+            Some((lo, hi)) => anyhow!("no common {key:?} version (broker {lo}..={hi})"),
+            None => anyhow!("the broker does not serve {key:?}"),
+        })
     };
-    let (lo, hi) = range(ApiKey::Produce)?;
-    let version = hi.min(PRODUCE_MAX_VERSION);
-    if version < lo.max(3) {
-        bail!("no common Produce version (broker {lo}..={hi})");
-    }
-    let (lo, hi) = range(ApiKey::InitProducerId)?;
-    let ipv = hi.min(4);
-    if ipv < lo {
-        bail!("no common InitProducerId version (broker {lo}..={hi})");
-    }
+    let version = pick(ApiKey::Produce, (3, PRODUCE_MAX_VERSION))?;
+    let ipv = pick(ApiKey::InitProducerId, (0, 4))?;
     let deadline = monotonic_s() + 60.0;
     let (pid, epoch) = if args.no_idempotence {
         (-1, -1)

@@ -10,7 +10,6 @@ use oncelog_broker::{Broker, BrokerConfig};
 
 mod alloc_guard;
 mod cli;
-mod cli_data;
 
 #[global_allocator]
 static GLOBAL: alloc_guard::Guard = alloc_guard::Guard;
@@ -57,14 +56,14 @@ enum Command {
         #[command(flatten)]
         conn: ConnArgs,
         #[command(flatten)]
-        args: cli_data::ProduceArgs,
+        args: cli::ProduceArgs,
     },
     /// Read records to stdout (from an offset or time; read_committed by default).
     Consume {
         #[command(flatten)]
         conn: ConnArgs,
         #[command(flatten)]
-        args: cli_data::ConsumeArgs,
+        args: cli::ConsumeArgs,
     },
     /// Audit exactly-once on any Kafka-compatible cluster: real-client
     /// workloads under faults, then a check of the recorded history.
@@ -228,9 +227,9 @@ fn main() -> Result<()> {
         Command::Txn { conn, cmd } => client(|| cli::txn(&conn.bootstrap, conn.json, cmd)),
         Command::Group { conn, cmd } => client(|| cli::group(&conn.bootstrap, conn.json, cmd)),
         Command::Produce { conn, args } => {
-            client(|| cli_data::produce(&conn.bootstrap, conn.json, args))
+            client(|| cli::produce(&conn.bootstrap, conn.json, args))
         }
-        Command::Consume { conn, args } => client(|| cli_data::consume(&conn.bootstrap, args)),
+        Command::Consume { conn, args } => client(|| cli::consume(&conn.bootstrap, args)),
         #[cfg(feature = "audit")]
         Command::Audit(args) => std::process::exit(oncelog_audit::runner::run(args)),
         #[cfg(feature = "audit")]

@@ -1,0 +1,478 @@
+//! `oncelog consume`: records to stdout, from an offset or a time,
+//! read_committed by default, optionally following and committing a
+//! standalone group's offsets. Fetching and decoding are the client crate's.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use oncelog_broker::now_ms;
+use oncelog_client::admin::{holding_transaction, TxnHolder};
+use oncelog_client::consumer::{
+    commit_group, committed_offsets, decode_partition, fetch, list_offsets, AbortedTxns, EARLIEST,
+    LATEST,
+};
+use oncelog_client::{check, Cluster, ResponseError};
+
+use super::format::{write_record, FORMATS};
+use super::progress::Progress;
+
+#[derive(clap::Args)]
+pub struct ConsumeArgs {
+    /// Topic to read.
+    pub topic: String,
+    /// Only this partition (default: all).
+    #[arg(long)]
+    pub partition: Option<i32>,
+    /// Where to start: earliest, latest, an offset (one past the end waits
+    /// there), -N (N records before the end) or @TIMESTAMP_MS.
+    #[arg(long, default_value = "earliest", allow_hyphen_values = true)]
+    pub from: String,
+    /// read_committed (the default) or read_uncommitted.
+    #[arg(long, default_value = "read_committed")]
+    pub isolation: String,
+    /// Start at this group's committed offsets where it has them, and commit
+    /// the position reached at the end, on Ctrl-C/SIGTERM and every 5 s
+    /// while following (a standalone consumer, no membership).
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Stop after this many records.
+    #[arg(long)]
+    pub max_messages: Option<u64>,
+    /// Keep waiting for new records (until Ctrl-C or SIGTERM) instead of
+    /// stopping at the end (the last stable offset for read_committed) seen
+    /// at the start.
+    #[arg(long)]
+    pub follow: bool,
+    /// Stop after this many milliseconds in any case.
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
+    /// value (one per line), kv (key TAB value), json (one object per line),
+    /// hex or base64 (the value encoded, one per line: safe for binary data).
+    #[arg(long, default_value = "value")]
+    pub format: String,
+    /// Report progress on stderr every second (on by default when stderr is
+    /// a terminal and stdout is not).
+    #[arg(long)]
+    pub progress: bool,
+}
+
+/// The name of the signal (SIGINT or SIGTERM) that asked a run to stop, once one has.
+#[derive(Clone, Default)]
+struct StopFlag(std::sync::Arc<std::sync::Mutex<Option<&'static str>>>);
+
+impl StopFlag {
+    /// Watches SIGINT and SIGTERM from now on (instead of dying of them).
+    fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let flag = Self::default();
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let f = flag.clone();
+        tokio::spawn(async move {
+            let name = tokio::select! {
+                _ = int.recv() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            };
+            if let Ok(mut g) = f.0.lock() {
+                *g = Some(name);
+            }
+        });
+        Ok(flag)
+    }
+
+    fn get(&self) -> Option<&'static str> {
+        self.0.lock().ok().and_then(|g| *g)
+    }
+}
+
+/// Which open transaction holds `topic`-`p` back at the last stable offset
+/// `lso`: the partition's producers (DescribeProducers), and the coordinators'
+/// transactions (ListTransactions, DescribeTransactions) for its
+/// transactional id. Best effort: a failure becomes part of the sentence.
+async fn txn_holding(c: &mut Cluster, leader: i32, topic: &str, p: i32, lso: i64) -> String {
+    match holding_transaction(c, leader, topic, p, lso).await {
+        Ok(h) => holder_sentence(&h, now_ms()),
+        Err(e) => format!(
+            "an open transaction (which one could not be told: {:#})",
+            anyhow::Error::from(e)
+        ),
+    }
+}
+
+/// What holds a partition back, as the end of a sentence; `now` (ms since
+/// the epoch) tells the transaction's age.
+fn holder_sentence(h: &TxnHolder, now: i64) -> String {
+    match h {
+        TxnHolder::Ended => "an open transaction that has ended since (read again to see its \
+                             records if it committed)"
+            .into(),
+        TxnHolder::Open {
+            producer_id: pid,
+            epoch,
+            first_offset: first,
+            transactional_id: Some(tid),
+            start_time_ms,
+        } => {
+            let age = match start_time_ms {
+                Some(t) => format!(", open for {:.1} s", (now - t).max(0) as f64 / 1000.0),
+                None => String::new(),
+            };
+            format!(
+                "the open transaction of transactional id {tid:?} (producer id {pid}, epoch \
+                 {epoch}, first offset {first}{age})"
+            )
+        }
+        TxnHolder::Open {
+            producer_id: pid,
+            epoch,
+            first_offset: first,
+            transactional_id: None,
+            ..
+        } => format!(
+            "the open transaction of producer id {pid} (epoch {epoch}, first offset {first}; \
+             no coordinator names its transactional id: see `oncelog txn find-hanging`)"
+        ),
+    }
+}
+
+/// Moves a start position into the log: before its start to the start,
+/// past its end to the end (never back to the start). Says so on stderr.
+fn clamp_position(
+    topic: &str,
+    p: i32,
+    o: i64,
+    start: i64,
+    end: i64,
+    follow: bool,
+    why: &str,
+) -> i64 {
+    if o > end {
+        let then = if follow {
+            "waiting there for new records"
+        } else {
+            "nothing to read (--follow waits there)"
+        };
+        eprintln!("{topic}-{p}: {why} {o} is past the end of the log ({end}); {then}");
+        end
+    } else if o < start {
+        eprintln!(
+            "{topic}-{p}: {why} {o} is before the log start ({start}: older records were deleted); starting at {start}"
+        );
+        start
+    } else {
+        o
+    }
+}
+
+pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
+    if !FORMATS.contains(&a.format.as_str()) {
+        bail!("--format must be one of {}", FORMATS.join(", "));
+    }
+    let committed_only = match a.isolation.as_str() {
+        "read_committed" => true,
+        "read_uncommitted" => false,
+        other => bail!("--isolation must be read_committed or read_uncommitted, not {other}"),
+    };
+    let deadline = a
+        .timeout_ms
+        .map(|t| Instant::now() + Duration::from_millis(t));
+    let mut c = Cluster::connect(bootstrap).await?;
+    let leaders = c.leaders(&a.topic, false).await?;
+    let parts: Vec<i32> = match a.partition {
+        Some(p) if leaders.contains_key(&p) => vec![p],
+        Some(p) => bail!("{} has no partition {p}", a.topic),
+        None => leaders.keys().copied().collect(),
+    };
+    let topic = a.topic.clone();
+    let starts = list_offsets(c.bootstrap(), &topic, &parts, EARLIEST, false).await?;
+    let hws = list_offsets(c.bootstrap(), &topic, &parts, LATEST, false).await?;
+    let start_of = |p: &i32| starts.get(p).copied().unwrap_or(0);
+    let hw_of = |p: &i32| hws.get(p).copied().unwrap_or(0);
+    // Start positions: the group's committed offsets, else --from.
+    let mut pos: BTreeMap<i32, i64> = match a.from.as_str() {
+        "earliest" => starts.clone(),
+        "latest" => list_offsets(c.bootstrap(), &topic, &parts, LATEST, committed_only).await?,
+        x if x.starts_with('@') => {
+            let ts: i64 = x[1..].parse().context("--from @TIMESTAMP_MS")?;
+            let found = list_offsets(c.bootstrap(), &topic, &parts, ts, false).await?;
+            found
+                .into_iter()
+                .map(|(p, o)| (p, if o < 0 { hw_of(&p) } else { o }))
+                .collect()
+        }
+        x => {
+            let o: i64 = x.parse().map_err(|_| {
+                anyhow!(
+                    "--from must be earliest, latest, an offset, -N or @TIMESTAMP_MS, not {x:?}"
+                )
+            })?;
+            parts
+                .iter()
+                .map(|p| {
+                    let o = if o < 0 {
+                        (hw_of(p) + o).max(start_of(p))
+                    } else {
+                        clamp_position(&topic, *p, o, start_of(p), hw_of(p), a.follow, "offset")
+                    };
+                    (*p, o)
+                })
+                .collect()
+        }
+    };
+    if let Some(g) = &a.group {
+        for (pi, committed) in committed_offsets(&mut c, g, &topic, &parts).await? {
+            let o = clamp_position(
+                &topic,
+                pi,
+                committed,
+                start_of(&pi),
+                hw_of(&pi),
+                a.follow,
+                &format!("group {g}'s committed offset"),
+            );
+            pos.insert(pi, o);
+        }
+    }
+    // The end for a run without --follow: the last stable offset (read_committed)
+    // or the high watermark, as they are now.
+    let ends = if committed_only {
+        list_offsets(c.bootstrap(), &topic, &parts, LATEST, true).await?
+    } else {
+        hws.clone()
+    };
+    let stop = StopFlag::install()?;
+    let mut done: BTreeSet<i32> = BTreeSet::new();
+    let mut aborted: HashMap<i32, AbortedTxns> = HashMap::new();
+    let stdout = std::io::stdout();
+    let to_terminal = stdout.is_terminal();
+    // A terminal or a pipe that is followed sees every record at once;
+    // otherwise records are flushed after each fetched batch (before any wait).
+    let flush_each = to_terminal || a.follow;
+    let mut progress = Progress::new(a.progress, !to_terminal, "consumed");
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut count = 0u64;
+    let limit = a.max_messages.unwrap_or(u64::MAX);
+    let mut stopped_by: Option<&'static str> = None;
+    let mut stdout_closed = false;
+    // --follow: per partition, the last stable offset it waits at behind a
+    // higher high watermark, since when, and whether that was reported.
+    let mut held: HashMap<i32, (i64, Instant, bool)> = HashMap::new();
+    let mut committed_pos = pos.clone();
+    let mut last_commit = Instant::now();
+    let broken_pipe = |e: &std::io::Error| e.kind() == std::io::ErrorKind::BrokenPipe;
+    'outer: while count < limit {
+        if let Some(sig) = stop.get() {
+            stopped_by = Some(sig);
+            break;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        if !a.follow {
+            for p in &parts {
+                if pos.get(p).copied().unwrap_or(0) >= ends.get(p).copied().unwrap_or(0) {
+                    done.insert(*p);
+                }
+            }
+            if done.len() == parts.len() {
+                break;
+            }
+        }
+        if let (Some(g), true) = (&a.group, a.follow) {
+            if pos != committed_pos && last_commit.elapsed() >= Duration::from_secs(5) {
+                // A failed periodic commit is retried at the next one and
+                // at the end; the run goes on.
+                match commit_group(&mut c, g, &topic, &pos).await {
+                    Ok(()) => committed_pos = pos.clone(),
+                    Err(e) => eprintln!(
+                        "warning: periodic commit of group {g}: {:#}",
+                        anyhow::Error::from(e)
+                    ),
+                }
+                last_commit = Instant::now();
+            }
+        }
+        let mut by_leader: BTreeMap<i32, Vec<(i32, i64)>> = BTreeMap::new();
+        for p in parts.iter().filter(|p| !done.contains(p)) {
+            by_leader
+                .entry(*leaders.get(p).unwrap_or(&-1))
+                .or_default()
+                .push((*p, pos.get(p).copied().unwrap_or(0)));
+        }
+        for (leader, positions) in by_leader {
+            let r = fetch(&mut c, leader, &topic, &positions, committed_only).await?;
+            for t in &r.responses {
+                for pd in &t.partitions {
+                    let p = pd.partition_index;
+                    let at = pos.get(&p).copied().unwrap_or(0);
+                    if pd.error_code == ResponseError::OffsetOutOfRange.code() {
+                        // Out of range: into the log, never back to its start from past its end.
+                        let s0 = list_offsets(c.bootstrap(), &topic, &[p], EARLIEST, false).await?;
+                        let e0 = list_offsets(c.bootstrap(), &topic, &[p], LATEST, false).await?;
+                        let (s0, e0) = (
+                            s0.get(&p).copied().unwrap_or(0),
+                            e0.get(&p).copied().unwrap_or(0),
+                        );
+                        let to = clamp_position(&topic, p, at, s0, e0, a.follow, "offset");
+                        if to == at {
+                            // in range again by now (retention or a write raced the answer)
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        pos.insert(p, to);
+                        continue;
+                    }
+                    check(pd.error_code, &format!("fetch {topic}-{p}"))?;
+                    let (recs, next) =
+                        decode_partition(pd, at, committed_only, aborted.entry(p).or_default())?;
+                    pos.insert(p, next.max(at));
+                    for r in &recs {
+                        if count >= limit {
+                            pos.insert(p, r.offset);
+                            break 'outer;
+                        }
+                        let written = write_record(&mut out, &a.format, &topic, p, r)
+                            .and_then(|()| if flush_each { out.flush() } else { Ok(()) });
+                        match written {
+                            Ok(()) => {}
+                            Err(e) if broken_pipe(&e) => {
+                                stdout_closed = true;
+                                break 'outer;
+                            }
+                            Err(e) => return Err(e).context("writing to stdout"),
+                        }
+                        count += 1;
+                    }
+                    match out.flush() {
+                        Ok(()) => {}
+                        Err(e) if broken_pipe(&e) => {
+                            stdout_closed = true;
+                            break 'outer;
+                        }
+                        Err(e) => return Err(e).context("writing to stdout"),
+                    }
+                    progress.tick(count);
+                    // --follow behind an open transaction: say which, once it
+                    // has held this partition for two seconds.
+                    let lso = pd.last_stable_offset;
+                    let at = pos.get(&p).copied().unwrap_or(0);
+                    if a.follow
+                        && committed_only
+                        && lso >= 0
+                        && lso < pd.high_watermark
+                        && at >= lso
+                    {
+                        let h = held.entry(p).or_insert((lso, Instant::now(), false));
+                        if h.0 != lso {
+                            *h = (lso, Instant::now(), false);
+                        }
+                        if !h.2 && h.1.elapsed() >= Duration::from_secs(2) {
+                            h.2 = true;
+                            let hw = pd.high_watermark;
+                            let who = txn_holding(&mut c, leader, &topic, p, lso).await;
+                            eprintln!(
+                                "{topic}-{p}: waiting at the last stable offset {lso} (read_committed); \
+                                 the high watermark is {hw}: {} offsets are held back by {who}",
+                                hw - lso
+                            );
+                        }
+                    } else {
+                        held.remove(&p);
+                    }
+                }
+            }
+        }
+    }
+    match out.flush() {
+        Ok(()) => {}
+        Err(e) if broken_pipe(&e) => stdout_closed = true,
+        Err(e) => return Err(e).context("writing to stdout"),
+    }
+    drop(out);
+    progress.done();
+    // Stopped at the last stable offset with the high watermark beyond it:
+    // records are held back by an open transaction; say which.
+    if committed_only && !a.follow && stopped_by.is_none() && !stdout_closed {
+        for p in &parts {
+            let (lso, hw) = (ends.get(p).copied().unwrap_or(0), hw_of(p));
+            if done.contains(p) && lso < hw && pos.get(p).copied().unwrap_or(0) >= lso {
+                let who =
+                    txn_holding(&mut c, *leaders.get(p).unwrap_or(&-1), &topic, *p, lso).await;
+                eprintln!(
+                    "{topic}-{p}: stopped at the last stable offset {lso} (read_committed); \
+                     the high watermark is {hw}: {} offsets are held back by {who}",
+                    hw - lso
+                );
+            }
+        }
+    }
+    if let Some(sig) = stopped_by {
+        eprintln!("interrupted ({sig})");
+    }
+    if stdout_closed {
+        eprintln!(
+            "stdout was closed after {count} records{}",
+            if a.group.is_some() {
+                "; offsets not committed"
+            } else {
+                ""
+            }
+        );
+        return Ok(());
+    }
+    eprintln!("consumed {count} records from {topic}");
+    if let Some(g) = &a.group {
+        commit_group(&mut c, g, &topic, &pos).await?;
+        let at: Vec<String> = pos
+            .iter()
+            .map(|(p, o)| format!("{topic}-{p} at {o}"))
+            .collect();
+        eprintln!("committed group {g}: {}", at.join(", "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_positions_stay_in_the_log() {
+        assert_eq!(clamp_position("t", 0, 10, 0, 2, true, "offset"), 2);
+        assert_eq!(clamp_position("t", 0, 1, 3, 9, false, "offset"), 3);
+        assert_eq!(clamp_position("t", 0, 5, 3, 9, false, "offset"), 5);
+        assert_eq!(clamp_position("t", 0, 9, 3, 9, false, "offset"), 9);
+    }
+
+    #[test]
+    fn the_holder_of_a_partition_is_named() {
+        assert_eq!(
+            holder_sentence(&TxnHolder::Ended, 0),
+            "an open transaction that has ended since (read again to see its records if it \
+             committed)"
+        );
+        let open = |tid: Option<&str>, start: Option<i64>| TxnHolder::Open {
+            producer_id: 4,
+            epoch: 2,
+            first_offset: 10,
+            transactional_id: tid.map(str::to_string),
+            start_time_ms: start,
+        };
+        assert_eq!(
+            holder_sentence(&open(Some("job-1"), Some(1_000)), 3_500),
+            "the open transaction of transactional id \"job-1\" (producer id 4, epoch 2, \
+             first offset 10, open for 2.5 s)"
+        );
+        assert_eq!(
+            holder_sentence(&open(Some("job-1"), None), 3_500),
+            "the open transaction of transactional id \"job-1\" (producer id 4, epoch 2, \
+             first offset 10)"
+        );
+        assert_eq!(
+            holder_sentence(&open(None, None), 3_500),
+            "the open transaction of producer id 4 (epoch 2, first offset 10; no coordinator \
+             names its transactional id: see `oncelog txn find-hanging`)"
+        );
+    }
+}

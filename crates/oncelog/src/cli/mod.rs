@@ -1,0 +1,59 @@
+//! Client commands of the `oncelog` CLI, a module per command group. They
+//! talk the Kafka protocol (through `oncelog-client`), so they work against
+//! any Kafka-compatible cluster. Tables for people, `--json` for scripts.
+//! What is here is the command line's own: arguments, input parsing and
+//! output; the protocol is the client crate's.
+
+use kafka_protocol::protocol::StrBytes;
+use serde_json::Value;
+
+mod cluster;
+mod consume;
+mod format;
+mod group;
+mod history;
+mod produce;
+mod progress;
+mod topic;
+mod txn;
+
+pub use cluster::cluster_info;
+pub use consume::{consume, ConsumeArgs};
+pub use group::{group, GroupCmd};
+pub use produce::{produce, ProduceArgs};
+pub use topic::{topic, TopicCmd};
+pub use txn::{txn, TxnCmd};
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+/// Prints rows as an aligned table.
+fn table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r.clone());
+    }
+}
+
+fn emit(json_out: bool, v: &Value, headers: &[&str], rows: Vec<Vec<String>>) {
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    } else {
+        table(headers, &rows);
+    }
+}

@@ -1,0 +1,279 @@
+//! `oncelog topic`: list, create, describe (offsets, LSO, configs), delete,
+//! add-partitions, alter-config.
+
+use anyhow::{anyhow, bail, Result};
+use clap::Subcommand;
+use kafka_protocol::messages::create_partitions_request::{
+    CreatePartitionsRequest, CreatePartitionsTopic,
+};
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsResponse;
+use kafka_protocol::messages::create_topics_request::{
+    CreatableTopic, CreatableTopicConfig, CreateTopicsRequest,
+};
+use kafka_protocol::messages::create_topics_response::CreateTopicsResponse;
+use kafka_protocol::messages::delete_topics_request::{DeleteTopicState, DeleteTopicsRequest};
+use kafka_protocol::messages::delete_topics_response::DeleteTopicsResponse;
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, AlterableConfig, IncrementalAlterConfigsRequest,
+};
+use kafka_protocol::messages::incremental_alter_configs_response::IncrementalAlterConfigsResponse;
+use kafka_protocol::messages::{ApiKey, TopicName};
+use oncelog_client::admin::{metadata, topic_configs, RESOURCE_TOPIC};
+use oncelog_client::consumer::{list_offsets, EARLIEST, LATEST};
+use oncelog_client::{check, check_msg, Client};
+use serde_json::{json, Value};
+
+use super::{emit, s};
+
+/// IncrementalAlterConfigs operations.
+const OP_SET: i8 = 0;
+const OP_DELETE: i8 = 1;
+
+#[derive(Subcommand)]
+pub enum TopicCmd {
+    /// List topics with their partition counts.
+    List,
+    /// Create a topic.
+    Create {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        partitions: i32,
+        /// Topic config, repeatable: --config retention.ms=60000
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        configs: Vec<String>,
+    },
+    /// Show a topic's partitions with their offsets.
+    Describe { name: String },
+    /// Delete a topic.
+    Delete { name: String },
+    /// Raise a topic's partition count (all new partitions or none).
+    AddPartitions {
+        name: String,
+        /// The new total number of partitions.
+        #[arg(long)]
+        count: i32,
+    },
+    /// Change topic configs: --set retention.ms=60000, --delete retention.ms.
+    AlterConfig {
+        name: String,
+        /// Set a config, repeatable.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Return a config to its default, repeatable.
+        #[arg(long = "delete", value_name = "KEY")]
+        delete: Vec<String>,
+    },
+}
+
+pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()> {
+    let mut c = Client::connect(bootstrap).await?;
+    match cmd {
+        TopicCmd::List => {
+            let md = metadata(&mut c, None).await?;
+            let mut topics: Vec<(String, usize)> = md
+                .topics
+                .iter()
+                .filter_map(|t| {
+                    t.name
+                        .as_ref()
+                        .map(|n| (n.0.to_string(), t.partitions.len()))
+                })
+                .collect();
+            topics.sort();
+            let v = json!(topics
+                .iter()
+                .map(|(n, p)| json!({"topic": n, "partitions": p}))
+                .collect::<Vec<_>>());
+            emit(
+                json_out,
+                &v,
+                &["TOPIC", "PARTITIONS"],
+                topics
+                    .iter()
+                    .map(|(n, p)| vec![n.clone(), p.to_string()])
+                    .collect(),
+            );
+        }
+        TopicCmd::Create {
+            name,
+            partitions,
+            configs,
+        } => {
+            let mut cfgs = Vec::new();
+            for kv in configs {
+                let (k, val) = kv
+                    .split_once('=')
+                    .ok_or_else(|| anyhow!("--config expects KEY=VALUE, got {kv}"))?;
+                cfgs.push(
+                    CreatableTopicConfig::default()
+                        .with_name(s(k))
+                        .with_value(Some(s(val))),
+                );
+            }
+            let req = CreateTopicsRequest::default()
+                .with_timeout_ms(30000)
+                .with_topics(vec![CreatableTopic::default()
+                    .with_name(TopicName(s(&name)))
+                    .with_num_partitions(partitions)
+                    .with_replication_factor(-1)
+                    .with_configs(cfgs)]);
+            let (r, _) = c
+                .call::<_, CreateTopicsResponse>(ApiKey::CreateTopics, &req)
+                .await?;
+            for t in &r.topics {
+                check_msg(
+                    t.error_code,
+                    t.error_message.as_ref(),
+                    &format!("create {name}"),
+                )?;
+            }
+            emit(
+                json_out,
+                &json!({"created": name, "partitions": partitions}),
+                &["CREATED", "PARTITIONS"],
+                vec![vec![name.clone(), partitions.to_string()]],
+            );
+        }
+        TopicCmd::Delete { name } => {
+            let req = DeleteTopicsRequest::default()
+                .with_timeout_ms(30000)
+                .with_topic_names(vec![TopicName(s(&name))])
+                .with_topics(vec![
+                    DeleteTopicState::default().with_name(Some(TopicName(s(&name))))
+                ]);
+            let (r, _) = c
+                .call::<_, DeleteTopicsResponse>(ApiKey::DeleteTopics, &req)
+                .await?;
+            for t in &r.responses {
+                check_msg(
+                    t.error_code,
+                    t.error_message.as_ref(),
+                    &format!("delete {name}"),
+                )?;
+            }
+            emit(
+                json_out,
+                &json!({"deleted": name}),
+                &["DELETED"],
+                vec![vec![name.clone()]],
+            );
+        }
+        TopicCmd::AddPartitions { name, count } => {
+            let req = CreatePartitionsRequest::default()
+                .with_timeout_ms(30000)
+                .with_topics(vec![CreatePartitionsTopic::default()
+                    .with_name(TopicName(s(&name)))
+                    .with_count(count)
+                    .with_assignments(None)]);
+            let (r, _) = c
+                .call::<_, CreatePartitionsResponse>(ApiKey::CreatePartitions, &req)
+                .await?;
+            for t in &r.results {
+                check_msg(
+                    t.error_code,
+                    t.error_message.as_ref(),
+                    &format!("add partitions to {name}"),
+                )?;
+            }
+            emit(
+                json_out,
+                &json!({"topic": name, "partitions": count}),
+                &["TOPIC", "PARTITIONS"],
+                vec![vec![name.clone(), count.to_string()]],
+            );
+        }
+        TopicCmd::AlterConfig { name, set, delete } => {
+            if set.is_empty() && delete.is_empty() {
+                bail!("nothing to change: give --set KEY=VALUE or --delete KEY");
+            }
+            let mut cfgs = Vec::new();
+            for kv in &set {
+                let (k, val) = kv
+                    .split_once('=')
+                    .ok_or_else(|| anyhow!("--set expects KEY=VALUE, got {kv}"))?;
+                cfgs.push(
+                    AlterableConfig::default()
+                        .with_name(s(k))
+                        .with_config_operation(OP_SET)
+                        .with_value(Some(s(val))),
+                );
+            }
+            for k in &delete {
+                cfgs.push(
+                    AlterableConfig::default()
+                        .with_name(s(k))
+                        .with_config_operation(OP_DELETE)
+                        .with_value(None),
+                );
+            }
+            let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
+                AlterConfigsResource::default()
+                    .with_resource_type(RESOURCE_TOPIC)
+                    .with_resource_name(s(&name))
+                    .with_configs(cfgs),
+            ]);
+            let (r, _) = c
+                .call::<_, IncrementalAlterConfigsResponse>(ApiKey::IncrementalAlterConfigs, &req)
+                .await?;
+            for x in &r.responses {
+                if x.error_code != 0 {
+                    let msg = x
+                        .error_message
+                        .as_ref()
+                        .map(|m| m.to_string())
+                        .unwrap_or_default();
+                    check(x.error_code, &format!("alter configs of {name} ({msg})"))?;
+                }
+            }
+            let configs = topic_configs(&mut c, &name).await?;
+            emit(
+                json_out,
+                &json!({"topic": name, "configs": configs}),
+                &["CONFIG", "VALUE"],
+                configs
+                    .iter()
+                    .map(|(k, v)| vec![k.clone(), v.clone()])
+                    .collect(),
+            );
+        }
+        TopicCmd::Describe { name } => {
+            let md = metadata(&mut c, Some(vec![name.clone()])).await?;
+            let t = md
+                .topics
+                .first()
+                .ok_or_else(|| anyhow!("no metadata for {name}"))?;
+            check(t.error_code, &format!("describe {name}"))?;
+            let parts: Vec<i32> = t.partitions.iter().map(|p| p.partition_index).collect();
+            let start = list_offsets(&mut c, &name, &parts, EARLIEST, false).await?;
+            let hw = list_offsets(&mut c, &name, &parts, LATEST, false).await?;
+            let lso = list_offsets(&mut c, &name, &parts, LATEST, true).await?;
+            let rows: Vec<Value> = parts
+                .iter()
+                .map(|p| json!({"partition": p, "log_start_offset": start.get(p), "high_watermark": hw.get(p),
+                    "last_stable_offset": lso.get(p)}))
+                .collect();
+            let configs = topic_configs(&mut c, &name).await?;
+            if !json_out && !configs.is_empty() {
+                let cs: Vec<String> = configs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("configs: {}", cs.join(", "));
+            }
+            emit(
+                json_out,
+                &json!({"topic": name, "partitions": rows, "configs": configs}),
+                &["PARTITION", "LOG-START", "HIGH-WATERMARK", "LSO"],
+                parts
+                    .iter()
+                    .map(|p| {
+                        vec![
+                            p.to_string(),
+                            start.get(p).unwrap_or(&-1).to_string(),
+                            hw.get(p).unwrap_or(&-1).to_string(),
+                            lso.get(p).unwrap_or(&-1).to_string(),
+                        ]
+                    })
+                    .collect(),
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! `oncelog txn`: list, describe (with fences and history), history,
+//! producers, find-hanging, abort.
+
+use anyhow::{anyhow, bail, Result};
+use clap::Subcommand;
+use kafka_protocol::messages::describe_producers_response::ProducerState;
+use kafka_protocol::messages::describe_transactions_request::DescribeTransactionsRequest;
+use kafka_protocol::messages::describe_transactions_response::DescribeTransactionsResponse;
+use kafka_protocol::messages::list_transactions_request::ListTransactionsRequest;
+use kafka_protocol::messages::list_transactions_response::ListTransactionsResponse;
+use kafka_protocol::messages::write_txn_markers_request::{
+    WritableTxnMarker, WritableTxnMarkerTopic, WriteTxnMarkersRequest,
+};
+use kafka_protocol::messages::write_txn_markers_response::WriteTxnMarkersResponse;
+use kafka_protocol::messages::{ApiKey, ProducerId, TopicName, TransactionalId};
+use oncelog_client::admin::{describe_producers, open_transaction_of};
+use oncelog_client::{check, Client};
+use serde_json::{json, Value};
+
+use super::{emit, history, s, table};
+
+#[derive(Subcommand)]
+pub enum TxnCmd {
+    /// List transactional ids and their state.
+    List {
+        /// Only these states (e.g. Ongoing), repeatable.
+        #[arg(long = "state")]
+        states: Vec<String>,
+    },
+    /// Describe one transactional id: its state (Kafka protocol), and from
+    /// the broker's HTTP port the epochs, fences (when, cause, old -> new
+    /// epoch, the fencing client's client.id and address) and recent events.
+    Describe {
+        transactional_id: String,
+        /// The broker's HTTP endpoint (`metrics.listen`); default
+        /// http://<bootstrap host>:9644.
+        #[arg(long, value_name = "URL")]
+        admin: Option<String>,
+    },
+    /// The recent events of one transactional id (from the broker's HTTP port).
+    History {
+        transactional_id: String,
+        /// The broker's HTTP endpoint; default http://<bootstrap host>:9644.
+        #[arg(long, value_name = "URL")]
+        admin: Option<String>,
+    },
+    /// The producers a partition knows (epoch, last sequence, open transaction).
+    Producers { topic: String, partition: i32 },
+    /// Open transactions older than --min-age-ms, with the partitions they pin.
+    FindHanging {
+        #[arg(long, default_value_t = 60_000)]
+        min_age_ms: i64,
+    },
+    /// Abort the open transaction a partition shows for a producer (through
+    /// the coordinator when it knows the transaction). Fails with "nothing
+    /// open" when neither the partition nor the coordinator has one.
+    Abort {
+        topic: String,
+        partition: i32,
+        #[arg(long)]
+        producer_id: i64,
+        #[arg(long)]
+        producer_epoch: i16,
+        #[arg(long, default_value_t = 0)]
+        coordinator_epoch: i32,
+    },
+}
+
+pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
+    let mut c = Client::connect(bootstrap).await?;
+    match cmd {
+        TxnCmd::List { states } => {
+            let req = ListTransactionsRequest::default()
+                .with_state_filters(states.iter().map(|x| s(x)).collect())
+                .with_duration_filter(-1);
+            let (r, _) = c
+                .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, &req)
+                .await?;
+            check(r.error_code, "list transactions")?;
+            let rows: Vec<Vec<String>> = r
+                .transaction_states
+                .iter()
+                .map(|t| {
+                    vec![
+                        t.transactional_id.0.to_string(),
+                        t.producer_id.0.to_string(),
+                        t.transaction_state.to_string(),
+                    ]
+                })
+                .collect();
+            let v = json!(rows.iter().map(|r| json!({"transactional_id": r[0], "producer_id": r[1].parse::<i64>().unwrap_or(-1), "state": r[2]})).collect::<Vec<_>>());
+            emit(
+                json_out,
+                &v,
+                &["TRANSACTIONAL-ID", "PRODUCER-ID", "STATE"],
+                rows,
+            );
+        }
+        TxnCmd::Describe {
+            transactional_id,
+            admin,
+        } => {
+            let admin = admin.unwrap_or_else(|| history::default_admin_url(bootstrap));
+            let req = DescribeTransactionsRequest::default()
+                .with_transactional_ids(vec![TransactionalId(s(&transactional_id))]);
+            let (r, _) = c
+                .call::<_, DescribeTransactionsResponse>(ApiKey::DescribeTransactions, &req)
+                .await?;
+            let t = r
+                .transaction_states
+                .first()
+                .ok_or_else(|| anyhow!("empty answer"))?;
+            check(t.error_code, &format!("describe {transactional_id}"))?;
+            let parts: Vec<String> = t
+                .topics
+                .iter()
+                .flat_map(|x| {
+                    x.partitions
+                        .iter()
+                        .map(move |p| format!("{}-{p}", x.topic.0.as_str()))
+                })
+                .collect();
+            let mut v = json!({"transactional_id": transactional_id, "state": t.transaction_state.as_str(),
+                "producer_id": t.producer_id.0, "producer_epoch": t.producer_epoch,
+                "timeout_ms": t.transaction_timeout_ms, "start_time_ms": t.transaction_start_time_ms,
+                "partitions": parts});
+            // The Kafka protocol has no history: it comes from the HTTP port,
+            // and its absence must not hide what the protocol told.
+            let hist = history::fetch(&admin, &transactional_id).await;
+            match &hist {
+                Ok(h) => v["history"] = h.clone(),
+                Err(e) => {
+                    v["history"] = Value::Null;
+                    v["history_unavailable"] = json!(format!("{e:#}"));
+                }
+            }
+            emit(
+                json_out,
+                &v,
+                &[
+                    "TRANSACTIONAL-ID",
+                    "STATE",
+                    "PRODUCER-ID",
+                    "EPOCH",
+                    "TIMEOUT-MS",
+                    "PARTITIONS",
+                ],
+                vec![vec![
+                    transactional_id.clone(),
+                    t.transaction_state.to_string(),
+                    t.producer_id.0.to_string(),
+                    t.producer_epoch.to_string(),
+                    t.transaction_timeout_ms.to_string(),
+                    parts.join(","),
+                ]],
+            );
+            if !json_out {
+                match &hist {
+                    Ok(h) => history::print_sections(h, table),
+                    Err(e) => println!("\nhistory: unavailable ({e:#})"),
+                }
+            }
+        }
+        TxnCmd::History {
+            transactional_id,
+            admin,
+        } => {
+            let admin = admin.unwrap_or_else(|| history::default_admin_url(bootstrap));
+            let h = history::fetch(&admin, &transactional_id).await?;
+            let v = json!({"transactional_id": transactional_id,
+                "history_since_ms": h["history_since_ms"], "events": h["events"],
+                "events_dropped": h["events_dropped"], "stuck": h["stuck"]});
+            if !json_out {
+                history::print_stuck(&h);
+            }
+            emit(
+                json_out,
+                &v,
+                history::EVENT_HEADERS,
+                history::event_rows(&h),
+            );
+        }
+        TxnCmd::Producers { topic, partition } => {
+            let rows: Vec<Vec<String>> = describe_producers(&mut c, &topic, partition)
+                .await?
+                .iter()
+                .map(producer_row)
+                .collect();
+            let v = json!(rows.iter().map(|r| json!({"producer_id": r[0].parse::<i64>().unwrap_or(-1),
+                "epoch": r[1].parse::<i64>().unwrap_or(-1), "last_sequence": r[2].parse::<i64>().unwrap_or(-1),
+                "last_timestamp": r[3].parse::<i64>().unwrap_or(-1), "coordinator_epoch": r[4].parse::<i64>().unwrap_or(-1),
+                "current_txn_start_offset": r[5].parse::<i64>().unwrap_or(-1)})).collect::<Vec<_>>());
+            emit(
+                json_out,
+                &v,
+                &[
+                    "PRODUCER-ID",
+                    "EPOCH",
+                    "LAST-SEQUENCE",
+                    "LAST-TIMESTAMP",
+                    "COORDINATOR-EPOCH",
+                    "TXN-START-OFFSET",
+                ],
+                rows,
+            );
+        }
+        TxnCmd::FindHanging { min_age_ms } => {
+            let req = ListTransactionsRequest::default()
+                .with_state_filters(vec![s("Ongoing")])
+                .with_duration_filter(min_age_ms);
+            let (r, _) = c
+                .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, &req)
+                .await?;
+            check(r.error_code, "list transactions")?;
+            let ids: Vec<TransactionalId> = r
+                .transaction_states
+                .iter()
+                .map(|t| t.transactional_id.clone())
+                .collect();
+            let mut rows = Vec::new();
+            if !ids.is_empty() {
+                let (d, _) = c
+                    .call::<_, DescribeTransactionsResponse>(
+                        ApiKey::DescribeTransactions,
+                        &DescribeTransactionsRequest::default().with_transactional_ids(ids),
+                    )
+                    .await?;
+                let now = oncelog_broker::now_ms();
+                for t in d.transaction_states.iter().filter(|t| t.error_code == 0) {
+                    let parts: Vec<String> = t
+                        .topics
+                        .iter()
+                        .flat_map(|x| {
+                            x.partitions
+                                .iter()
+                                .map(move |p| format!("{}-{p}", x.topic.0.as_str()))
+                        })
+                        .collect();
+                    let age = if t.transaction_start_time_ms > 0 {
+                        now - t.transaction_start_time_ms
+                    } else {
+                        -1
+                    };
+                    rows.push(vec![
+                        t.transactional_id.0.to_string(),
+                        t.producer_id.0.to_string(),
+                        t.producer_epoch.to_string(),
+                        age.to_string(),
+                        parts.join(","),
+                    ]);
+                }
+            }
+            let v = json!(rows.iter().map(|r| json!({"transactional_id": r[0], "producer_id": r[1].parse::<i64>().unwrap_or(-1),
+                "producer_epoch": r[2].parse::<i64>().unwrap_or(-1), "age_ms": r[3].parse::<i64>().unwrap_or(-1),
+                "partitions": r[4].split(',').filter(|x| !x.is_empty()).collect::<Vec<_>>()})).collect::<Vec<_>>());
+            emit(
+                json_out,
+                &v,
+                &[
+                    "TRANSACTIONAL-ID",
+                    "PRODUCER-ID",
+                    "EPOCH",
+                    "AGE-MS",
+                    "PINNED-PARTITIONS",
+                ],
+                rows,
+            );
+        }
+        TxnCmd::Abort {
+            topic,
+            partition,
+            producer_id,
+            producer_epoch,
+            coordinator_epoch,
+        } => {
+            let held = open_transaction_of(&mut c, producer_id).await?;
+            let open_here = describe_producers(&mut c, &topic, partition)
+                .await?
+                .iter()
+                .any(|p| p.producer_id.0 == producer_id && p.current_txn_start_offset != -1);
+            if held.is_none() && !open_here {
+                bail!(
+                    "nothing open: producer {producer_id} has no open transaction at \
+                     {topic}-{partition}, and the transaction coordinator holds none for it; \
+                     nothing was aborted"
+                );
+            }
+            let req =
+                WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
+                    .with_producer_id(ProducerId(producer_id))
+                    .with_producer_epoch(producer_epoch)
+                    .with_transaction_result(false)
+                    .with_coordinator_epoch(coordinator_epoch)
+                    .with_topics(vec![WritableTxnMarkerTopic::default()
+                        .with_name(TopicName(s(&topic)))
+                        .with_partition_indexes(vec![partition])])]);
+            let (r, _) = c
+                .call::<_, WriteTxnMarkersResponse>(ApiKey::WriteTxnMarkers, &req)
+                .await?;
+            for m in &r.markers {
+                for t in &m.topics {
+                    for p in &t.partitions {
+                        check(p.error_code, &format!("abort at {topic}-{partition}"))?;
+                    }
+                }
+            }
+            emit(
+                json_out,
+                &json!({"aborted": {"topic": topic, "partition": partition, "producer_id": producer_id,
+                    "transactional_id": held}}),
+                &["ABORTED", "PRODUCER-ID", "TRANSACTIONAL-ID"],
+                vec![vec![
+                    format!("{topic}-{partition}"),
+                    producer_id.to_string(),
+                    held.clone().unwrap_or_else(|| "-".to_string()),
+                ]],
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A row of `txn producers`.
+fn producer_row(a: &ProducerState) -> Vec<String> {
+    vec![
+        a.producer_id.0.to_string(),
+        a.producer_epoch.to_string(),
+        a.last_sequence.to_string(),
+        a.last_timestamp.to_string(),
+        a.coordinator_epoch.to_string(),
+        a.current_txn_start_offset.to_string(),
+    ]
+}

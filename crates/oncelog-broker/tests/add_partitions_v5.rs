@@ -5,22 +5,24 @@
 
 use std::collections::BTreeMap;
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::BytesMut;
 use kafka_protocol::messages::add_partitions_to_txn_request::{
     AddPartitionsToTxnRequest, AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
 };
 use kafka_protocol::messages::add_partitions_to_txn_response::AddPartitionsToTxnResponse;
 use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
 use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
-use kafka_protocol::messages::{
-    ApiKey, ProducerId, RequestHeader, ResponseHeader, TopicName, TransactionalId,
-};
+use kafka_protocol::messages::{ApiKey, ProducerId, TopicName, TransactionalId};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use oncelog_broker::error::ErrorCode;
 use oncelog_broker::{Broker, BrokerConfig};
+use oncelog_client::frame::{decode_response, encode_request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// One request at an exact `version` (these are broker-to-broker versions
+/// that a client's version negotiation would not pick), framed by the
+/// project's client library.
 async fn call<Req: Encodable, Resp: Decodable>(
     s: &mut TcpStream,
     key: ApiKey,
@@ -28,27 +30,12 @@ async fn call<Req: Encodable, Resp: Decodable>(
     req: &Req,
 ) -> Resp {
     let mut buf = BytesMut::new();
-    buf.put_i32(0);
-    RequestHeader::default()
-        .with_request_api_key(key as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(7)
-        .with_client_id(Some(StrBytes::from_static_str("test")))
-        .encode(&mut buf, key.request_header_version(version))
-        .unwrap();
-    req.encode(&mut buf, version).unwrap();
-    let len = (buf.len() - 4) as i32;
-    buf[..4].copy_from_slice(&len.to_be_bytes());
+    encode_request(&mut buf, key, version, 7, "test", req).unwrap();
     s.write_all(&buf).await.unwrap();
     let n = s.read_i32().await.unwrap() as usize;
     let mut resp = vec![0u8; n];
     s.read_exact(&mut resp).await.unwrap();
-    let mut b = bytes::Bytes::from(resp);
-    let h = ResponseHeader::decode(&mut b, key.response_header_version(version)).unwrap();
-    assert_eq!(h.correlation_id, 7);
-    let r = Resp::decode(&mut b, version).unwrap();
-    assert_eq!(b.remaining(), 0);
-    r
+    decode_response(bytes::Bytes::from(resp), key, version, 7).unwrap()
 }
 
 fn txn(

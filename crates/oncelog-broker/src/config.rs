@@ -434,30 +434,31 @@ pub struct InvalidTopicConfig(pub String);
 
 /// Checks a topic config value; returns a reason when it is not acceptable.
 pub fn validate_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> {
-    check_topic_config(key, value).map_err(InvalidTopicConfig)
+    check_topic_config(key, value)
 }
 
-fn check_topic_config(key: &str, value: &str) -> Result<(), String> {
+fn check_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> {
+    let bad = |why: String| Err(InvalidTopicConfig(why));
     if !BrokerConfig::TOPIC_CONFIGS.contains(&key) {
-        return Err(format!("unknown topic config {key}"));
+        return bad(format!("unknown topic config {key}"));
     }
     match key {
         "cleanup.policy" => {
             for p in value.split(',') {
                 if !matches!(p.trim(), "delete" | "compact") {
-                    return Err(format!("invalid cleanup.policy {value}"));
+                    return bad(format!("invalid cleanup.policy {value}"));
                 }
             }
             Ok(())
         }
         "compression.type" => match value {
             "producer" | "uncompressed" | "gzip" | "snappy" | "lz4" | "zstd" => Ok(()),
-            _ => Err(format!("invalid compression.type {value}")),
+            _ => bad(format!("invalid compression.type {value}")),
         },
         "writer.transactional.id.prefix" => Ok(()),
         "message.timestamp.type" => match value {
             "CreateTime" | "LogAppendTime" => Ok(()),
-            _ => Err(format!("invalid message.timestamp.type {value}")),
+            _ => bad(format!("invalid message.timestamp.type {value}")),
         },
         "preallocate"
         | "unclean.leader.election.enable"
@@ -465,21 +466,21 @@ fn check_topic_config(key: &str, value: &str) -> Result<(), String> {
         | "remote.storage.enable" => value
             .parse::<bool>()
             .map(|_| ())
-            .map_err(|_| format!("{key} must be true or false")),
+            .or_else(|_| bad(format!("{key} must be true or false"))),
         "min.cleanable.dirty.ratio" => value
             .parse::<f64>()
             .map(|_| ())
-            .map_err(|_| format!("{key} must be a number")),
+            .or_else(|_| bad(format!("{key} must be a number"))),
         "segment.bytes" | "index.interval.bytes" | "max.message.bytes" | "min.insync.replicas" => {
             match value.parse::<i64>() {
                 Ok(v) if v > 0 => Ok(()),
-                _ => Err(format!("{key} must be a positive integer")),
+                _ => bad(format!("{key} must be a positive integer")),
             }
         }
         _ => value
             .parse::<i64>()
             .map(|_| ())
-            .map_err(|_| format!("{key} must be an integer")),
+            .or_else(|_| bad(format!("{key} must be an integer"))),
     }
 }
 

@@ -190,6 +190,11 @@ impl Partition {
         let start = st.log_start_offset();
         let end = st.next_offset();
         let lso = st.last_stable_offset(hw);
+        debug_assert!(
+            lso <= hw && hw <= end,
+            "{}: LSO {lso} <= HW {hw} <= log end {end} does not hold",
+            self.name()
+        );
         let upper = if read_committed { lso } else { hw };
         let aborted = if read_committed {
             st.producers.aborted_overlapping(offset, upper)
@@ -413,9 +418,16 @@ impl Partition {
     pub fn status(&self) -> PartitionStatus {
         let high_watermark = self.high_watermark();
         let st = self.lock();
+        let lso = st.last_stable_offset(high_watermark);
+        debug_assert!(
+            lso <= high_watermark && high_watermark <= st.next_offset(),
+            "{}: LSO {lso} <= HW {high_watermark} <= log end {} does not hold",
+            self.name(),
+            st.next_offset()
+        );
         PartitionStatus {
             high_watermark,
-            last_stable_offset: st.last_stable_offset(high_watermark),
+            last_stable_offset: lso,
             log_start_offset: st.log_start_offset(),
             size_bytes: st.size_bytes(),
         }

@@ -208,12 +208,7 @@ impl Client {
         Req: Encodable + Message,
         Resp: Decodable + Message,
     {
-        let ours = (
-            Req::VERSIONS.min.max(Resp::VERSIONS.min),
-            Req::VERSIONS.max.min(Resp::VERSIONS.max),
-        );
-        let v = self.version(key, ours)?;
-        Ok((self.send(key, v, req).await?, v))
+        self.call_max(key, req, i16::MAX).await
     }
 
     /// Like [`Client::call`], but never above version `max` (for requests

@@ -348,12 +348,7 @@ impl Group {
             .members
             .values()
             .map(|m| {
-                let meta = m
-                    .protocols
-                    .iter()
-                    .find(|(n, _)| Some(n) == proto.as_ref())
-                    .map(|(_, md)| md.clone())
-                    .unwrap_or_default();
+                let meta = m.metadata_for(proto.as_deref());
                 (m.id.clone(), m.instance_id.clone(), meta)
             })
             .collect();
@@ -418,6 +413,16 @@ pub(crate) fn join_error(error: ErrorCode, member_id: &str) -> JoinResult {
 }
 
 impl Member {
+    /// The member's metadata (subscription) for `protocol`; empty if it
+    /// does not support it.
+    pub fn metadata_for(&self, protocol: Option<&str>) -> Bytes {
+        self.protocols
+            .iter()
+            .find(|(n, _)| Some(n.as_str()) == protocol)
+            .map(|(_, md)| md.clone())
+            .unwrap_or_default()
+    }
+
     /// The member's waiting requests end with `error`.
     fn dismiss(&self, error: ErrorCode, out: &mut Vec<Effect>) {
         if self.joining {

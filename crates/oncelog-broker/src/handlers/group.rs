@@ -354,12 +354,7 @@ pub async fn describe_groups(
                     .members
                     .values()
                     .map(|m| {
-                        let meta = m
-                            .protocols
-                            .iter()
-                            .find(|(n, _)| *n == proto)
-                            .map(|(_, md)| md.clone())
-                            .unwrap_or_default();
+                        let meta = m.metadata_for(Some(&proto));
                         let mut dm = DescribedGroupMember::default()
                             .with_member_id(s(m.id.clone()))
                             .with_client_id(s(m.client_id.clone()))

@@ -7,7 +7,8 @@
 //! them.
 //!
 //! Invariants:
-//! * offsets are dense: each batch starts where the previous one ended;
+//! * offsets only grow; they are dense as written, and the cleaner leaves
+//!   gaps where it removed records (a batch keeps its offsets);
 //! * only the last (active) segment is written; a segment is `fdatasync`ed
 //!   before the next one is created, so after an unclean stop only the active
 //!   segment can hold a torn or corrupt tail, and recovery validates it batch
@@ -17,7 +18,10 @@
 //!   active file handle to sync outside any lock.
 
 pub mod batch;
+pub mod cleaner;
+pub mod codec;
 mod error;
+pub mod records;
 mod segment;
 
 use std::fs::File;
@@ -73,7 +77,16 @@ pub struct Log {
     config: LogConfig,
     /// Ordered by base offset; never empty; the last one is active.
     segments: Vec<Segment>,
+    /// A log start offset moved past the first segment's base by
+    /// DeleteRecords (persisted in [`LOG_START_FILE`]); -1 when none.
+    start_override: i64,
 }
+
+/// Where a log start offset moved by DeleteRecords is kept.
+pub const LOG_START_FILE: &str = "log-start-offset";
+/// A cleaned segment's swap manifest: `<base>.swap` lists the segments it
+/// replaces. Its durable presence is the commit point of the swap.
+const SWAP_EXT: &str = "swap";
 
 /// Wall-clock milliseconds since the epoch (0 if the clock is before it).
 pub fn now_ms() -> i64 {
@@ -91,6 +104,16 @@ impl Log {
             path: dir.to_path_buf(),
             source: e,
         })?;
+        let rd = std::fs::read_dir(dir).map_err(|e| LogError::Io {
+            op: "read dir",
+            path: dir.to_path_buf(),
+            source: e,
+        })?;
+        let names: Vec<String> = rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        finish_swaps(dir, &names)?;
         let rd = std::fs::read_dir(dir).map_err(|e| LogError::Io {
             op: "read dir",
             path: dir.to_path_buf(),
@@ -115,9 +138,9 @@ impl Log {
                 report.problem = Some(why);
             }
             if let Some(prev) = segments.last() {
-                if prev.next_offset != seg.base_offset {
-                    tracing::warn!(dir = %dir.display(), expected = prev.next_offset, found = seg.base_offset,
-                        "gap between segments");
+                if prev.next_offset > seg.base_offset {
+                    tracing::warn!(dir = %dir.display(), previous_end = prev.next_offset, found = seg.base_offset,
+                        "segments overlap");
                 }
             }
             segments.push(seg);
@@ -131,11 +154,13 @@ impl Log {
             )?);
         }
         report.segments = segments.len();
+        let start_override = read_start_override(dir);
         Ok((
             Self {
                 dir: dir.to_path_buf(),
                 config,
                 segments,
+                start_override,
             },
             report,
         ))
@@ -154,7 +179,9 @@ impl Log {
     }
 
     pub fn log_start_offset(&self) -> i64 {
-        self.segments[0].base_offset
+        self.segments[0]
+            .base_offset
+            .max(self.start_override.min(self.next_offset()))
     }
 
     /// The log end offset: the offset the next batch gets.
@@ -356,6 +383,100 @@ impl Log {
         Ok(removed)
     }
 
+    /// The segments a cleaning pass may read: every non-active segment
+    /// from the first on, up to the first that reaches `upto` (exclusive)
+    /// or was written after `newest_ms` (-1: no limit).
+    pub fn cleanable_segments(&self, upto: i64, newest_ms: i64) -> Vec<cleaner::SegmentInfo> {
+        let n = self.segments.len() - 1;
+        let mut out = Vec::new();
+        for (i, seg) in self.segments[..n].iter().enumerate() {
+            // A segment ends where the next begins (the cleaner leaves gaps).
+            let next = self.segments[i + 1].base_offset;
+            if next > upto || (newest_ms >= 0 && seg.max_timestamp > newest_ms) {
+                break;
+            }
+            let last_modified_ms = seg
+                .file()
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(seg.created_ms, |d| d.as_millis() as i64);
+            out.push(cleaner::SegmentInfo {
+                base: seg.base_offset,
+                next,
+                size: seg.size,
+                last_modified_ms,
+            });
+        }
+        out
+    }
+
+    /// Swaps a cleaned segment (written by [`cleaner::clean`] under
+    /// `.cleaned` names) in for the segments it replaces. Crash-safe at every
+    /// step: the swap manifest is made durable first, and [`Log::open`]
+    /// finishes a swap whose manifest it finds (and deletes `.cleaned` files
+    /// that have none). Returns false, dropping the cleaned files, when the
+    /// segments it replaces are no longer all there (retention or
+    /// DeleteRecords removed some meanwhile).
+    pub fn install_cleaned(&mut self, g: &cleaner::CleanedGroup) -> Result<bool, LogError> {
+        let first = self.segments.iter().position(|s| s.base_offset == g.base);
+        let n = self.segments.len();
+        let ok = first.is_some_and(|i| {
+            i + g.replaces.len() < n
+                && self.segments[i..i + g.replaces.len()]
+                    .iter()
+                    .zip(&g.replaces)
+                    .all(|(s, b)| s.base_offset == *b)
+        });
+        let Some(i) = first.filter(|_| ok) else {
+            for ext in ["log", "index", "timeindex"] {
+                remove_if_exists(&cleaner::cleaned_path(&self.dir, g.base, ext))?;
+            }
+            return Ok(false);
+        };
+        let manifest = self.dir.join(segment::file_name(g.base, SWAP_EXT));
+        let text: String = g.replaces.iter().map(|b| format!("{b}\n")).collect();
+        write_durably(&self.dir, &manifest, text.as_bytes())?;
+        // Files stay open until the old segments are dropped; removing a
+        // file that is open is fine.
+        finish_swap(&self.dir, g.base, &g.replaces)?;
+        let (seg, _) = Segment::open(&self.dir, g.base, self.config.index_interval_bytes, false)?;
+        self.segments
+            .splice(i..i + g.replaces.len(), std::iter::once(seg));
+        remove_if_exists(&manifest)?;
+        sync_dir(&self.dir)?;
+        Ok(true)
+    }
+
+    /// DeleteRecords: moves the log start offset to `offset` (at most the
+    /// log end; never back) durably, then deletes the segments wholly below
+    /// it. The active segment is rolled first when `offset` is the log end
+    /// and it holds data, so that nothing below `offset` stays on disk.
+    /// Returns the new log start offset.
+    pub fn delete_records_before(&mut self, offset: i64) -> Result<i64, LogError> {
+        let offset = offset.min(self.next_offset());
+        if offset <= self.log_start_offset() {
+            return Ok(self.log_start_offset());
+        }
+        let path = self.dir.join(LOG_START_FILE);
+        write_durably(&self.dir, &path, format!("{offset}\n").as_bytes())?;
+        self.start_override = offset;
+        if offset == self.next_offset() && self.active().size > 0 {
+            self.roll(now_ms())?;
+        }
+        let mut removed = false;
+        while self.segments.len() > 1 && self.segments[1].base_offset <= offset {
+            let seg = self.segments.remove(0);
+            seg.delete()?;
+            removed = true;
+        }
+        if removed {
+            sync_dir(&self.dir)?;
+        }
+        Ok(self.log_start_offset())
+    }
+
     /// Removes the whole log directory.
     pub fn delete(self) -> Result<(), LogError> {
         std::fs::remove_dir_all(&self.dir).map_err(|e| LogError::Io {
@@ -364,6 +485,91 @@ impl Log {
             source: e,
         })
     }
+}
+
+fn io_err(op: &'static str, path: &Path, source: std::io::Error) -> LogError {
+    LogError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn remove_if_exists(p: &Path) -> Result<(), LogError> {
+    match std::fs::remove_file(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err("remove", p, e)),
+    }
+}
+
+/// Writes `data` to `path` so that, after a crash, `path` holds either its
+/// old content or all of `data` (temporary file, fsync, rename, fsync dir).
+fn write_durably(dir: &Path, path: &Path, data: &[u8]) -> Result<(), LogError> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(|e| io_err("create", &tmp, e))?;
+    f.write_all(data).map_err(|e| io_err("write", &tmp, e))?;
+    f.sync_all().map_err(|e| io_err("fsync", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io_err("rename", path, e))?;
+    sync_dir(dir)
+}
+
+fn read_start_override(dir: &Path) -> i64 {
+    std::fs::read_to_string(dir.join(LOG_START_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(-1)
+}
+
+/// The swap of a cleaned segment past its commit point: the segments it
+/// replaces go, the `.cleaned` files take the base segment's names (the
+/// log file last). Safe to run again after a crash at any step.
+fn finish_swap(dir: &Path, base: i64, replaces: &[i64]) -> Result<(), LogError> {
+    for b in replaces.iter().filter(|b| **b != base) {
+        for ext in ["log", "index", "timeindex"] {
+            remove_if_exists(&dir.join(segment::file_name(*b, ext)))?;
+        }
+    }
+    let log_cleaned = cleaner::cleaned_path(dir, base, "log");
+    if log_cleaned.exists() {
+        for ext in ["index", "timeindex", "log"] {
+            let from = cleaner::cleaned_path(dir, base, ext);
+            let to = dir.join(segment::file_name(base, ext));
+            if ext != "log" && !from.exists() {
+                // Renamed before a crash: the index now there is the new one.
+                continue;
+            }
+            std::fs::rename(&from, &to).map_err(|e| io_err("rename", &from, e))?;
+        }
+    }
+    sync_dir(dir)
+}
+
+/// At open: finishes every swap whose manifest is durable, and removes
+/// cleaned files of passes that never reached their commit point.
+fn finish_swaps(dir: &Path, names: &[String]) -> Result<(), LogError> {
+    let suffix = format!(".{SWAP_EXT}");
+    for name in names {
+        let Some(base) = name.strip_suffix(&suffix).and_then(|b| b.parse::<i64>().ok()) else {
+            continue;
+        };
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path).map_err(|e| io_err("read", &path, e))?;
+        let replaces: Vec<i64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        tracing::info!(dir = %dir.display(), base, segments = replaces.len(), "finishing an interrupted cleaner swap");
+        finish_swap(dir, base, &replaces)?;
+        remove_if_exists(&path)?;
+    }
+    let cleaned = format!(".{}", cleaner::CLEANED);
+    for name in names.iter().filter(|n| n.ends_with(&cleaned) || n.ends_with(".tmp")) {
+        let p = dir.join(name);
+        if p.exists() {
+            tracing::info!(path = %p.display(), "removing a cleaner file that was never swapped in");
+            remove_if_exists(&p)?;
+        }
+    }
+    sync_dir(dir)
 }
 
 /// In an uncompressed batch, the (offset, timestamp) of the first record
@@ -397,3 +603,5 @@ fn first_record_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod cleaner_tests;

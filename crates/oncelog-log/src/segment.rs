@@ -228,14 +228,7 @@ impl Segment {
     }
 
     fn rewrite_index_files(&mut self) -> Result<(), LogError> {
-        let mut off = Vec::with_capacity(self.index.len() * OFFSET_ENTRY);
-        let mut tim = Vec::with_capacity(self.index.len() * TIME_ENTRY);
-        for e in &self.index {
-            off.extend_from_slice(&e.rel_offset.to_be_bytes());
-            off.extend_from_slice(&e.pos.to_be_bytes());
-            tim.extend_from_slice(&e.max_ts_before.to_be_bytes());
-            tim.extend_from_slice(&e.rel_offset.to_be_bytes());
-        }
+        let (off, tim) = encode_index(&self.index);
         let p = self.dir.join(file_name(self.base_offset, "index"));
         for (f, data) in [(&self.index_file, &off), (&self.time_file, &tim)] {
             f.set_len(0).map_err(|e| io_err("truncate", &p, e))?;
@@ -280,7 +273,7 @@ impl Segment {
     }
 
     /// Walks batches from `pos` to the end of the file, validating each
-    /// fully (length, magic, CRC, dense offsets). Updates `next_offset`,
+    /// fully (length, magic, CRC, growing offsets). Updates `next_offset`,
     /// `max_timestamp` and, when `build_index`, the in-memory index.
     fn scan_from(&mut self, mut pos: u64, build_index: bool) -> Result<ScanResult, LogError> {
         let path = self.log_path();
@@ -327,9 +320,10 @@ impl Segment {
                 Ok(h) => h,
                 Err(e) => return Ok(stop(format!("batch at position {pos}: {e}"))),
             };
-            if h.base_offset() != self.next_offset {
+            // Offsets only grow; compaction leaves gaps between batches.
+            if h.base_offset() < self.next_offset {
                 return Ok(stop(format!(
-                    "batch at position {pos} has base offset {}, expected {}",
+                    "batch at position {pos} has base offset {}, expected at least {}",
                     h.base_offset(),
                     self.next_offset
                 )));
@@ -552,6 +546,19 @@ impl Segment {
         }
         Ok(())
     }
+}
+
+/// The bytes of the `.index` and `.timeindex` files for `entries`.
+pub(crate) fn encode_index(entries: &[IndexEntry]) -> (Vec<u8>, Vec<u8>) {
+    let mut off = Vec::with_capacity(entries.len() * OFFSET_ENTRY);
+    let mut tim = Vec::with_capacity(entries.len() * TIME_ENTRY);
+    for e in entries {
+        off.extend_from_slice(&e.rel_offset.to_be_bytes());
+        off.extend_from_slice(&e.pos.to_be_bytes());
+        tim.extend_from_slice(&e.max_ts_before.to_be_bytes());
+        tim.extend_from_slice(&e.rel_offset.to_be_bytes());
+    }
+    (off, tim)
 }
 
 /// Makes a directory's entries (new or removed files) durable.

@@ -37,7 +37,16 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("log.retention.ms", "604800000", "delete segments older than this; -1 keeps forever (topic: retention.ms)"),
     ("log.retention.bytes", "-1", "delete old segments while a partition is larger; -1 = no limit (topic: retention.bytes)"),
     ("log.retention.check.interval.ms", "300000", "how often retention runs"),
-    ("log.cleanup.policy", "delete", "stored and reported (topic: cleanup.policy); compaction is not implemented yet"),
+    ("log.cleanup.policy", "delete", "delete (retention removes old segments), compact (the log cleaner keeps the last record per key) or compact,delete (topic: cleanup.policy)"),
+    ("log.cleaner.enable", "true", "run the log cleaner for topics with cleanup.policy compact"),
+    ("log.cleaner.threads", "1", "threads that clean partitions (each cleans one partition at a time)"),
+    ("log.cleaner.dedupe.buffer.size", "134217728", "memory for the cleaners' offset maps, shared by the threads (32 bytes per distinct key); a pass stops where its map is full"),
+    ("log.cleaner.io.max.bytes.per.second", "-1", "cap on the bytes all cleaners read and write per second; -1 = no cap"),
+    ("log.cleaner.backoff.ms", "15000", "how long a cleaner sleeps when no partition needs cleaning"),
+    ("log.cleaner.min.cleanable.ratio", "0.5", "clean a partition once this share of its cleanable log is dirty (topic: min.cleanable.dirty.ratio)"),
+    ("log.cleaner.delete.retention.ms", "86400000", "keep tombstones and the markers of emptied transactions this long after they are cleaned (topic: delete.retention.ms)"),
+    ("log.cleaner.min.compaction.lag.ms", "0", "never clean records younger than this (topic: min.compaction.lag.ms)"),
+    ("log.cleaner.max.compaction.lag.ms", "9223372036854775807", "clean records older than this even below the dirty ratio (topic: max.compaction.lag.ms)"),
     ("log.flush.interval.ms", "0", "0 = fdatasync before every acknowledgement (group commit); N > 0 = acknowledge after the write and fdatasync every N ms: a machine crash can lose the last N ms of acknowledged writes"),
     ("log.sync.threads", "8", "threads that fdatasync partitions for group commit; a partition always uses the same one, different partitions sync in parallel"),
     ("log.cache.keep.bytes", "67108864", "after each fdatasync, drop the synced part of a partition's active segment from the page cache except its last N bytes (tailing readers stay in memory); a full page cache makes every write pay for reclaim; -1 = leave it to the kernel, as Kafka does"),
@@ -104,6 +113,12 @@ pub struct BrokerConfig {
     pub retention_bytes: i64,
     pub retention_check_interval_ms: u64,
     pub cleanup_policy: String,
+    pub cleaner_enable: bool,
+    pub cleaner_threads: usize,
+    pub cleaner_dedupe_buffer_size: u64,
+    /// None: no cap.
+    pub cleaner_io_max_bytes_per_second: Option<f64>,
+    pub cleaner_backoff_ms: u64,
     pub flush_interval_ms: u64,
     pub sync_threads: usize,
     /// None: never drop written data from the page cache.
@@ -195,6 +210,20 @@ impl BrokerConfig {
                 &get("log.retention.check.interval.ms"),
             )?,
             cleanup_policy: get("log.cleanup.policy"),
+            cleaner_enable: parse("log.cleaner.enable", &get("log.cleaner.enable"))?,
+            cleaner_threads: parse("log.cleaner.threads", &get("log.cleaner.threads"))?,
+            cleaner_dedupe_buffer_size: parse(
+                "log.cleaner.dedupe.buffer.size",
+                &get("log.cleaner.dedupe.buffer.size"),
+            )?,
+            cleaner_io_max_bytes_per_second: {
+                let v: f64 = parse(
+                    "log.cleaner.io.max.bytes.per.second",
+                    &get("log.cleaner.io.max.bytes.per.second"),
+                )?;
+                (v > 0.0).then_some(v)
+            },
+            cleaner_backoff_ms: parse("log.cleaner.backoff.ms", &get("log.cleaner.backoff.ms"))?,
             flush_interval_ms: parse("log.flush.interval.ms", &get("log.flush.interval.ms"))?,
             sync_threads: parse("log.sync.threads", &get("log.sync.threads"))?,
             cache_keep_bytes: {
@@ -333,6 +362,12 @@ impl BrokerConfig {
         }
         positive("num.partitions", c.num_partitions as i64)?;
         positive("log.sync.threads", c.sync_threads as i64)?;
+        positive("log.cleaner.threads", c.cleaner_threads as i64)?;
+        positive("log.cleaner.backoff.ms", c.cleaner_backoff_ms as i64)?;
+        positive(
+            "log.cleaner.dedupe.buffer.size",
+            c.cleaner_dedupe_buffer_size as i64,
+        )?;
         positive("log.segment.bytes", c.segment_bytes)?;
         positive("log.index.interval.bytes", c.index_interval_bytes)?;
         positive("socket.request.max.bytes", c.max_frame_bytes as i64)?;
@@ -341,6 +376,17 @@ impl BrokerConfig {
             c.retention_check_interval_ms as i64,
         )?;
         Ok(c)
+    }
+
+    /// A setting's text after overrides, or its default.
+    fn raw_or(&self, key: &str) -> String {
+        self.raw.get(key).cloned().unwrap_or_else(|| {
+            SETTINGS
+                .iter()
+                .find(|(k, _, _)| *k == key)
+                .map(|(_, d, _)| d.to_string())
+                .unwrap_or_default()
+        })
     }
 
     /// The broker-level value behind a topic-level config name, as text.
@@ -363,10 +409,10 @@ impl BrokerConfig {
             "compression.type" => "producer".into(),
             "message.timestamp.type" => "CreateTime".into(),
             "min.insync.replicas" => "1".into(),
-            "delete.retention.ms" => "86400000".into(),
-            "min.compaction.lag.ms" => "0".into(),
-            "max.compaction.lag.ms" => "9223372036854775807".into(),
-            "min.cleanable.dirty.ratio" => "0.5".into(),
+            "delete.retention.ms" => self.raw_or("log.cleaner.delete.retention.ms"),
+            "min.compaction.lag.ms" => self.raw_or("log.cleaner.min.compaction.lag.ms"),
+            "max.compaction.lag.ms" => self.raw_or("log.cleaner.max.compaction.lag.ms"),
+            "min.cleanable.dirty.ratio" => self.raw_or("log.cleaner.min.cleanable.ratio"),
             "file.delete.delay.ms" => "60000".into(),
             "unclean.leader.election.enable" => "false".into(),
             "preallocate" => "false".into(),
@@ -392,6 +438,11 @@ impl BrokerConfig {
         "retention.ms",
         "retention.bytes",
         "max.message.bytes",
+        "cleanup.policy",
+        "delete.retention.ms",
+        "min.compaction.lag.ms",
+        "max.compaction.lag.ms",
+        "min.cleanable.dirty.ratio",
     ];
 
     /// Every topic config name we accept.
@@ -467,10 +518,10 @@ fn check_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> 
             .parse::<bool>()
             .map(|_| ())
             .or_else(|_| bad(format!("{key} must be true or false"))),
-        "min.cleanable.dirty.ratio" => value
-            .parse::<f64>()
-            .map(|_| ())
-            .or_else(|_| bad(format!("{key} must be a number"))),
+        "min.cleanable.dirty.ratio" => match value.parse::<f64>() {
+            Ok(v) if (0.0..=1.0).contains(&v) => Ok(()),
+            _ => bad(format!("{key} must be a number from 0 to 1")),
+        },
         "segment.bytes" | "index.interval.bytes" | "max.message.bytes" | "min.insync.replicas" => {
             match value.parse::<i64>() {
                 Ok(v) if v > 0 => Ok(()),

@@ -7,6 +7,7 @@
 //! append and transaction markers) and `durability` (group commit) on top of
 //! `oncelog-log`.
 
+pub mod compaction;
 pub mod config;
 pub mod datadir;
 pub mod durability;
@@ -91,6 +92,8 @@ pub struct Broker {
     pub orphans: std::sync::atomic::AtomicU64,
     /// Request latency per API key (arrival to response ready).
     pub request_latency: Box<[histogram::Histogram]>,
+    /// The log cleaner of compacted topics.
+    pub cleaner: Arc<compaction::LogCleaner>,
     /// This broker's exclusive hold on its data directory.
     _dir_lock: datadir::DirLock,
 }
@@ -127,6 +130,12 @@ impl Broker {
                 offsets_retention_ms: config.offsets_retention_minutes.saturating_mul(60_000),
             },
         )?;
+        let cleaner = Arc::new(compaction::LogCleaner::new(compaction::CleanerSettings {
+            threads: config.cleaner_threads,
+            dedupe_buffer_size: config.cleaner_dedupe_buffer_size,
+            io_max_bytes_per_second: config.cleaner_io_max_bytes_per_second,
+            backoff: std::time::Duration::from_millis(config.cleaner_backoff_ms),
+        }));
         Ok(Arc::new(Self {
             config,
             topics,
@@ -138,6 +147,7 @@ impl Broker {
             data_notify,
             appended_bytes: Default::default(),
             orphans: Default::default(),
+            cleaner,
             request_latency: (0..REQUEST_KEYS)
                 .map(|_| histogram::Histogram::latency())
                 .collect(),
@@ -254,8 +264,17 @@ impl Broker {
         )
     }
 
-    /// Background work: retention and, in interval mode, periodic flushes.
+    /// Background work: retention, the log cleaner and, in interval mode,
+    /// periodic flushes.
     pub fn spawn_background(self: &Arc<Self>) {
+        if self.config.cleaner_enable {
+            let weak = Arc::downgrade(self);
+            self.cleaner.start(Arc::new(move || {
+                weak.upgrade()
+                    .map(|b| compaction::candidates(&b.topics))
+                    .unwrap_or_default()
+            }));
+        }
         let b = self.clone();
         tokio::spawn(async move {
             // Hanging-transaction healing: an orphan is a partition-side open

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use oncelog_log::{batch, Log, LogError};
+use oncelog_log::{batch, cleaner, Log, LogError};
 use tokio::sync::{oneshot, Notify};
 
 use crate::producer_state::{
@@ -324,6 +324,75 @@ impl Partition {
         }
     }
 
+    /// What a cleaning pass may read now: the non-active segments below the
+    /// last stable offset (so every transaction in them is decided) whose
+    /// records are all older than `newest_ms` (-1: any age), and the
+    /// aborted transactions and live producers' last batches it must honour.
+    /// `None` on a closed partition.
+    pub fn clean_plan(&self, newest_ms: i64) -> Option<CleanPlan> {
+        let hw = self.high_watermark();
+        let st = self.lock();
+        if st.closed {
+            return None;
+        }
+        let lso = st.last_stable_offset(hw);
+        let segments = st.cleanable_segments(lso, newest_ms);
+        let aborted = st
+            .producers
+            .aborted_overlapping(st.log_start_offset(), i64::MAX)
+            .into_iter()
+            .map(|a| (a.producer_id, a.first_offset, a.last_offset));
+        let last = st
+            .producers
+            .producers()
+            .filter_map(|(pid, e)| e.batches.back().map(|b| (*pid, b.first_offset)));
+        let facts = cleaner::txn_facts(aborted, last);
+        Some(CleanPlan {
+            dir: st.dir().to_path_buf(),
+            segments,
+            facts,
+            log_end: st.next_offset(),
+            segment_bytes: st.config().segment_bytes,
+            index_interval: st.config().index_interval_bytes,
+            total_bytes: st.size_bytes(),
+        })
+    }
+
+    /// Swaps a cleaned segment in (see [`Log::install_cleaned`]); false when
+    /// the partition is closed or the segments it replaces are gone.
+    pub fn install_cleaned(&self, g: &cleaner::CleanedGroup) -> Result<bool, LogError> {
+        let mut st = self.lock();
+        if st.closed {
+            return Ok(false);
+        }
+        st.install_cleaned(g)
+    }
+
+    /// DeleteRecords: moves the log start offset to `offset` (-1: the high
+    /// watermark), durably, and deletes the segments wholly below it.
+    /// Refused past the high watermark. Returns the new log start offset.
+    pub fn delete_records(&self, offset: i64) -> Result<i64, DeleteRecordsError> {
+        let hw = self.high_watermark();
+        let offset = if offset == -1 { hw } else { offset };
+        if offset < 0 || offset > hw {
+            return Err(DeleteRecordsError::OutOfRange { offset, hw });
+        }
+        let mut st = self.lock();
+        if st.closed {
+            return Err(DeleteRecordsError::Closed(self.topic.clone()));
+        }
+        let before = st.log_start_offset();
+        let start = st
+            .delete_records_before(offset)
+            .map_err(DeleteRecordsError::Storage)?;
+        self.refresh_log_start(&st);
+        st.producers.trim_aborted(start);
+        if start != before {
+            tracing::info!(partition = %self.name(), from = before, to = start, "DeleteRecords moved the log start offset");
+        }
+        Ok(start)
+    }
+
     /// After a failed fsync: the log is cut back to what is durable (the
     /// high watermark) and its producer state rebuilt; the truncation
     /// generation moves, so every waiter on the lost bytes fails. A closed
@@ -614,6 +683,28 @@ impl Partition {
 pub type SyncReply = oneshot::Receiver<Result<(), SyncError>>;
 
 /// Why a write was not made durable (it was not acknowledged).
+/// What a cleaning pass of one partition reads (see [`Partition::clean_plan`]).
+#[derive(Debug)]
+pub struct CleanPlan {
+    pub dir: std::path::PathBuf,
+    pub segments: Vec<cleaner::SegmentInfo>,
+    pub facts: cleaner::TxnFacts,
+    pub log_end: i64,
+    pub segment_bytes: u64,
+    pub index_interval: u64,
+    pub total_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteRecordsError {
+    #[error("offset {offset} is past the high watermark {hw}")]
+    OutOfRange { offset: i64, hw: i64 },
+    #[error("topic {0} is being deleted")]
+    Closed(String),
+    #[error(transparent)]
+    Storage(LogError),
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SyncError {
     #[error("fdatasync failed: {0}")]

@@ -70,6 +70,27 @@ impl Topic {
     }
 }
 
+/// What `cleanup.policy` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CleanupPolicy {
+    pub delete: bool,
+    pub compact: bool,
+}
+
+impl CleanupPolicy {
+    pub fn parse(text: &str) -> Self {
+        let mut p = Self::default();
+        for part in text.split(',') {
+            match part.trim() {
+                "delete" => p.delete = true,
+                "compact" => p.compact = true,
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
 /// The outcome of opening one partition's log.
 type OpenResult = Result<Arc<Partition>, TopicError>;
 
@@ -192,13 +213,48 @@ impl Topics {
                 .and_then(|v| v.parse::<i64>().ok())
                 .unwrap_or(-1)
         };
+        let policy = self.cleanup_policy(meta);
+        // A compact-only topic keeps every key's last record however old;
+        // time and size retention are for `delete`.
+        let (retention_bytes, retention_ms) = if policy.delete {
+            (get("retention.bytes"), get("retention.ms"))
+        } else {
+            (-1, -1)
+        };
+        let mut segment_ms = get("segment.ms");
+        if policy.compact {
+            // The active segment is never cleaned: roll it once its records
+            // reach max.compaction.lag.ms, so they become cleanable.
+            let lag = get("max.compaction.lag.ms");
+            if lag > 0 && (segment_ms <= 0 || lag < segment_ms) {
+                segment_ms = lag;
+            }
+        }
         LogConfig {
             segment_bytes: get("segment.bytes").max(1024) as u64,
-            segment_ms: get("segment.ms"),
+            segment_ms,
             index_interval_bytes: get("index.interval.bytes").max(1) as u64,
-            retention_bytes: get("retention.bytes"),
-            retention_ms: get("retention.ms"),
+            retention_bytes,
+            retention_ms,
         }
+    }
+
+    /// A topic's cleanup.policy (its own, or the broker's default).
+    pub fn cleanup_policy(&self, meta: &TopicMeta) -> CleanupPolicy {
+        let text = meta
+            .configs
+            .get("cleanup.policy")
+            .cloned()
+            .unwrap_or_else(|| self.config.cleanup_policy.clone());
+        CleanupPolicy::parse(&text)
+    }
+
+    /// A topic config's value (its own, or the broker's default), as text.
+    pub fn topic_config(&self, meta: &TopicMeta, key: &str) -> Option<String> {
+        meta.configs
+            .get(key)
+            .cloned()
+            .or_else(|| self.config.topic_default(key))
     }
 
     pub fn max_message_bytes(&self, meta: &TopicMeta) -> i64 {

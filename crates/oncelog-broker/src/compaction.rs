@@ -137,9 +137,17 @@ fn read_first_dirty(dir: &Path) -> Option<i64> {
 /// dirty bytes, the oldest dirty segment's last write).
 fn dirt(plan: &CleanPlan, first_dirty: i64) -> (u64, u64, Option<i64>) {
     let total: u64 = plan.segments.iter().map(|s| s.size).sum();
-    let dirty: Vec<_> = plan.segments.iter().filter(|s| s.next > first_dirty).collect();
+    let dirty: Vec<_> = plan
+        .segments
+        .iter()
+        .filter(|s| s.next > first_dirty)
+        .collect();
     let dirty_bytes = dirty.iter().map(|s| s.size).sum();
-    (total, dirty_bytes, dirty.first().map(|s| s.last_modified_ms))
+    (
+        total,
+        dirty_bytes,
+        dirty.first().map(|s| s.last_modified_ms),
+    )
 }
 
 impl LogCleaner {
@@ -214,7 +222,12 @@ impl LogCleaner {
         let mut best: Option<(f64, &Candidate, CleanPlan, i64)> = None;
         for c in candidates {
             let name = c.partition.name();
-            if self.busy.lock().unwrap_or_else(|p| p.into_inner()).contains(&name) {
+            if self
+                .busy
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&name)
+            {
                 continue;
             }
             let newest = if c.settings.min_compaction_lag_ms > 0 {
@@ -233,7 +246,11 @@ impl LogCleaner {
             }
             let first_dirty = first_dirty.max(first_base);
             let (total, dirty, oldest_dirty) = dirt(&plan, first_dirty);
-            let ratio = if total == 0 { 0.0 } else { dirty as f64 / total as f64 };
+            let ratio = if total == 0 {
+                0.0
+            } else {
+                dirty as f64 / total as f64
+            };
             self.update(&name, |s| {
                 s.first_dirty_offset = first_dirty;
                 s.cleanable_bytes = total;
@@ -256,11 +273,19 @@ impl LogCleaner {
             return false;
         };
         let name = c.partition.name();
-        if !self.busy.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone()) {
+        if !self
+            .busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.clone())
+        {
             return false;
         }
         self.clean_partition(&c.partition, &c.settings, plan, first_dirty);
-        self.busy.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+        self.busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&name);
         true
     }
 
@@ -338,7 +363,8 @@ impl LogCleaner {
         let t = &self.totals;
         t.passes.fetch_add(1, Ordering::Relaxed);
         t.bytes_read.fetch_add(stats.bytes_read, Ordering::Relaxed);
-        t.bytes_written.fetch_add(stats.bytes_written, Ordering::Relaxed);
+        t.bytes_written
+            .fetch_add(stats.bytes_written, Ordering::Relaxed);
         t.records_removed.fetch_add(
             stats.records_read.saturating_sub(stats.records_kept),
             Ordering::Relaxed,
@@ -388,7 +414,12 @@ pub fn candidates(topics: &Topics) -> Vec<Candidate> {
             min_compaction_lag_ms: num("min.compaction.lag.ms", 0.0) as i64,
             max_compaction_lag_ms: num("max.compaction.lag.ms", i64::MAX as f64) as i64,
         };
-        for p in t.partitions.read().unwrap_or_else(|p| p.into_inner()).iter() {
+        for p in t
+            .partitions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             out.push(Candidate {
                 partition: p.clone(),
                 settings,

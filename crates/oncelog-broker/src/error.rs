@@ -35,6 +35,7 @@ pub enum ErrorCode {
     InvalidReplicaAssignment = 39,
     InvalidConfig = 40,
     InvalidRequest = 42,
+    PolicyViolation = 44,
     UnsupportedForMessageFormat = 43,
     KafkaStorageError = 56,
     CoordinatorLoadInProgress = 14,

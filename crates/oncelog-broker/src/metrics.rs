@@ -1,7 +1,8 @@
 //! Metrics in the Prometheus text format at `/metrics`, `/health`, and
 //! `GET /v1/transactions/<id>/history` (JSON: a transactional id's epochs,
 //! fences and recent events, see [`crate::txn_history`]; the id
-//! percent-encoded), on a small HTTP listener (`metrics.listen`). Label
+//! percent-encoded), `GET /v1/cleaner` (JSON: every compacted partition's
+//! cleaning state), on a small HTTP listener (`metrics.listen`). Label
 //! cardinality is bounded: partitions and groups are what the operator
 //! created; fence and zombie-write counters keep at most
 //! [`crate::txn_service::MAX_FENCE_LABELS`] transactional ids.
@@ -253,7 +254,96 @@ pub async fn render(b: &Arc<Broker>) -> String {
             }
         }
     }
+    render_cleaner(&mut out, b);
     out
+}
+
+/// The log cleaner's totals and each compacted partition's dirt.
+fn render_cleaner(out: &mut String, b: &Broker) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let t = &b.cleaner.totals;
+    let counters: [(&str, &str, u64); 6] = [
+        (
+            "oncelog_cleaner_passes_total",
+            "Cleaning passes finished.",
+            t.passes.load(Relaxed),
+        ),
+        (
+            "oncelog_cleaner_errors_total",
+            "Cleaning passes that failed (the partition is left as it was).",
+            t.errors.load(Relaxed),
+        ),
+        (
+            "oncelog_cleaner_read_bytes_total",
+            "Bytes the cleaner read (throughput: this over busy seconds).",
+            t.bytes_read.load(Relaxed),
+        ),
+        (
+            "oncelog_cleaner_written_bytes_total",
+            "Bytes of cleaned segments written.",
+            t.bytes_written.load(Relaxed),
+        ),
+        (
+            "oncelog_cleaner_removed_records_total",
+            "Records the cleaner removed (superseded, tombstones, aborted).",
+            t.records_removed.load(Relaxed),
+        ),
+        (
+            "oncelog_cleaner_aborted_records_removed_total",
+            "Records of aborted transactions the cleaner removed.",
+            t.aborted_records_removed.load(Relaxed),
+        ),
+    ];
+    for (name, help, v) in counters {
+        family(out, name, "counter", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    for (name, help, ms) in [
+        (
+            "oncelog_cleaner_busy_seconds_total",
+            "Time spent cleaning.",
+            t.busy_ms.load(Relaxed),
+        ),
+        (
+            "oncelog_cleaner_throttled_seconds_total",
+            "Time cleaners slept for log.cleaner.io.max.bytes.per.second.",
+            t.throttled_ms.load(Relaxed),
+        ),
+    ] {
+        family(out, name, "counter", help);
+        let _ = writeln!(out, "{name} {:.3}", ms as f64 / 1000.0);
+    }
+    let statuses = b.cleaner.statuses();
+    type Field = fn(&crate::compaction::CleanerStatus) -> f64;
+    let gauges: [(&str, &str, Field); 3] = [
+        (
+            "oncelog_cleaner_dirty_bytes",
+            "Bytes of a compacted partition's cleanable log not cleaned yet (the backlog).",
+            |s| s.dirty_bytes as f64,
+        ),
+        (
+            "oncelog_cleaner_dirty_ratio",
+            "Dirty share of a compacted partition's cleanable log.",
+            |s| s.dirty_ratio,
+        ),
+        (
+            "oncelog_cleaner_first_dirty_offset",
+            "Where the last cleaning pass stopped.",
+            |s| s.first_dirty_offset as f64,
+        ),
+    ];
+    for (name, help, f) in gauges {
+        family(out, name, "gauge", help);
+        for (part, s) in &statuses {
+            let (topic, index) = part.rsplit_once('-').unwrap_or((part.as_str(), "0"));
+            let _ = writeln!(
+                out,
+                "{name}{{topic=\"{}\",partition=\"{index}\"}} {}",
+                esc(topic),
+                f(s)
+            );
+        }
+    }
 }
 
 /// Why a history path is not understood.
@@ -335,6 +425,19 @@ pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
             let (status, body, ctype) = match path {
                 "/metrics" => ("200 OK", render(&b).await, "text/plain; version=0.0.4"),
                 "/health" => ("200 OK", "ok\n".to_string(), "text/plain"),
+                "/v1/cleaner" => {
+                    let parts: serde_json::Map<String, serde_json::Value> = b
+                        .cleaner
+                        .statuses()
+                        .into_iter()
+                        .map(|(k, v)| (k, serde_json::to_value(v).unwrap_or_default()))
+                        .collect();
+                    let body =
+                        serde_json::to_string_pretty(&serde_json::json!({ "partitions": parts }))
+                            .unwrap_or_default()
+                            + "\n";
+                    ("200 OK", body, "application/json")
+                }
                 _ => match history_id(path) {
                     Some(Ok(id)) => {
                         let v = b.txn.history_json(&id);

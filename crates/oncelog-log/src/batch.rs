@@ -236,6 +236,18 @@ pub fn set_base_offset(buf: &mut [u8], offset: i64) {
     buf[OFF_BASE_OFFSET..OFF_BASE_OFFSET + 8].copy_from_slice(&offset.to_be_bytes());
 }
 
+/// Stamps a whole batch with the broker's time (`message.timestamp.type=
+/// LogAppendTime`): the timestamp-type bit and the max timestamp change,
+/// so the CRC is computed anew.
+pub fn set_log_append_time(buf: &mut [u8], now_ms: i64) {
+    let attrs = be_i16(buf, OFF_ATTRIBUTES) | ATTR_TIMESTAMP_TYPE;
+    buf[OFF_ATTRIBUTES..OFF_ATTRIBUTES + 2].copy_from_slice(&attrs.to_be_bytes());
+    buf[OFF_MAX_TIMESTAMP..OFF_MAX_TIMESTAMP + 8].copy_from_slice(&now_ms.to_be_bytes());
+    let end = BatchHeader { buf }.total_size().min(buf.len());
+    let crc = crc32c::crc32c(&buf[OFF_ATTRIBUTES..end]);
+    buf[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+}
+
 /// Overwrites the partition leader epoch (not covered by the CRC).
 pub fn set_partition_leader_epoch(buf: &mut [u8], epoch: i32) {
     buf[OFF_LEADER_EPOCH..OFF_LEADER_EPOCH + 4].copy_from_slice(&epoch.to_be_bytes());

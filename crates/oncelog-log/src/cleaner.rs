@@ -67,9 +67,10 @@ pub struct TxnFacts {
 
 impl TxnFacts {
     fn is_aborted(&self, pid: i64, offset: i64) -> bool {
-        self.aborted
-            .get(&pid)
-            .is_some_and(|v| v.iter().any(|(first, last)| *first <= offset && offset <= *last))
+        self.aborted.get(&pid).is_some_and(|v| {
+            v.iter()
+                .any(|(first, last)| *first <= offset && offset <= *last)
+        })
     }
 }
 
@@ -208,7 +209,10 @@ fn records_err(path: &Path, base: i64, e: records::RecordsError) -> LogError {
     io_err(
         "decode records",
         path,
-        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("batch {base}: {e}")),
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("batch {base}: {e}"),
+        ),
     )
 }
 
@@ -240,7 +244,8 @@ fn build_map(
             if !map.map.is_empty() && map.map.len() + n > map.cap {
                 return Ok((map, h.base_offset()));
             }
-            let recs = records::batch_records(&buf).map_err(|e| records_err(&r.path, h.base_offset(), e))?;
+            let recs = records::batch_records(&buf)
+                .map_err(|e| records_err(&r.path, h.base_offset(), e))?;
             for rec in &recs.records {
                 let off = h.base_offset() + rec.offset_delta;
                 if let (Some(k), true) = (recs.key(rec), off >= opts.first_dirty) {
@@ -314,7 +319,8 @@ impl GroupWriter {
             .map_err(|e| io_err("flush", &path, e.into_error()))?;
         let mtime = std::time::UNIX_EPOCH
             + std::time::Duration::from_millis(last_modified_ms.max(0) as u64);
-        f.set_modified(mtime).map_err(|e| io_err("set mtime", &path, e))?;
+        f.set_modified(mtime)
+            .map_err(|e| io_err("set mtime", &path, e))?;
         f.sync_all().map_err(|e| io_err("fsync", &path, e))?;
         let (off, tim) = encode_index(&self.index);
         for (ext, data) in [("index", off), ("timeindex", tim)] {
@@ -372,8 +378,12 @@ fn clean_batch(
     if h.is_transactional() && txn.is_aborted(pid, h.base_offset()) {
         stats.aborted_records_removed += n;
         if last_of_producer {
-            let recs = records::batch_records(b).map_err(|e| records_err(path, h.base_offset(), e))?;
-            return Ok(Some(records::rebuild(b, &recs, &[]).map_err(|e| records_err(path, h.base_offset(), e.into()))?));
+            let recs =
+                records::batch_records(b).map_err(|e| records_err(path, h.base_offset(), e))?;
+            return Ok(Some(
+                records::rebuild(b, &recs, &[])
+                    .map_err(|e| records_err(path, h.base_offset(), e.into()))?,
+            ));
         }
         return Ok(None);
     }

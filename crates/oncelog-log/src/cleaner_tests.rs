@@ -121,7 +121,8 @@ fn keeps_the_last_record_per_key_at_its_offset() {
     for round in 0..10 {
         for k in 0..5 {
             let v = format!("v{round}");
-            log.append(&mut kv(&[(&format!("k{k}"), Some(&v))])).unwrap();
+            log.append(&mut kv(&[(&format!("k{k}"), Some(&v))]))
+                .unwrap();
         }
     }
     log.append(&mut kv(&[("tail", Some("t"))])).unwrap();
@@ -142,7 +143,12 @@ fn keeps_the_last_record_per_key_at_its_offset() {
         assert!(v[0].1.as_deref().unwrap().ends_with("v9"));
     }
     // New appends go on at the old end; the cleaned log survives a reopen.
-    assert_eq!(log.append(&mut kv(&[("k0", Some("new"))])).unwrap().base_offset, 51);
+    assert_eq!(
+        log.append(&mut kv(&[("k0", Some("new"))]))
+            .unwrap()
+            .base_offset,
+        51
+    );
     drop(log);
     let (log, rep) = Log::open(d.path(), cfg()).unwrap();
     assert!(rep.problem.is_none());
@@ -160,7 +166,8 @@ fn aborted_records_go_and_committed_ones_stay() {
     let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
     // pid 1 commits a=1; pid 2 writes a=bad and aborts; pid 1 commits b=2.
     log.append(&mut txn_batch(1, 0, &[("a", "1")])).unwrap(); // 0
-    log.append(&mut txn_batch(2, 0, &[("a", "bad"), ("c", "bad")])).unwrap(); // 1-2
+    log.append(&mut txn_batch(2, 0, &[("a", "bad"), ("c", "bad")]))
+        .unwrap(); // 1-2
     log.append(&mut build_marker(1, 0, true, 0, 1000)).unwrap(); // 3
     log.append(&mut build_marker(2, 0, false, 0, 1000)).unwrap(); // 4
     log.append(&mut txn_batch(1, 1, &[("b", "2")])).unwrap(); // 5
@@ -177,7 +184,10 @@ fn aborted_records_go_and_committed_ones_stay() {
     let stats = run(&mut log, &facts, &o);
     assert_eq!(stats.aborted_records_removed, 3);
     let c = contents(&log);
-    let vals: Vec<_> = c.values().map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or(""))).collect();
+    let vals: Vec<_> = c
+        .values()
+        .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("")))
+        .collect();
     assert!(vals.iter().all(|v| !v.contains("bad")), "{vals:?}");
     assert_eq!(value_of(&c, "a").len(), 1);
     assert_eq!(c.len(), 3);
@@ -188,10 +198,17 @@ fn aborted_records_go_and_committed_ones_stay() {
         .map(|r| r.unwrap().1)
         .map(|h| (h.base_offset(), h.records_count()))
         .collect();
-    assert!(batches.contains(&(1, 0)) && batches.contains(&(7, 0)), "{batches:?}");
+    assert!(
+        batches.contains(&(1, 0)) && batches.contains(&(7, 0)),
+        "{batches:?}"
+    );
     assert_eq!(markers(&log), vec![3, 4, 6, 8, 10]);
     // Offsets and the last offset of the emptied batch are unchanged.
-    let h = BatchIter::new(&all).find(|r| r.as_ref().unwrap().1.base_offset() == 1).unwrap().unwrap().1;
+    let h = BatchIter::new(&all)
+        .find(|r| r.as_ref().unwrap().1.base_offset() == 1)
+        .unwrap()
+        .unwrap()
+        .1;
     assert_eq!(h.last_offset(), 2);
 }
 
@@ -206,7 +223,11 @@ fn empty_transactions_lose_their_marker_past_the_horizon_only() {
     log.roll(now_ms()).unwrap();
     let facts = txn_facts([], [(1, 2)]);
     run(&mut log, &facts, &opts(0));
-    assert_eq!(markers(&log), vec![1, 3], "within the horizon every marker stays");
+    assert_eq!(
+        markers(&log),
+        vec![1, 3],
+        "within the horizon every marker stays"
+    );
     let mut o = opts(4);
     o.delete_horizon_ms = i64::MAX;
     run(&mut log, &facts, &o);
@@ -218,7 +239,8 @@ fn empty_transactions_lose_their_marker_past_the_horizon_only() {
 fn tombstones_stay_until_the_delete_horizon() {
     let d = tempfile::tempdir().unwrap();
     let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
-    log.append(&mut kv(&[("a", Some("1")), ("b", Some("1"))])).unwrap();
+    log.append(&mut kv(&[("a", Some("1")), ("b", Some("1"))]))
+        .unwrap();
     log.append(&mut kv(&[("a", None)])).unwrap();
     log.roll(now_ms()).unwrap();
     run(&mut log, &TxnFacts::default(), &opts(0));
@@ -238,7 +260,8 @@ fn a_small_offset_map_cleans_in_several_passes() {
     let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
     for round in 0..4 {
         for k in 0..60 {
-            log.append(&mut kv(&[(&format!("k{k}"), Some(&format!("{round}")))])).unwrap();
+            log.append(&mut kv(&[(&format!("k{k}"), Some(&format!("{round}")))]))
+                .unwrap();
         }
     }
     log.roll(now_ms()).unwrap();
@@ -257,7 +280,9 @@ fn a_small_offset_map_cleans_in_several_passes() {
     assert!(passes >= 3, "{passes}");
     let c = contents(&log);
     assert_eq!(c.len(), 60);
-    assert!(c.values().all(|(_, v)| v.as_deref().unwrap().ends_with('3')));
+    assert!(c
+        .values()
+        .all(|(_, v)| v.as_deref().unwrap().ends_with('3')));
 }
 
 #[test]
@@ -292,17 +317,25 @@ fn a_crash_at_any_step_of_the_swap_loses_nothing() {
         let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
         for round in 0..6 {
             for k in 0..4 {
-                log.append(&mut kv(&[(&format!("k{k}"), Some(&format!("{round}")))])).unwrap();
+                log.append(&mut kv(&[(&format!("k{k}"), Some(&format!("{round}")))]))
+                    .unwrap();
             }
         }
         log.roll(now_ms()).unwrap();
         let before = contents(&log);
         let segs = log.cleanable_segments(i64::MAX, -1);
         let mut groups = Vec::new();
-        clean(d.path(), &segs, &TxnFacts::default(), &opts(0), &mut |_| {}, &mut |g| {
-            groups.push(g);
-            Ok(true)
-        })
+        clean(
+            d.path(),
+            &segs,
+            &TxnFacts::default(),
+            &opts(0),
+            &mut |_| {},
+            &mut |g| {
+                groups.push(g);
+                Ok(true)
+            },
+        )
         .unwrap();
         let g = &groups[0];
         let manifest = d.path().join(segment::file_name(g.base, SWAP_EXT));
@@ -355,15 +388,23 @@ fn install_refuses_when_a_replaced_segment_is_gone() {
     let d = tempfile::tempdir().unwrap();
     let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
     for i in 0..30 {
-        log.append(&mut kv(&[("k", Some(&format!("{i}")))])).unwrap();
+        log.append(&mut kv(&[("k", Some(&format!("{i}")))]))
+            .unwrap();
     }
     log.roll(now_ms()).unwrap();
     let segs = log.cleanable_segments(i64::MAX, -1);
     let mut groups = Vec::new();
-    clean(d.path(), &segs, &TxnFacts::default(), &opts(0), &mut |_| {}, &mut |g| {
-        groups.push(g);
-        Ok(true)
-    })
+    clean(
+        d.path(),
+        &segs,
+        &TxnFacts::default(),
+        &opts(0),
+        &mut |_| {},
+        &mut |g| {
+            groups.push(g);
+            Ok(true)
+        },
+    )
     .unwrap();
     // DeleteRecords removed the first segments meanwhile.
     let second = segs[1].base;
@@ -378,12 +419,16 @@ fn delete_records_moves_the_start_durably() {
     let d = tempfile::tempdir().unwrap();
     let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
     for i in 0..40 {
-        log.append(&mut kv(&[("k", Some(&format!("{i}")))])).unwrap();
+        log.append(&mut kv(&[("k", Some(&format!("{i}")))]))
+            .unwrap();
     }
     let segs_before = log.segment_count();
     assert_eq!(log.delete_records_before(17).unwrap(), 17);
     assert!(log.segment_count() < segs_before);
-    assert!(matches!(log.read(16, 100, i64::MAX, true), Err(LogError::OffsetOutOfRange { .. })));
+    assert!(matches!(
+        log.read(16, 100, i64::MAX, true),
+        Err(LogError::OffsetOutOfRange { .. })
+    ));
     // Never back; and twice is the same as once.
     assert_eq!(log.delete_records_before(5).unwrap(), 17);
     assert_eq!(log.delete_records_before(17).unwrap(), 17);
@@ -394,6 +439,11 @@ fn delete_records_moves_the_start_durably() {
     assert_eq!(log.delete_records_before(40).unwrap(), 40);
     assert_eq!(log.segment_count(), 1);
     assert_eq!(log.size_bytes(), 0);
-    assert_eq!(log.append(&mut kv(&[("k", Some("x"))])).unwrap().base_offset, 40);
+    assert_eq!(
+        log.append(&mut kv(&[("k", Some("x"))]))
+            .unwrap()
+            .base_offset,
+        40
+    );
     assert_eq!(log.log_start_offset(), 40);
 }

@@ -155,17 +155,24 @@ mod tests {
 
     #[test]
     fn every_codec_round_trips() {
-        let data: Vec<u8> = (0..100_000u32).flat_map(|i| (i % 251).to_be_bytes()).collect();
+        let data: Vec<u8> = (0..100_000u32)
+            .flat_map(|i| (i % 251).to_be_bytes())
+            .collect();
         for codec in [NONE, GZIP, SNAPPY, LZ4, ZSTD] {
             let c = compress(codec, &data).unwrap();
             assert_eq!(decompress(codec, &c).unwrap(), data, "{}", name(codec));
-            assert_eq!(decompress(codec, &compress(codec, b"").unwrap()).unwrap(), b"");
+            assert_eq!(
+                decompress(codec, &compress(codec, b"").unwrap()).unwrap(),
+                b""
+            );
         }
     }
 
     #[test]
     fn raw_snappy_is_read_too() {
-        let raw = snap::raw::Encoder::new().compress_vec(b"hello hello hello").unwrap();
+        let raw = snap::raw::Encoder::new()
+            .compress_vec(b"hello hello hello")
+            .unwrap();
         assert_eq!(decompress(SNAPPY, &raw).unwrap(), b"hello hello hello");
     }
 

@@ -551,7 +551,10 @@ fn finish_swap(dir: &Path, base: i64, replaces: &[i64]) -> Result<(), LogError> 
 fn finish_swaps(dir: &Path, names: &[String]) -> Result<(), LogError> {
     let suffix = format!(".{SWAP_EXT}");
     for name in names {
-        let Some(base) = name.strip_suffix(&suffix).and_then(|b| b.parse::<i64>().ok()) else {
+        let Some(base) = name
+            .strip_suffix(&suffix)
+            .and_then(|b| b.parse::<i64>().ok())
+        else {
             continue;
         };
         let path = dir.join(name);
@@ -562,7 +565,10 @@ fn finish_swaps(dir: &Path, names: &[String]) -> Result<(), LogError> {
         remove_if_exists(&path)?;
     }
     let cleaned = format!(".{}", cleaner::CLEANED);
-    for name in names.iter().filter(|n| n.ends_with(&cleaned) || n.ends_with(".tmp")) {
+    for name in names
+        .iter()
+        .filter(|n| n.ends_with(&cleaned) || n.ends_with(".tmp"))
+    {
         let p = dir.join(name);
         if p.exists() {
             tracing::info!(path = %p.display(), "removing a cleaner file that was never swapped in");
@@ -602,6 +608,6 @@ fn first_record_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod cleaner_tests;
+#[cfg(test)]
+mod tests;

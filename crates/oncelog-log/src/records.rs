@@ -62,8 +62,12 @@ pub fn batch_records(b: &[u8]) -> Result<BatchRecords, RecordsError> {
         let index = records.len();
         let bad = || RecordsError::Malformed { index };
         let start = pos;
-        let len = usize::try_from(get_varint(&data, &mut pos).ok_or_else(bad)?).map_err(|_| bad())?;
-        let rec_end = pos.checked_add(len).filter(|e| *e <= data.len()).ok_or_else(bad)?;
+        let len =
+            usize::try_from(get_varint(&data, &mut pos).ok_or_else(bad)?).map_err(|_| bad())?;
+        let rec_end = pos
+            .checked_add(len)
+            .filter(|e| *e <= data.len())
+            .ok_or_else(bad)?;
         let body = &data[..rec_end];
         let mut p = pos + 1; // attributes
         get_varint(body, &mut p).ok_or_else(bad)?; // timestamp delta
@@ -102,7 +106,11 @@ pub fn batch_records(b: &[u8]) -> Result<BatchRecords, RecordsError> {
 /// codec, so offsets and sequences stay as they were. With nothing kept the
 /// batch is empty and uncompressed (it still carries the producer's
 /// sequence range). The CRC is computed anew.
-pub fn rebuild(orig: &[u8], recs: &BatchRecords, kept: &[&RecordSpan]) -> Result<Vec<u8>, CodecError> {
+pub fn rebuild(
+    orig: &[u8],
+    recs: &BatchRecords,
+    kept: &[&RecordSpan],
+) -> Result<Vec<u8>, CodecError> {
     let mut attributes = i16::from_be_bytes([orig[21], orig[22]]);
     let mut plain = Vec::new();
     for r in kept {
@@ -170,13 +178,19 @@ mod tests {
             let r = batch_records(&b).unwrap();
             let out = rebuild(&b, &r, &[&r.records[2]]).unwrap();
             let h = validate(&out).unwrap();
-            assert_eq!((h.base_offset(), h.last_offset(), h.records_count()), (500, 502, 1));
+            assert_eq!(
+                (h.base_offset(), h.last_offset(), h.records_count()),
+                (500, 502, 1)
+            );
             assert_eq!(h.compression(), codec);
             let again = batch_records(&out).unwrap();
             assert_eq!(again.records[0].offset_delta, 2);
             let empty = rebuild(&b, &r, &[]).unwrap();
             let h = validate(&empty).unwrap();
-            assert_eq!((h.records_count(), h.last_offset(), h.compression()), (0, 502, 0));
+            assert_eq!(
+                (h.records_count(), h.last_offset(), h.compression()),
+                (0, 502, 0)
+            );
         }
     }
 

@@ -1,5 +1,5 @@
 //! CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs,
-//! IncrementalAlterConfigs.
+//! IncrementalAlterConfigs, DeleteRecords.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -11,6 +11,10 @@ use kafka_protocol::messages::create_partitions_response::{
 use kafka_protocol::messages::create_topics_request::CreateTopicsRequest;
 use kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult, CreateTopicsResponse,
+};
+use kafka_protocol::messages::delete_records_request::DeleteRecordsRequest;
+use kafka_protocol::messages::delete_records_response::{
+    DeleteRecordsPartitionResult, DeleteRecordsResponse, DeleteRecordsTopicResult,
 };
 use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
 use kafka_protocol::messages::delete_topics_response::{
@@ -487,4 +491,70 @@ pub fn incremental_alter_configs(
         })
         .collect();
     IncrementalAlterConfigsResponse::default().with_responses(responses)
+}
+
+/// DeleteRecords (KIP-107): moves each partition's log start offset to the
+/// requested offset (-1: the high watermark) and deletes the segments wholly
+/// below it, as Kafka does: refused past the high watermark
+/// (OFFSET_OUT_OF_RANGE), on a topic whose cleanup.policy lacks `delete`
+/// (POLICY_VIOLATION), and on the internal topics (INVALID_TOPIC_EXCEPTION).
+/// The answer's low watermark is the new log start offset.
+pub fn delete_records(b: &Arc<Broker>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    use crate::partition::DeleteRecordsError;
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.name.0.to_string();
+            let topic = b.topics.get(&name);
+            let partitions = t
+                .partitions
+                .into_iter()
+                .map(|p| {
+                    let mut r = DeleteRecordsPartitionResult::default();
+                    r.partition_index = p.partition_index;
+                    r.low_watermark = -1;
+                    let code = if crate::datadir::is_internal_topic(&name) {
+                        ErrorCode::InvalidTopicException
+                    } else {
+                        match topic.as_ref().map(|t| (t.meta(), t.partition(p.partition_index))) {
+                            Some((meta, Some(part))) => {
+                                if !b.topics.cleanup_policy(&meta).delete {
+                                    tracing::info!(topic = %name, "DeleteRecords refused: cleanup.policy has no delete");
+                                    ErrorCode::PolicyViolation
+                                } else {
+                                    match part.delete_records(p.offset) {
+                                        Ok(start) => {
+                                            r.low_watermark = start;
+                                            ErrorCode::None
+                                        }
+                                        Err(DeleteRecordsError::OutOfRange { .. }) => {
+                                            ErrorCode::OffsetOutOfRange
+                                        }
+                                        Err(DeleteRecordsError::Closed(_)) => {
+                                            ErrorCode::UnknownTopicOrPartition
+                                        }
+                                        Err(DeleteRecordsError::Storage(e)) => {
+                                            tracing::error!(partition = %part.name(), error = %e, "DeleteRecords failed");
+                                            ErrorCode::KafkaStorageError
+                                        }
+                                    }
+                                }
+                            }
+                            _ => ErrorCode::UnknownTopicOrPartition,
+                        }
+                    };
+                    r.error_code = code.code();
+                    r
+                })
+                .collect();
+            let mut tr = DeleteRecordsTopicResult::default();
+            tr.name = t.name;
+            tr.partitions = partitions;
+            tr
+        })
+        .collect();
+    let mut resp = DeleteRecordsResponse::default();
+    resp.topics = topics;
+    resp
 }

@@ -33,6 +33,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
@@ -364,6 +365,11 @@ async fn handle(
         RequestKind::DeleteTopics(r) => {
             ready(respond(ResponseKind::DeleteTopics(blocking(|| {
                 admin::delete_topics(&b, r, version)
+            }))))
+        }
+        RequestKind::DeleteRecords(r) => {
+            ready(respond(ResponseKind::DeleteRecords(blocking(|| {
+                admin::delete_records(&b, r)
             }))))
         }
         RequestKind::CreatePartitions(r) => {

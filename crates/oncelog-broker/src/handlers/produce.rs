@@ -22,16 +22,22 @@ use crate::txn_coordinator::CoordError;
 use crate::txn_history::Requester;
 use crate::txn_service::{TxnError, VerifyError};
 use crate::Broker;
+use kafka_protocol::messages::produce_response::BatchIndexAndErrorMessage;
 
 enum Outcome {
     Done {
         code: ErrorCode,
         base_offset: i64,
         message: Option<String>,
+        /// KIP-467: (index in the batch, why) of each refused record.
+        record_errors: Vec<(i32, String)>,
+        /// The broker's time stamped on the batch (LogAppendTime), or -1.
+        append_time: i64,
     },
     Waiting {
         base_offset: i64,
         rx: SyncReply,
+        append_time: i64,
     },
 }
 
@@ -40,7 +46,42 @@ fn failed(code: ErrorCode, message: impl Into<String>) -> Outcome {
         code,
         base_offset: -1,
         message: Some(message.into()),
+        record_errors: Vec::new(),
+        append_time: -1,
     }
+}
+
+/// A compacted topic keeps the last record per key, so a record without a
+/// key is refused (Kafka's rule): INVALID_RECORD naming each such record.
+fn check_keys(records: &[u8], name: &str) -> Result<(), Outcome> {
+    let recs = oncelog_log::records::batch_records(records).map_err(|e| {
+        tracing::warn!(partition = name, error = %e, "rejected produce batch: records do not decode");
+        failed(ErrorCode::CorruptMessage, format!("records do not decode: {e}"))
+    })?;
+    let why =
+        format!("Compacted topic cannot accept message without key in topic partition {name}.");
+    let missing: Vec<(i32, String)> = recs
+        .records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.key.is_none())
+        .map(|(i, _)| (i as i32, why.clone()))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    tracing::warn!(
+        partition = name,
+        records = missing.len(),
+        "produce refused: records without a key in a compacted topic"
+    );
+    Err(Outcome::Done {
+        code: ErrorCode::InvalidRecord,
+        base_offset: -1,
+        message: Some(why),
+        record_errors: missing,
+        append_time: -1,
+    })
 }
 
 fn batch_error_code(e: &BatchError) -> ErrorCode {
@@ -132,8 +173,25 @@ fn append_one(
             ),
         );
     }
+    let meta = t.meta();
+    if b.topics.cleanup_policy(&meta).compact {
+        if let Err(refused) = check_keys(&records, &p.name()) {
+            return refused;
+        }
+    }
     let pb = (h.producer_id() >= 0).then(|| producer_batch(&h));
     let mut data = BytesMut::from(&records[..]);
+    let log_append_time = b
+        .topics
+        .topic_config(&meta, "message.timestamp.type")
+        .is_some_and(|v| v == "LogAppendTime");
+    let append_time = if log_append_time {
+        let now = crate::now_ms();
+        batch::set_log_append_time(&mut data, now);
+        now
+    } else {
+        -1
+    };
     // The batch must belong to its producer's open transaction holding this
     // partition (zombies and late writes are refused).
     let verify = |pb: &ProducerBatch| b.txn.verify(pb.producer_id, pb.epoch, topic, index);
@@ -148,10 +206,13 @@ fn append_one(
                     code: ErrorCode::None,
                     base_offset: a.base_offset,
                     message: None,
+                    record_errors: Vec::new(),
+                    append_time,
                 },
                 Some(rx) => Outcome::Waiting {
                     base_offset: a.base_offset,
                     rx,
+                    append_time,
                 },
             }
         }
@@ -327,25 +388,48 @@ pub async fn produce(
         for (name, parts) in results {
             let mut responses = Vec::with_capacity(parts.len());
             for (index, out) in parts {
-                let (code, base_offset, message) = match out {
+                let (code, base_offset, message, record_errors, append_time) = match out {
                     Outcome::Done {
                         code,
                         base_offset,
                         message,
-                    } => (code, base_offset, message),
-                    Outcome::Waiting { base_offset, rx } => match durable(rx).await {
+                        record_errors,
+                        append_time,
+                    } => (code, base_offset, message, record_errors, append_time),
+                    Outcome::Waiting {
+                        base_offset,
+                        rx,
+                        append_time,
+                    } => match durable(rx).await {
                         Ok(()) => {
                             // Durable but not yet answered: a crash here loses the ack.
                             crate::faults::fail_point("produce-before-ack");
-                            (ErrorCode::None, base_offset, None)
+                            (ErrorCode::None, base_offset, None, Vec::new(), append_time)
                         }
-                        Err(e) => (ErrorCode::KafkaStorageError, -1, Some(e.to_string())),
+                        Err(e) => (
+                            ErrorCode::KafkaStorageError,
+                            -1,
+                            Some(e.to_string()),
+                            Vec::new(),
+                            -1,
+                        ),
                     },
                 };
                 let mut r = PartitionProduceResponse::default()
                     .with_index(index)
                     .with_error_code(code.code())
-                    .with_base_offset(base_offset);
+                    .with_base_offset(base_offset)
+                    .with_log_append_time_ms(append_time);
+                if version >= 8 {
+                    r.record_errors = record_errors
+                        .into_iter()
+                        .map(|(i, why)| {
+                            BatchIndexAndErrorMessage::default()
+                                .with_batch_index(i)
+                                .with_batch_index_error_message(Some(StrBytes::from_string(why)))
+                        })
+                        .collect();
+                }
                 if version >= 5 {
                     let log_start = b
                         .topics

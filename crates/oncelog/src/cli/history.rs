@@ -53,6 +53,11 @@ pub async fn fetch(admin: &str, id: &str) -> Result<Value> {
     get_json(admin, &path).await
 }
 
+/// Every compacted partition's cleaning state, from the broker at `admin`.
+pub async fn cleaner(admin: &str) -> Result<Value> {
+    get_json(admin, "/v1/cleaner").await
+}
+
 async fn get_json(base: &str, path: &str) -> Result<Value> {
     let rest = base
         .strip_prefix("http://")

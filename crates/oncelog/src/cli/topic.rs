@@ -42,8 +42,15 @@ pub enum TopicCmd {
         #[arg(long = "config", value_name = "KEY=VALUE")]
         configs: Vec<String>,
     },
-    /// Show a topic's partitions with their offsets.
-    Describe { name: String },
+    /// Show a topic's partitions with their offsets and, for a compacted
+    /// topic, the log cleaner's state (from the broker's HTTP port).
+    Describe {
+        name: String,
+        /// The broker's HTTP endpoint (`metrics.listen`); default
+        /// http://<bootstrap host>:9644.
+        #[arg(long, value_name = "URL")]
+        admin: Option<String>,
+    },
     /// Delete a topic.
     Delete { name: String },
     /// Raise a topic's partition count (all new partitions or none).
@@ -236,7 +243,7 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
                     .collect(),
             );
         }
-        TopicCmd::Describe { name } => {
+        TopicCmd::Describe { name, admin } => {
             let md = metadata(&mut c, Some(vec![name.clone()])).await?;
             let t = md
                 .topics
@@ -247,32 +254,90 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
             let start = list_offsets(&mut c, &name, &parts, EARLIEST, false).await?;
             let hw = list_offsets(&mut c, &name, &parts, LATEST, false).await?;
             let lso = list_offsets(&mut c, &name, &parts, LATEST, true).await?;
+            let configs = topic_configs(&mut c, &name).await?;
+            let compacted = configs
+                .iter()
+                .any(|(k, v)| k == "cleanup.policy" && v.contains("compact"));
+            // The cleaner's state is not in the Kafka protocol: it comes
+            // from the HTTP port, and its absence must not hide the rest.
+            let mut cleaner = Value::Null;
+            let mut cleaner_unavailable = None;
+            if compacted {
+                let admin = admin.unwrap_or_else(|| super::history::default_admin_url(bootstrap));
+                match super::history::cleaner(&admin).await {
+                    Ok(v) => cleaner = v["partitions"].clone(),
+                    Err(e) => cleaner_unavailable = Some(format!("{e:#}")),
+                }
+            }
+            let state = |p: &i32| {
+                cleaner
+                    .get(format!("{name}-{p}"))
+                    .cloned()
+                    .unwrap_or(Value::Null)
+            };
             let rows: Vec<Value> = parts
                 .iter()
-                .map(|p| json!({"partition": p, "log_start_offset": start.get(p), "high_watermark": hw.get(p),
-                    "last_stable_offset": lso.get(p)}))
+                .map(|p| {
+                    let mut row = json!({"partition": p, "log_start_offset": start.get(p), "high_watermark": hw.get(p),
+                        "last_stable_offset": lso.get(p)});
+                    if compacted {
+                        row["cleaner"] = state(p);
+                    }
+                    row
+                })
                 .collect();
-            let configs = topic_configs(&mut c, &name).await?;
             if !json_out && !configs.is_empty() {
                 let cs: Vec<String> = configs.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 println!("configs: {}", cs.join(", "));
             }
-            emit(
-                json_out,
-                &json!({"topic": name, "partitions": rows, "configs": configs}),
-                &["PARTITION", "LOG-START", "HIGH-WATERMARK", "LSO"],
-                parts
-                    .iter()
-                    .map(|p| {
-                        vec![
-                            p.to_string(),
-                            start.get(p).unwrap_or(&-1).to_string(),
-                            hw.get(p).unwrap_or(&-1).to_string(),
-                            lso.get(p).unwrap_or(&-1).to_string(),
-                        ]
-                    })
-                    .collect(),
-            );
+            if let (false, Some(why)) = (json_out, &cleaner_unavailable) {
+                println!("cleaner state unavailable: {why}");
+            }
+            let mut header = vec!["PARTITION", "LOG-START", "HIGH-WATERMARK", "LSO"];
+            if compacted {
+                header.extend([
+                    "CLEANED-TO",
+                    "DIRTY-RATIO",
+                    "DIRTY-BYTES",
+                    "PASSES",
+                    "LAST-ERROR",
+                ]);
+            }
+            let table = parts
+                .iter()
+                .map(|p| {
+                    let mut row = vec![
+                        p.to_string(),
+                        start.get(p).unwrap_or(&-1).to_string(),
+                        hw.get(p).unwrap_or(&-1).to_string(),
+                        lso.get(p).unwrap_or(&-1).to_string(),
+                    ];
+                    if compacted {
+                        let s = state(p);
+                        let num = |k: &str| s.get(k).map_or("-".to_string(), |v| v.to_string());
+                        row.push(num("first_dirty_offset"));
+                        row.push(
+                            s.get("dirty_ratio")
+                                .and_then(Value::as_f64)
+                                .map_or("-".into(), |r| format!("{r:.2}")),
+                        );
+                        row.push(num("dirty_bytes"));
+                        row.push(num("passes"));
+                        row.push(
+                            s.get("last_error")
+                                .and_then(Value::as_str)
+                                .unwrap_or("-")
+                                .to_string(),
+                        );
+                    }
+                    row
+                })
+                .collect();
+            let mut out = json!({"topic": name, "partitions": rows, "configs": configs});
+            if let Some(why) = cleaner_unavailable {
+                out["cleaner_unavailable"] = json!(why);
+            }
+            emit(json_out, &out, &header, table);
         }
     }
     Ok(())

@@ -360,12 +360,26 @@ impl Partition {
 
     /// Swaps a cleaned segment in (see [`Log::install_cleaned`]); false when
     /// the partition is closed or the segments it replaces are gone.
+    ///
+    /// When the group drops ABORT markers, the aborted-transaction index
+    /// forgets them. The producer snapshots, which hold that index, are
+    /// removed before the swap (a crash after it then rebuilds the state
+    /// from the cleaned log) and one is written afresh after it.
     pub fn install_cleaned(&self, g: &cleaner::CleanedGroup) -> Result<bool, LogError> {
         let mut st = self.lock();
         if st.closed {
             return Ok(false);
         }
-        st.install_cleaned(g)
+        if g.removed_aborts.is_empty() {
+            return st.install_cleaned(g);
+        }
+        snapshot::remove_after(st.log.dir(), -1);
+        let installed = st.install_cleaned(g)?;
+        if installed {
+            st.producers.forget_aborted(&g.removed_aborts);
+        }
+        snapshot::write(st.log.dir(), st.log.next_offset(), &st.producers);
+        Ok(installed)
     }
 
     /// DeleteRecords: moves the log start offset to `offset` (-1: the high

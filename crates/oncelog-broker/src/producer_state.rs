@@ -338,6 +338,14 @@ impl ProducerState {
             .collect()
     }
 
+    /// Forgets the aborted transactions whose ABORT markers the cleaner
+    /// removed: (producer id, marker offset).
+    pub fn forget_aborted(&mut self, removed: &[(i64, i64)]) {
+        let gone: std::collections::HashSet<(i64, i64)> = removed.iter().copied().collect();
+        self.aborted
+            .retain(|a| !gone.contains(&(a.producer_id, a.last_offset)));
+    }
+
     /// Drops abort-index entries wholly below the log start offset.
     pub fn trim_aborted(&mut self, log_start: i64) {
         self.aborted.retain(|a| a.last_offset >= log_start);

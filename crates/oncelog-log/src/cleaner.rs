@@ -112,6 +112,12 @@ pub struct CleanedGroup {
     pub base: i64,
     pub replaces: Vec<i64>,
     pub last_modified_ms: i64,
+    /// ABORT markers this group no longer holds: (producer id, marker
+    /// offset). The partition's aborted-transaction index must forget them
+    /// when the group is swapped in: a read_committed reader told of an
+    /// aborted transaction skips that producer's batches until it meets the
+    /// marker, so an entry without its marker would hide committed records.
+    pub removed_aborts: Vec<(i64, i64)>,
 }
 
 pub(crate) const CLEANED: &str = "cleaned";
@@ -439,6 +445,7 @@ pub fn clean(
     let mut buf = Vec::new();
     for group in groups(&to_clean, opts.segment_bytes) {
         let base = group[0].base;
+        let mut removed_aborts = Vec::new();
         let mut w = GroupWriter::create(dir, base, opts.index_interval)?;
         for seg in group {
             let past_horizon = seg.last_modified_ms <= opts.delete_horizon_ms;
@@ -454,6 +461,11 @@ pub fn clean(
                         Some(buf.clone())
                     } else {
                         stats.markers_removed += 1;
+                        if batch::control_record(&buf).map(|(ty, _)| ty)
+                            == Some(batch::CONTROL_ABORT)
+                        {
+                            removed_aborts.push((pid, h.base_offset()));
+                        }
                         None
                     }
                 } else {
@@ -476,6 +488,7 @@ pub fn clean(
             base,
             replaces: group.iter().map(|s| s.base).collect(),
             last_modified_ms,
+            removed_aborts,
         })?;
         if installed {
             stats.segments_out += 1;

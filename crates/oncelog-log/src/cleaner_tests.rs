@@ -447,3 +447,37 @@ fn delete_records_moves_the_start_durably() {
     );
     assert_eq!(log.log_start_offset(), 40);
 }
+
+#[test]
+fn removed_abort_markers_are_reported() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
+    log.append(&mut txn_batch(2, 0, &[("a", "bad")])).unwrap(); // 0
+    log.append(&mut build_marker(2, 0, false, 0, 1000)).unwrap(); // 1
+    log.append(&mut txn_batch(2, 1, &[("a", "good")])).unwrap(); // 2
+    log.append(&mut build_marker(2, 0, true, 0, 1000)).unwrap(); // 3
+    log.roll(now_ms()).unwrap();
+    let facts = txn_facts([(2, 0, 1)], [(2, 2)]);
+    let mut o = opts(0);
+    o.delete_horizon_ms = i64::MAX;
+    let segs = log.cleanable_segments(i64::MAX, -1);
+    let mut groups = Vec::new();
+    clean(d.path(), &segs, &facts, &o, &mut |_| {}, &mut |g| {
+        groups.push(g);
+        Ok(true)
+    })
+    .unwrap();
+    let removed: Vec<(i64, i64)> = groups
+        .iter()
+        .flat_map(|g| g.removed_aborts.clone())
+        .collect();
+    assert_eq!(removed, vec![(2, 1)]);
+    for g in &groups {
+        assert!(log.install_cleaned(g).unwrap());
+    }
+    assert_eq!(markers(&log), vec![3]);
+    assert_eq!(
+        value_of(&contents(&log), "a"),
+        vec![(2, Some("good".into()))]
+    );
+}

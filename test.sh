@@ -75,6 +75,17 @@ if [ "$(cat "$JAVA_LIB/.pom.sha256" 2>/dev/null || true)" != "$POM_HASH" ]; then
   echo "$POM_HASH" >"$JAVA_LIB/.pom.sha256"
 fi
 
+# --- Kafka Streams jars (kafka-streams + slf4j-simple into .tools/streams-lib),
+# for the exactly-once Streams test (tests/test_streams.py) -------------------
+STREAMS_LIB="$ROOT/.tools/streams-lib"
+SPOM_HASH="$(hash_of tests/streams/pom.xml)"
+if [ "$(cat "$STREAMS_LIB/.pom.sha256" 2>/dev/null || true)" != "$SPOM_HASH" ]; then
+  step "fetching Kafka Streams jars"
+  rm -rf "$STREAMS_LIB"
+  quiet mvn -q -B -f tests/streams/pom.xml dependency:copy-dependencies
+  echo "$SPOM_HASH" >"$STREAMS_LIB/.pom.sha256"
+fi
+
 # --- Apache Kafka reference broker and kafka-tools jars (.tools/kafka-lib), for
 # the differential conformance tests, the kafka-transactions tool check
 # (tests/test_kafka_tools.py) and `bench/produce_bench.py --kafka` -----------

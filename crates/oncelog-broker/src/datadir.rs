@@ -321,6 +321,7 @@ mod client_written_tests {
             min_session_timeout_ms: 1,
             max_session_timeout_ms: 10,
             offsets_retention_ms: 1000,
+            compact: crate::internal_log::CompactPolicy { min_records: 100 },
         }
     }
 
@@ -342,10 +343,18 @@ mod client_written_tests {
             }
         });
         assert!(Groups::open(dir.path(), settings()).is_err());
-        assert!(TxnService::open(dir.path()).is_err());
+        assert!(TxnService::open(
+            dir.path(),
+            crate::internal_log::CompactPolicy { min_records: 100 }
+        )
+        .is_err());
         mark_client_written(dir.path(), "__consumer_offsets").unwrap();
         mark_client_written(dir.path(), "__transaction_state").unwrap();
         assert!(Groups::open(dir.path(), settings()).is_ok());
-        assert!(TxnService::open(dir.path()).is_ok());
+        assert!(TxnService::open(
+            dir.path(),
+            crate::internal_log::CompactPolicy { min_records: 100 }
+        )
+        .is_ok());
     }
 }

@@ -9,6 +9,13 @@
 //! fsync ran goes out as one batch with one fsync, and every request of the
 //! group gets that fsync's outcome. Many transactional ids changing state
 //! at once then cost one fsync per group, not one each.
+//!
+//! The writer thread also compacts its log (see [`Compactor`]): once as
+//! many records were appended since the last compaction as were live after
+//! it (and at least [`CompactPolicy::min_records`]), the log's records are
+//! reduced to the fewest that replay to the same state and the log is
+//! rewritten as them, atomically. So a restart reads the live state, not
+//! the history, and the log's size stays within a small multiple of it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
@@ -38,6 +45,20 @@ pub enum PersistError {
 
 /// Most requests one group commit takes.
 const MAX_GROUP: usize = 4096;
+
+/// Records per batch when a compacted log is written.
+const COMPACT_BATCH_RECORDS: usize = 1000;
+
+/// Reduces a log's records, in log order, to the fewest records that replay
+/// to the same state; an error leaves the log as it is.
+pub type Compactor = Box<dyn Fn(Vec<Record>) -> Result<Vec<Record>, String> + Send>;
+
+/// When an internal log compacts itself.
+#[derive(Debug, Clone, Copy)]
+pub struct CompactPolicy {
+    /// Fewest records appended since the last compaction before the next.
+    pub min_records: usize,
+}
 
 /// Run on the writer thread once a change is durable, before its reply is
 /// sent and before any later change's: state built from the log is applied
@@ -128,6 +149,12 @@ impl LogWriter {
 
 pub struct InternalLog {
     log: Log,
+    name: String,
+    compactor: Option<(Compactor, CompactPolicy)>,
+    /// Records in the log after its last compaction (0 before the first).
+    live: usize,
+    /// Records appended since (at open: every record found).
+    appended: usize,
 }
 
 impl InternalLog {
@@ -147,30 +174,70 @@ impl InternalLog {
                 "internal log tail truncated at recovery"
             );
         }
-        let mut records = Vec::new();
-        let mut offset = log.log_start_offset();
-        let end = log.next_offset();
-        while offset < end {
-            let chunk = log.read(offset, 4 << 20, end, true)?;
-            if chunk.is_empty() {
-                break;
+        let records = read_records(&log, name)?;
+        let appended = records.len();
+        Ok((
+            Self {
+                log,
+                name: name.to_string(),
+                compactor: None,
+                live: 0,
+                appended,
+            },
+            records,
+        ))
+    }
+
+    /// Lets the writer thread compact this log with `c` (see the module doc).
+    pub fn with_compactor(mut self, c: Compactor, policy: CompactPolicy) -> Self {
+        self.compactor = Some((c, policy));
+        self
+    }
+
+    /// Compacts the log if enough was appended since the last compaction.
+    fn maybe_compact(&mut self) {
+        let Some((compactor, policy)) = &self.compactor else {
+            return;
+        };
+        if self.appended < policy.min_records.max(self.live) {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let before = self.log.size_bytes();
+        let reduced = read_records(&self.log, &self.name)
+            .map_err(|e| e.to_string())
+            .and_then(|r| compactor(r).map(|out| (out.len(), out)));
+        // Whatever happens, wait for as much again before the next try.
+        self.appended = 0;
+        let (n, records) = match reduced {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!(log = %self.name, error = %e, "internal log compaction failed; the log is left as it was");
+                return;
             }
-            for item in BatchIter::new(&chunk) {
-                let (at, h) = item.map_err(|e| TopicError::Storage(format!("{name}: {e}")))?;
-                let whole = &chunk[at..at + h.total_size()];
-                let recs = batch::records(whole).ok_or_else(|| {
-                    TopicError::Storage(format!(
-                        "{name}: undecodable batch at offset {}",
-                        h.base_offset()
-                    ))
-                })?;
-                for (k, v) in recs {
-                    records.push((k.map(<[u8]>::to_vec), v.map(<[u8]>::to_vec)));
+        };
+        let mut batches: Vec<Vec<u8>> = records
+            .chunks(COMPACT_BATCH_RECORDS)
+            .map(|chunk| {
+                let mut bb = BatchBuilder::new(oncelog_log::now_ms());
+                for (i, (k, v)) in chunk.iter().enumerate() {
+                    bb = bb.record(i as i64, k.as_deref(), v.as_deref());
                 }
-                offset = h.next_offset();
+                bb.build()
+            })
+            .collect();
+        crate::fail_point("internal-compact-before-swap");
+        match self.log.rewrite_as(&mut batches) {
+            Ok(()) => {
+                self.live = n;
+                tracing::info!(log = %self.name, records = n, bytes_before = before,
+                    bytes_after = self.log.size_bytes(), ms = started.elapsed().as_millis() as u64,
+                    "internal log compacted");
+            }
+            Err(e) => {
+                tracing::error!(log = %self.name, error = %e, "internal log compaction failed; the log is left as it was");
             }
         }
-        Ok((Self { log }, records))
     }
 
     /// Hands the log to a thread of its own that commits appends in groups.
@@ -183,8 +250,10 @@ impl InternalLog {
         Ok(LogWriter { tx, dir })
     }
 
-    /// The writer thread: one batch and one fsync per group of requests.
+    /// The writer thread: one batch and one fsync per group of requests,
+    /// and compaction between groups.
     fn serve(mut self, rx: mpsc::Receiver<WriteRequest>) {
+        self.maybe_compact();
         while let Ok(first) = rx.recv() {
             let mut group = vec![first];
             while group.len() < MAX_GROUP {
@@ -197,8 +266,12 @@ impl InternalLog {
                 .iter()
                 .flat_map(|r| r.records.iter().map(|(k, v)| (k.as_deref(), v.as_deref())))
                 .collect();
+            let n = records.len();
             let res = self.append_now(&records).map_err(Arc::new);
             drop(records);
+            if res.is_ok() {
+                self.appended += n;
+            }
             for r in group {
                 if res.is_ok() {
                     if let Some(f) = r.on_durable {
@@ -208,6 +281,7 @@ impl InternalLog {
                 // A requester that went away learns nothing; the change stands.
                 let _ = r.reply.send(res.clone());
             }
+            self.maybe_compact();
         }
     }
 
@@ -240,9 +314,126 @@ impl InternalLog {
     }
 }
 
+/// Every record of `log`, in order.
+fn read_records(log: &Log, name: &str) -> Result<Vec<Record>, TopicError> {
+    let mut records = Vec::new();
+    let mut offset = log.log_start_offset();
+    let end = log.next_offset();
+    while offset < end {
+        let chunk = log.read(offset, 4 << 20, end, true)?;
+        if chunk.is_empty() {
+            break;
+        }
+        for item in BatchIter::new(&chunk) {
+            let (at, h) = item.map_err(|e| TopicError::Storage(format!("{name}: {e}")))?;
+            let whole = &chunk[at..at + h.total_size()];
+            let recs = batch::records(whole).ok_or_else(|| {
+                TopicError::Storage(format!(
+                    "{name}: undecodable batch at offset {}",
+                    h.base_offset()
+                ))
+            })?;
+            for (k, v) in recs {
+                records.push((k.map(<[u8]>::to_vec), v.map(<[u8]>::to_vec)));
+            }
+            offset = h.next_offset();
+        }
+    }
+    Ok(records)
+}
+
+/// The compactor of a log of keyed records where a record is its key's
+/// whole state and a `None` value deletes the key: the last record of every
+/// key that is not deleted (records without a key are dropped).
+pub fn compact_keyed(records: Vec<Record>) -> Result<Vec<Record>, String> {
+    // key -> (position of its last record, that record's value)
+    let mut last: std::collections::HashMap<Vec<u8>, (usize, Option<Vec<u8>>)> =
+        std::collections::HashMap::new();
+    for (i, (k, v)) in records.into_iter().enumerate() {
+        if let Some(k) = k {
+            last.insert(k, (i, v));
+        }
+    }
+    let mut live: Vec<(usize, Vec<u8>, Vec<u8>)> = last
+        .into_iter()
+        .filter_map(|(k, (i, v))| v.map(|v| (i, k, v)))
+        .collect();
+    live.sort_unstable_by_key(|(i, _, _)| *i);
+    Ok(live
+        .into_iter()
+        .map(|(_, k, v)| (Some(k), Some(v)))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compact_keyed_keeps_the_last_live_record_per_key_in_log_order() {
+        let r = |k: &str, v: Option<&str>| {
+            (
+                Some(k.as_bytes().to_vec()),
+                v.map(|v| v.as_bytes().to_vec()),
+            )
+        };
+        let out = compact_keyed(vec![
+            r("a", Some("1")),
+            r("b", Some("1")),
+            r("a", Some("2")),
+            r("c", Some("1")),
+            r("b", None),
+            (None, Some(b"keyless".to_vec())),
+        ])
+        .unwrap();
+        assert_eq!(out, vec![r("a", Some("2")), r("c", Some("1"))]);
+    }
+
+    /// The writer compacts once enough was appended: a reopen reads the
+    /// live state only, and it is the state the full history gives.
+    #[test]
+    fn the_writer_compacts_and_a_reopen_reads_the_live_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = InternalLog::open(dir.path(), "__transaction_state-0").unwrap();
+        let log = log.with_compactor(Box::new(compact_keyed), CompactPolicy { min_records: 50 });
+        let writer = log.into_writer("test").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // 1010: the last compaction (every 50 records) is at 1000, so
+            // none is running when the log is reopened.
+            for i in 0..1010u32 {
+                let k = format!("id-{}", i % 7).into_bytes();
+                let v = if i % 100 == 99 {
+                    None
+                } else {
+                    Some(i.to_string().into_bytes())
+                };
+                writer.append(vec![(Some(k), v)]).await.unwrap();
+            }
+        });
+        drop(writer);
+        let (_, recs) = InternalLog::open(dir.path(), "__transaction_state-0").unwrap();
+        assert!(recs.len() < 100, "{} records after compaction", recs.len());
+        let mut state = std::collections::HashMap::new();
+        for (k, v) in recs {
+            match v {
+                Some(v) => state.insert(k.unwrap(), v),
+                None => state.remove(&k.unwrap()),
+            };
+        }
+        let mut want = std::collections::HashMap::new();
+        for i in 0..1010u32 {
+            let k = format!("id-{}", i % 7).into_bytes();
+            if i % 100 == 99 {
+                want.remove(&k);
+            } else {
+                want.insert(k, i.to_string().into_bytes());
+            }
+        }
+        assert_eq!(state, want);
+    }
 
     /// Many concurrent appends through the writer: every one is answered
     /// Ok, every record is in the log after a reopen, and they went out in

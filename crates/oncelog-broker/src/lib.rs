@@ -118,7 +118,10 @@ impl Broker {
         };
         let topics = Topics::open(&config, mode)?;
         let producer_ids = producer_ids::ProducerIds::open(&config.data_dir)?;
-        let txn = txn_service::TxnService::open(&config.data_dir)?;
+        let compact = internal_log::CompactPolicy {
+            min_records: config.coordinator_log_compact_records,
+        };
+        let txn = txn_service::TxnService::open(&config.data_dir, compact)?;
         let groups = groups::Groups::open(
             &config.data_dir,
             groups::GroupSettings {
@@ -128,6 +131,7 @@ impl Broker {
                 min_session_timeout_ms: config.group_min_session_timeout_ms,
                 max_session_timeout_ms: config.group_max_session_timeout_ms,
                 offsets_retention_ms: config.offsets_retention_minutes.saturating_mul(60_000),
+                compact,
             },
         )?;
         let cleaner = Arc::new(compaction::LogCleaner::new(compaction::CleanerSettings {

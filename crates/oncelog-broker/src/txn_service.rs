@@ -41,6 +41,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::error::TopicError;
+use crate::internal_log::CompactPolicy;
 use crate::internal_log::{InternalLog, PersistError};
 use crate::partition::{durable, SyncError, SyncReply};
 use crate::partition::{Marker, MarkerError};
@@ -181,8 +182,11 @@ pub struct EndRequest<'a> {
 }
 
 impl TxnService {
-    pub fn open(data_dir: &Path) -> Result<Self, TopicError> {
+    /// Opens the transaction log in `data_dir` and loads every id's state;
+    /// the log compacts itself as `compact` says (the last record per id).
+    pub fn open(data_dir: &Path, compact: CompactPolicy) -> Result<Self, TopicError> {
         let (log, records) = InternalLog::open(data_dir, "__transaction_state-0")?;
+        let log = log.with_compactor(Box::new(crate::internal_log::compact_keyed), compact);
         let mut txns: HashMap<String, TxnMeta> = HashMap::new();
         let client_written = crate::datadir::client_written(data_dir, "__transaction_state-0");
         for (key, value) in records {

@@ -264,7 +264,7 @@ fn build_map(
 }
 
 /// Writes one group's cleaned segment, with its indexes.
-struct GroupWriter {
+pub(crate) struct GroupWriter {
     dir: PathBuf,
     base: i64,
     w: BufWriter<File>,
@@ -276,7 +276,7 @@ struct GroupWriter {
 }
 
 impl GroupWriter {
-    fn create(dir: &Path, base: i64, interval: u64) -> Result<Self, LogError> {
+    pub(crate) fn create(dir: &Path, base: i64, interval: u64) -> Result<Self, LogError> {
         let path = cleaned_path(dir, base, "log");
         let f = OpenOptions::new()
             .create(true)
@@ -296,7 +296,7 @@ impl GroupWriter {
         })
     }
 
-    fn write(&mut self, b: &[u8]) -> Result<(), LogError> {
+    pub(crate) fn write(&mut self, b: &[u8]) -> Result<(), LogError> {
         let h = BatchHeader::new(b)?;
         if self.index.is_empty() || self.since_index >= self.interval {
             self.index.push(IndexEntry {
@@ -317,7 +317,7 @@ impl GroupWriter {
 
     /// Flushes and syncs the log and index files, and dates them like the
     /// newest segment they replace (the delete horizon reads that date).
-    fn finish(self, last_modified_ms: i64) -> Result<u64, LogError> {
+    pub(crate) fn finish(self, last_modified_ms: i64) -> Result<u64, LogError> {
         let path = cleaned_path(&self.dir, self.base, "log");
         let f = self
             .w

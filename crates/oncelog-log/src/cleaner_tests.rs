@@ -481,3 +481,38 @@ fn removed_abort_markers_are_reported() {
         vec![(2, Some("good".into()))]
     );
 }
+
+#[test]
+fn rewrite_as_replaces_everything_and_offsets_go_on() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
+    for i in 0..50 {
+        log.append(&mut kv(&[("k", Some(&format!("{i}")))]))
+            .unwrap();
+    }
+    assert!(log.segment_count() > 1);
+    let mut batches = vec![
+        kv(&[("k", Some("49")), ("j", Some("x"))]),
+        kv(&[("z", None)]),
+    ];
+    log.rewrite_as(&mut batches).unwrap();
+    assert_eq!(log.segment_count(), 1);
+    assert_eq!(log.log_start_offset(), 50);
+    assert_eq!(log.next_offset(), 53);
+    assert_eq!(
+        log.append(&mut kv(&[("n", Some("1"))]))
+            .unwrap()
+            .base_offset,
+        53
+    );
+    drop(log);
+    let (log, rep) = Log::open(d.path(), cfg()).unwrap();
+    assert!(rep.problem.is_none());
+    let c = contents(&log);
+    assert_eq!(c.keys().copied().collect::<Vec<_>>(), vec![50, 51, 52, 53]);
+    // An empty state is a valid rewrite too.
+    let mut log = log;
+    log.rewrite_as(&mut []).unwrap();
+    assert_eq!((log.log_start_offset(), log.next_offset()), (54, 54));
+    assert!(contents(&log).is_empty());
+}

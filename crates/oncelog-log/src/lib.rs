@@ -449,6 +449,35 @@ impl Log {
         Ok(true)
     }
 
+    /// Replaces the whole log with `batches` (a state snapshot of an
+    /// internal log), written as one segment at the current log end, so
+    /// offsets keep growing. Crash-safe like [`Log::install_cleaned`]: until
+    /// the swap manifest is durable the old log stands, after it the new one.
+    pub fn rewrite_as(&mut self, batches: &mut [Vec<u8>]) -> Result<(), LogError> {
+        let base = self.next_offset();
+        let mut w =
+            cleaner::GroupWriter::create(&self.dir, base, self.config.index_interval_bytes)?;
+        let mut next = base;
+        for b in batches.iter_mut() {
+            batch::set_base_offset(b, next);
+            next = batch::BatchHeader::new(b)?.next_offset();
+            w.write(b)?;
+        }
+        w.finish(now_ms())?;
+        let replaces: Vec<i64> = self.segments.iter().map(|s| s.base_offset).collect();
+        let manifest = self.dir.join(segment::file_name(base, SWAP_EXT));
+        let text: String = replaces.iter().map(|b| format!("{b}\n")).collect();
+        write_durably(&self.dir, &manifest, text.as_bytes())?;
+        finish_swap(&self.dir, base, &replaces)?;
+        let (seg, _) = Segment::open(&self.dir, base, self.config.index_interval_bytes, true)?;
+        self.segments = vec![seg];
+        self.start_override = -1;
+        remove_if_exists(&manifest)?;
+        remove_if_exists(&self.dir.join(LOG_START_FILE))?;
+        sync_dir(&self.dir)?;
+        Ok(())
+    }
+
     /// DeleteRecords: moves the log start offset to `offset` (at most the
     /// log end; never back) durably, then deletes the segments wholly below
     /// it. The active segment is rolled first when `offset` is the log end

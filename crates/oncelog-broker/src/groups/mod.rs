@@ -106,6 +106,8 @@ pub struct GroupSettings {
     pub min_session_timeout_ms: i32,
     pub max_session_timeout_ms: i32,
     pub offsets_retention_ms: i64,
+    /// When the offsets log compacts itself.
+    pub compact: crate::internal_log::CompactPolicy,
 }
 
 pub struct Groups {
@@ -217,12 +219,65 @@ fn apply(groups: &mut HashMap<String, Group>, rec: OffsetRecord) {
     }
 }
 
+/// The offsets log's compactor: the records replayed into groups (as
+/// [`Groups::open`] does), then written back as each group's state: its
+/// membership, its committed offsets, and its transactions' pending
+/// offsets. Records the broker did not write are dropped, as replay skips
+/// them.
+fn compact_offsets(
+    records: Vec<crate::internal_log::Record>,
+) -> Result<Vec<crate::internal_log::Record>, String> {
+    let mut groups = HashMap::new();
+    for (_, value) in records {
+        if let Some(rec) = value.and_then(|v| serde_json::from_slice::<OffsetRecord>(&v).ok()) {
+            apply(&mut groups, rec);
+        }
+    }
+    let mut out = Vec::new();
+    let mut push = |r: OffsetRecord| -> Result<(), String> {
+        out.push((
+            None,
+            Some(serde_json::to_vec(&r).map_err(|e| e.to_string())?),
+        ));
+        Ok(())
+    };
+    let mut names: Vec<&String> = groups.keys().collect();
+    names.sort();
+    for name in names {
+        let g = &groups[name];
+        if let Some(m) = &g.written {
+            push(OffsetRecord::Membership(m.clone()))?;
+        }
+        for ((topic, partition), meta) in &g.offsets {
+            push(OffsetRecord::Commit {
+                group: name.clone(),
+                topic: topic.clone(),
+                partition: *partition,
+                meta: meta.clone(),
+            })?;
+        }
+        for (pid, offsets) in &g.pending {
+            for ((topic, partition), meta) in offsets {
+                push(OffsetRecord::TxnCommit {
+                    pid: *pid,
+                    group: name.clone(),
+                    topic: topic.clone(),
+                    partition: *partition,
+                    meta: meta.clone(),
+                })?;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Errors of the membership calls.
 pub type GroupResult<T> = Result<T, ErrorCode>;
 
 impl Groups {
     pub fn open(data_dir: &Path, settings: GroupSettings) -> Result<Self, TopicError> {
         let (log, records) = InternalLog::open(data_dir, "__consumer_offsets-0")?;
+        let log = log.with_compactor(Box::new(compact_offsets), settings.compact);
         let mut groups = HashMap::new();
         let mut foreign = 0usize;
         let client_written = crate::datadir::client_written(data_dir, "__consumer_offsets-0");
@@ -803,6 +858,7 @@ mod tests {
             min_session_timeout_ms: 1,
             max_session_timeout_ms: 10_000,
             offsets_retention_ms: 86_400_000,
+            compact: crate::internal_log::CompactPolicy { min_records: 100 },
         }
     }
 
@@ -847,5 +903,50 @@ mod tests {
         let reopened = Groups::open(dir.path(), settings()).unwrap();
         let replayed = (committed(&reopened, 0).await, committed(&reopened, 1).await);
         assert_eq!(live, replayed);
+    }
+
+    /// The offsets log compacts itself (every 100 records here): committed
+    /// offsets and a transaction's pending offsets survive it and a
+    /// reopen, and the pending ones still wait for their transaction's end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn compaction_keeps_committed_and_pending_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let groups = Groups::open(dir.path(), settings()).unwrap();
+        let meta = |offset| OffsetMeta {
+            offset,
+            leader_epoch: -1,
+            metadata: None,
+            commit_ms: 1,
+        };
+        for i in 0..999i64 {
+            let p = (i % 3) as i32;
+            let code = groups
+                .commit("g", -1, "", None, vec![("t".into(), p, meta(i))])
+                .await;
+            assert_eq!(code, ErrorCode::None);
+        }
+        let code = groups
+            .txn_commit("g", 7, -1, "", None, vec![("t".into(), 0, meta(5000))])
+            .await;
+        assert_eq!(code, ErrorCode::None);
+        drop(groups);
+        let reopened = Groups::open(dir.path(), settings()).unwrap();
+        assert_eq!(committed(&reopened, 0).await, 996);
+        assert_eq!(committed(&reopened, 1).await, 997);
+        assert_eq!(committed(&reopened, 2).await, 998);
+        reopened.complete_txn(7, true).await.unwrap();
+        assert_eq!(committed(&reopened, 0).await, 5000);
+        let bases: Vec<i64> = std::fs::read_dir(
+            crate::datadir::internal_dir(dir.path()).join("__consumer_offsets-0"),
+        )
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".log").map(|b| b.parse().unwrap())
+        })
+        .collect();
+        // Compacted: one segment, written at the end of the log as it was.
+        assert_eq!(bases.len(), 1);
+        assert!(bases[0] > 0, "{bases:?}");
     }
 }

@@ -107,8 +107,9 @@ def compile_java(java_home_bin=None):
 
 
 class Oncelog:
-    def __init__(self, binary, data_dir, log_path, start_timeout=60.0):
+    def __init__(self, binary, data_dir, log_path, start_timeout=60.0, settings=()):
         self.binary = binary
+        self.settings = list(settings)  # extra `-o key=value` arguments
         self.data_dir = data_dir
         self.log_path = log_path
         self.start_timeout = start_timeout
@@ -125,7 +126,7 @@ class Oncelog:
         while self.mport == self.port:
             self.mport = free_port()
         cmd = [self.binary, "serve", "--data-dir", self.data_dir, "--listen", self.bootstrap,
-               "--metrics-listen", f"127.0.0.1:{self.mport}"]
+               "--metrics-listen", f"127.0.0.1:{self.mport}"] + self.settings
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, preexec_fn=kafka_ref._pdeathsig)
@@ -184,6 +185,8 @@ def run_fanout(bootstrap, topic, n, args, log_path):
            "--bootstrap", bootstrap, "--topic", topic, "--partitions", str(partitions_for(args, n)),
            "--producers", str(n), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
            "--size", str(args.size), "--id-prefix", f"{topic}-p"]
+    if getattr(args, "offsets_group", None):
+        cmd += ["--offsets-group", args.offsets_group]
     timeout = args.seconds + args.warmup + 180
     with open(log_path, "w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,

@@ -24,6 +24,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
+import java.util.Optional;
 import java.util.Properties;
 import java.util.Random;
 import java.util.Set;
@@ -39,10 +40,13 @@ import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.AuthorizationException;
 import org.apache.kafka.common.errors.InvalidProducerEpochException;
 import org.apache.kafka.common.errors.OutOfOrderSequenceException;
@@ -75,7 +79,7 @@ public class TxnFanout {
     static void usage(String why) {
         System.err.println("TxnFanout: " + why);
         System.err.println("usage: TxnFanout --bootstrap H:P --topic T --partitions P --producers N "
-                + "--seconds S --warmup W [--size BYTES] [--id-prefix PREFIX]");
+                + "--seconds S --warmup W [--size BYTES] [--id-prefix PREFIX] [--offsets-group PREFIX]");
         System.exit(2);
     }
 
@@ -94,6 +98,7 @@ public class TxnFanout {
                     case "--warmup": warmup = Double.parseDouble(v); break;
                     case "--size": size = Integer.parseInt(v); break;
                     case "--id-prefix": idPrefix = v; break;
+                    case "--offsets-group": offsetsGroup = v; break;
                     default: usage("unknown argument " + a);
                 }
             } catch (NumberFormatException e) {
@@ -102,6 +107,9 @@ public class TxnFanout {
         }
         if (partitions < 1 || producers < 1 || seconds <= 0 || warmup < 0 || size < 0) usage("bad values");
     }
+
+    /** With --offsets-group G each transaction also commits an offset for group G-<producer>. */
+    static String offsetsGroup = null;
 
     static void noteError(int thread, String where, Throwable e) {
         errors.incrementAndGet();
@@ -129,6 +137,7 @@ public class TxnFanout {
         volatile long[] commitLat = new long[1 << 12], txnLat = new long[1 << 12];
         volatile int count;
         volatile KafkaProducer<byte[], byte[]> producer;
+        long offsetsSent;
 
         Worker(int id, CountDownLatch ready, CountDownLatch go) {
             this.id = id;
@@ -210,6 +219,14 @@ public class TxnFanout {
                     };
                     pr.send(new ProducerRecord<>(topic, p0, null, value), cb);
                     pr.send(new ProducerRecord<>(topic, p1, null, value), cb);
+                    if (offsetsGroup != null) {
+                        // What an exactly-once consume-transform-produce job does:
+                        // the input position commits with the transaction.
+                        stage = "offsets";
+                        pr.sendOffsetsToTransaction(
+                                Map.of(new TopicPartition(topic, p0), new OffsetAndMetadata(++offsetsSent)),
+                                new ConsumerGroupMetadata(offsetsGroup + "-" + id, -1, "", Optional.empty()));
+                    }
                     stage = "commit";
                     long c0 = System.nanoTime();
                     pr.commitTransaction();

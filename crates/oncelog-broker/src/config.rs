@@ -57,7 +57,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("group.initial.rebalance.delay.ms", "3000", "how long a new group waits for more members before its first rebalance"),
     ("group.min.session.timeout.ms", "6000", "smallest session.timeout.ms a consumer may ask for"),
     ("group.max.session.timeout.ms", "1800000", "largest session.timeout.ms a consumer may ask for"),
-    ("coordinator.log.compact.records", "100000", "the transaction and offsets logs are compacted (rewritten as their live state) once this many records, and at least as many as they held live, were appended since the last compaction; restart reads the live state, not the history"),
+    ("coordinator.log.compact.records", "10000", "the transaction and offsets logs are compacted (rewritten as their live state) once this many records, and at least as many as they held live, were appended since the last compaction; restart reads the live state, not the history"),
     ("offsets.retention.minutes", "10080", "committed offsets of a group without members are kept this long"),
     ("transaction.auto.heal", "false", "abort orphaned transactions (open at a partition, unknown to the coordinator) through the coordinator's marker path"),
     ("transaction.heal.check.interval.ms", "10000", "how often partitions' open transactions are reconciled with the coordinator; an orphan is one seen on two checks in a row"),

@@ -284,6 +284,26 @@ def test_compacted_topic_refuses_records_without_a_key(broker):
     assert "without a key in a compacted topic" in broker.log_text()
 
 
+def test_keyless_records_in_one_batch_fail_alone(broker):
+    """librdkafka's test 0011 (variation 0): one batch of 100 records, every
+    tenth without a key: the broker names the 10 in its record errors, so
+    they fail with INVALID_RECORD and the other 90 with
+    _INVALID_DIFFERENT_RECORD (the batch is all or nothing)."""
+    topic = unique_topic("nokey-batch")
+    create_topic(broker.bootstrap, topic, 1, config={"cleanup.policy": "delete,compact"})
+    p = Producer(producer_config(broker.bootstrap, **{"linger.ms": 500, "batch.num.messages": 1000}))
+    tracker = DeliveryTracker()
+    for i in range(100):
+        key = None if i % 10 == 0 else b"key-%d" % i
+        p.produce(topic, key=key, value=b"message %d" % i, partition=0, on_delivery=tracker)
+    flush_all(p)
+    codes = [err.code() for err, _ in tracker.failed]
+    assert codes.count(KafkaError.INVALID_RECORD) == 10, codes
+    assert codes.count(KafkaError._INVALID_DIFFERENT_RECORD) == 90, codes
+    assert not tracker.acked
+    assert watermarks(broker.bootstrap, topic, 0) == (0, 0)
+
+
 def test_delete_records(broker_factory):
     b = broker_factory({"log.segment.bytes": "4096"})
     topic = unique_topic("delrec")

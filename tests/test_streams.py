@@ -379,7 +379,11 @@ def test_streams_exactly_once_v2_survives_kill9_and_state_loss(which, request, b
               f"{obs.records_read} output records read; {app.runs} runs")
 
         text = app.log_text()
-        assert "-> RUNNING" in app.log_text(this_run=True), tail()
+        last_run = app.log_text(this_run=True)
+        assert "-> RUNNING" in last_run, tail()
+        # The run after the state dir was deleted rebuilt the store from the changelog.
+        assert re.search(r"Finished restoring changelog \S+-region-sums-changelog-\d+ to store "
+                         r"region-sums with a total number of [1-9]", last_run), tail()
         errors = [ln for ln in text.splitlines()
                   if (" ERROR " in ln and not expected_error(ln)) or BROKER_TROUBLE.search(ln)]
         assert not errors, "Streams logged errors:\n" + "\n".join(errors[:40]) + "\n" + tail()

@@ -168,4 +168,8 @@ pub struct History {
     /// Zombie episodes (paused producers whose id was taken over).
     #[serde(default)]
     pub pauses: Vec<Pause>,
+    /// The written topic is compacted: the final read must show, for every
+    /// key, its latest committed value; older values may be gone.
+    #[serde(default)]
+    pub compacted: bool,
 }

@@ -31,7 +31,10 @@ use crate::{
 #[derive(clap::Args, Debug, Clone)]
 pub struct AuditArgs {
     /// copier (Kafka's transactional copier), queue (mixed send/poll
-    /// transactions) or zombie (paused producers must be fenced).
+    /// transactions), zombie (paused producers must be fenced) or compacted
+    /// (transactional writers of a small key space into a compacted topic
+    /// the broker cleans meanwhile: the final read must hold every key's
+    /// latest committed value and no aborted value).
     #[arg(long, default_value = "copier")]
     pub workload: String,
     /// Seconds of workload under faults (healing and checking come after).
@@ -233,8 +236,11 @@ pub fn run(a: AuditArgs) -> i32 {
 }
 
 fn run_inner(a: AuditArgs) -> Result<bool> {
-    if !matches!(a.workload.as_str(), "copier" | "queue" | "zombie") {
-        bail!("--workload must be copier, queue or zombie");
+    if !matches!(
+        a.workload.as_str(),
+        "copier" | "queue" | "zombie" | "compacted"
+    ) {
+        bail!("--workload must be copier, queue, zombie or compacted");
     }
     let dir = match &a.workdir {
         Some(d) => d.clone(),
@@ -248,6 +254,7 @@ fn run_inner(a: AuditArgs) -> Result<bool> {
     let (input, output) = match a.workload.as_str() {
         "copier" => (format!("{prefix}-in"), format!("{prefix}-out")),
         "queue" => (format!("{prefix}-q"), format!("{prefix}-q")),
+        "compacted" => (String::new(), format!("{prefix}-c")),
         _ => (String::new(), format!("{prefix}-z")),
     };
     let stop_file = dir.join("stop");
@@ -331,9 +338,23 @@ impl Run {
         if !self.input.is_empty() && self.input != self.output {
             names.push(self.input.clone());
         }
+        // The compacted workload's topic: small segments, cleaned whenever
+        // anything is dirty, markers and tombstones removed at once, so the
+        // cleaner works all through the run.
+        let compacted = self.a.workload == "compacted";
         let topics: Vec<NewTopic> = names
             .iter()
-            .map(|n| NewTopic::new(n, self.a.partitions, TopicReplication::Fixed(1)))
+            .map(|n| {
+                let t = NewTopic::new(n, self.a.partitions, TopicReplication::Fixed(1));
+                if compacted {
+                    t.set("cleanup.policy", "compact")
+                        .set("segment.bytes", "16384")
+                        .set("min.cleanable.dirty.ratio", "0.01")
+                        .set("delete.retention.ms", "0")
+                } else {
+                    t
+                }
+            })
             .collect();
         let res = futures_executor::block_on(admin.create_topics(
             topics.iter(),
@@ -835,6 +856,7 @@ impl Run {
             expected_keys,
             faults: self.faults.clone(),
             pauses: self.pauses.clone(),
+            compacted: self.a.workload == "compacted",
         })
     }
 }

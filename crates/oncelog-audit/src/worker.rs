@@ -68,11 +68,14 @@ pub enum Event {
 
 pub use crate::load_common::now_ms;
 
+/// Keys of the compacted workload (per partition).
+pub const COMPACTED_KEYS: u64 = 40;
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct WorkerArgs {
     #[arg(long)]
     pub bootstrap: String,
-    /// copier, queue or zombie.
+    /// copier, queue, zombie or compacted.
     #[arg(long)]
     pub workload: String,
     #[arg(long)]
@@ -417,7 +420,14 @@ fn run_inner(a: &WorkerArgs) -> Result<i32> {
                 sent_seq += 1;
                 let v = format!("v{}.{sent_seq}", a.process);
                 let part = rng.below(a.output_partitions.max(1) as u64) as i32;
-                to_send.push((part, v.clone(), v));
+                // compacted: a small key space, written by every worker, so
+                // the cleaner has superseded, aborted and live records.
+                let key = if a.workload == "compacted" {
+                    format!("k{}", rng.below(COMPACTED_KEYS))
+                } else {
+                    v.clone()
+                };
+                to_send.push((part, key, v));
             }
         }
         for (part, key, value) in &to_send {

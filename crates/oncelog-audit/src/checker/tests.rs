@@ -1143,3 +1143,73 @@ fn double_consumption_is_reported() {
     let r = check(&ok);
     assert!(r.of(AnomalyKind::Duplicate).is_empty(), "{}", r.summary());
 }
+
+/// The compacted workload: k1 written three times (the last aborted), k2
+/// once, then the cleaner removed k1's first value.
+fn compacted(final_reads: &[(i64, &str)]) -> History {
+    let mut h = history(
+        vec![
+            txn(
+                1,
+                1,
+                Outcome::Committed,
+                0,
+                Some(5),
+                vec![
+                    send("c", 0, "k1", "v1.1", Some(0)),
+                    send("c", 0, "k2", "v1.2", Some(1)),
+                ],
+            ),
+            txn(
+                2,
+                2,
+                Outcome::Committed,
+                20,
+                Some(25),
+                vec![send("c", 0, "k1", "v2.1", Some(3))],
+            ),
+            txn(
+                3,
+                1,
+                Outcome::Aborted,
+                40,
+                None,
+                vec![send("c", 0, "k1", "v1.3", Some(5))],
+            ),
+        ],
+        Some(vec![part("c", 0, final_reads)]),
+    );
+    h.compacted = true;
+    h
+}
+
+#[test]
+fn compacted_final_read_holds_every_latest_committed_value() {
+    let r = check(&compacted(&[(1, "v1.2"), (3, "v2.1")]));
+    assert!(r.is_clean(), "{}", r.summary());
+    // An older value left beside the latest (not cleaned yet) is fine too.
+    let r = check(&compacted(&[(0, "v1.1"), (1, "v1.2"), (3, "v2.1")]));
+    assert!(r.is_clean(), "{}", r.summary());
+}
+
+#[test]
+fn compacted_final_read_with_an_older_value_last_is_a_lost_write() {
+    let r = check(&compacted(&[(0, "v1.1"), (1, "v1.2")]));
+    assert_only(&r, AnomalyKind::LostWrite);
+}
+
+#[test]
+fn compacted_final_read_without_a_key_is_a_missing_key() {
+    let r = check(&compacted(&[(3, "v2.1")]));
+    assert_only(&r, AnomalyKind::MissingKey);
+}
+
+#[test]
+fn compacted_final_read_with_an_aborted_value_is_an_aborted_read() {
+    let r = check(&compacted(&[(1, "v1.2"), (3, "v2.1"), (5, "v1.3")]));
+    assert!(
+        !r.of(AnomalyKind::AbortedRead).is_empty(),
+        "{}",
+        r.summary()
+    );
+}

@@ -25,6 +25,9 @@ use crate::datadir::write_atomically;
 use crate::partition::{CleanPlan, Partition};
 use crate::topics::Topics;
 
+/// The cleaner threads' nice value.
+pub const CLEANER_NICE: i32 = 10;
+
 /// Where a partition's first dirty offset is kept.
 pub const CLEANER_OFFSET_FILE: &str = "cleaner-offset";
 
@@ -192,6 +195,11 @@ impl LogCleaner {
             let spawned = std::thread::Builder::new()
                 .name(format!("log-cleaner-{i}"))
                 .spawn(move || {
+                    // Cleaning is background work: under load the request
+                    // path gets the CPU first, idle CPU still cleans at full speed.
+                    if let Err(e) = crate::nice::lower_current_thread(CLEANER_NICE) {
+                        tracing::warn!(error = %e, "could not lower the log cleaner's CPU priority");
+                    }
                     while !me.stop.load(Ordering::Relaxed) {
                         if !me.clean_one(&topics()) {
                             me.sleep(me.settings.backoff);

@@ -18,6 +18,7 @@ pub mod handlers;
 pub mod histogram;
 pub mod internal_log;
 pub mod metrics;
+pub mod nice;
 pub mod partition;
 pub mod producer_ids;
 pub mod producer_state;

@@ -273,7 +273,13 @@ pub(crate) struct GroupWriter {
     max_ts: i64,
     index: Vec<IndexEntry>,
     interval: u64,
+    unsynced: u64,
 }
+
+/// A cleaned segment is synced every this many bytes while it is written,
+/// so its final sync is short and never holds the disk for long against
+/// the request path's syncs.
+const SYNC_EVERY: u64 = 16 << 20;
 
 impl GroupWriter {
     pub(crate) fn create(dir: &Path, base: i64, interval: u64) -> Result<Self, LogError> {
@@ -293,6 +299,7 @@ impl GroupWriter {
             max_ts: -1,
             index: Vec::new(),
             interval,
+            unsynced: 0,
         })
     }
 
@@ -312,6 +319,16 @@ impl GroupWriter {
         self.size += b.len() as u64;
         self.since_index += b.len() as u64;
         self.max_ts = self.max_ts.max(h.max_timestamp());
+        self.unsynced += b.len() as u64;
+        if self.unsynced >= SYNC_EVERY {
+            let path = cleaned_path(&self.dir, self.base, "log");
+            self.w.flush().map_err(|e| io_err("write", &path, e))?;
+            self.w
+                .get_ref()
+                .sync_data()
+                .map_err(|e| io_err("fdatasync", &path, e))?;
+            self.unsynced = 0;
+        }
         Ok(())
     }
 

@@ -118,6 +118,7 @@ fn append_one(
             format!("unknown partition {topic}-{index}"),
         );
     };
+    let meta = t.meta();
     let Some(records) = records.filter(|r| !r.is_empty()) else {
         return failed(ErrorCode::InvalidRecord, "no records");
     };
@@ -147,8 +148,7 @@ fn append_one(
         );
     }
     if h.is_transactional() {
-        if let Err(why) = crate::writers::allowed(&t.meta().configs, transactional_id.unwrap_or(""))
-        {
+        if let Err(why) = crate::writers::allowed(&meta.configs, transactional_id.unwrap_or("")) {
             tracing::warn!(partition = %p.name(), transactional_id = transactional_id.unwrap_or(""),
                 reason = %why, "second transactional writer refused");
             return failed(
@@ -163,7 +163,7 @@ fn append_one(
             "idempotent batch without a base sequence",
         );
     }
-    let max = b.topics.max_message_bytes(&t.meta());
+    let max = b.topics.max_message_bytes(&meta);
     if records.len() as i64 > max {
         return failed(
             ErrorCode::MessageTooLarge,
@@ -173,7 +173,6 @@ fn append_one(
             ),
         );
     }
-    let meta = t.meta();
     if b.topics.cleanup_policy(&meta).compact {
         if let Err(refused) = check_keys(&records, &p.name()) {
             return refused;

@@ -416,3 +416,23 @@ def test_topic_describe_shows_cleaner_state(broker_factory):
     metrics = urllib.request.urlopen(f"{b.metrics_url}/metrics", timeout=10).read().decode()
     assert "oncelog_cleaner_passes_total" in metrics
     assert f'oncelog_cleaner_dirty_ratio{{topic="{topic}",partition="0"}}' in metrics
+
+
+def test_record_timestamps_out_of_range_are_refused(broker):
+    """KIP-937 as Kafka 4 does it: a CreateTime record more than
+    message.timestamp.after.max.ms (default one hour) in the future, or more
+    than message.timestamp.before.max.ms in the past, is INVALID_TIMESTAMP."""
+    import time
+    topic = unique_topic("ts")
+    create_topic(broker.bootstrap, topic, 1, config={"message.timestamp.before.max.ms": "86400000"})
+    now = int(time.time() * 1000)
+    p = Producer(producer_config(broker.bootstrap, **{"linger.ms": 1}))
+    tracker = DeliveryTracker()
+    for ts, value in [(now, b"now"), (now + 2 * 3600_000, b"future"), (now - 2 * 86400_000, b"old"),
+                      (now + 600_000, b"soon")]:
+        p.produce(topic, value=value, partition=0, timestamp=ts, on_delivery=tracker)
+        p.flush(30)
+    flush_all(p)
+    assert sorted(v for _, _, v, _ in tracker.acked) == [b"now", b"soon"]
+    assert sorted((e.code(), v) for e, v in tracker.failed) == [
+        (KafkaError.INVALID_TIMESTAMP, b"future"), (KafkaError.INVALID_TIMESTAMP, b"old")]

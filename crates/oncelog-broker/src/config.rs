@@ -38,6 +38,8 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("log.retention.bytes", "-1", "delete old segments while a partition is larger; -1 = no limit (topic: retention.bytes)"),
     ("log.retention.check.interval.ms", "300000", "how often retention runs"),
     ("log.cleanup.policy", "delete", "delete (retention removes old segments), compact (the log cleaner keeps the last record per key) or compact,delete (topic: cleanup.policy)"),
+    ("log.message.timestamp.before.max.ms", "9223372036854775807", "refuse (INVALID_TIMESTAMP) a CreateTime record older than this many ms (topic: message.timestamp.before.max.ms)"),
+    ("log.message.timestamp.after.max.ms", "3600000", "refuse (INVALID_TIMESTAMP) a CreateTime record more than this many ms in the future, Kafka 4's default (topic: message.timestamp.after.max.ms)"),
     ("log.cleaner.enable", "true", "run the log cleaner for topics with cleanup.policy compact"),
     ("log.cleaner.threads", "1", "threads that clean partitions (each cleans one partition at a time)"),
     ("log.cleaner.dedupe.buffer.size", "134217728", "memory for the cleaners' offset maps, shared by the threads (32 bytes per distinct key); a pass stops where its map is full"),
@@ -429,8 +431,8 @@ impl BrokerConfig {
             "local.retention.ms" => "-2".into(),
             "local.retention.bytes" => "-2".into(),
             "remote.storage.enable" => "false".into(),
-            "message.timestamp.before.max.ms" => "9223372036854775807".into(),
-            "message.timestamp.after.max.ms" => "9223372036854775807".into(),
+            "message.timestamp.before.max.ms" => self.raw_or("log.message.timestamp.before.max.ms"),
+            "message.timestamp.after.max.ms" => self.raw_or("log.message.timestamp.after.max.ms"),
             "writer.transactional.id.prefix" => String::new(),
             _ => return None,
         })
@@ -449,6 +451,9 @@ impl BrokerConfig {
         "min.compaction.lag.ms",
         "max.compaction.lag.ms",
         "min.cleanable.dirty.ratio",
+        "message.timestamp.type",
+        "message.timestamp.before.max.ms",
+        "message.timestamp.after.max.ms",
     ];
 
     /// Every topic config name we accept.
@@ -528,6 +533,12 @@ fn check_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> 
             Ok(v) if (0.0..=1.0).contains(&v) => Ok(()),
             _ => bad(format!("{key} must be a number from 0 to 1")),
         },
+        "message.timestamp.before.max.ms" | "message.timestamp.after.max.ms" => {
+            match value.parse::<i64>() {
+                Ok(v) if v >= 0 => Ok(()),
+                _ => bad(format!("{key} must be 0 or more")),
+            }
+        }
         "segment.bytes" | "index.interval.bytes" | "max.message.bytes" | "min.insync.replicas" => {
             match value.parse::<i64>() {
                 Ok(v) if v > 0 => Ok(()),

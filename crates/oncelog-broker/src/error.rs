@@ -27,6 +27,7 @@ pub enum ErrorCode {
     InvalidSessionTimeout = 26,
     RebalanceInProgress = 27,
     InvalidRequiredAcks = 21,
+    InvalidTimestamp = 32,
     TopicAuthorizationFailed = 29,
     UnsupportedVersion = 35,
     TopicAlreadyExists = 36,

@@ -14,6 +14,7 @@ use crate::codec::{self, CodecError};
 pub struct RecordSpan {
     /// The whole record, length varint included.
     pub bytes: Range<usize>,
+    pub timestamp_delta: i64,
     pub offset_delta: i64,
     /// `None`: the record has no key.
     pub key: Option<Range<usize>>,
@@ -24,6 +25,11 @@ pub struct RecordSpan {
 impl RecordSpan {
     pub fn is_tombstone(&self) -> bool {
         self.value.is_none()
+    }
+
+    /// The record's timestamp, given its batch's base timestamp.
+    pub fn timestamp(&self, base_timestamp: i64) -> i64 {
+        base_timestamp.wrapping_add(self.timestamp_delta)
     }
 }
 
@@ -70,7 +76,7 @@ pub fn batch_records(b: &[u8]) -> Result<BatchRecords, RecordsError> {
             .ok_or_else(bad)?;
         let body = &data[..rec_end];
         let mut p = pos + 1; // attributes
-        get_varint(body, &mut p).ok_or_else(bad)?; // timestamp delta
+        let timestamp_delta = get_varint(body, &mut p).ok_or_else(bad)?;
         let offset_delta = get_varint(body, &mut p).ok_or_else(bad)?;
         let field = |p: &mut usize| -> Result<Option<Range<usize>>, RecordsError> {
             let n = get_varint(body, p).ok_or_else(bad)?;
@@ -86,6 +92,7 @@ pub fn batch_records(b: &[u8]) -> Result<BatchRecords, RecordsError> {
         let value = field(&mut p)?;
         records.push(RecordSpan {
             bytes: start..rec_end,
+            timestamp_delta,
             offset_delta,
             key,
             value,

@@ -51,6 +51,62 @@ fn failed(code: ErrorCode, message: impl Into<String>) -> Outcome {
     }
 }
 
+/// KIP-937: with CreateTime, a record whose timestamp is more than `before`
+/// ms behind the broker's clock or more than `after` ms ahead of it is
+/// refused with INVALID_TIMESTAMP, naming each such record. The batch
+/// header's timestamps decide when nothing can be out of range; the records
+/// are read only when something may be.
+fn check_timestamps(
+    records: &[u8],
+    h: &batch::BatchHeader<'_>,
+    before: i64,
+    after: i64,
+    name: &str,
+) -> Result<(), Outcome> {
+    let now = crate::now_ms();
+    let (lo, hi) = (now.saturating_sub(before), now.saturating_add(after));
+    // The header's max timestamp bounds every record from above; nothing
+    // bounds them from below (a record may be older than the first), so a
+    // `before` limit reads the records.
+    if h.max_timestamp() <= hi && before == i64::MAX {
+        return Ok(());
+    }
+    let recs = oncelog_log::records::batch_records(records).map_err(|e| {
+        failed(
+            ErrorCode::CorruptMessage,
+            format!("records do not decode: {e}"),
+        )
+    })?;
+    let bad: Vec<(i32, String)> = recs
+        .records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !(lo..=hi).contains(&r.timestamp(h.base_timestamp())))
+        .map(|(i, r)| {
+            let ts = r.timestamp(h.base_timestamp());
+            (
+                i as i32,
+                format!("Timestamp {ts} of message with offset {i} is out of range. The timestamp should be within [{lo}, {hi}]"),
+            )
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    tracing::warn!(
+        partition = name,
+        records = bad.len(),
+        "produce refused: record timestamps out of range (message.timestamp.before/after.max.ms)"
+    );
+    Err(Outcome::Done {
+        code: ErrorCode::InvalidTimestamp,
+        base_offset: -1,
+        message: Some(bad[0].1.clone()),
+        record_errors: bad,
+        append_time: -1,
+    })
+}
+
 /// A compacted topic keeps the last record per key, so a record without a
 /// key is refused (Kafka's rule): INVALID_RECORD naming each such record.
 fn check_keys(records: &[u8], name: &str) -> Result<(), Outcome> {
@@ -184,6 +240,21 @@ fn append_one(
         .topics
         .topic_config(&meta, "message.timestamp.type")
         .is_some_and(|v| v == "LogAppendTime");
+    if !log_append_time {
+        let limit = |k: &str| {
+            b.topics
+                .topic_config(&meta, k)
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or(i64::MAX)
+        };
+        let (before, after) = (
+            limit("message.timestamp.before.max.ms"),
+            limit("message.timestamp.after.max.ms"),
+        );
+        if let Err(refused) = check_timestamps(&records, &h, before, after, &p.name()) {
+            return refused;
+        }
+    }
     let append_time = if log_append_time {
         let now = crate::now_ms();
         batch::set_log_append_time(&mut data, now);

@@ -36,18 +36,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import txn_fanout  # noqa: E402
 from txn_fanout import Oncelog, compile_java, run_fanout  # noqa: E402
+from benchlib.baselines import dir_bytes  # noqa: E402
 
-
-
-def dir_bytes(path):
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
 
 
 def main():

@@ -51,16 +51,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout, interval=0.05, what="condition"):
+def wait_until(predicate, timeout, interval=0.05, what="condition", on_timeout=None):
     """Poll predicate() until it returns a truthy value; return that value.
-    Fails the test when the deadline passes."""
+    Fails the test when the deadline passes (with on_timeout()'s text, if given)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
+            detail = f"\n{on_timeout()}" if on_timeout else ""
+            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}{detail}", pytrace=False)
         time.sleep(interval)
 
 

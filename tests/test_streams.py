@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from clients import unique_topic
-from conftest import REPO_ROOT, _die_with_parent
+from conftest import wait_until, REPO_ROOT, _die_with_parent
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 import kafka_ref  # noqa: E402
@@ -106,18 +106,6 @@ def kafka(tmp_path_factory):
     k.stop()
 
 
-def _bounded_wait(predicate, timeout, what, interval=0.2, on_timeout=None):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            detail = on_timeout() if on_timeout else ""
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{detail}", pytrace=False)
-        time.sleep(interval)
-
-
 def create_topic(bootstrap, topic, partitions):
     a = AdminClient({"bootstrap.servers": bootstrap, "broker.address.family": "v4"})
     a.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(60)
@@ -126,7 +114,7 @@ def create_topic(bootstrap, topic, partitions):
         md = a.list_topics(topic, timeout=10).topics.get(topic)
         return md is not None and md.error is None and len(md.partitions) == partitions \
             and all(p.leader >= 0 for p in md.partitions.values())
-    _bounded_wait(ready, 60, f"topic {topic}")
+    wait_until(ready, 60, interval=0.2, what=f"topic {topic}")
 
 
 def workload():
@@ -345,15 +333,15 @@ def test_streams_exactly_once_v2_survives_kill9_and_state_loss(which, request, b
         feeder.start()
         app.start()
         # 1: kill -9 mid-stream, restart on the same state dir.
-        _bounded_wait(progress_at_least(N_RECORDS // 5), 60,
-                      "the app to commit 20% of the input", on_timeout=tail)
+        wait_until(progress_at_least(N_RECORDS // 5), 60, interval=0.2,
+                   what="the app to commit 20% of the input", on_timeout=tail)
         app.kill9("mid-stream, state dir kept")
         app.start()
         # 2: once the restarted app is running and has made progress, kill -9
         # again and delete its state dir: the restart restores from the changelog.
-        _bounded_wait(app.running, 60, "the restarted app to reach RUNNING", on_timeout=tail)
-        _bounded_wait(progress_at_least(N_RECORDS * 11 // 20), 60,
-                      "the app to commit 55% of the input", on_timeout=tail)
+        wait_until(app.running, 60, interval=0.2, what="the restarted app to reach RUNNING", on_timeout=tail)
+        wait_until(progress_at_least(N_RECORDS * 11 // 20), 60, interval=0.2,
+                   what="the app to commit 55% of the input", on_timeout=tail)
         app.kill9("mid-stream, state dir deleted before the restart")
         shutil.rmtree(state_dir)
         app.start()
@@ -367,7 +355,7 @@ def test_streams_exactly_once_v2_survives_kill9_and_state_loss(which, request, b
             totals = obs.read_output()
             return totals == expected and obs.committed_input() == N_RECORDS
 
-        _bounded_wait(converged, 120, "the output totals to match the input", interval=0.1,
+        wait_until(converged, 120, what="the output totals to match the input", interval=0.1,
                       on_timeout=lambda: f"expected {expected}\n     got {obs.totals}\n"
                                          f"committed input {obs.committed_input()} of {N_RECORDS}\n"
                                          + tail())
@@ -398,7 +386,7 @@ def test_streams_exactly_once_v2_survives_kill9_and_state_loss(which, request, b
         def purged():
             marks = log_start_offsets(bootstrap, repart[0], parts)
             return marks if any(low > 0 for low, _high in marks) else None
-        marks = _bounded_wait(purged, 30, f"{repart[0]}'s log start offset to move above 0",
+        marks = wait_until(purged, 30, what=f"{repart[0]}'s log start offset to move above 0",
                               interval=1.0, on_timeout=tail)
         print(f"[{which}] {repart[0]} (log start, high watermark): {marks}")
     finally:
@@ -406,3 +394,4 @@ def test_streams_exactly_once_v2_survives_kill9_and_state_loss(which, request, b
         app.kill9("test teardown")
         obs.close()
         print(f"[{which}] test took {time.monotonic() - t_start:.1f}s")
+

@@ -91,11 +91,24 @@ fn markers(log: &Log) -> Vec<i64> {
         .collect()
 }
 
+/// A pass over every non-active segment; returns what it wrote, not installed.
+fn written(log: &Log, facts: &TxnFacts, o: &CleanOptions) -> Vec<cleaner::CleanedGroup> {
+    let segs = log.cleanable_segments(i64::MAX, -1);
+    let mut groups = Vec::new();
+    clean(log.dir(), &segs, facts, o, &mut |_| {}, &mut |g| {
+        groups.push(g);
+        Ok(true)
+    })
+    .unwrap();
+    groups
+}
+
 /// Runs a pass over every non-active segment and installs what it writes.
 fn run(log: &mut Log, facts: &TxnFacts, o: &CleanOptions) -> CleanStats {
     let segs = log.cleanable_segments(i64::MAX, -1);
     let dir = log.dir().to_path_buf();
     let mut groups = Vec::new();
+    // (the stats are wanted here, so not through `written`)
     let stats = clean(&dir, &segs, facts, o, &mut |_| {}, &mut |g| {
         groups.push(g);
         Ok(true)
@@ -323,20 +336,7 @@ fn a_crash_at_any_step_of_the_swap_loses_nothing() {
         }
         log.roll(now_ms()).unwrap();
         let before = contents(&log);
-        let segs = log.cleanable_segments(i64::MAX, -1);
-        let mut groups = Vec::new();
-        clean(
-            d.path(),
-            &segs,
-            &TxnFacts::default(),
-            &opts(0),
-            &mut |_| {},
-            &mut |g| {
-                groups.push(g);
-                Ok(true)
-            },
-        )
-        .unwrap();
+        let groups = written(&log, &TxnFacts::default(), &opts(0));
         let g = &groups[0];
         let manifest = d.path().join(segment::file_name(g.base, SWAP_EXT));
         let text: String = g.replaces.iter().map(|b| format!("{b}\n")).collect();
@@ -393,19 +393,7 @@ fn install_refuses_when_a_replaced_segment_is_gone() {
     }
     log.roll(now_ms()).unwrap();
     let segs = log.cleanable_segments(i64::MAX, -1);
-    let mut groups = Vec::new();
-    clean(
-        d.path(),
-        &segs,
-        &TxnFacts::default(),
-        &opts(0),
-        &mut |_| {},
-        &mut |g| {
-            groups.push(g);
-            Ok(true)
-        },
-    )
-    .unwrap();
+    let groups = written(&log, &TxnFacts::default(), &opts(0));
     // DeleteRecords removed the first segments meanwhile.
     let second = segs[1].base;
     log.delete_records_before(second + 1).unwrap();
@@ -460,13 +448,7 @@ fn removed_abort_markers_are_reported() {
     let facts = txn_facts([(2, 0, 1)], [(2, 2)]);
     let mut o = opts(0);
     o.delete_horizon_ms = i64::MAX;
-    let segs = log.cleanable_segments(i64::MAX, -1);
-    let mut groups = Vec::new();
-    clean(d.path(), &segs, &facts, &o, &mut |_| {}, &mut |g| {
-        groups.push(g);
-        Ok(true)
-    })
-    .unwrap();
+    let groups = written(&log, &facts, &o);
     let removed: Vec<(i64, i64)> = groups
         .iter()
         .flat_map(|g| g.removed_aborts.clone())

@@ -498,3 +498,24 @@ fn rewrite_as_replaces_everything_and_offsets_go_on() {
     assert_eq!((log.log_start_offset(), log.next_offset()), (54, 54));
     assert!(contents(&log).is_empty());
 }
+
+#[test]
+fn delete_records_finishes_after_a_crash_between_its_steps() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
+    for i in 0..40 {
+        log.append(&mut kv(&[("k", Some(&format!("{i}")))]))
+            .unwrap();
+    }
+    let segs = log.segment_count();
+    drop(log);
+    // The start offset is durable, the segments below it were not removed yet.
+    std::fs::write(d.path().join(LOG_START_FILE), "30\n").unwrap();
+    let (mut log, _) = Log::open(d.path(), cfg()).unwrap();
+    assert_eq!(log.log_start_offset(), 30);
+    assert_eq!(log.segment_count(), segs);
+    // Asking again (Kafka Streams does, every commit) removes them.
+    assert_eq!(log.delete_records_before(30).unwrap(), 30);
+    assert!(log.segment_count() < segs);
+    assert!(contents(&log).keys().all(|o| *o >= 20));
+}

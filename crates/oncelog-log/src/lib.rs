@@ -485,17 +485,19 @@ impl Log {
     /// Returns the new log start offset.
     pub fn delete_records_before(&mut self, offset: i64) -> Result<i64, LogError> {
         let offset = offset.min(self.next_offset());
-        if offset <= self.log_start_offset() {
-            return Ok(self.log_start_offset());
+        if offset > self.log_start_offset() {
+            let path = self.dir.join(LOG_START_FILE);
+            write_durably(&self.dir, &path, format!("{offset}\n").as_bytes())?;
+            self.start_override = offset;
+            if offset == self.next_offset() && self.active().size > 0 {
+                self.roll(now_ms())?;
+            }
         }
-        let path = self.dir.join(LOG_START_FILE);
-        write_durably(&self.dir, &path, format!("{offset}\n").as_bytes())?;
-        self.start_override = offset;
-        if offset == self.next_offset() && self.active().size > 0 {
-            self.roll(now_ms())?;
-        }
+        // Also when the start did not move: a crash after the start offset
+        // was written and before the segments went leaves them to do now.
+        let start = self.log_start_offset();
         let mut removed = false;
-        while self.segments.len() > 1 && self.segments[1].base_offset <= offset {
+        while self.segments.len() > 1 && self.segments[1].base_offset <= start {
             let seg = self.segments.remove(0);
             seg.delete()?;
             removed = true;

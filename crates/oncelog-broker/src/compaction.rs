@@ -224,7 +224,8 @@ impl LogCleaner {
     }
 
     /// Looks at every compacted partition, records its dirt, and cleans the
-    /// dirtiest one that is due. True if it cleaned one.
+    /// dirtiest one that is due. True if it cleaned one (false also when
+    /// that pass failed).
     pub fn clean_one(&self, candidates: &[Candidate]) -> bool {
         let now = now_ms();
         let mut best: Option<(f64, &Candidate, CleanPlan, i64)> = None;
@@ -303,7 +304,7 @@ impl LogCleaner {
         settings: &CompactSettings,
         plan: CleanPlan,
         first_dirty: i64,
-    ) {
+    ) -> bool {
         let name = p.name();
         let started = Instant::now();
         // The delete horizon: records cleaned at least delete.retention.ms
@@ -358,11 +359,13 @@ impl LogCleaner {
                     records_read = stats.records_read, records_kept = stats.records_kept,
                     aborted_removed = stats.aborted_records_removed, ms = elapsed.as_millis() as u64,
                     "cleaned");
+                true
             }
             Err(e) => {
                 self.totals.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(partition = %name, error = %e, "log cleaning failed; the partition is left as it was");
                 self.update(&name, |s| s.last_error = Some(e.to_string()));
+                false
             }
         }
     }
@@ -435,4 +438,56 @@ pub fn candidates(topics: &Topics) -> Vec<Candidate> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncelog_log::cleaner::SegmentInfo;
+
+    fn plan(segs: &[(i64, i64, u64)]) -> CleanPlan {
+        CleanPlan {
+            dir: std::path::PathBuf::new(),
+            segments: segs
+                .iter()
+                .map(|&(base, next, size)| SegmentInfo {
+                    base,
+                    next,
+                    size,
+                    last_modified_ms: base,
+                })
+                .collect(),
+            facts: Default::default(),
+            log_end: segs.last().map_or(0, |s| s.1),
+            segment_bytes: 1 << 20,
+            index_interval: 4096,
+            total_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn dirt_counts_the_segments_past_the_first_dirty_offset() {
+        let p = plan(&[(0, 100, 10), (100, 200, 30), (200, 300, 60)]);
+        assert_eq!(dirt(&p, 0), (100, 100, Some(0)));
+        assert_eq!(dirt(&p, 150), (100, 90, Some(100)));
+        assert_eq!(dirt(&p, 300), (100, 0, None));
+    }
+
+    #[test]
+    fn the_throttle_holds_the_byte_rate() {
+        let totals = CleanerTotals::default();
+        let t = Throttle::new(Some(10.0 * 1024.0 * 1024.0));
+        let started = Instant::now();
+        for _ in 0..4 {
+            t.charge(512 * 1024, &totals);
+        }
+        // 2 MiB at 10 MiB/s: about 200 ms.
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(150), "{took:?}");
+        assert!(totals.throttled_ms.load(Ordering::Relaxed) >= 150);
+        let free = Throttle::new(None);
+        let started = Instant::now();
+        free.charge(1 << 30, &totals);
+        assert!(started.elapsed() < Duration::from_millis(50));
+    }
 }

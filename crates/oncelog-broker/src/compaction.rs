@@ -330,9 +330,9 @@ impl LogCleaner {
         };
         let mut throttle = |n: u64| self.throttle.charge(n, &self.totals);
         let mut install = |g: cleaner::CleanedGroup| {
-            crate::fail_point("cleaner-before-swap");
+            crate::faults::fail_point("cleaner-before-swap");
             let r = p.install_cleaned(&g);
-            crate::fail_point("cleaner-after-swap");
+            crate::faults::fail_point("cleaner-after-swap");
             r
         };
         let result = cleaner::clean(

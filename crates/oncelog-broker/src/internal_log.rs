@@ -226,7 +226,7 @@ impl InternalLog {
                 bb.build()
             })
             .collect();
-        crate::fail_point("internal-compact-before-swap");
+        crate::faults::fail_point("internal-compact-before-swap");
         match self.log.rewrite_as(&mut batches) {
             Ok(()) => {
                 self.live = n;

@@ -228,6 +228,12 @@ impl LogCleaner {
     /// that pass failed).
     pub fn clean_one(&self, candidates: &[Candidate]) -> bool {
         let now = now_ms();
+        // Forget partitions no longer compacted (deleted, or policy changed).
+        let names: HashSet<String> = candidates.iter().map(|c| c.partition.name()).collect();
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k, _| names.contains(k));
         let mut best: Option<(f64, &Candidate, CleanPlan, i64)> = None;
         for c in candidates {
             let name = c.partition.name();

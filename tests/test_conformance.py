@@ -12,30 +12,19 @@ observations differs; the epochs themselves are compared only on oncelog
 (test_transactions.py::test_s1_zombie_fare_writer_is_fenced).
 """
 
-import os
-import sys
 import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import REPO_ROOT, wait_until
-
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-import kafka_ref  # noqa: E402
+from conftest import wait_until
+from jvm import kafka_reference
 
 
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory):
-    why = kafka_ref.unavailable()
-    if why:
-        pytest.fail(f"Apache Kafka reference broker unavailable: {why}", pytrace=False)
-    k = kafka_ref.KafkaBroker(str(tmp_path_factory.mktemp("kafka")), heap="768m",
-                              configs={"transaction.state.log.num.partitions": "1",
-                                       "offsets.topic.num.partitions": "1",
-                                       "group.initial.rebalance.delay.ms": "0"})
-    k.start()
+    k = kafka_reference(tmp_path_factory, "768m")
     yield k
     k.stop()
 

@@ -5,43 +5,21 @@ The client jars are fetched by test.sh into .tools/java-lib with
 same command if they are missing, then compiles JavaClientCheck.java with javac.
 """
 
-import shutil
 import subprocess
 
 import pytest
 
 from clients import consume_confluent, create_topic, unique_topic
 from conftest import REPO_ROOT
+from jvm import compile_against
 
 JAVA_DIR = REPO_ROOT / "tests" / "java"
 LIB_DIR = REPO_ROOT / ".tools" / "java-lib"
 
 
-def _jars():
-    return sorted(LIB_DIR.glob("*.jar")) if LIB_DIR.is_dir() else []
-
-
 @pytest.fixture(scope="module")
 def java_classpath(tmp_path_factory):
-    for tool in ("java", "javac"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} not found on PATH", pytrace=False)
-    if not any(j.name.startswith("kafka-clients-") for j in _jars()):
-        if shutil.which("mvn") is None:
-            pytest.fail(f"no kafka-clients jar in {LIB_DIR} and no mvn to fetch it", pytrace=False)
-        proc = subprocess.run(
-            ["mvn", "-q", "-B", "-f", str(JAVA_DIR / "pom.xml"), "dependency:copy-dependencies"],
-            capture_output=True, timeout=600)
-        assert proc.returncode == 0, f"mvn failed:\n{proc.stdout.decode()[-3000:]}{proc.stderr.decode()[-3000:]}"
-    jars = _jars()
-    assert any(j.name.startswith("kafka-clients-4.") for j in jars), jars
-    classes = tmp_path_factory.mktemp("java-classes")
-    cp = ":".join(str(j) for j in jars)
-    proc = subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(classes), "-cp", cp]
-                          + [str(p) for p in sorted(JAVA_DIR.glob("*.java"))],
-                          capture_output=True, timeout=300)
-    assert proc.returncode == 0, f"javac failed:\n{proc.stdout.decode()}{proc.stderr.decode()}"
-    return f"{classes}:{cp}"
+    return compile_against(tmp_path_factory, JAVA_DIR, LIB_DIR, "kafka-clients-4.", "java-classes")
 
 
 @pytest.mark.timeout(300)

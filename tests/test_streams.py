@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
@@ -30,9 +29,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from clients import unique_topic
 from conftest import wait_until, REPO_ROOT, _die_with_parent
+from jvm import compile_against, kafka_reference
 
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-import kafka_ref  # noqa: E402
 
 STREAMS_DIR = REPO_ROOT / "tests" / "streams"
 LIB_DIR = REPO_ROOT / ".tools" / "streams-lib"
@@ -64,43 +62,14 @@ def expected_error(line):
     return rest != line and "Exception" not in rest
 
 
-def _jars():
-    return sorted(LIB_DIR.glob("*.jar")) if LIB_DIR.is_dir() else []
-
-
 @pytest.fixture(scope="module")
 def streams_classpath(tmp_path_factory):
-    for tool in ("java", "javac"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} not found on PATH", pytrace=False)
-    if not any(j.name.startswith("kafka-streams-") for j in _jars()):
-        if shutil.which("mvn") is None:
-            pytest.fail(f"no kafka-streams jar in {LIB_DIR} and no mvn to fetch it", pytrace=False)
-        proc = subprocess.run(
-            ["mvn", "-q", "-B", "-f", str(STREAMS_DIR / "pom.xml"), "dependency:copy-dependencies"],
-            capture_output=True, timeout=600)
-        assert proc.returncode == 0, f"mvn failed:\n{proc.stdout.decode()[-3000:]}{proc.stderr.decode()[-3000:]}"
-    jars = _jars()
-    assert any(j.name.startswith("kafka-streams-4.") for j in jars), jars
-    classes = tmp_path_factory.mktemp("streams-classes")
-    cp = ":".join(str(j) for j in jars)
-    proc = subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(classes), "-cp", cp]
-                          + [str(p) for p in sorted(STREAMS_DIR.glob("*.java"))],
-                          capture_output=True, timeout=300)
-    assert proc.returncode == 0, f"javac failed:\n{proc.stdout.decode()}{proc.stderr.decode()}"
-    return f"{classes}:{cp}"
+    return compile_against(tmp_path_factory, STREAMS_DIR, LIB_DIR, "kafka-streams-4.", "streams-classes")
 
 
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory):
-    why = kafka_ref.unavailable()
-    if why:
-        pytest.fail(f"Apache Kafka reference broker unavailable: {why}", pytrace=False)
-    k = kafka_ref.KafkaBroker(str(tmp_path_factory.mktemp("kafka")), heap="384m",
-                              configs={"transaction.state.log.num.partitions": "1",
-                                       "offsets.topic.num.partitions": "1",
-                                       "group.initial.rebalance.delay.ms": "0"})
-    k.start()
+    k = kafka_reference(tmp_path_factory, "384m")
     yield k
     print(f"---- Apache Kafka log: {k.log_path}")
     k.stop()

@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, wait_until
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 import kafka_ref  # noqa: E402
@@ -55,3 +56,16 @@ def kafka_reference(tmp_path_factory, heap):
                                        "group.initial.rebalance.delay.ms": "0"})
     k.start()
     return k
+
+
+def create_topic_with_leaders(bootstrap, topic, partitions):
+    """Creates `topic` and waits until every partition has a leader (Kafka
+    takes a moment after CreateTopics answers)."""
+    a = AdminClient({"bootstrap.servers": bootstrap, "broker.address.family": "v4"})
+    a.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(60)
+
+    def ready():
+        md = a.list_topics(topic, timeout=10).topics.get(topic)
+        return md is not None and md.error is None and len(md.partitions) == partitions \
+            and all(p.leader >= 0 for p in md.partitions.values())
+    wait_until(ready, 60, interval=0.2, what=f"topic {topic}")

@@ -16,10 +16,9 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from conftest import wait_until
-from jvm import kafka_reference
+from jvm import create_topic_with_leaders, kafka_reference
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +33,7 @@ def oncelog(module_broker_factory):
     return module_broker_factory({"group.initial.rebalance.delay.ms": 0})
 
 
-def create(bootstrap, topic, partitions):
-    a = AdminClient({"bootstrap.servers": bootstrap})
-    a.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(60)
-    # Wait until the partitions have leaders (Kafka takes a moment).
-    def ready():
-        md = a.list_topics(topic, timeout=10).topics.get(topic)
-        return md is not None and md.error is None and len(md.partitions) == partitions \
-            and all(p.leader >= 0 for p in md.partitions.values())
-    wait_until(ready, 60, interval=0.2, what=f"topic {topic}")
+create = create_topic_with_leaders
 
 
 def txn_producer(bootstrap, txn_id):

@@ -25,11 +25,11 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from clients import unique_topic
 from conftest import wait_until, REPO_ROOT, _die_with_parent
-from jvm import compile_against, kafka_reference
+from jvm import create_topic_with_leaders, compile_against, kafka_reference
 
 
 STREAMS_DIR = REPO_ROOT / "tests" / "streams"
@@ -75,15 +75,7 @@ def kafka(tmp_path_factory):
     k.stop()
 
 
-def create_topic(bootstrap, topic, partitions):
-    a = AdminClient({"bootstrap.servers": bootstrap, "broker.address.family": "v4"})
-    a.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(60)
-
-    def ready():
-        md = a.list_topics(topic, timeout=10).topics.get(topic)
-        return md is not None and md.error is None and len(md.partitions) == partitions \
-            and all(p.leader >= 0 for p in md.partitions.values())
-    wait_until(ready, 60, interval=0.2, what=f"topic {topic}")
+create_topic = create_topic_with_leaders
 
 
 def workload():

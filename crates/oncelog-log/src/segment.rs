@@ -328,6 +328,21 @@ impl Segment {
                     self.next_offset
                 )));
             }
+            // A segment's offsets stay within i32 of its base (its index
+            // holds relative offsets; the cleaner's groups keep to that),
+            // so a batch far past it is garbage, not a gap.
+            let in_range = h.last_offset_delta() >= 0
+                && h.base_offset()
+                    .checked_add(h.last_offset_delta() as i64 + 1)
+                    .is_some_and(|next| next - self.base_offset <= i32::MAX as i64);
+            if !in_range {
+                return Ok(stop(format!(
+                    "batch at position {pos} has offsets {}+{} out of range for segment {}",
+                    h.base_offset(),
+                    h.last_offset_delta(),
+                    self.base_offset
+                )));
+            }
             if build_index
                 && (self.index.is_empty() && pos == 0 || since_index >= self.index_interval)
             {

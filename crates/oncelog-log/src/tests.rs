@@ -346,3 +346,25 @@ fn timestamp_lookup_keeps_a_record_offset_delta_inside_its_batch() {
     assert_eq!(log.append(&mut b).unwrap().base_offset, 1);
     assert_eq!(log.offset_for_timestamp(4000).unwrap(), Some((1, 4000)));
 }
+
+/// Compaction allows gaps between batches, but not a batch whose offsets
+/// leave the segment's range (found by the segment_recovery fuzz target: a
+/// corrupt tail with a base offset near i64::MAX made the log end wrap).
+#[test]
+fn a_batch_far_past_the_segment_is_a_corrupt_tail_not_a_gap() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut log, _) = Log::open(d.path(), cfg(1 << 20)).unwrap();
+    log.append(&mut batch(1000, 2, 10)).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let path = last_segment(d.path());
+    let mut far = batch(1000, 2, 10);
+    batch::set_base_offset(&mut far, i64::MAX - 1);
+    let mut data = std::fs::read(&path).unwrap();
+    data.extend_from_slice(&far);
+    std::fs::write(&path, &data).unwrap();
+    let (mut log, rep) = Log::open(d.path(), cfg(1 << 20)).unwrap();
+    assert!(rep.problem.is_some());
+    assert_eq!(log.next_offset(), 2);
+    assert_eq!(log.append(&mut batch(1001, 1, 10)).unwrap().base_offset, 2);
+}

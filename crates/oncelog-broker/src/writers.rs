@@ -1,14 +1,25 @@
 //! Second-writer detection (seed 000, scenario S6): exactly-once holds per
 //! writer, and two jobs with different transactional-id prefixes writing one
 //! topic double its output without any error. The broker remembers, per
-//! topic, which prefixes committed transactions recently and reports a topic
+//! topic, which writers committed transactions recently and reports a topic
 //! with more than one; a topic config `writer.transactional.id.prefix` makes
-//! it refuse transactional writes from any other prefix.
+//! it refuse transactional writes from any other writer.
 //!
-//! The prefix of a transactional id is the id without its trailing numeric
-//! `-N` segments (`orders-sink-3-17` → `orders-sink`, `fare-writer-7` →
-//! `fare-writer`), which is how Flink, Kafka Streams and most hand-written
-//! jobs number their producers.
+//! A writer is a job, not a producer: its identity comes from the naming
+//! scheme of the framework that made the transactional id ([`prefix_of`]):
+//!
+//! | scheme | transactional id | writer |
+//! |---|---|---|
+//! | Kafka Streams exactly_once_v2 | `wordcount-8d1c3c59-5a43-4e0a-9d2e-7c8a9e1f0b21-1` (`<application.id>-<process UUID>-<thread>`) | `wordcount` |
+//! | Kafka Streams exactly_once (per task) | `wordcount-0_3` (`<application.id>-<subtopology>_<partition>`) | `wordcount` |
+//! | Flink `KafkaSink` | `orders-sink-3-17` (`<prefix>-<subtask>-<checkpoint or pool index>`) | `orders-sink` |
+//! | numbered producers | `fare-writer-7` (`<name>-<N>`) | `fare-writer` |
+//! | anything else | `billing` | `billing` |
+//!
+//! A Flink id ends in exactly two number groups, so a job named
+//! `orders-sink-2` (ids `orders-sink-2-0-17`) is a writer of its own, not
+//! `orders-sink`'s. A configured prefix the rules would read as a longer id
+//! (one ending in `-N`, a task id or a UUID) is refused ([`check_prefix`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -19,16 +30,72 @@ pub const WINDOW_MS: i64 = 60_000;
 /// The topic config naming the only transactional-id prefix allowed to write.
 pub const WRITER_PREFIX_CONFIG: &str = "writer.transactional.id.prefix";
 
+/// The writer a transactional id belongs to (the module doc's table).
 pub fn prefix_of(transactional_id: &str) -> &str {
-    let mut p = transactional_id;
-    while let Some((head, tail)) = p.rsplit_once('-') {
-        if !tail.is_empty() && tail.bytes().all(|c| c.is_ascii_digit()) && !head.is_empty() {
-            p = head;
-        } else {
-            break;
+    let id = transactional_id;
+    // Kafka Streams v2: `<app>-<uuid>-<thread>`.
+    if let Some((head, thread)) = id.rsplit_once('-') {
+        if is_number(thread) && head.len() > UUID_LEN + 1 {
+            let (app, uuid) = head.split_at(head.len() - UUID_LEN);
+            if let Some(app) = app.strip_suffix('-') {
+                if is_uuid(uuid) && !app.is_empty() {
+                    return app;
+                }
+            }
         }
     }
-    p
+    // Flink: exactly two trailing number groups.
+    if let Some((head, last)) = id.rsplit_once('-') {
+        if is_number(last) {
+            if let Some((job, subtask)) = head.rsplit_once('-') {
+                if is_number(subtask) && !job.is_empty() {
+                    return job;
+                }
+            }
+            if !head.is_empty() {
+                return head;
+            }
+        } else if is_task_id(last) && !head.is_empty() {
+            // Kafka Streams per-task producers: `<app>-<subtopology>_<partition>`.
+            return head;
+        }
+    }
+    id
+}
+
+const UUID_LEN: usize = 36;
+
+fn is_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit())
+}
+
+fn is_task_id(s: &str) -> bool {
+    s.split_once('_')
+        .is_some_and(|(a, b)| is_number(a) && is_number(b))
+}
+
+fn is_uuid(s: &str) -> bool {
+    s.len() == UUID_LEN
+        && s.split('-').map(str::len).eq([8, 4, 4, 4, 12])
+        && s.bytes().all(|c| c == b'-' || c.is_ascii_hexdigit())
+}
+
+/// Why a configured writer prefix is refused: the rules would read it as a
+/// producer of another writer, so its own jobs could never match it.
+pub fn check_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.is_empty() {
+        return Ok(());
+    }
+    if prefix_of(prefix) != prefix {
+        return Err(format!(
+            "{WRITER_PREFIX_CONFIG}={prefix:?} is ambiguous: a transactional id {prefix:?} is read as writer {:?} \
+             (a trailing -N, task id or UUID names a producer of a job, not the job); \
+             name the writer without it, e.g. {:?}",
+            prefix_of(prefix),
+            format!("{}-v2", prefix_of(prefix))
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Default)]
@@ -109,6 +176,50 @@ mod tests {
         assert_eq!(prefix_of("fare-writer-7-a3f9"), "fare-writer-7-a3f9");
         assert_eq!(prefix_of("plain"), "plain");
         assert_eq!(prefix_of("-1"), "-1");
+        assert_eq!(prefix_of("-1-2"), "-1");
+    }
+
+    #[test]
+    fn flink_jobs_that_end_in_a_number_are_their_own_writers() {
+        // The hole a real Flink blue/green run found: a green job named
+        // orders-sink-2 was read as orders-sink.
+        assert_eq!(prefix_of("orders-sink-2-0-17"), "orders-sink-2");
+        assert_eq!(prefix_of("orders-sink-0-17"), "orders-sink");
+        assert_ne!(prefix_of("orders-sink-2-0-17"), prefix_of("orders-sink-1-5"));
+    }
+
+    #[test]
+    fn kafka_streams_ids_name_the_application() {
+        let v2 = "wordcount-8d1c3c59-5a43-4e0a-9d2e-7c8a9e1f0b21-1";
+        assert_eq!(prefix_of(v2), "wordcount");
+        assert_eq!(
+            prefix_of("my-app-2-8D1C3C59-5A43-4E0A-9D2E-7C8A9E1F0B21-12"),
+            "my-app-2"
+        );
+        assert_eq!(prefix_of("wordcount-0_3"), "wordcount");
+        assert_eq!(prefix_of("word-count-12_104"), "word-count");
+        // Not a UUID (a group too short): the generic rules apply.
+        assert_eq!(
+            prefix_of("app-8d1c3c5-5a43-4e0a-9d2e-7c8a9e1f0b21-1"),
+            "app-8d1c3c5-5a43-4e0a-9d2e-7c8a9e1f0b21"
+        );
+        assert_eq!(prefix_of("app-0_x"), "app-0_x");
+    }
+
+    #[test]
+    fn ambiguous_prefixes_are_refused() {
+        assert!(check_prefix("orders-sink").is_ok());
+        assert!(check_prefix("orders-sink-v2").is_ok());
+        assert!(check_prefix("").is_ok());
+        for bad in [
+            "orders-sink-2",
+            "job-1-2",
+            "app-0_1",
+            "app-8d1c3c59-5a43-4e0a-9d2e-7c8a9e1f0b21-1",
+        ] {
+            let e = check_prefix(bad).unwrap_err();
+            assert!(e.contains("ambiguous"), "{e}");
+        }
     }
 
     #[test]
@@ -135,5 +246,7 @@ mod tests {
         c.insert(WRITER_PREFIX_CONFIG.to_string(), "orders-sink".to_string());
         assert!(allowed(&c, "orders-sink-4").is_ok());
         assert!(allowed(&c, "orders-sink-v2-4").is_err());
+        assert!(allowed(&c, "orders-sink-2-0-4").is_err());
+        assert!(allowed(&c, "orders-sink-1-4").is_ok());
     }
 }

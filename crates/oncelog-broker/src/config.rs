@@ -54,6 +54,8 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("log.cache.keep.bytes", "67108864", "after each fdatasync, drop the synced part of a partition's active segment from the page cache except its last N bytes (tailing readers stay in memory); a full page cache makes every write pay for reclaim; -1 = leave it to the kernel, as Kafka does"),
     ("fetch.max.bytes", "57671680", "upper bound on bytes returned by one Fetch"),
     ("transaction.max.timeout.ms", "900000", "largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above)"),
+    ("transaction.two.phase.commit.prefixes", "", "writers (comma-separated transactional-id prefixes as `writer.transactional.id.prefix` names them, or `text*` for ids starting with text) whose transactions park at their timeout instead of aborting: kept open (pinning the LSO) until their producer commits or aborts them after a restart, or an operator does (`oncelog txn commit|abort`); for Flink's KafkaSink"),
+    ("transaction.two.phase.commit.max.park.ms", "-1", "abort a parked transaction after it has been parked this long; -1 = never"),
     ("transactional.id.expiration.ms", "604800000", "forget a transactional id idle (no open transaction) this long"),
     ("transaction.version", "2", "finalized transaction.version feature: 2 lets KIP-890 clients (Java 4.x) use EndTxn v5 and Produce v12; 1 keeps them on the classic protocol"),
     ("group.initial.rebalance.delay.ms", "3000", "how long a new group waits for more members before its first rebalance"),
@@ -129,6 +131,8 @@ pub struct BrokerConfig {
     pub fetch_max_bytes: usize,
     pub transaction_max_timeout_ms: i32,
     pub transactional_id_expiration_ms: i64,
+    /// Transactions that park at their timeout instead of aborting.
+    pub two_phase_commit: crate::txn_coordinator::ParkPolicy,
     pub producer_id_expiration_ms: i64,
     pub transaction_version: i16,
     pub transaction_auto_heal: bool,
@@ -243,6 +247,13 @@ impl BrokerConfig {
                 "transactional.id.expiration.ms",
                 &get("transactional.id.expiration.ms"),
             )?,
+            two_phase_commit: crate::txn_coordinator::ParkPolicy::new(
+                &get("transaction.two.phase.commit.prefixes"),
+                parse(
+                    "transaction.two.phase.commit.max.park.ms",
+                    &get("transaction.two.phase.commit.max.park.ms"),
+                )?,
+            ),
             producer_id_expiration_ms: parse(
                 "producer.id.expiration.ms",
                 &get("producer.id.expiration.ms"),
@@ -517,7 +528,7 @@ fn check_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> 
             "producer" | "uncompressed" | "gzip" | "snappy" | "lz4" | "zstd" => Ok(()),
             _ => bad(format!("invalid compression.type {value}")),
         },
-        "writer.transactional.id.prefix" => Ok(()),
+        "writer.transactional.id.prefix" => crate::writers::check_prefix(value).or_else(bad),
         "message.timestamp.type" => match value {
             "CreateTime" | "LogAppendTime" => Ok(()),
             _ => bad(format!("invalid message.timestamp.type {value}")),

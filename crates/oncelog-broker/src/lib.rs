@@ -122,7 +122,8 @@ impl Broker {
         let compact = internal_log::CompactPolicy {
             min_records: config.coordinator_log_compact_records,
         };
-        let txn = txn_service::TxnService::open(&config.data_dir, compact)?;
+        let txn = txn_service::TxnService::open(&config.data_dir, compact)?
+            .with_park_policy(config.two_phase_commit.clone());
         let groups = groups::Groups::open(
             &config.data_dir,
             groups::GroupSettings {

@@ -107,6 +107,24 @@ pub async fn render(b: &Arc<Broker>) -> String {
     );
     let age = oldest.map_or(0.0, |t| (now_ms() - t).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "oncelog_transaction_oldest_open_age_seconds {age}");
+    let parked = b.txn.parked();
+    family(
+        &mut out,
+        "oncelog_transactions_parked",
+        "gauge",
+        "Transactions kept open past their timeout under transaction.two.phase.commit.prefixes.",
+    );
+    let _ = writeln!(out, "oncelog_transactions_parked {}", parked.len());
+    family(
+        &mut out,
+        "oncelog_transaction_oldest_parked_age_seconds",
+        "gauge",
+        "How long the oldest parked transaction has been parked (0 when none).",
+    );
+    let age = parked
+        .first()
+        .map_or(0.0, |p| (now_ms() - p.parked_since_ms).max(0) as f64 / 1000.0);
+    let _ = writeln!(out, "oncelog_transaction_oldest_parked_age_seconds {age}");
     family(
         &mut out,
         "oncelog_transactions_stuck",
@@ -436,6 +454,14 @@ pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
                         serde_json::to_string_pretty(&serde_json::json!({ "partitions": parts }))
                             .unwrap_or_default()
                             + "\n";
+                    ("200 OK", body, "application/json")
+                }
+                "/v1/transactions/parked" => {
+                    let body = serde_json::to_string_pretty(
+                        &serde_json::json!({ "parked": b.txn.parked() }),
+                    )
+                    .unwrap_or_default()
+                        + "\n";
                     ("200 OK", body, "application/json")
                 }
                 _ => match history_id(path) {

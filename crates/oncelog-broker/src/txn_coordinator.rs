@@ -10,6 +10,19 @@
 //! answering CONCURRENT_TRANSACTIONS and bumping a second time on the retry.
 //! Epoch `i16::MAX` is never handed to a client; an exhausted epoch moves the
 //! id to a fresh producer id at epoch 0.
+//!
+//! Two more, for frameworks that commit after a restart (Flink's
+//! `KafkaCommitter`, PROTOCOL-BRIEF §6):
+//! - **Idempotent re-commit** ([`plan_end`]): an EndTxn(commit) of a
+//!   transaction already committed, from the producer id and epoch it was
+//!   committed under — the epoch its own TV2 commit bumped from included —
+//!   answers success, in either protocol version; so does an EndTxn(abort) of
+//!   one already aborted. A fence by another producer clears `last_epoch`,
+//!   so a zombie never matches, and a commit of an aborted transaction stays
+//!   refused.
+//! - **Parked transactions** ([`OnTimeout::Park`]): under the operator's
+//!   two-phase-commit policy a transaction that outlives its timeout is kept
+//!   open instead of aborted, until its producer or an operator ends it.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -221,6 +234,9 @@ pub fn plan_end(
     commit: bool,
     now: i64,
 ) -> Result<EndPlan, CoordError> {
+    if m.is_some_and(|m| ended_by(m, pid, epoch, commit)) {
+        return Ok(EndPlan::AlreadyDone);
+    }
     let m = check_identity(m, pid, epoch)?;
     use TxnState::*;
     match (m.state, commit) {
@@ -234,6 +250,26 @@ pub fn plan_end(
         (CompleteCommit, true) | (CompleteAbort, false) => Ok(EndPlan::AlreadyDone),
         _ => Err(CoordError::InvalidTxnState),
     }
+}
+
+/// Whether `m` is the end, with outcome `commit`, of the transaction
+/// producer `pid` held at `epoch`, and nobody took the identity since: the
+/// same epoch (a classic end), or the epoch its own TV2 end or its timeout
+/// bumped from (`last_epoch`; a fence by a new producer clears it), or the
+/// last epoch of a producer id that end rotated away from.
+fn ended_by(m: &TxnMeta, pid: i64, epoch: i16, commit: bool) -> bool {
+    let outcome = match m.state {
+        TxnState::CompleteCommit => true,
+        TxnState::CompleteAbort => false,
+        _ => return false,
+    };
+    if outcome != commit || epoch < 0 {
+        return false;
+    }
+    let same = m.producer_id == pid && m.epoch == epoch;
+    let bumped = m.producer_id == pid && m.last_epoch == epoch && m.epoch as i32 == epoch as i32 + 1;
+    let rotated = m.prev_producer_id == pid && pid >= 0 && exhausted(epoch.saturating_add(1)) && m.epoch == 0;
+    same || bumped || rotated
 }
 
 /// Plans EndTxn v5 (KIP-890 transaction version 2): every end bumps the
@@ -305,12 +341,79 @@ pub fn complete(m: &TxnMeta, now: i64) -> TxnMeta {
     n
 }
 
-/// If this transaction has outlived its timeout, the fencing abort to run.
-/// Nobody else holds the bumped epoch, so the timed-out producer's own
-/// abort (TV2) or KIP-360 re-init is answered with it (`last_epoch`).
-pub fn plan_timeout(m: &TxnMeta, now: i64) -> Option<TxnMeta> {
-    if m.state != TxnState::Ongoing || m.start_ms < 0 || now - m.start_ms <= m.timeout_ms as i64 {
-        return None;
+/// What becomes of a transaction that outlives its timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTimeout {
+    /// Abort it and fence its producer (Kafka's rule).
+    Abort,
+    /// Park it: it stays open, pinning the last stable offset, until its
+    /// producer or an operator ends it, or it has been parked `max_park_ms`
+    /// (negative: no limit).
+    Park { max_park_ms: i64 },
+}
+
+/// The operator's two-phase-commit policy: which transactional ids park
+/// instead of aborting at their timeout, and for how long at most.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParkPolicy {
+    /// Writers (as [`crate::writers::prefix_of`] names them), or string
+    /// prefixes when written with a trailing `*`.
+    pub prefixes: Vec<String>,
+    /// Negative: parked until resolved.
+    pub max_park_ms: i64,
+}
+
+impl ParkPolicy {
+    /// Parses `transaction.two.phase.commit.prefixes` (comma-separated).
+    pub fn new(list: &str, max_park_ms: i64) -> Self {
+        Self {
+            prefixes: list
+                .split(',')
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect(),
+            max_park_ms,
+        }
+    }
+
+    pub fn on_timeout(&self, transactional_id: &str) -> OnTimeout {
+        let writer = crate::writers::prefix_of(transactional_id);
+        let parks = self.prefixes.iter().any(|p| match p.strip_suffix('*') {
+            Some(start) => transactional_id.starts_with(start),
+            None => p == writer || p == transactional_id,
+        });
+        if parks {
+            OnTimeout::Park {
+                max_park_ms: self.max_park_ms,
+            }
+        } else {
+            OnTimeout::Abort
+        }
+    }
+}
+
+/// When `m` outlived (or will outlive) its timeout; `None` when nothing is open.
+pub fn expires_at(m: &TxnMeta) -> Option<i64> {
+    (m.state == TxnState::Ongoing && m.start_ms >= 0)
+        .then(|| m.start_ms.saturating_add(m.timeout_ms as i64))
+}
+
+/// Since when `m` is parked under `on`: open past its timeout and kept.
+pub fn parked_since(m: &TxnMeta, now: i64, on: OnTimeout) -> Option<i64> {
+    let at = expires_at(m).filter(|at| now > *at)?;
+    matches!(on, OnTimeout::Park { .. }).then_some(at)
+}
+
+/// If this transaction has outlived its timeout (and, when parked, its
+/// maximum park time), the fencing abort to run. Nobody else holds the
+/// bumped epoch, so the timed-out producer's own abort (TV2) or KIP-360
+/// re-init is answered with it (`last_epoch`).
+pub fn plan_timeout(m: &TxnMeta, now: i64, on: OnTimeout) -> Option<TxnMeta> {
+    let at = expires_at(m).filter(|at| now > *at)?;
+    if let OnTimeout::Park { max_park_ms } = on {
+        if max_park_ms < 0 || now - at <= max_park_ms {
+            return None;
+        }
     }
     plan_fence(m, now).map(|mut f| {
         f.last_epoch = m.epoch;
@@ -576,8 +679,13 @@ pub fn decide_end(
 }
 
 /// The timeout reaper's abort of `m`, if it has outlived its timeout.
-pub fn decide_timeout(m: &TxnMeta, now: i64, new_pid: &mut dyn FnMut() -> i64) -> Vec<Effect> {
-    plan_timeout(m, now).map_or_else(Vec::new, |f| finish(&f, now, new_pid))
+pub fn decide_timeout(
+    m: &TxnMeta,
+    now: i64,
+    on: OnTimeout,
+    new_pid: &mut dyn FnMut() -> i64,
+) -> Vec<Effect> {
+    plan_timeout(m, now, on).map_or_else(Vec::new, |f| finish(&f, now, new_pid))
 }
 
 /// An operator's abort of `m`'s open transaction (fencing its producer).
@@ -852,7 +960,7 @@ mod tests {
         );
         // After a timeout nobody else holds the new epoch: the timed-out
         // producer's own abort is answered with it, as before.
-        let t = plan_timeout(&o, 5000).unwrap();
+        let t = plan_timeout(&o, 5000, OnTimeout::Abort).unwrap();
         let timed_out = complete_fence(&t, 5001, &mut next);
         assert_eq!(
             plan_end_v2(Some(&timed_out), 101, 0, false, 5002),
@@ -931,13 +1039,107 @@ mod tests {
     fn timeout_fences_only_expired_ongoing() {
         let mut next = pids();
         let m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
-        assert_eq!(plan_timeout(&m, 1_000_000), None);
+        assert_eq!(plan_timeout(&m, 1_000_000, OnTimeout::Abort), None);
         let o = plan_add_partitions(Some(&m), 101, 0, &[tp("a", 0)], 100)
             .unwrap()
             .unwrap();
-        assert_eq!(plan_timeout(&o, 1100), None);
-        let f = plan_timeout(&o, 1101).unwrap();
+        assert_eq!(plan_timeout(&o, 1100, OnTimeout::Abort), None);
+        let f = plan_timeout(&o, 1101, OnTimeout::Abort).unwrap();
         assert_eq!((f.epoch, f.state), (1, TxnState::PrepareAbort));
+    }
+
+    #[test]
+    fn park_policy_names_writers() {
+        let p = ParkPolicy::new(" orders-sink, flink-* ,", 60_000);
+        assert_eq!(p.prefixes, vec!["orders-sink", "flink-*"]);
+        let park = OnTimeout::Park { max_park_ms: 60_000 };
+        assert_eq!(p.on_timeout("orders-sink-0-17"), park);
+        assert_eq!(p.on_timeout("orders-sink"), park);
+        assert_eq!(p.on_timeout("orders-sink-2-0-17"), OnTimeout::Abort);
+        assert_eq!(p.on_timeout("flink-anything"), park);
+        assert_eq!(p.on_timeout("fare-writer-7"), OnTimeout::Abort);
+        assert_eq!(ParkPolicy::default().on_timeout("x"), OnTimeout::Abort);
+    }
+
+    #[test]
+    fn a_parked_transaction_stays_open_until_its_maximum_park_time() {
+        let mut next = pids();
+        let m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
+        let o = plan_add_partitions(Some(&m), 101, 0, &[tp("a", 0)], 100)
+            .unwrap()
+            .unwrap();
+        let forever = OnTimeout::Park { max_park_ms: -1 };
+        assert_eq!(parked_since(&o, 1100, forever), None);
+        assert_eq!(parked_since(&o, 1101, forever), Some(1100));
+        assert_eq!(parked_since(&o, 1101, OnTimeout::Abort), None);
+        assert_eq!(plan_timeout(&o, i64::MAX / 2, forever), None);
+        let bounded = OnTimeout::Park { max_park_ms: 500 };
+        assert_eq!(plan_timeout(&o, 1600, bounded), None);
+        let f = plan_timeout(&o, 1601, bounded).unwrap();
+        assert_eq!((f.epoch, f.state), (1, TxnState::PrepareAbort));
+        // Its producer commits it after the timeout, with the epoch it holds.
+        let EndPlan::Prepare(p) = plan_end(Some(&o), 101, 0, true, 5000).unwrap() else {
+            panic!()
+        };
+        assert_eq!(p.state, TxnState::PrepareCommit);
+        let EndPlan::Prepare(p) = plan_end_v2(Some(&o), 101, 0, true, 5000).unwrap() else {
+            panic!()
+        };
+        assert_eq!((p.state, p.epoch), (TxnState::PrepareCommit, 1));
+    }
+
+    /// The re-commit rule against every coordinator state: success without
+    /// a change only for an end with the outcome the state already has,
+    /// from the identity that ended it (same epoch under the classic
+    /// protocol, the epoch bumped from under either); never for a producer
+    /// a new one fenced.
+    #[test]
+    fn recommit_rule_in_every_state() {
+        use TxnState::*;
+        for state in [Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort] {
+            for fenced_by_new_producer in [false, true] {
+                let mut m = at(state, 5);
+                if fenced_by_new_producer {
+                    m.last_epoch = -1;
+                }
+                for (epoch, commit, tv2) in [4, 5]
+                    .into_iter()
+                    .flat_map(|e| [(e, true), (e, false)])
+                    .flat_map(|(e, c)| [(e, c, false), (e, c, true)])
+                {
+                    let got = if tv2 {
+                        plan_end_v2(Some(&m), 101, epoch, commit, 9)
+                    } else {
+                        plan_end(Some(&m), 101, epoch, commit, 9)
+                    };
+                    let outcome_matches =
+                        (state, commit) == (CompleteCommit, true) || (state, commit) == (CompleteAbort, false);
+                    let own = (epoch == 5 && !tv2) || (epoch == 4 && !fenced_by_new_producer);
+                    let row = format!("{state:?} fenced={fenced_by_new_producer} epoch={epoch} commit={commit} tv2={tv2}: {got:?}");
+                    assert_eq!(got == Ok(EndPlan::AlreadyDone), outcome_matches && own, "{row}");
+                    if epoch == 4 && state != Ongoing {
+                        // An older epoch never opens a transaction again.
+                        assert!(!matches!(got, Ok(EndPlan::Prepare(_))), "{row}");
+                    }
+                }
+            }
+        }
+        // A commit of an aborted transaction fails whoever asks.
+        let m = at(CompleteAbort, 5);
+        for (epoch, tv2) in [(4, false), (4, true), (5, false)] {
+            let got = if tv2 {
+                plan_end_v2(Some(&m), 101, epoch, true, 9)
+            } else {
+                plan_end(Some(&m), 101, epoch, true, 9)
+            };
+            assert!(got.is_err(), "commit of an aborted transaction at {epoch} tv2={tv2}: {got:?}");
+        }
+        // A producer id rotation at the end: the old identity's re-commit.
+        let mut m = at(CompleteCommit, 0);
+        m.producer_id = 102;
+        m.prev_producer_id = 101;
+        assert_eq!(plan_end(Some(&m), 101, i16::MAX - 1, true, 9), Ok(EndPlan::AlreadyDone));
+        assert!(plan_end(Some(&m), 101, i16::MAX - 1, false, 9).is_err());
     }
 
     /// Fresh producer ids for the effect tables: 201, 202, …
@@ -1290,7 +1492,7 @@ mod tests {
             "O abort 101",
             "L CompleteAbort 101/4",
         ];
-        let t = |m: &TxnMeta, now| Ok(decide_timeout(m, now, &mut fresh()));
+        let t = |m: &TxnMeta, now| Ok(decide_timeout(m, now, OnTimeout::Abort, &mut fresh()));
         check(vec![
             (("not yet expired", ok(&[])), t(&at(Ongoing, 3), 1010)),
             (
@@ -1365,7 +1567,7 @@ mod tests {
             let effects = match op {
                 0 => decide_end(Some(&m), 101, req, commit, tv2, 5000, &mut fresh()).unwrap_or_default(),
                 1 => decide_init(Some(&m), "t", 1000, Some((101, req)), 5000, &mut fresh()).unwrap_or_default(),
-                2 => decide_timeout(&m, 5000, &mut fresh()),
+                2 => decide_timeout(&m, 5000, OnTimeout::Abort, &mut fresh()),
                 _ => decide_recovery(&m, 5000),
             };
             let prepared_at = effects.iter().position(|e| matches!(e,

@@ -47,7 +47,7 @@ use crate::partition::{durable, SyncError, SyncReply};
 use crate::partition::{Marker, MarkerError};
 use crate::storage::{PartitionStore, SharedStateLog};
 use crate::txn_coordinator::{self as tc, update_view, CoordError, Effect, TxnMeta, TxnState};
-pub use crate::txn_coordinator::{ProducerView, VerifyError};
+pub use crate::txn_coordinator::{ParkPolicy, ProducerView, VerifyError};
 use crate::txn_history::{Event, EventKind, Fence, FenceCause, Requester, TxnHistory};
 use oncelog_log::now_ms;
 use oncelog_log::LogError;
@@ -156,6 +156,26 @@ pub struct TxnService {
     pub coordinator_epoch: i32,
     /// Recent history per transactional id, for operators (in memory only).
     history: std::sync::Mutex<TxnHistory>,
+    /// What a transaction past its timeout becomes (abort, or park).
+    park: ParkPolicy,
+    /// When each parked transaction was last reported in the log.
+    parked_reported: std::sync::Mutex<HashMap<String, i64>>,
+}
+
+/// How often a parked transaction is reported in the log.
+pub const PARKED_REPORT_INTERVAL_MS: i64 = 60_000;
+
+/// A transaction kept open past its timeout under the park policy.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Parked {
+    pub transactional_id: String,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub start_ms: i64,
+    pub timeout_ms: i32,
+    /// When its timeout passed.
+    pub parked_since_ms: i64,
+    pub partitions: Vec<String>,
 }
 
 /// What an operator's abort of a producer's transaction found.
@@ -238,7 +258,58 @@ impl TxnService {
             producers: RwLock::new(producers),
             coordinator_epoch: 0,
             history: std::sync::Mutex::new(TxnHistory::new(now_ms())),
+            park: ParkPolicy::default(),
+            parked_reported: Default::default(),
         })
+    }
+
+    /// Sets the two-phase-commit policy (which transactions park at their
+    /// timeout instead of aborting).
+    pub fn with_park_policy(mut self, park: ParkPolicy) -> Self {
+        self.park = park;
+        self
+    }
+
+    /// Transactions parked now, oldest first.
+    pub fn parked(&self) -> Vec<Parked> {
+        let now = now_ms();
+        let mut out: Vec<Parked> = self
+            .snapshot()
+            .values()
+            .filter_map(|m| {
+                let since = tc::parked_since(m, now, self.park.on_timeout(&m.transactional_id))?;
+                Some(Parked {
+                    transactional_id: m.transactional_id.clone(),
+                    producer_id: m.producer_id,
+                    producer_epoch: m.epoch,
+                    start_ms: m.start_ms,
+                    timeout_ms: m.timeout_ms,
+                    parked_since_ms: since,
+                    partitions: m.partitions.iter().map(|(t, p)| format!("{t}-{p}")).collect(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|p| (p.parked_since_ms, p.transactional_id.clone()));
+        out
+    }
+
+    /// Reports parked transactions in the log, each at most once per interval.
+    fn report_parked(&self) {
+        let parked = self.parked();
+        let now = now_ms();
+        let mut reported = self.parked_reported.lock().unwrap_or_else(|p| p.into_inner());
+        reported.retain(|id, _| parked.iter().any(|p| &p.transactional_id == id));
+        for p in &parked {
+            let last = reported.get(&p.transactional_id).copied();
+            if last.is_some_and(|t| now - t < PARKED_REPORT_INTERVAL_MS) {
+                continue;
+            }
+            reported.insert(p.transactional_id.clone(), now);
+            tracing::warn!(transactional_id = %p.transactional_id, producer_id = p.producer_id,
+                producer_epoch = p.producer_epoch, parked_for_ms = now - p.parked_since_ms,
+                partitions = ?p.partitions, max_park_ms = self.park.max_park_ms,
+                "transaction parked past its timeout (two-phase commit policy): it pins the last stable offset of its partitions until its producer commits or aborts it, or an operator does (oncelog txn commit|abort ID --producer-id P --producer-epoch E)");
+        }
     }
 
     fn count_fence(&self, id: &str, cause: &'static str) {
@@ -937,10 +1008,11 @@ impl TxnService {
     /// is looked at again on the next call.
     pub fn abort_timed_out<R: TxnRuntime>(&self, b: &Arc<R>) {
         let now = now_ms();
+        self.report_parked();
         let expired: Vec<String> = self
             .snapshot()
             .values()
-            .filter(|m| tc::plan_timeout(m, now).is_some())
+            .filter(|m| tc::plan_timeout(m, now, self.park.on_timeout(&m.transactional_id)).is_some())
             .map(|m| m.transactional_id.clone())
             .collect();
         for id in expired {
@@ -956,7 +1028,8 @@ impl TxnService {
         let Some(m) = self.meta(&held.id) else { return };
         // Re-decided under the lock: the producer may have ended it meanwhile.
         let mut alloc_err = None;
-        let effects = tc::decide_timeout(&m, now_ms(), &mut pid_source(b.as_ref(), &mut alloc_err));
+        let on = self.park.on_timeout(&m.transactional_id);
+        let effects = tc::decide_timeout(&m, now_ms(), on, &mut pid_source(b.as_ref(), &mut alloc_err));
         let Some((f, done)) = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone())) else {
             return;
         };
@@ -965,8 +1038,13 @@ impl TxnService {
             return;
         }
         self.count_fence(&f.transactional_id, "timeout");
-        tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, old_epoch = f.epoch - 1, new_epoch = f.epoch,
-            timeout_ms = f.timeout_ms, "transaction timed out; aborting it and fencing its producer");
+        if let tc::OnTimeout::Park { max_park_ms } = on {
+            tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, old_epoch = f.epoch - 1, new_epoch = f.epoch,
+                timeout_ms = f.timeout_ms, max_park_ms, "parked transaction reached the maximum park time (transaction.two.phase.commit.max.park.ms); aborting it and fencing its producer");
+        } else {
+            tracing::warn!(transactional_id = %f.transactional_id, producer_id = f.producer_id, old_epoch = f.epoch - 1, new_epoch = f.epoch,
+                timeout_ms = f.timeout_ms, "transaction timed out; aborting it and fencing its producer");
+        }
         self.note_fence(&m, &f, FenceCause::Timeout, None);
         match self.run(b, &held, effects).await {
             Ok(_) => self.note_end(&f, &done, f.epoch, "timeout", None, None),

@@ -99,3 +99,15 @@ impl From<LogError> for TopicError {
         TopicError::Storage(e.to_string())
     }
 }
+
+/// Why a transactional write or commit is refused or held by the topic's
+/// writer fence or cut-over (`crate::cutover`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Gate {
+    /// Refused for good: TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+    #[error("{0}")]
+    Refused(String),
+    /// Not yet: CONCURRENT_TRANSACTIONS, which clients retry.
+    #[error("{0}")]
+    Held(String),
+}

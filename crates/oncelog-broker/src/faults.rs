@@ -48,3 +48,26 @@ pub fn injected_marker_error(topic: &str) -> bool {
                 .is_ok()
     })
 }
+
+/// `ONCELOG_FAULTS=end-txn-unavailable:PREFIX`: EndTxn(commit) of a
+/// transactional id starting with PREFIX is answered
+/// COORDINATOR_LOAD_IN_PROGRESS (retriable) for as long as the broker runs,
+/// so a test can have a framework's commits stay pending (scenario S9: the
+/// job goes down between its checkpoint and its commit).
+pub fn injected_end_txn_unavailable(transactional_id: &str) -> bool {
+    static PREFIXES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    PREFIXES
+        .get_or_init(|| {
+            std::env::var("ONCELOG_FAULTS")
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|f| {
+                    f.trim()
+                        .strip_prefix("end-txn-unavailable:")
+                        .map(str::to_string)
+                })
+                .collect()
+        })
+        .iter()
+        .any(|p| transactional_id.starts_with(p.as_str()))
+}

@@ -9,6 +9,7 @@
 
 pub mod compaction;
 pub mod config;
+pub mod cutover;
 pub mod datadir;
 pub mod durability;
 pub mod error;
@@ -84,6 +85,8 @@ pub struct Broker {
     pub txn: txn_service::TxnService,
     pub groups: groups::Groups,
     pub writers: writers::Writers,
+    /// Every topic's hand-over from one writer to another.
+    pub cutovers: cutover::Cutovers,
     pub syncer: Arc<Syncer>,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
@@ -122,6 +125,7 @@ impl Broker {
         let compact = internal_log::CompactPolicy {
             min_records: config.coordinator_log_compact_records,
         };
+        let cutovers = cutover::Cutovers::open(&config.data_dir)?;
         let txn = txn_service::TxnService::open(&config.data_dir, compact)?
             .with_park_policy(config.two_phase_commit.clone());
         let groups = groups::Groups::open(
@@ -149,6 +153,7 @@ impl Broker {
             txn,
             groups,
             writers: Default::default(),
+            cutovers,
             syncer,
             data_notify,
             appended_bytes: Default::default(),
@@ -159,6 +164,29 @@ impl Broker {
                 .collect(),
             _dir_lock: dir_lock,
         }))
+    }
+
+    /// May `transactional_id` write `topic` (`holds`: its open transaction
+    /// already holds a partition of it)? The writer fence and cut-over.
+    pub fn write_gate(
+        &self,
+        topic: &str,
+        transactional_id: &str,
+        holds: bool,
+    ) -> Result<(), error::Gate> {
+        let config = self.writer_of(topic);
+        cutover::check_write(
+            self.cutovers.get(topic).as_ref(),
+            config.as_deref(),
+            transactional_id,
+            holds,
+        )
+    }
+
+    fn writer_of(&self, topic: &str) -> Option<String> {
+        self.topics
+            .get(topic)
+            .and_then(|t| t.meta().configs.get(writers::WRITER_PREFIX_CONFIG).cloned())
     }
 
     /// Whether appends are acknowledged before they are synced.
@@ -348,6 +376,7 @@ impl Broker {
             loop {
                 tick.tick().await;
                 b.txn.abort_timed_out(&b);
+                cutover::drive(&b).await;
                 let cutoff = now_ms() - b.config.transactional_id_expiration_ms;
                 b.txn.expire_ids(cutoff).await;
             }
@@ -416,5 +445,56 @@ impl txn_service::TxnRuntime for Broker {
 
     fn record_commit(&self, topic: &str, transactional_id: &str, now_ms: i64) {
         self.writers.record_commit(topic, transactional_id, now_ms)
+    }
+
+    fn commit_gate(&self, topic: &str, transactional_id: &str) -> Result<(), error::Gate> {
+        let config = self.writer_of(topic);
+        cutover::check_commit(
+            self.cutovers.get(topic).as_ref(),
+            config.as_deref(),
+            transactional_id,
+        )
+    }
+}
+
+impl cutover::Host for Broker {
+    fn cutovers(&self) -> &cutover::Cutovers {
+        &self.cutovers
+    }
+
+    fn writer_config(&self, topic: &str) -> Result<Option<String>, String> {
+        if datadir::is_internal_topic(topic) {
+            return Err(format!(
+                "{topic} is an internal topic: it has no writer to hand over"
+            ));
+        }
+        let t = self
+            .topics
+            .get(topic)
+            .ok_or_else(|| format!("unknown topic {topic}"))?;
+        let config = t.meta().configs.get(writers::WRITER_PREFIX_CONFIG).cloned();
+        Ok(config)
+    }
+
+    fn set_writer_config(&self, topic: &str, writer: &str) -> Result<(), String> {
+        let t = self
+            .topics
+            .get(topic)
+            .ok_or_else(|| format!("unknown topic {topic}"))?;
+        let mut configs = t.meta().configs;
+        if configs
+            .get(writers::WRITER_PREFIX_CONFIG)
+            .map(String::as_str)
+            == Some(writer)
+        {
+            return Ok(());
+        }
+        configs.insert(
+            writers::WRITER_PREFIX_CONFIG.to_string(),
+            writer.to_string(),
+        );
+        self.topics
+            .set_configs(topic, configs)
+            .map_err(|e| e.to_string())
     }
 }

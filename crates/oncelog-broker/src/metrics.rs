@@ -7,6 +7,7 @@
 //! created; fence and zombie-write counters keep at most
 //! [`crate::txn_service::MAX_FENCE_LABELS`] transactional ids.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -107,6 +108,41 @@ pub async fn render(b: &Arc<Broker>) -> String {
     );
     let age = oldest.map_or(0.0, |t| (now_ms() - t).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "oncelog_transaction_oldest_open_age_seconds {age}");
+    let cutovers = b.cutovers.all();
+    family(
+        &mut out,
+        "oncelog_cutover_phase",
+        "gauge",
+        "Each topic's latest cut-over (oncelog cutover): 1 for its phase (Draining, Switched, RolledBack); done=\"true\" once the old writer is fenced.",
+    );
+    for c in &cutovers {
+        let _ = writeln!(
+            out,
+            "oncelog_cutover_phase{{topic=\"{}\",from=\"{}\",to=\"{}\",phase=\"{:?}\",done=\"{}\"}} 1",
+            esc(&c.topic),
+            esc(&c.from),
+            esc(&c.to),
+            c.phase,
+            c.done
+        );
+    }
+    family(
+        &mut out,
+        "oncelog_cutover_waiting_transactions",
+        "gauge",
+        "Open transactions of the old writer a draining cut-over waits for.",
+    );
+    for c in cutovers
+        .iter()
+        .filter(|c| c.phase == crate::cutover::Phase::Draining)
+    {
+        let _ = writeln!(
+            out,
+            "oncelog_cutover_waiting_transactions{{topic=\"{}\"}} {}",
+            esc(&c.topic),
+            b.txn.holding(&c.from, &c.topic).len()
+        );
+    }
     let parked = b.txn.parked();
     family(
         &mut out,
@@ -121,9 +157,9 @@ pub async fn render(b: &Arc<Broker>) -> String {
         "gauge",
         "How long the oldest parked transaction has been parked (0 when none).",
     );
-    let age = parked
-        .first()
-        .map_or(0.0, |p| (now_ms() - p.parked_since_ms).max(0) as f64 / 1000.0);
+    let age = parked.first().map_or(0.0, |p| {
+        (now_ms() - p.parked_since_ms).max(0) as f64 / 1000.0
+    });
     let _ = writeln!(out, "oncelog_transaction_oldest_parked_age_seconds {age}");
     family(
         &mut out,
@@ -409,6 +445,79 @@ fn percent_decode(s: &str) -> Result<String, PathError> {
     String::from_utf8(out).map_err(|_| PathError::BadEncoding)
 }
 
+/// The query's parameters, percent-decoded.
+fn query_params(query: &str) -> Result<BTreeMap<String, String>, PathError> {
+    query
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            Ok((percent_decode(k)?, percent_decode(&v.replace('+', " "))?))
+        })
+        .collect()
+}
+
+/// `GET /v1/cutover[?topic=T]`, `POST /v1/cutover/start?topic=&from=&to=&drain_timeout_ms=`,
+/// `POST /v1/cutover/rollback?topic=`.
+fn cutover_endpoint(
+    b: &Arc<Broker>,
+    method: &str,
+    path: &str,
+    query: &str,
+) -> (&'static str, String, &'static str) {
+    let json = |status, v: serde_json::Value| {
+        (
+            status,
+            serde_json::to_string_pretty(&v).unwrap_or_default() + "\n",
+            "application/json",
+        )
+    };
+    let err = |status, why: String| json(status, serde_json::json!({ "error": why }));
+    let params = match query_params(query) {
+        Ok(p) => p,
+        Err(e) => return err("400 Bad Request", e.to_string()),
+    };
+    let topic = params.get("topic").cloned().unwrap_or_default();
+    match (method, path) {
+        ("GET", "/v1/cutover") if topic.is_empty() => {
+            let all: Vec<serde_json::Value> = b
+                .cutovers
+                .all()
+                .iter()
+                .map(|c| crate::cutover::status(b.as_ref(), &c.topic))
+                .collect();
+            json("200 OK", serde_json::json!({ "cutovers": all }))
+        }
+        ("GET", "/v1/cutover") => json("200 OK", crate::cutover::status(b.as_ref(), &topic)),
+        ("POST", "/v1/cutover/start") => {
+            let from = params.get("from").map_or("", String::as_str);
+            let to = params.get("to").map_or("", String::as_str);
+            let drain = match params.get("drain_timeout_ms").map(|v| v.parse::<i64>()) {
+                None => 300_000,
+                Some(Ok(v)) => v,
+                Some(Err(_)) => {
+                    return err(
+                        "400 Bad Request",
+                        "drain_timeout_ms must be a number".into(),
+                    )
+                }
+            };
+            match crate::cutover::start(b.as_ref(), &topic, from, to, drain) {
+                Ok(_) => json("200 OK", crate::cutover::status(b.as_ref(), &topic)),
+                Err(why) => err("409 Conflict", why),
+            }
+        }
+        ("POST", "/v1/cutover/rollback") => match crate::cutover::rollback(b.as_ref(), &topic) {
+            Ok(_) => json("200 OK", crate::cutover::status(b.as_ref(), &topic)),
+            Err(why) => err("409 Conflict", why),
+        },
+        (_, "/v1/cutover/start" | "/v1/cutover/rollback") => {
+            err("405 Method Not Allowed", "use POST".into())
+        }
+        _ => err("404 Not Found", format!("no such endpoint {path}")),
+    }
+}
+
 /// Serves `/metrics`, `/health` and transaction histories until the process ends.
 pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
     loop {
@@ -438,9 +547,12 @@ pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
                 return;
             }
             let line = String::from_utf8_lossy(&buf[..n]);
+            let method = line.split_whitespace().next().unwrap_or("");
             let target = line.split_whitespace().nth(1).unwrap_or("");
             let path = target.split('?').next().unwrap_or("");
+            let query = target.split_once('?').map_or("", |(_, q)| q);
             let (status, body, ctype) = match path {
+                p if p.starts_with("/v1/cutover") => cutover_endpoint(&b, method, p, query),
                 "/metrics" => ("200 OK", render(&b).await, "text/plain; version=0.0.4"),
                 "/health" => ("200 OK", "ok\n".to_string(), "text/plain"),
                 "/v1/cleaner" => {

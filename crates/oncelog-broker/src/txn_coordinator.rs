@@ -267,8 +267,10 @@ fn ended_by(m: &TxnMeta, pid: i64, epoch: i16, commit: bool) -> bool {
         return false;
     }
     let same = m.producer_id == pid && m.epoch == epoch;
-    let bumped = m.producer_id == pid && m.last_epoch == epoch && m.epoch as i32 == epoch as i32 + 1;
-    let rotated = m.prev_producer_id == pid && pid >= 0 && exhausted(epoch.saturating_add(1)) && m.epoch == 0;
+    let bumped =
+        m.producer_id == pid && m.last_epoch == epoch && m.epoch as i32 == epoch as i32 + 1;
+    let rotated =
+        m.prev_producer_id == pid && pid >= 0 && exhausted(epoch.saturating_add(1)) && m.epoch == 0;
     same || bumped || rotated
 }
 
@@ -431,6 +433,29 @@ pub fn plan_fence(m: &TxnMeta, now: i64) -> Option<TxnMeta> {
     n.epoch = m.epoch.saturating_add(1);
     n.last_epoch = -1;
     n.state = TxnState::PrepareAbort;
+    n.update_ms = now;
+    Some(n)
+}
+
+/// Fences an idle transactional id (no open transaction): epoch + 1, or a
+/// fresh producer id when the epoch is exhausted. `None` while a
+/// transaction is open or completing (fence it with [`plan_fence`]).
+pub fn fence_idle(m: &TxnMeta, now: i64, new_pid: &mut dyn FnMut() -> i64) -> Option<TxnMeta> {
+    if !matches!(
+        m.state,
+        TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort
+    ) {
+        return None;
+    }
+    let mut n = m.clone();
+    if exhausted(m.epoch.saturating_add(1)) {
+        n.prev_producer_id = m.producer_id;
+        n.producer_id = new_pid();
+        n.epoch = 0;
+    } else {
+        n.epoch = m.epoch + 1;
+    }
+    n.last_epoch = -1;
     n.update_ms = now;
     Some(n)
 }
@@ -1052,7 +1077,9 @@ mod tests {
     fn park_policy_names_writers() {
         let p = ParkPolicy::new(" orders-sink, flink-* ,", 60_000);
         assert_eq!(p.prefixes, vec!["orders-sink", "flink-*"]);
-        let park = OnTimeout::Park { max_park_ms: 60_000 };
+        let park = OnTimeout::Park {
+            max_park_ms: 60_000,
+        };
         assert_eq!(p.on_timeout("orders-sink-0-17"), park);
         assert_eq!(p.on_timeout("orders-sink"), park);
         assert_eq!(p.on_timeout("orders-sink-2-0-17"), OnTimeout::Abort);
@@ -1096,7 +1123,14 @@ mod tests {
     #[test]
     fn recommit_rule_in_every_state() {
         use TxnState::*;
-        for state in [Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort] {
+        for state in [
+            Empty,
+            Ongoing,
+            PrepareCommit,
+            PrepareAbort,
+            CompleteCommit,
+            CompleteAbort,
+        ] {
             for fenced_by_new_producer in [false, true] {
                 let mut m = at(state, 5);
                 if fenced_by_new_producer {
@@ -1112,11 +1146,15 @@ mod tests {
                     } else {
                         plan_end(Some(&m), 101, epoch, commit, 9)
                     };
-                    let outcome_matches =
-                        (state, commit) == (CompleteCommit, true) || (state, commit) == (CompleteAbort, false);
+                    let outcome_matches = (state, commit) == (CompleteCommit, true)
+                        || (state, commit) == (CompleteAbort, false);
                     let own = (epoch == 5 && !tv2) || (epoch == 4 && !fenced_by_new_producer);
                     let row = format!("{state:?} fenced={fenced_by_new_producer} epoch={epoch} commit={commit} tv2={tv2}: {got:?}");
-                    assert_eq!(got == Ok(EndPlan::AlreadyDone), outcome_matches && own, "{row}");
+                    assert_eq!(
+                        got == Ok(EndPlan::AlreadyDone),
+                        outcome_matches && own,
+                        "{row}"
+                    );
                     if epoch == 4 && state != Ongoing {
                         // An older epoch never opens a transaction again.
                         assert!(!matches!(got, Ok(EndPlan::Prepare(_))), "{row}");
@@ -1132,13 +1170,19 @@ mod tests {
             } else {
                 plan_end(Some(&m), 101, epoch, true, 9)
             };
-            assert!(got.is_err(), "commit of an aborted transaction at {epoch} tv2={tv2}: {got:?}");
+            assert!(
+                got.is_err(),
+                "commit of an aborted transaction at {epoch} tv2={tv2}: {got:?}"
+            );
         }
         // A producer id rotation at the end: the old identity's re-commit.
         let mut m = at(CompleteCommit, 0);
         m.producer_id = 102;
         m.prev_producer_id = 101;
-        assert_eq!(plan_end(Some(&m), 101, i16::MAX - 1, true, 9), Ok(EndPlan::AlreadyDone));
+        assert_eq!(
+            plan_end(Some(&m), 101, i16::MAX - 1, true, 9),
+            Ok(EndPlan::AlreadyDone)
+        );
         assert!(plan_end(Some(&m), 101, i16::MAX - 1, false, 9).is_err());
     }
 

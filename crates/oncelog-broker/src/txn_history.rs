@@ -69,12 +69,15 @@ pub enum FenceCause {
     Timeout,
     /// An operator aborted the open transaction (WriteTxnMarkers).
     Administrator,
+    /// A cut-over handed the topic to another writer (`oncelog cutover`).
+    Cutover,
 }
 
 impl FenceCause {
     pub fn as_str(self) -> &'static str {
         match self {
             FenceCause::NewerProducer => "newer_producer",
+            FenceCause::Cutover => "cutover",
             FenceCause::Timeout => "timeout",
             FenceCause::Administrator => "administrator",
         }

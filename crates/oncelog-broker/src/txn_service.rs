@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::error::TopicError;
+use crate::error::{Gate, TopicError};
 use crate::internal_log::CompactPolicy;
 use crate::internal_log::{InternalLog, PersistError};
 use crate::partition::{durable, SyncError, SyncReply};
@@ -69,6 +69,23 @@ pub trait TxnRuntime: Send + Sync + 'static {
     fn next_producer_id(&self) -> Result<i64, TopicError>;
     /// A transaction of `transactional_id` committed to `topic`.
     fn record_commit(&self, topic: &str, transactional_id: &str, now_ms: i64);
+    /// May `transactional_id` commit a transaction holding `topic`
+    /// (writer fence and cut-over, [`crate::cutover`])? Asked under the id's
+    /// lock, in the step that persists the PrepareCommit.
+    fn commit_gate(&self, topic: &str, transactional_id: &str) -> Result<(), Gate>;
+}
+
+/// May a transaction add a partition of `topic` (`true`: its open
+/// transaction already holds one)? Asked under the id's lock, in the step
+/// that persists the add.
+pub type WriteGate<'a> = &'a (dyn Fn(&str, bool) -> Result<(), Gate> + Send + Sync);
+
+/// Whether `m`'s transaction (open or completing) holds a partition of `topic`.
+pub fn holds_topic(m: &TxnMeta, topic: &str) -> bool {
+    matches!(
+        m.state,
+        TxnState::Ongoing | TxnState::PrepareCommit | TxnState::PrepareAbort
+    ) && m.partitions.iter().any(|(t, _)| t == topic)
 }
 
 /// How long a request waits for its transactional id before it is answered
@@ -270,6 +287,119 @@ impl TxnService {
         self
     }
 
+    /// Runs `switch` while holding the lock of every transactional id of
+    /// `writer`, if none of them has a transaction holding `topic` (the
+    /// cut-over's drain is over). `Ok(false)`: not yet (or an id is busy).
+    pub fn switch_when_drained(
+        &self,
+        writer: &str,
+        topic: &str,
+        switch: impl FnOnce() -> Result<(), String>,
+    ) -> Result<bool, String> {
+        let ids: Vec<String> = self
+            .snapshot()
+            .values()
+            .filter(|m| crate::writers::prefix_of(&m.transactional_id) == writer)
+            .map(|m| m.transactional_id.clone())
+            .collect();
+        let mut held = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.try_lock_id(&id) {
+                Some(h) => held.push(h),
+                None => return Ok(false),
+            }
+        }
+        if held
+            .iter()
+            .any(|h| self.meta(&h.id).is_some_and(|m| holds_topic(&m, topic)))
+        {
+            return Ok(false);
+        }
+        switch()?;
+        Ok(true)
+    }
+
+    /// The transactional ids of `writer` whose transaction holds `topic`.
+    pub fn holding(&self, writer: &str, topic: &str) -> Vec<TxnMeta> {
+        let mut v: Vec<TxnMeta> = self
+            .snapshot()
+            .values()
+            .filter(|m| {
+                crate::writers::prefix_of(&m.transactional_id) == writer && holds_topic(m, topic)
+            })
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));
+        v
+    }
+
+    /// Fences every transactional id of `writer`: an open transaction is
+    /// aborted with a bumped epoch, an idle id gets a bumped epoch. `Ok(n)`:
+    /// all fenced (n of them); `Err`: some were busy or failed, call again.
+    pub async fn fence_writer<R: TxnRuntime>(
+        &self,
+        b: &Arc<R>,
+        writer: &str,
+        why: &str,
+    ) -> Result<usize, String> {
+        let ids: Vec<String> = self
+            .snapshot()
+            .values()
+            .filter(|m| crate::writers::prefix_of(&m.transactional_id) == writer)
+            .map(|m| m.transactional_id.clone())
+            .collect();
+        let mut left = 0;
+        for id in &ids {
+            let held = match self.lock_id(id).await {
+                Ok(h) => h,
+                Err(_) => {
+                    left += 1;
+                    continue;
+                }
+            };
+            let Some(m) = self.meta(id) else { continue };
+            let now = now_ms();
+            let mut alloc_err = None;
+            let effects = match m.state {
+                TxnState::Ongoing => {
+                    tc::decide_admin_abort(&m, now, &mut pid_source(b.as_ref(), &mut alloc_err))
+                }
+                TxnState::PrepareCommit | TxnState::PrepareAbort => {
+                    left += 1;
+                    continue;
+                }
+                _ => tc::fence_idle(&m, now, &mut pid_source(b.as_ref(), &mut alloc_err))
+                    .map(|n| vec![Effect::Persist(n)])
+                    .unwrap_or_default(),
+            };
+            if alloc_err.is_some() || effects.is_empty() {
+                left += 1;
+                continue;
+            }
+            let f = effects.iter().find_map(|e| match e {
+                Effect::Persist(n) => Some(n.clone()),
+                _ => None,
+            });
+            if let Some(f) = &f {
+                self.count_fence(id, "cutover");
+                self.note_fence(&m, f, FenceCause::Cutover, None);
+                tracing::info!(transactional_id = %id, producer_id = f.producer_id, old_epoch = m.epoch, new_epoch = f.epoch, reason = why, "transactional id fenced");
+            }
+            if let Err(e) = self.run(b, &held, effects).await {
+                tracing::error!(transactional_id = %id, error = %e, "fencing failed; retried");
+                left += 1;
+            }
+        }
+        if left > 0 {
+            Err(format!(
+                "{left} of {} transactional ids of {writer:?} still to fence",
+                ids.len()
+            ))
+        } else {
+            Ok(ids.len())
+        }
+    }
+
     /// Transactions parked now, oldest first.
     pub fn parked(&self) -> Vec<Parked> {
         let now = now_ms();
@@ -285,7 +415,11 @@ impl TxnService {
                     start_ms: m.start_ms,
                     timeout_ms: m.timeout_ms,
                     parked_since_ms: since,
-                    partitions: m.partitions.iter().map(|(t, p)| format!("{t}-{p}")).collect(),
+                    partitions: m
+                        .partitions
+                        .iter()
+                        .map(|(t, p)| format!("{t}-{p}"))
+                        .collect(),
                 })
             })
             .collect();
@@ -297,7 +431,10 @@ impl TxnService {
     fn report_parked(&self) {
         let parked = self.parked();
         let now = now_ms();
-        let mut reported = self.parked_reported.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reported = self
+            .parked_reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         reported.retain(|id, _| parked.iter().any(|p| &p.transactional_id == id));
         for p in &parked {
             let last = reported.get(&p.transactional_id).copied();
@@ -838,8 +975,15 @@ impl TxnService {
         epoch: i16,
         partitions: &[(String, i32)],
     ) -> Result<(), TxnError> {
-        self.add_partitions_by(id, pid, epoch, partitions, &Requester::default())
-            .await
+        self.add_partitions_by(
+            id,
+            pid,
+            epoch,
+            partitions,
+            &Requester::default(),
+            &|_, _| Ok(()),
+        )
+        .await
     }
 
     /// Adds partitions to the open transaction (opening one if needed).
@@ -850,6 +994,7 @@ impl TxnService {
         epoch: i16,
         partitions: &[(String, i32)],
         who: &Requester,
+        gate: WriteGate<'_>,
     ) -> Result<(), TxnError> {
         let held = self.lock_id(id).await?;
         let meta = self.meta(id);
@@ -858,6 +1003,18 @@ impl TxnService {
         let had = before.map(|m| m.partitions.clone()).unwrap_or_default();
         match tc::decide_add_partitions(before, pid, epoch, partitions, now_ms()) {
             Ok(effects) => {
+                let topics: BTreeSet<&str> = partitions
+                    .iter()
+                    .map(|(t, _)| t.as_str())
+                    .filter(|t| *t != crate::datadir::OFFSETS_TOPIC)
+                    .collect();
+                for t in topics {
+                    let holds = was_open && had.iter().any(|(h, _)| h == t);
+                    if let Err(g) = gate(t, holds) {
+                        tracing::warn!(transactional_id = id, topic = t, reason = %g, "transactional write refused");
+                        return Err(TxnError::Refused(g.to_string()));
+                    }
+                }
                 // Effects: a Persist when the set changes, then the Reply.
                 let mut changed = None;
                 for e in effects {
@@ -931,6 +1088,30 @@ impl TxnService {
                     return Err(TxnError::ProducerIds(e));
                 }
                 let ends = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone()));
+                if let Some((p, _)) = ends
+                    .as_ref()
+                    .filter(|(p, _)| p.state == TxnState::PrepareCommit)
+                {
+                    let topics: BTreeSet<&str> = p
+                        .partitions
+                        .iter()
+                        .map(|(t, _)| t.as_str())
+                        .filter(|t| *t != crate::datadir::OFFSETS_TOPIC)
+                        .collect();
+                    for t in topics {
+                        match b.commit_gate(t, id) {
+                            Ok(()) => {}
+                            Err(Gate::Held(why)) => {
+                                tracing::info!(transactional_id = id, topic = t, reason = %why, "commit held");
+                                return Err(TxnError::Coord(CoordError::ConcurrentTransactions));
+                            }
+                            Err(Gate::Refused(why)) => {
+                                tracing::warn!(transactional_id = id, topic = t, reason = %why, "commit refused");
+                                return Err(TxnError::Refused(why));
+                            }
+                        }
+                    }
+                }
                 let answer = self.run(b, &held, effects).await?;
                 if let Some((p, done)) = &ends {
                     self.note_end(p, done, epoch, "end_txn", Some(who), Some(who));
@@ -1012,7 +1193,9 @@ impl TxnService {
         let expired: Vec<String> = self
             .snapshot()
             .values()
-            .filter(|m| tc::plan_timeout(m, now, self.park.on_timeout(&m.transactional_id)).is_some())
+            .filter(|m| {
+                tc::plan_timeout(m, now, self.park.on_timeout(&m.transactional_id)).is_some()
+            })
             .map(|m| m.transactional_id.clone())
             .collect();
         for id in expired {
@@ -1029,7 +1212,12 @@ impl TxnService {
         // Re-decided under the lock: the producer may have ended it meanwhile.
         let mut alloc_err = None;
         let on = self.park.on_timeout(&m.transactional_id);
-        let effects = tc::decide_timeout(&m, now_ms(), on, &mut pid_source(b.as_ref(), &mut alloc_err));
+        let effects = tc::decide_timeout(
+            &m,
+            now_ms(),
+            on,
+            &mut pid_source(b.as_ref(), &mut alloc_err),
+        );
         let Some((f, done)) = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone())) else {
             return;
         };
@@ -1278,6 +1466,9 @@ pub enum TxnError {
     /// A decision ran without an answer (its effect list has no Reply).
     #[error("the coordinator's decision had no answer")]
     NoAnswer,
+    /// The topic's writer fence or cut-over refuses this writer.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Why a marker was not written.

@@ -185,7 +185,10 @@ mod tests {
         // orders-sink-2 was read as orders-sink.
         assert_eq!(prefix_of("orders-sink-2-0-17"), "orders-sink-2");
         assert_eq!(prefix_of("orders-sink-0-17"), "orders-sink");
-        assert_ne!(prefix_of("orders-sink-2-0-17"), prefix_of("orders-sink-1-5"));
+        assert_ne!(
+            prefix_of("orders-sink-2-0-17"),
+            prefix_of("orders-sink-1-5")
+        );
     }
 
     #[test]

@@ -485,7 +485,12 @@ impl Sim {
             }
             let m = self.coord.txns[&id].clone();
             let now = self.now;
-            let effects = tc::decide_timeout(&m, now, tc::OnTimeout::Abort, &mut Self::new_pid(&mut self.coord.next_pid));
+            let effects = tc::decide_timeout(
+                &m,
+                now,
+                tc::OnTimeout::Abort,
+                &mut Self::new_pid(&mut self.coord.next_pid),
+            );
             if !effects.is_empty() {
                 self.start_job(id, effects, None);
             }

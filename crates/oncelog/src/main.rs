@@ -65,6 +65,22 @@ enum Command {
         #[command(flatten)]
         args: cli::ConsumeArgs,
     },
+    /// Compare the committed content of two topics: counts, per-key
+    /// mismatches, missing and extra keys, sums of a numeric field. Exits 1
+    /// on a difference.
+    Diff {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(flatten)]
+        args: cli::DiffArgs,
+    },
+    /// Hand a topic over from one writer prefix to another: start, status, rollback.
+    Cutover {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        cmd: cli::CutoverCmd,
+    },
     /// Audit exactly-once on any Kafka-compatible cluster: real-client
     /// workloads under faults, then a check of the recorded history.
     #[cfg(feature = "audit")]
@@ -230,6 +246,8 @@ fn main() -> Result<()> {
             client(|| cli::produce(&conn.bootstrap, conn.json, args))
         }
         Command::Consume { conn, args } => client(|| cli::consume(&conn.bootstrap, args)),
+        Command::Diff { conn, args } => client(|| cli::diff(&conn.bootstrap, conn.json, args)),
+        Command::Cutover { conn, cmd } => client(|| cli::cutover(&conn.bootstrap, conn.json, cmd)),
         #[cfg(feature = "audit")]
         Command::Audit(args) => std::process::exit(oncelog_audit::runner::run(args)),
         #[cfg(feature = "audit")]

@@ -204,7 +204,9 @@ fn append_one(
         );
     }
     if h.is_transactional() {
-        if let Err(why) = crate::writers::allowed(&meta.configs, transactional_id.unwrap_or("")) {
+        // The add to the transaction was gated (a cut-over's old writer
+        // may not add the topic); here only the writer itself is checked.
+        if let Err(why) = b.write_gate(topic, transactional_id.unwrap_or(""), true) {
             tracing::warn!(partition = %p.name(), transactional_id = transactional_id.unwrap_or(""),
                 reason = %why, "second transactional writer refused");
             return failed(
@@ -350,13 +352,13 @@ fn append_one(
 
 /// KIP-890 part 2 (Produce v12): a transactional batch adds its partition
 /// to its producer's transaction on the client's behalf. Returns the
-/// partitions that could not be added, with the code to answer.
+/// partitions that could not be added, with the code and message to answer.
 async fn implicit_add(
     b: &Arc<Broker>,
     req: &ProduceRequest,
     version: i16,
     who: &Requester,
-) -> Vec<(String, i32, ErrorCode)> {
+) -> Vec<(String, i32, ErrorCode, String)> {
     let Some(id) = req.transactional_id.as_ref().filter(|_| version >= 12) else {
         return Vec::new();
     };
@@ -386,12 +388,26 @@ async fn implicit_add(
         return Vec::new();
     };
     tracing::debug!(transactional_id = %id.0.as_str(), producer_id = pid, epoch, partitions = ?parts, "implicit add to transaction");
+    let tid = id.0.as_str();
     match b
         .txn
-        .add_partitions(id.0.as_str(), pid, epoch, &parts)
+        .add_partitions_by(tid, pid, epoch, &parts, who, &|t, holds| {
+            b.write_gate(t, tid, holds)
+        })
         .await
     {
         Ok(()) => Vec::new(),
+        Err(TxnError::Refused(why)) => parts
+            .into_iter()
+            .map(|(t, i)| {
+                (
+                    t,
+                    i,
+                    ErrorCode::TransactionalIdAuthorizationFailed,
+                    why.clone(),
+                )
+            })
+            .collect(),
         Err(e) => {
             // Never PRODUCER_FENCED in a produce answer; retriable coordinator
             // states become NOT_ENOUGH_REPLICAS, which every client retries.
@@ -402,6 +418,7 @@ async fn implicit_add(
                 | TxnError::ProducerIds(_)
                 | TxnError::NoAnswer => ErrorCode::NotEnoughReplicas,
                 TxnError::Coord(_) => ErrorCode::InvalidTxnState,
+                TxnError::Refused(_) => ErrorCode::TransactionalIdAuthorizationFailed,
             };
             tracing::warn!(transactional_id = %id.0.as_str(), producer_id = pid, epoch, error = %e,
                 "implicit add to transaction refused");
@@ -412,7 +429,11 @@ async fn implicit_add(
                         .rejected_write(pid, epoch, tp, Some(id.0.as_str()), why, who);
                 }
             }
-            parts.into_iter().map(|(t, i)| (t, i, code)).collect()
+            let why = "the partition could not be added to the transaction".to_string();
+            parts
+                .into_iter()
+                .map(|(t, i)| (t, i, code, why.clone()))
+                .collect()
         }
     }
 }
@@ -437,14 +458,14 @@ pub async fn produce(
         for pd in td.partition_data {
             let refused = implicit
                 .iter()
-                .find(|(t, i, _)| t == name.as_str() && *i == pd.index);
+                .find(|(t, i, _, _)| t == name.as_str() && *i == pd.index);
             let out = if !valid_acks {
                 failed(
                     ErrorCode::InvalidRequiredAcks,
                     format!("acks={acks} is not 0, 1 or -1"),
                 )
-            } else if let Some((_, _, code)) = refused {
-                failed(*code, "the partition could not be added to the transaction")
+            } else if let Some((_, _, code, why)) = refused {
+                failed(*code, why.clone())
             } else {
                 append_one(b, &name, pd.index, pd.records, txn_id.as_deref(), who)
             };

@@ -41,6 +41,7 @@ pub(crate) fn txn_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
         TxnError::Persist(_) | TxnError::ProducerIds(_) | TxnError::NoAnswer => {
             ErrorCode::CoordinatorNotAvailable
         }
+        TxnError::Refused(_) => ErrorCode::TransactionalIdAuthorizationFailed,
     }
 }
 
@@ -144,14 +145,14 @@ async fn add_one(
         .iter()
         .any(|t| t.partitions.iter().any(|p| !exists(t.name.0.as_str(), *p)));
     let mut shared = None;
-    // A topic reserved for one writer prefix refuses everyone else (S6).
+    // A topic reserved for one writer refuses everyone else (S6); a topic
+    // being cut over refuses new transactions of its old writer (S10). The
+    // add itself asks again under the id's lock.
     for t in topics {
-        if let Some(topic) = b.topics.get(t.name.0.as_str()) {
-            if let Err(why) = crate::writers::allowed(&topic.meta().configs, id) {
-                tracing::warn!(transactional_id = id, topic = %t.name.0.as_str(), reason = %why,
-                    "second transactional writer refused");
-                shared = Some(ErrorCode::TransactionalIdAuthorizationFailed);
-            }
+        if let Err(why) = b.write_gate(t.name.0.as_str(), id, true) {
+            tracing::warn!(transactional_id = id, topic = %t.name.0.as_str(), reason = %why,
+                "second transactional writer refused");
+            shared = Some(ErrorCode::TransactionalIdAuthorizationFailed);
         }
     }
     if !unknown && !verify_only && shared.is_none() {
@@ -161,7 +162,9 @@ async fn add_one(
             .collect();
         shared = b
             .txn
-            .add_partitions_by(id, pid, epoch, &parts, who)
+            .add_partitions_by(id, pid, epoch, &parts, who, &|t, holds| {
+                b.write_gate(t, id, holds)
+            })
             .await
             .err()
             .map(|e| txn_error_code(&e, fenced_known));
@@ -211,6 +214,13 @@ pub async fn end_txn(
     let id = req.transactional_id.0.to_string();
     let tv2 = version >= 5;
     let mut resp = EndTxnResponse::default();
+    if req.committed && crate::faults::injected_end_txn_unavailable(&id) {
+        tracing::warn!(transactional_id = %id, "injected fault (ONCELOG_FAULTS): EndTxn(commit) answered COORDINATOR_LOAD_IN_PROGRESS");
+        resp.error_code = ErrorCode::CoordinatorLoadInProgress.code();
+        resp.producer_id = ProducerId(-1);
+        resp.producer_epoch = -1;
+        return resp;
+    }
     let res = b
         .txn
         .end_txn(

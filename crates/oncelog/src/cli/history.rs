@@ -58,7 +58,22 @@ pub async fn cleaner(admin: &str) -> Result<Value> {
     get_json(admin, "/v1/cleaner").await
 }
 
-async fn get_json(base: &str, path: &str) -> Result<Value> {
+/// The transactions parked past their timeout, from the broker at `admin`.
+pub async fn parked(admin: &str) -> Result<Value> {
+    get_json(admin, "/v1/transactions/parked").await
+}
+
+pub async fn get_json(base: &str, path: &str) -> Result<Value> {
+    request_json("GET", base, path).await
+}
+
+/// A POST without a body (the parameters are in the query); the answer's
+/// `error` field, if any, is the error.
+pub async fn post_json(base: &str, path: &str) -> Result<Value> {
+    request_json("POST", base, path).await
+}
+
+async fn request_json(method: &str, base: &str, path: &str) -> Result<Value> {
     let rest = base
         .strip_prefix("http://")
         .ok_or_else(|| anyhow!("{base}: only http:// URLs are supported"))?;
@@ -70,33 +85,40 @@ async fn get_json(base: &str, path: &str) -> Result<Value> {
     let url = format!("http://{authority}{prefix}{path}");
     let stream = tokio::time::timeout(DEADLINE, TcpStream::connect(authority))
         .await
-        .map_err(|_| anyhow!("GET {url}: connect timed out"))?
-        .with_context(|| format!("GET {url}"))?;
-    let answer = tokio::time::timeout(DEADLINE, exchange(stream, authority, prefix, path))
+        .map_err(|_| anyhow!("{method} {url}: connect timed out"))?
+        .with_context(|| format!("{method} {url}"))?;
+    let answer = tokio::time::timeout(DEADLINE, exchange(stream, method, authority, prefix, path))
         .await
-        .map_err(|_| anyhow!("GET {url}: no answer within {}s", DEADLINE.as_secs()))?
-        .with_context(|| format!("GET {url}"))?;
-    let (head, body) = split_answer(&answer).ok_or_else(|| anyhow!("GET {url}: not HTTP"))?;
+        .map_err(|_| anyhow!("{method} {url}: no answer within {}s", DEADLINE.as_secs()))?
+        .with_context(|| format!("{method} {url}"))?;
+    let (head, body) = split_answer(&answer).ok_or_else(|| anyhow!("{method} {url}: not HTTP"))?;
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| anyhow!("GET {url}: no status in {head:?}"))?;
+        .ok_or_else(|| anyhow!("{method} {url}: no status in {head:?}"))?;
     if status != 200 {
+        // A JSON answer's `error` is the broker's reason, said plainly.
+        if let Ok(v) = serde_json::from_slice::<Value>(body) {
+            if let Some(why) = v.get("error").and_then(Value::as_str) {
+                bail!("{why}");
+            }
+        }
         let why = String::from_utf8_lossy(body);
-        bail!("GET {url}: HTTP {status} {}", why.trim());
+        bail!("{method} {url}: HTTP {status} {}", why.trim());
     }
-    serde_json::from_slice(body).with_context(|| format!("GET {url}: not JSON"))
+    serde_json::from_slice(body).with_context(|| format!("{method} {url}: not JSON"))
 }
 
 async fn exchange(
     mut stream: TcpStream,
+    method: &str,
     host: &str,
     prefix: &str,
     path: &str,
 ) -> std::io::Result<Vec<u8>> {
     let req = format!(
-        "GET {prefix}{path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+        "{method} {prefix}{path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     );
     stream.write_all(req.as_bytes()).await?;
     let mut out = Vec::new();

@@ -9,6 +9,8 @@ use serde_json::Value;
 
 mod cluster;
 mod consume;
+mod cutover;
+mod diff;
 mod format;
 mod group;
 mod history;
@@ -19,6 +21,8 @@ mod txn;
 
 pub use cluster::cluster_info;
 pub use consume::{consume, ConsumeArgs};
+pub use cutover::{cutover, CutoverCmd};
+pub use diff::{diff, DiffArgs};
 pub use group::{group, GroupCmd};
 pub use produce::{produce, ProduceArgs};
 pub use topic::{topic, TopicCmd};

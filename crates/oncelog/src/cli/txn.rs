@@ -1,11 +1,13 @@
-//! `oncelog txn`: list, describe (with fences and history), history,
-//! producers, find-hanging, abort.
+//! `oncelog txn`: list (with parked transactions), describe (with fences
+//! and history), history, producers, find-hanging, commit, abort.
 
 use anyhow::{anyhow, bail, Result};
 use clap::Subcommand;
 use kafka_protocol::messages::describe_producers_response::ProducerState;
 use kafka_protocol::messages::describe_transactions_request::DescribeTransactionsRequest;
 use kafka_protocol::messages::describe_transactions_response::DescribeTransactionsResponse;
+use kafka_protocol::messages::end_txn_request::EndTxnRequest;
+use kafka_protocol::messages::end_txn_response::EndTxnResponse;
 use kafka_protocol::messages::list_transactions_request::ListTransactionsRequest;
 use kafka_protocol::messages::list_transactions_response::ListTransactionsResponse;
 use kafka_protocol::messages::write_txn_markers_request::{
@@ -14,7 +16,7 @@ use kafka_protocol::messages::write_txn_markers_request::{
 use kafka_protocol::messages::write_txn_markers_response::WriteTxnMarkersResponse;
 use kafka_protocol::messages::{ApiKey, ProducerId, TopicName, TransactionalId};
 use oncelog_client::admin::{describe_producers, open_transaction_of};
-use oncelog_client::{check, Client};
+use oncelog_client::{check, Client, Cluster, CoordinatorType, ResponseError};
 use serde_json::{json, Value};
 
 use super::{emit, history, s, table};
@@ -23,9 +25,14 @@ use super::{emit, history, s, table};
 pub enum TxnCmd {
     /// List transactional ids and their state.
     List {
-        /// Only these states (e.g. Ongoing), repeatable.
+        /// Only these states (e.g. Ongoing, or Parked), repeatable.
         #[arg(long = "state")]
         states: Vec<String>,
+        /// The broker's HTTP endpoint, asked which open transactions are
+        /// parked past their timeout; default http://<bootstrap host>:9644.
+        /// Without an answer, parked transactions show as Ongoing.
+        #[arg(long, value_name = "URL")]
+        admin: Option<String>,
     },
     /// Describe one transactional id: its state (Kafka protocol), and from
     /// the broker's HTTP port the epochs, fences (when, cause, old -> new
@@ -51,12 +58,28 @@ pub enum TxnCmd {
         #[arg(long, default_value_t = 60_000)]
         min_age_ms: i64,
     },
-    /// Abort the open transaction a partition shows for a producer (through
-    /// the coordinator when it knows the transaction). Fails with "nothing
+    /// Commit a transactional id's open (e.g. parked) transaction as its
+    /// producer would, naming the producer id and epoch it was prepared
+    /// under (as a Flink checkpoint holds them); a mismatch is refused. The
+    /// producer is fenced by it (epoch + 1). Committing again answers
+    /// success; committing an aborted transaction fails.
+    Commit {
+        transactional_id: String,
+        #[arg(long)]
+        producer_id: i64,
+        #[arg(long)]
+        producer_epoch: i16,
+    },
+    /// `abort ID --producer-id P --producer-epoch E`: abort a transactional
+    /// id's open transaction as its producer would (like `commit`).
+    /// `abort TOPIC PARTITION --producer-id P --producer-epoch E`: abort the
+    /// open transaction a partition shows for a producer (through the
+    /// coordinator when it knows the transaction); fails with "nothing
     /// open" when neither the partition nor the coordinator has one.
     Abort {
-        topic: String,
-        partition: i32,
+        /// A transactional id, or a topic when PARTITION follows.
+        target: String,
+        partition: Option<i32>,
         #[arg(long)]
         producer_id: i64,
         #[arg(long)]
@@ -67,28 +90,95 @@ pub enum TxnCmd {
 }
 
 pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
+    match cmd {
+        TxnCmd::Commit {
+            transactional_id,
+            producer_id,
+            producer_epoch,
+        } => {
+            return end(
+                bootstrap,
+                json_out,
+                &transactional_id,
+                producer_id,
+                producer_epoch,
+                true,
+            )
+            .await
+        }
+        TxnCmd::Abort {
+            target,
+            partition: None,
+            producer_id,
+            producer_epoch,
+            ..
+        } => {
+            return end(
+                bootstrap,
+                json_out,
+                &target,
+                producer_id,
+                producer_epoch,
+                false,
+            )
+            .await
+        }
+        _ => {}
+    }
     let mut c = Client::connect(bootstrap).await?;
     match cmd {
-        TxnCmd::List { states } => {
+        TxnCmd::Commit { .. } => {}
+        TxnCmd::List { states, admin } => {
+            // Parked is Ongoing on the wire (its transaction is open).
+            let parked_wanted = states.iter().any(|x| x == "Parked");
+            let wire_states: Vec<&String> = states.iter().filter(|x| *x != "Parked").collect();
+            let mut filters: Vec<_> = wire_states.iter().map(|x| s(x)).collect();
+            if parked_wanted && !wire_states.is_empty() {
+                filters.push(s("Ongoing"));
+            } else if parked_wanted {
+                filters = vec![s("Ongoing")];
+            }
             let req = ListTransactionsRequest::default()
-                .with_state_filters(states.iter().map(|x| s(x)).collect())
+                .with_state_filters(filters)
                 .with_duration_filter(-1);
             let (r, _) = c
                 .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, &req)
                 .await?;
             check(r.error_code, "list transactions")?;
+            let admin = admin.unwrap_or_else(|| history::default_admin_url(bootstrap));
+            let parked: std::collections::HashMap<String, i64> = history::parked(&admin)
+                .await
+                .ok()
+                .and_then(|v| v["parked"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|p| {
+                    Some((
+                        p["transactional_id"].as_str()?.to_string(),
+                        p["parked_since_ms"].as_i64()?,
+                    ))
+                })
+                .collect();
             let rows: Vec<Vec<String>> = r
                 .transaction_states
                 .iter()
                 .map(|t| {
-                    vec![
-                        t.transactional_id.0.to_string(),
-                        t.producer_id.0.to_string(),
-                        t.transaction_state.to_string(),
-                    ]
+                    let id = t.transactional_id.0.to_string();
+                    let state = if parked.contains_key(&id) {
+                        "Parked".to_string()
+                    } else {
+                        t.transaction_state.to_string()
+                    };
+                    vec![id, t.producer_id.0.to_string(), state]
+                })
+                .filter(|r| {
+                    states.is_empty()
+                        || states.iter().any(|x| *x == r[2])
+                        || (r[2] == "Parked" && wire_states.iter().any(|x| *x == "Ongoing"))
                 })
                 .collect();
-            let v = json!(rows.iter().map(|r| json!({"transactional_id": r[0], "producer_id": r[1].parse::<i64>().unwrap_or(-1), "state": r[2]})).collect::<Vec<_>>());
+            let v = json!(rows.iter().map(|r| json!({"transactional_id": r[0], "producer_id": r[1].parse::<i64>().unwrap_or(-1), "state": r[2],
+                "parked_since_ms": parked.get(&r[0])})).collect::<Vec<_>>());
             emit(
                 json_out,
                 &v,
@@ -267,8 +357,11 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             );
         }
         TxnCmd::Abort {
-            topic,
-            partition,
+            partition: None, ..
+        } => {}
+        TxnCmd::Abort {
+            target: topic,
+            partition: Some(partition),
             producer_id,
             producer_epoch,
             coordinator_epoch,
@@ -317,6 +410,74 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// `txn commit` / `txn abort ID`: EndTxn to the id's coordinator, as the
+/// producer that holds `producer_id` at `producer_epoch` would send it.
+async fn end(
+    bootstrap: &str,
+    json_out: bool,
+    id: &str,
+    producer_id: i64,
+    producer_epoch: i16,
+    commit: bool,
+) -> Result<()> {
+    let what = if commit { "commit" } else { "abort" };
+    let mut cluster = Cluster::connect(bootstrap).await?;
+    let node = cluster
+        .coordinator(id, CoordinatorType::Transaction)
+        .await?;
+    let c = cluster.node(node).await?;
+    let req = EndTxnRequest::default()
+        .with_transactional_id(TransactionalId(s(id)))
+        .with_producer_id(ProducerId(producer_id))
+        .with_producer_epoch(producer_epoch)
+        .with_committed(commit);
+    let mut tries = 0;
+    let r = loop {
+        let (r, _) = c.call::<_, EndTxnResponse>(ApiKey::EndTxn, &req).await?;
+        // A transition of this id in progress, or a commit held by a
+        // cut-over: asked again for a while, as clients do.
+        if r.error_code == ResponseError::ConcurrentTransactions.code() && tries < 50 {
+            tries += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            continue;
+        }
+        break r;
+    };
+    let code = r.error_code;
+    if code == ResponseError::ProducerFenced.code()
+        || code == ResponseError::InvalidProducerEpoch.code()
+    {
+        bail!(
+            "{what} refused: {id} is not at producer id {producer_id} epoch {producer_epoch} \
+             (its transaction was fenced, timed out or ended under another epoch); nothing was changed"
+        );
+    }
+    if code == ResponseError::InvalidProducerIdMapping.code() {
+        bail!("{what} refused: {id} does not have producer id {producer_id}; nothing was changed");
+    }
+    if code == ResponseError::InvalidTxnState.code() {
+        bail!(
+            "{what} refused: {id} has no transaction that can be {}ed at producer id {producer_id} \
+             epoch {producer_epoch} (nothing open, or it already ended the other way)",
+            what
+        );
+    }
+    check(code, &format!("{what} {id}"))?;
+    let done = if commit { "committed" } else { "aborted" };
+    emit(
+        json_out,
+        &json!({ done: {"transactional_id": id, "producer_id": producer_id, "producer_epoch": producer_epoch,
+            "next_producer_id": r.producer_id.0, "next_producer_epoch": r.producer_epoch}}),
+        &[&done.to_uppercase(), "PRODUCER-ID", "EPOCH"],
+        vec![vec![
+            id.to_string(),
+            producer_id.to_string(),
+            producer_epoch.to_string(),
+        ]],
+    );
     Ok(())
 }
 

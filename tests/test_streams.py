@@ -78,11 +78,11 @@ def kafka(tmp_path_factory):
 create_topic = create_topic_with_leaders
 
 
-def workload():
+def workload(n_records=N_RECORDS):
     """The input records and the final total per region they must sum to."""
     records = []
     expected = {}
-    for i in range(N_RECORDS):
+    for i in range(n_records):
         acct = (i * 7919) % ACCOUNTS
         amount = 1 + (i * 31) % 97                # positive: a running total
         records.append((f"acct-{acct}", str(amount)))  # only grows

@@ -31,10 +31,14 @@ import org.slf4j.LoggerFactory;
  *   java -cp ... StreamsEosApp BOOTSTRAP APPLICATION_ID STATE_DIR INPUT OUTPUT [REGIONS]
  *
  * It logs with slf4j (slf4j-simple, to stderr) at INFO and above.
+ *
+ * The output keys start with "region-"; -DStreamsEosApp.keyPrefix=PREFIX
+ * changes that (tests/test_streams_writers.py tells two apps' records apart).
  */
 public final class StreamsEosApp {
     static final String REPARTITION_NAME = "by-region";
     static final String STORE_NAME = "region-sums";
+    static final String KEY_PREFIX = System.getProperty("StreamsEosApp.keyPrefix", "region-");
 
     private StreamsEosApp() {}
 
@@ -62,7 +66,7 @@ public final class StreamsEosApp {
 
     static String region(String account, int regions) {
         int n = Integer.parseInt(account.substring(account.lastIndexOf('-') + 1));
-        return "region-" + Math.floorMod(n, regions);
+        return KEY_PREFIX + Math.floorMod(n, regions);
     }
 
     public static void main(String[] args) throws InterruptedException {

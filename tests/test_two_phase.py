@@ -1,0 +1,246 @@
+"""Flink-grade exactly-once on the wire: prepared transactions that outlive
+their timeout, and re-commits after a restart (SCENARIOS.md S9).
+
+Flink's KafkaSink pre-commits a transaction at a checkpoint (records written,
+acknowledged, not committed) and commits it only when the checkpoint is
+complete, possibly after a restart, with the producer id and epoch it
+checkpointed (FLINK-BRIEF.md). These tests play that producer by hand on the
+wire (tests/txn_wire.py), so each step is exact:
+
+* without the park policy a transaction past its timeout is aborted and the
+  late commit fails: the records are lost, which is what Kafka does;
+* under `transaction.two.phase.commit.prefixes` it is parked (listed, counted
+  in /metrics, reported in the log, pinning the last stable offset, across a
+  broker kill -9), and the late commit makes every record visible once;
+* a re-commit of a committed transaction answers success, in the classic
+  protocol after a KIP-890 commit too (what Flink's committer sends on every
+  restore), while a commit of an aborted one and a zombie's end stay refused;
+* an operator resolves a parked transaction by producer id and epoch, and a
+  mismatch is refused;
+* `transaction.two.phase.commit.max.park.ms` bounds the park.
+"""
+
+import json
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+import txn_wire as tw
+from clients import create_topic, unique_topic
+from conftest import oncelog_bin, wait_until
+
+TIMEOUT_MS = 2000
+
+
+def cli(broker, *args, check=True):
+    admin = f"http://{broker.overrides['metrics.listen']}"
+    argv = [str(oncelog_bin()), *args, "--bootstrap", broker.bootstrap, "--json"]
+    if args[0] == "txn" and args[1] == "list":
+        argv += ["--admin", admin]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if check:
+        assert p.returncode == 0, f"{argv} exited {p.returncode}: {p.stderr}"
+    return (json.loads(p.stdout) if p.returncode == 0 else None), p
+
+
+def metric(broker, name):
+    with urllib.request.urlopen(f"http://{broker.overrides['metrics.listen']}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def committed_values(broker, topic):
+    """Everything read_committed shows up to the last stable offset."""
+    argv = [str(oncelog_bin()), "consume", topic, "--bootstrap", broker.bootstrap,
+            "--format", "json", "--timeout-ms", "20000"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return [json.loads(line)["value"].encode() for line in p.stdout.splitlines() if line.strip()]
+
+
+def lso(broker, topic):
+    out, _ = cli(broker, "topic", "describe", topic)
+    return out["partitions"][0]["last_stable_offset"]
+
+
+def parked_ids(broker):
+    listed, _ = cli(broker, "txn", "list")
+    return {t["transactional_id"] for t in listed if t["state"] == "Parked"}
+
+
+def past_timeout():
+    # The timeout, one reaper pass (1 s) and some slack.
+    time.sleep(TIMEOUT_MS / 1000 + 2.0)
+
+
+VALUES = [b"order-1", b"order-2", b"order-3"]
+
+
+def test_without_the_policy_a_late_commit_loses_the_checkpoint(broker):
+    """What Kafka does to Flink today: the broker aborts the prepared
+    transaction at its timeout; the commit after the restart is refused."""
+    topic = unique_topic("s9-lost")
+    create_topic(broker.bootstrap, topic)
+    txn = "orders-sink-0-7"
+    pid, epoch = tw.prepared_transaction(broker.bootstrap, txn, TIMEOUT_MS, topic, VALUES)
+    past_timeout()
+    assert parked_ids(broker) == set()
+    err, _, _ = tw.end_txn(broker.bootstrap, txn, pid, epoch, commit=True)
+    assert err in (tw.PRODUCER_FENCED, tw.INVALID_PRODUCER_EPOCH), err
+    assert committed_values(broker, topic) == []
+    assert "transaction timed out; aborting it" in broker.log_text()
+
+
+def test_a_parked_transaction_survives_its_timeout_and_a_broker_crash_then_commits(broker_factory):
+    b = broker_factory(overrides={"transaction.two.phase.commit.prefixes": "orders-sink"})
+    topic = unique_topic("s9-parked")
+    create_topic(b.bootstrap, topic)
+    txn = "orders-sink-0-7"
+    other = "fare-writer-3"  # not under the policy: aborted as usual
+    pid, epoch = tw.prepared_transaction(b.bootstrap, txn, TIMEOUT_MS, topic, VALUES)
+    opid, oepoch = tw.prepared_transaction(b.bootstrap, other, TIMEOUT_MS, topic, [b"other"])
+    past_timeout()
+    assert parked_ids(b) == {txn}
+    assert metric(b, "oncelog_transactions_parked") == 1
+    assert metric(b, "oncelog_transaction_oldest_parked_age_seconds") > 0
+    assert "transaction parked past its timeout" in b.log_text()
+    # It pins the last stable offset: nothing after its first record is stable.
+    assert lso(b, topic) == 0
+    assert committed_values(b, topic) == []
+
+    b.kill9()
+    b.restart()
+    wait_until(lambda: parked_ids(b) == {txn}, 10, what="the transaction parked again after the restart")
+
+    # The restored job commits with the identity it checkpointed.
+    err, _, _ = tw.end_txn(b.bootstrap, txn, pid, epoch, commit=True)
+    assert err == tw.NONE, err
+    assert parked_ids(b) == set()
+    assert committed_values(b, topic) == VALUES
+    # The other id was aborted at its timeout, as without the policy.
+    err, _, _ = tw.end_txn(b.bootstrap, other, opid, oepoch, commit=True)
+    assert err in (tw.PRODUCER_FENCED, tw.INVALID_PRODUCER_EPOCH), err
+    # Flink commits again on a second restore: success, nothing changes.
+    err, _, _ = tw.end_txn(b.bootstrap, txn, pid, epoch, commit=True)
+    assert err == tw.NONE, err
+    err, _, _ = tw.end_txn(b.bootstrap, txn, pid, epoch, commit=False)
+    assert err != tw.NONE
+    assert committed_values(b, topic) == VALUES
+
+
+def test_recommit_after_a_transaction_version_2_commit_is_a_success(broker):
+    """The ERROR Flink's KafkaCommitter logs on every restore: the commit
+    went through EndTxn v5 (epoch bumped), the re-commit comes with the old
+    epoch. Only the identity that committed gets success; a commit of an
+    aborted transaction and a fenced producer's end stay refused."""
+    topic = unique_topic("recommit")
+    create_topic(broker.bootstrap, topic)
+    txn = "orders-sink-1-9"
+    pid, epoch = tw.prepared_transaction(broker.bootstrap, txn, 60000, topic, VALUES)
+    err, npid, nepoch = tw.end_txn(broker.bootstrap, txn, pid, epoch, commit=True, version=5)
+    assert (err, npid, nepoch) == (tw.NONE, pid, epoch + 1)
+    for version in (1, 5):
+        err, _, _ = tw.end_txn(broker.bootstrap, txn, pid, epoch, commit=True, version=version)
+        assert err == tw.NONE, (version, err)
+        # The other outcome is never "already done".
+        err, _, _ = tw.end_txn(broker.bootstrap, txn, pid, epoch, commit=False, version=version)
+        assert err != tw.NONE, version
+    assert committed_values(broker, topic) == VALUES
+
+    # An aborted transaction: its abort repeats fine, its commit fails.
+    aborted = "orders-sink-2-9"
+    apid, aepoch = tw.prepared_transaction(broker.bootstrap, aborted, 60000, topic, [b"x"])
+    assert tw.end_txn(broker.bootstrap, aborted, apid, aepoch, commit=False, version=5)[0] == tw.NONE
+    for version in (1, 5):
+        assert tw.end_txn(broker.bootstrap, aborted, apid, aepoch, commit=False, version=version)[0] == tw.NONE
+        assert tw.end_txn(broker.bootstrap, aborted, apid, aepoch, commit=True, version=version)[0] != tw.NONE
+
+    # A zombie: a new instance took the id over; the old one's commit and
+    # abort of its committed transaction are refused now.
+    err, pid2, epoch2 = tw.init_producer_id(broker.bootstrap, txn, 60000)
+    assert (err, pid2) == (tw.NONE, pid) and epoch2 > epoch + 1
+    for version in (1, 5):
+        for commit in (True, False):
+            err, _, _ = tw.end_txn(broker.bootstrap, txn, pid, epoch, commit=commit, version=version)
+            assert err in (tw.PRODUCER_FENCED, tw.INVALID_PRODUCER_EPOCH), (version, commit, err)
+    assert committed_values(broker, topic) == VALUES
+
+
+def test_an_operator_resolves_a_parked_transaction_by_producer_id_and_epoch(broker_factory):
+    b = broker_factory(overrides={"transaction.two.phase.commit.prefixes": "orders-sink"})
+    topic = unique_topic("s9-operator")
+    create_topic(b.bootstrap, topic)
+    txn = "orders-sink-0-11"
+    pid, epoch = tw.prepared_transaction(b.bootstrap, txn, TIMEOUT_MS, topic, VALUES)
+    past_timeout()
+    assert parked_ids(b) == {txn}
+    # The wrong epoch or producer id changes nothing.
+    _, p = cli(b, "txn", "commit", txn, "--producer-id", str(pid), "--producer-epoch", str(epoch + 1), check=False)
+    assert p.returncode != 0 and "refused" in p.stderr and "nothing was changed" in p.stderr, p.stderr
+    _, p = cli(b, "txn", "abort", txn, "--producer-id", str(pid + 1000), "--producer-epoch", str(epoch), check=False)
+    assert p.returncode != 0 and "nothing was changed" in p.stderr, p.stderr
+    assert parked_ids(b) == {txn}
+    out, _ = cli(b, "txn", "commit", txn, "--producer-id", str(pid), "--producer-epoch", str(epoch))
+    assert out["committed"]["transactional_id"] == txn
+    assert committed_values(b, topic) == VALUES
+    # Run twice: success, nothing changes; the producer's own late commit too.
+    cli(b, "txn", "commit", txn, "--producer-id", str(pid), "--producer-epoch", str(epoch))
+    assert tw.end_txn(b.bootstrap, txn, pid, epoch, commit=True)[0] == tw.NONE
+    # Aborting what was committed is refused.
+    _, p = cli(b, "txn", "abort", txn, "--producer-id", str(pid), "--producer-epoch", str(epoch), check=False)
+    assert p.returncode != 0
+    assert committed_values(b, topic) == VALUES
+
+    # An operator abort of another parked transaction: gone for good.
+    txn2 = "orders-sink-1-11"
+    pid2, epoch2 = tw.prepared_transaction(b.bootstrap, txn2, TIMEOUT_MS, topic, [b"late"])
+    past_timeout()
+    assert parked_ids(b) == {txn2}
+    cli(b, "txn", "abort", txn2, "--producer-id", str(pid2), "--producer-epoch", str(epoch2))
+    assert parked_ids(b) == set()
+    assert tw.end_txn(b.bootstrap, txn2, pid2, epoch2, commit=True)[0] != tw.NONE
+    assert committed_values(b, topic) == VALUES
+
+
+def test_the_maximum_park_time_ends_a_park(broker_factory):
+    b = broker_factory(overrides={"transaction.two.phase.commit.prefixes": "orders-*",
+                                  "transaction.two.phase.commit.max.park.ms": "5000"})
+    topic = unique_topic("s9-max-park")
+    create_topic(b.bootstrap, topic)
+    txn = "orders-anything"
+    pid, epoch = tw.prepared_transaction(b.bootstrap, txn, TIMEOUT_MS, topic, VALUES)
+    past_timeout()
+    assert txn in parked_ids(b)
+    wait_until(lambda: "reached the maximum park time" in b.log_text(), 15, what="the park to end")
+    wait_until(lambda: parked_ids(b) == set(), 10, what="the parked transaction to be aborted")
+    assert tw.end_txn(b.bootstrap, txn, pid, epoch, commit=True)[0] != tw.NONE
+    assert committed_values(b, topic) == []
+    wait_until(lambda: lso(b, topic) == 4, 10, what="the LSO to pass the abort marker")
+
+
+def test_the_fault_that_holds_commits_is_scoped_to_its_prefix(broker_factory):
+    """The S9 Flink test keeps a job's commits pending with this fault; it
+    must hold only the named ids, and only commits."""
+    b = broker_factory(start=False)
+    b.env["ONCELOG_FAULTS"] = "end-txn-unavailable:held-"
+    b.start()
+    topic = unique_topic("fault")
+    create_topic(b.bootstrap, topic)
+    pid, epoch = tw.prepared_transaction(b.bootstrap, "held-0-1", 60000, topic, [b"a"])
+    assert tw.end_txn(b.bootstrap, "held-0-1", pid, epoch, commit=True)[0] == tw.COORDINATOR_LOAD_IN_PROGRESS
+    assert tw.end_txn(b.bootstrap, "held-0-1", pid, epoch, commit=False)[0] == tw.NONE
+    pid, epoch = tw.prepared_transaction(b.bootstrap, "free-0-1", 60000, topic, [b"b"])
+    assert tw.end_txn(b.bootstrap, "free-0-1", pid, epoch, commit=True)[0] == tw.NONE
+    assert committed_values(b, topic) == [b"b"]
+
+
+@pytest.mark.parametrize("prefix", ["orders-sink-2", "app-0_1"])
+def test_an_ambiguous_writer_prefix_is_refused(broker, prefix):
+    topic = unique_topic("ambiguous")
+    create_topic(broker.bootstrap, topic)
+    _, p = cli(broker, "topic", "alter-config", topic, "--set", f"writer.transactional.id.prefix={prefix}", check=False)
+    assert p.returncode != 0 and "ambiguous" in p.stderr, p.stderr

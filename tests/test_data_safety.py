@@ -535,7 +535,7 @@ def test_errors_carry_their_reason(broker):
         tp.flush(30)
         tp.commit_transaction(30)
     assert kafka_code(e) == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, e.value
-    assert 'only from prefix \\"orders-sink\\"' in broker.log_text() or \
-        'only from prefix "orders-sink"' in broker.log_text(), broker.log_tail()
+    assert 'only from writer \\"orders-sink\\"' in broker.log_text() or \
+        'only from writer "orders-sink"' in broker.log_text(), broker.log_tail()
     broker.restart()
     verify(broker, s)

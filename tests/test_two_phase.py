@@ -244,3 +244,45 @@ def test_an_ambiguous_writer_prefix_is_refused(broker, prefix):
     create_topic(broker.bootstrap, topic)
     _, p = cli(broker, "topic", "alter-config", topic, "--set", f"writer.transactional.id.prefix={prefix}", check=False)
     assert p.returncode != 0 and "ambiguous" in p.stderr, p.stderr
+
+
+def test_kip939_two_phase_commit_on_the_wire(broker_factory):
+    """InitProducerId v6 (KIP-939), for the day a client library ships it:
+    `enable2Pc` parks the producer's transactions at their timeout without
+    any prefix policy; `keepPreparedTxn` on restart keeps the prepared
+    transaction, fences the old producer and lets the new one commit it."""
+    off = broker_factory()
+    assert tw.max_version(off.bootstrap, tw.API_INIT_PRODUCER_ID) == 5
+    err = tw.init_producer_id_v6(off.bootstrap, "two-pc", 60000, enable_2pc=True, keep_prepared=False)[0]
+    assert err == tw.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+    b = broker_factory(overrides={"transaction.two.phase.commit.enable": "true"})
+    assert tw.max_version(b.bootstrap, tw.API_INIT_PRODUCER_ID) == 6
+    topic = unique_topic("kip939")
+    create_topic(b.bootstrap, topic)
+    txn = "payments"  # no park policy names it: enable2Pc alone parks it
+    err, pid, epoch, opid, oepoch = tw.init_producer_id_v6(b.bootstrap, txn, TIMEOUT_MS, True, False)
+    assert (err, opid, oepoch) == (tw.NONE, -1, -1)
+    assert tw.add_partition(b.bootstrap, txn, pid, epoch, topic, 0) == tw.NONE
+    assert tw.produce(b.bootstrap, txn, pid, epoch, topic, 0, VALUES, 0)[0] == tw.NONE
+    past_timeout()
+    assert parked_ids(b) == {txn}
+    b.kill9()
+    b.restart()
+    # keepPreparedTxn with KIP-360's expected identity is refused.
+    err = tw.init_producer_id_v6(b.bootstrap, txn, TIMEOUT_MS, True, True, pid, epoch)[0]
+    assert err == 42  # INVALID_REQUEST
+    err, npid, nepoch, opid, oepoch = tw.init_producer_id_v6(b.bootstrap, txn, TIMEOUT_MS, True, True)
+    assert (err, npid, nepoch, opid, oepoch) == (tw.NONE, pid, epoch + 1, pid, epoch)
+    assert parked_ids(b) == {txn}
+    # The old producer is fenced; the new one commits what the old prepared.
+    assert tw.end_txn(b.bootstrap, txn, pid, epoch, commit=True)[0] in (tw.PRODUCER_FENCED, tw.INVALID_PRODUCER_EPOCH)
+    assert tw.end_txn(b.bootstrap, txn, npid, nepoch, commit=True)[0] == tw.NONE
+    assert committed_values(b, topic) == VALUES
+    # Without keepPreparedTxn a restart aborts what was open, as always.
+    err, pid, epoch, _, _ = tw.init_producer_id_v6(b.bootstrap, txn, 60000, True, False)
+    assert tw.add_partition(b.bootstrap, txn, pid, epoch, topic, 0) == tw.NONE
+    assert tw.produce(b.bootstrap, txn, pid, epoch, topic, 0, [b"dropped"], 0)[0] == tw.NONE
+    err, _, _, opid, _ = tw.init_producer_id_v6(b.bootstrap, txn, 60000, True, False)
+    assert (err, opid) == (tw.NONE, -1)
+    assert committed_values(b, topic) == VALUES

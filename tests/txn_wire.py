@@ -51,6 +51,29 @@ def init_producer_id(bootstrap, txn_id, timeout_ms):
     return err, pid, epoch
 
 
+def init_producer_id_v6(bootstrap, txn_id, timeout_ms, enable_2pc, keep_prepared,
+                        producer_id=-1, epoch=-1):
+    """InitProducerId v6 (KIP-939) -> (error, producer_id, epoch,
+    ongoing_producer_id, ongoing_epoch)."""
+    body = (w.uvarint(len(txn_id.encode()) + 1) + txn_id.encode() + w.i32(timeout_ms)
+            + w.i64(producer_id) + w.i16(epoch)
+            + w.i8(1 if enable_2pc else 0) + w.i8(1 if keep_prepared else 0) + w.uvarint(0))
+    req = w.frame(w.request_header_v2(API_INIT_PRODUCER_ID, 6, 5) + body)
+    r = _call(bootstrap, req, 5, flexible_response=True)
+    r.i32()
+    return r.i16(), r.i64(), r.i16(), r.i64(), r.i16()
+
+
+def max_version(bootstrap, api_key):
+    """The highest version of `api_key` the broker advertises (ApiVersions v0)."""
+    host, port = bootstrap.rsplit(":", 1)
+    with w.Conn(host, int(port)) as c:
+        c.send(w.api_versions_request(0, 6))
+        body = c.recv_response(6)
+    _, versions = w.parse_api_versions_v0_response(body)
+    return versions[api_key][1]
+
+
 def add_partition(bootstrap, txn_id, pid, epoch, topic, partition):
     """AddPartitionsToTxn v1 for one partition -> its error code."""
     body = (w.string(txn_id) + w.i64(pid) + w.i16(epoch)

@@ -55,6 +55,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("fetch.max.bytes", "57671680", "upper bound on bytes returned by one Fetch"),
     ("transaction.max.timeout.ms", "900000", "largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above)"),
     ("transaction.two.phase.commit.prefixes", "", "writers (comma-separated transactional-id prefixes as `writer.transactional.id.prefix` names them, or `text*` for ids starting with text) whose transactions park at their timeout instead of aborting: kept open (pinning the LSO) until their producer commits or aborts them after a restart, or an operator does (`oncelog txn commit|abort`); for Flink's KafkaSink"),
+    ("transaction.two.phase.commit.enable", "false", "serve KIP-939 two-phase commit: InitProducerId v6 with enable2Pc (the producer's transactions park at their timeout) and keepPreparedTxn (a restarted producer keeps its prepared transaction and commits or aborts it)"),
     ("transaction.two.phase.commit.max.park.ms", "-1", "abort a parked transaction after it has been parked this long; -1 = never"),
     ("transactional.id.expiration.ms", "604800000", "forget a transactional id idle (no open transaction) this long"),
     ("transaction.version", "2", "finalized transaction.version feature: 2 lets KIP-890 clients (Java 4.x) use EndTxn v5 and Produce v12; 1 keeps them on the classic protocol"),
@@ -133,6 +134,8 @@ pub struct BrokerConfig {
     pub transactional_id_expiration_ms: i64,
     /// Transactions that park at their timeout instead of aborting.
     pub two_phase_commit: crate::txn_coordinator::ParkPolicy,
+    /// KIP-939 served (InitProducerId v6).
+    pub two_phase_commit_enable: bool,
     pub producer_id_expiration_ms: i64,
     pub transaction_version: i16,
     pub transaction_auto_heal: bool,
@@ -254,6 +257,10 @@ impl BrokerConfig {
                     &get("transaction.two.phase.commit.max.park.ms"),
                 )?,
             ),
+            two_phase_commit_enable: parse(
+                "transaction.two.phase.commit.enable",
+                &get("transaction.two.phase.commit.enable"),
+            )?,
             producer_id_expiration_ms: parse(
                 "producer.id.expiration.ms",
                 &get("producer.id.expiration.ms"),

@@ -64,6 +64,14 @@ pub struct TxnMeta {
     pub partitions: BTreeSet<(String, i32)>,
     pub start_ms: i64,
     pub update_ms: i64,
+    /// The producer declared two-phase commit (KIP-939 InitProducerId
+    /// `enable2Pc`): its transactions park at their timeout.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub two_phase: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -114,6 +122,7 @@ pub fn plan_init(
             partitions: BTreeSet::new(),
             start_ms: -1,
             update_ms: now,
+            two_phase: false,
         }));
     };
     if matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
@@ -661,6 +670,54 @@ pub fn decide_init(
     )
 }
 
+/// KIP-939's InitProducerId fields.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TwoPhase {
+    /// The producer takes part in two-phase commit: its transactions park
+    /// at their timeout instead of aborting.
+    pub enable: bool,
+    /// Keep the open (prepared) transaction instead of aborting it: the new
+    /// producer gets the next epoch (so the old one is fenced) and then
+    /// commits or aborts the kept transaction with it.
+    pub keep_prepared: bool,
+}
+
+/// InitProducerId with KIP-939's fields. Besides the effects, the identity
+/// the kept transaction was prepared under (`None` when none was kept).
+pub fn decide_init_2pc(
+    existing: Option<&TxnMeta>,
+    id: &str,
+    timeout_ms: i32,
+    expected: Option<(i64, i16)>,
+    two_phase: TwoPhase,
+    now: i64,
+    new_pid: &mut dyn FnMut() -> i64,
+) -> Result<(Vec<Effect>, Option<(i64, i16)>), CoordError> {
+    if two_phase.keep_prepared {
+        if let Some(m) = existing.filter(|m| m.state == TxnState::Ongoing) {
+            if !exhausted(m.epoch.saturating_add(1)) {
+                let mut n = m.clone();
+                n.epoch = m.epoch + 1;
+                n.last_epoch = -1;
+                n.timeout_ms = timeout_ms;
+                n.two_phase = two_phase.enable;
+                n.update_ms = now;
+                return Ok((
+                    reply_with(vec![Effect::Persist(n)]),
+                    Some((m.producer_id, m.epoch)),
+                ));
+            }
+        }
+    }
+    let mut effects = decide_init(existing, id, timeout_ms, expected, now, new_pid)?;
+    for e in &mut effects {
+        if let Effect::Persist(m) | Effect::PersistLater(m) = e {
+            m.two_phase = two_phase.enable;
+        }
+    }
+    Ok((effects, None))
+}
+
 /// AddPartitionsToTxn (and AddOffsetsToTxn) as effects.
 pub fn decide_add_partitions(
     m: Option<&TxnMeta>,
@@ -1074,6 +1131,74 @@ mod tests {
     }
 
     #[test]
+    fn keep_prepared_hands_the_next_epoch_and_keeps_the_transaction() {
+        let mut next = pids();
+        let m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
+        let o = plan_add_partitions(Some(&m), 101, 0, &[tp("a", 0)], 100)
+            .unwrap()
+            .unwrap();
+        let keep = TwoPhase {
+            enable: true,
+            keep_prepared: true,
+        };
+        let (effects, kept) =
+            decide_init_2pc(Some(&o), "t", 5000, None, keep, 200, &mut next).unwrap();
+        assert_eq!(kept, Some((101, 0)));
+        let Effect::Persist(n) = &effects[0] else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(
+            (n.state, n.epoch, n.two_phase),
+            (TxnState::Ongoing, 1, true)
+        );
+        assert_eq!(n.partitions, o.partitions);
+        assert_eq!(
+            effects.last(),
+            Some(&Effect::Reply {
+                producer_id: 101,
+                epoch: 1
+            })
+        );
+        // The old producer is fenced; the new one commits the kept transaction.
+        assert_eq!(
+            plan_end(Some(n), 101, 0, true, 300),
+            Err(CoordError::ProducerFenced)
+        );
+        assert!(matches!(
+            plan_end(Some(n), 101, 1, true, 300),
+            Ok(EndPlan::Prepare(_))
+        ));
+        // A 2PC producer's transaction parks whatever the prefix policy says.
+        assert!(n.two_phase);
+        // Without keep, the open transaction is aborted as always, and the
+        // flag follows the request.
+        let (effects, kept) = decide_init_2pc(
+            Some(&o),
+            "t",
+            5000,
+            None,
+            TwoPhase::default(),
+            200,
+            &mut next,
+        )
+        .unwrap();
+        assert_eq!(kept, None);
+        assert!(effects
+            .iter()
+            .any(|e| matches!(e, Effect::WriteMarkers { commit: false, .. })));
+        assert!(effects
+            .iter()
+            .all(|e| !matches!(e, Effect::Persist(m) | Effect::PersistLater(m) if m.two_phase)));
+        // Nothing open: keep is an ordinary init.
+        let (effects, kept) =
+            decide_init_2pc(Some(&m), "t", 5000, None, keep, 200, &mut next).unwrap();
+        assert_eq!(kept, None);
+        assert!(effects
+            .iter()
+            .any(|e| matches!(e, Effect::Persist(m) if m.two_phase && m.epoch == 1)));
+    }
+
+    #[test]
     fn park_policy_names_writers() {
         let p = ParkPolicy::new(" orders-sink, flink-* ,", 60_000);
         assert_eq!(p.prefixes, vec!["orders-sink", "flink-*"]);
@@ -1252,6 +1377,7 @@ mod tests {
             },
             start_ms: if open { 10 } else { -1 },
             update_ms: 10,
+            two_phase: false,
         }
     }
 

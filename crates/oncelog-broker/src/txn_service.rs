@@ -207,6 +207,15 @@ pub enum AdminAbort {
     NotKnown,
 }
 
+/// InitProducerId's answer: the identity to use, and the identity of the
+/// prepared transaction it kept (KIP-939), if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Init {
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub kept: Option<(i64, i16)>,
+}
+
 /// One EndTxn request: the transaction's identity and outcome; `tv2` for
 /// EndTxn v5 (transaction version 2: every end bumps the epoch).
 #[derive(Debug, Clone, Copy)]
@@ -400,6 +409,18 @@ impl TxnService {
         }
     }
 
+    /// What `m`'s transaction becomes at its timeout: a two-phase-commit
+    /// producer's (KIP-939) and a policy writer's park, others abort.
+    fn on_timeout(&self, m: &TxnMeta) -> tc::OnTimeout {
+        if m.two_phase {
+            tc::OnTimeout::Park {
+                max_park_ms: self.park.max_park_ms,
+            }
+        } else {
+            self.park.on_timeout(&m.transactional_id)
+        }
+    }
+
     /// Transactions parked now, oldest first.
     pub fn parked(&self) -> Vec<Parked> {
         let now = now_ms();
@@ -407,7 +428,7 @@ impl TxnService {
             .snapshot()
             .values()
             .filter_map(|m| {
-                let since = tc::parked_since(m, now, self.park.on_timeout(&m.transactional_id))?;
+                let since = tc::parked_since(m, now, self.on_timeout(m))?;
                 Some(Parked {
                     transactional_id: m.transactional_id.clone(),
                     producer_id: m.producer_id,
@@ -907,20 +928,22 @@ impl TxnService {
         id: &str,
         timeout_ms: i32,
         expected: Option<(i64, i16)>,
+        two_phase: tc::TwoPhase,
         who: &Requester,
-    ) -> Result<(i64, i16), TxnError> {
+    ) -> Result<Init, TxnError> {
         let held = self.lock_id(id).await?;
         let before = self.meta(id);
         let mut alloc_err = None;
-        let decided = tc::decide_init(
+        let decided = tc::decide_init_2pc(
             before.as_ref(),
             id,
             timeout_ms,
             expected,
+            two_phase,
             now_ms(),
             &mut pid_source(b.as_ref(), &mut alloc_err),
         );
-        let effects = decided.map_err(|e| {
+        let (effects, kept) = decided.map_err(|e| {
             if e == CoordError::ProducerFenced {
                 let (pid, epoch) = expected.unwrap_or((-1, -1));
                 self.note_fenced_request(id, pid, epoch, "InitProducerId", who);
@@ -963,7 +986,15 @@ impl TxnService {
             epoch,
             "InitProducerId"
         );
-        Ok((pid, epoch))
+        if let Some((kpid, kepoch)) = kept {
+            tracing::info!(transactional_id = id, producer_id = pid, epoch, prepared_producer_id = kpid, prepared_epoch = kepoch,
+                "InitProducerId kept the prepared transaction (KIP-939 keepPreparedTxn); the new producer commits or aborts it");
+        }
+        Ok(Init {
+            producer_id: pid,
+            epoch,
+            kept,
+        })
     }
 
     /// Adds partitions to the open transaction (opening one if needed), for
@@ -1193,9 +1224,7 @@ impl TxnService {
         let expired: Vec<String> = self
             .snapshot()
             .values()
-            .filter(|m| {
-                tc::plan_timeout(m, now, self.park.on_timeout(&m.transactional_id)).is_some()
-            })
+            .filter(|m| tc::plan_timeout(m, now, self.on_timeout(m)).is_some())
             .map(|m| m.transactional_id.clone())
             .collect();
         for id in expired {
@@ -1211,7 +1240,7 @@ impl TxnService {
         let Some(m) = self.meta(&held.id) else { return };
         // Re-decided under the lock: the producer may have ended it meanwhile.
         let mut alloc_err = None;
-        let on = self.park.on_timeout(&m.transactional_id);
+        let on = self.on_timeout(&m);
         let effects = tc::decide_timeout(
             &m,
             now_ms(),

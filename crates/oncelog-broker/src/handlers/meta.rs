@@ -11,7 +11,7 @@ use kafka_protocol::messages::metadata_request::MetadataRequest;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
-use kafka_protocol::messages::{BrokerId, TopicName};
+use kafka_protocol::messages::{ApiKey, BrokerId, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use super::SUPPORTED;
@@ -24,10 +24,15 @@ pub fn api_versions(b: &Broker, version: i16, unsupported: bool) -> ApiVersionsR
     let keys = SUPPORTED
         .iter()
         .map(|(k, lo, hi)| {
+            // KIP-939's InitProducerId v6 only when the operator serves it.
+            let hi = match k {
+                ApiKey::InitProducerId if !b.config.two_phase_commit_enable => 5,
+                _ => *hi,
+            };
             ApiVersion::default()
                 .with_api_key(*k as i16)
                 .with_min_version(*lo)
-                .with_max_version(*hi)
+                .with_max_version(hi)
         })
         .collect();
     let code = if unsupported {

@@ -37,7 +37,8 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
-    (ApiKey::InitProducerId, 0, 5),
+    // v6 (KIP-939) is decoded always, advertised only when enabled (meta.rs).
+    (ApiKey::InitProducerId, 0, 6),
     (ApiKey::AddPartitionsToTxn, 0, 5),
     (ApiKey::AddOffsetsToTxn, 0, 4),
     (ApiKey::TxnOffsetCommit, 0, 5),
@@ -174,7 +175,11 @@ pub fn decode_request(frame: Bytes) -> Result<Decoded, FrameError> {
     let mut buf = frame;
     let header = RequestHeader::decode(&mut buf, key.request_header_version(version))
         .map_err(|e| malformed(format!("header: {e}")))?;
-    let body = RequestKind::decode(key, &mut buf, version).map_err(|e| malformed(e.to_string()))?;
+    let body = if key == ApiKey::InitProducerId && version == 6 {
+        RequestKind::InitProducerId(decode_init_producer_id_v6(&mut buf).map_err(malformed)?)
+    } else {
+        RequestKind::decode(key, &mut buf, version).map_err(|e| malformed(e.to_string()))?
+    };
     Ok(Decoded::Request(DecodedRequest {
         key,
         version,
@@ -182,6 +187,68 @@ pub fn decode_request(frame: Bytes) -> Result<Decoded, FrameError> {
         header,
         body,
     }))
+}
+
+/// InitProducerId v6 (KIP-939): v5's fields, then `Enable2Pc` and
+/// `KeepPreparedTxn`. Our protocol crate knows the fields but no version
+/// that carries them (Kafka marks v6 unstable), so it is read here.
+fn decode_init_producer_id_v6(
+    buf: &mut Bytes,
+) -> Result<kafka_protocol::messages::InitProducerIdRequest, String> {
+    use bytes::Buf;
+    fn uvarint(buf: &mut Bytes) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            if !buf.has_remaining() {
+                return Err("truncated varint".into());
+            }
+            let b = buf.get_u8();
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("varint too long".into())
+    }
+    fn need(buf: &Bytes, n: usize, what: &str) -> Result<(), String> {
+        if buf.remaining() < n {
+            Err(format!("truncated {what}"))
+        } else {
+            Ok(())
+        }
+    }
+    let len = uvarint(buf)?;
+    let transactional_id = match len {
+        0 => None,
+        n => {
+            let n = usize::try_from(n - 1).map_err(|_| "transactional id too long")?;
+            need(buf, n, "transactional id")?;
+            let raw = buf.split_to(n);
+            let s = kafka_protocol::protocol::StrBytes::from_utf8(raw)
+                .map_err(|_| "transactional id is not UTF-8".to_string())?;
+            Some(kafka_protocol::messages::TransactionalId(s))
+        }
+    };
+    need(buf, 4 + 8 + 2 + 1 + 1, "fields")?;
+    let timeout = buf.get_i32();
+    let producer_id = buf.get_i64();
+    let producer_epoch = buf.get_i16();
+    let enable_2_pc = buf.get_u8() != 0;
+    let keep_prepared_txn = buf.get_u8() != 0;
+    for _ in 0..uvarint(buf)? {
+        let _tag = uvarint(buf)?;
+        let size = usize::try_from(uvarint(buf)?).map_err(|_| "tagged field too long")?;
+        need(buf, size, "tagged field")?;
+        buf.advance(size);
+    }
+    let mut req = kafka_protocol::messages::InitProducerIdRequest::default()
+        .with_transaction_timeout_ms(timeout)
+        .with_producer_id(kafka_protocol::messages::ProducerId(producer_id))
+        .with_producer_epoch(producer_epoch);
+    req.transactional_id = transactional_id;
+    req.enable_2_pc = enable_2_pc;
+    req.keep_prepared_txn = keep_prepared_txn;
+    Ok(req)
 }
 
 /// Handles one request frame (without its length prefix). Work that must

@@ -74,14 +74,40 @@ pub async fn init_producer_id(
     }
     let expected =
         (version >= 3 && req.producer_id.0 >= 0).then_some((req.producer_id.0, req.producer_epoch));
+    let two_phase = crate::txn_coordinator::TwoPhase {
+        enable: version >= 6 && req.enable_2_pc,
+        keep_prepared: version >= 6 && req.keep_prepared_txn,
+    };
+    if (two_phase.enable || two_phase.keep_prepared) && !b.config.two_phase_commit_enable {
+        tracing::warn!(transactional_id = %id, "InitProducerId asked for two-phase commit (KIP-939), which is off (transaction.two.phase.commit.enable)");
+        return resp.with_error_code(ErrorCode::TransactionalIdAuthorizationFailed.code());
+    }
+    if two_phase.keep_prepared && expected.is_some() {
+        // Kept only by the first InitProducerId of a restarted producer.
+        return resp.with_error_code(ErrorCode::InvalidRequest.code());
+    }
+    let resp = resp
+        .with_ongoing_txn_producer_id(ProducerId(-1))
+        .with_ongoing_txn_producer_epoch(-1);
     match b
         .txn
-        .init_producer_id(&b, &id, req.transaction_timeout_ms, expected, &who)
+        .init_producer_id(
+            &b,
+            &id,
+            req.transaction_timeout_ms,
+            expected,
+            two_phase,
+            &who,
+        )
         .await
     {
-        Ok((pid, epoch)) => resp
-            .with_producer_id(ProducerId(pid))
-            .with_producer_epoch(epoch),
+        Ok(init) => {
+            let (kpid, kepoch) = init.kept.unwrap_or((-1, -1));
+            resp.with_producer_id(ProducerId(init.producer_id))
+                .with_producer_epoch(init.epoch)
+                .with_ongoing_txn_producer_id(ProducerId(kpid))
+                .with_ongoing_txn_producer_epoch(kepoch)
+        }
         Err(e) => resp.with_error_code(txn_error_code(&e, version >= 4).code()),
     }
 }

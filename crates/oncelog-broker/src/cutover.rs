@@ -20,7 +20,8 @@
 //!    start until done (`fenced`).
 //! 3. **RolledBack** (`oncelog cutover rollback`, only while draining): BLUE
 //!    is the writer again; GREEN's open transactions on the topic can no
-//!    longer commit.
+//!    longer commit, and are aborted (their producers fenced) so they do not
+//!    pin the topic's last stable offset until their timeout.
 //!
 //! Why no interval has commits of both writers: a commit of a transaction
 //! that holds the topic is checked under its transactional id's lock, in
@@ -67,6 +68,7 @@ pub struct Cutover {
     /// When it switched or rolled back.
     pub ended_ms: i64,
     /// After the switch: every BLUE id fenced and the topic config set.
+    /// After a rollback: GREEN's transactions holding the topic aborted.
     pub done: bool,
     /// BLUE transactions the drain deadline aborted.
     pub aborted_at_deadline: Vec<String>,
@@ -101,7 +103,9 @@ pub fn check_write(
             }
             Some(c.from.as_str())
         }
-        Some(c) if c.phase == Phase::Switched => Some(c.to.as_str()),
+        // Until the topic config is set (`done`), the switch decides; after
+        // it, the config does (an operator may change it again).
+        Some(c) if c.phase == Phase::Switched && !c.done => Some(c.to.as_str()),
         _ => config,
     };
     match allowed {
@@ -149,6 +153,12 @@ pub fn plan_start(
         return Err(format!(
             "topic {topic} is already being cut over from {:?} to {:?}; roll it back first",
             c.from, c.to
+        ));
+    }
+    if let Some(c) = existing.filter(|c| c.phase != Phase::Draining && !c.done) {
+        return Err(format!(
+            "topic {topic}'s cut-over from {:?} to {:?} is still finishing ({:?}: fencing and the topic config); try again in a moment",
+            c.from, c.to, c.phase
         ));
     }
     if let Some(p) = config.filter(|p| !p.is_empty()) {
@@ -329,6 +339,7 @@ pub async fn drive<H: Host>(h: &Arc<H>) {
         match c.phase {
             Phase::Draining => drain(h, &c).await,
             Phase::Switched if !c.done => finish(h, &c).await,
+            Phase::RolledBack if !c.done => undo(h, &c).await,
             _ => {}
         }
     }
@@ -348,7 +359,7 @@ async fn drain<H: Host>(h: &Arc<H>, c: &Cutover) {
                 "cut-over drain deadline reached: aborting the old writer's open transactions");
             if let Err(e) = h
                 .txn()
-                .fence_writer(h, &c.from, "cut-over drain deadline")
+                .fence_writer(h, &c.from, Some(&c.topic), "cut-over drain deadline")
                 .await
             {
                 tracing::warn!(topic = %c.topic, error = %e, "cut-over: fencing at the drain deadline is not finished");
@@ -388,8 +399,29 @@ async fn drain<H: Host>(h: &Arc<H>, c: &Cutover) {
     }
 }
 
+/// After a rollback: the new writer's transactions holding the topic can
+/// never commit; they are aborted (and their producers fenced).
+async fn undo<H: Host>(h: &Arc<H>, c: &Cutover) {
+    if let Err(e) = h
+        .txn()
+        .fence_writer(h, &c.to, Some(&c.topic), "cut-over rolled back")
+        .await
+    {
+        tracing::warn!(topic = %c.topic, error = %e, "cut-over rollback: aborting the new writer's transactions is not finished; retried");
+        return;
+    }
+    let _ = h.cutovers().update(&c.topic, |cur| {
+        Ok(cur.cloned().map(|mut n| {
+            if n.phase == Phase::RolledBack {
+                n.done = true;
+            }
+            n
+        }))
+    });
+}
+
 async fn finish<H: Host>(h: &Arc<H>, c: &Cutover) {
-    let fenced = match h.txn().fence_writer(h, &c.from, "cut-over").await {
+    let fenced = match h.txn().fence_writer(h, &c.from, None, "cut-over").await {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(topic = %c.topic, error = %e, "cut-over: fencing the old writer is not finished; retried");
@@ -455,6 +487,7 @@ mod tests {
         assert!(plan_start(None, "t", None, "a", "b", 0, 1).is_ok());
         let mut rolled = c.clone();
         rolled.phase = Phase::RolledBack;
+        rolled.done = true;
         assert!(plan_start(
             Some(&rolled),
             "orders",
@@ -497,7 +530,7 @@ mod tests {
     }
 
     #[test]
-    fn after_the_switch_green_is_the_writer_whatever_the_config_says() {
+    fn after_the_switch_green_is_the_writer_until_the_config_says_so() {
         let mut c = draining();
         c.phase = Phase::Switched;
         let cfg = Some("orders-sink");
@@ -505,6 +538,52 @@ mod tests {
         assert!(check_commit(Some(&c), cfg, "orders-green-1-3").is_ok());
         assert!(check_write(Some(&c), cfg, "orders-sink-0-7", true).is_err());
         assert!(check_commit(Some(&c), cfg, "orders-sink-0-7").is_err());
+        // Done: the topic config (set to green by the switch, or changed by
+        // an operator since) decides again.
+        c.done = true;
+        assert!(check_write(Some(&c), Some("orders-green"), "orders-green-1-3", false).is_ok());
+        assert!(check_write(Some(&c), Some("purple"), "purple-0", false).is_ok());
+        assert!(check_write(Some(&c), Some("purple"), "orders-green-1-3", false).is_err());
+    }
+
+    #[test]
+    fn a_new_cutover_waits_until_the_last_one_is_done() {
+        let mut c = draining();
+        c.phase = Phase::Switched;
+        let err = plan_start(
+            Some(&c),
+            "orders",
+            Some("orders-sink"),
+            "orders-sink",
+            "x",
+            0,
+            1,
+        )
+        .unwrap_err();
+        assert!(err.contains("still finishing"), "{err}");
+        c.done = true;
+        assert!(plan_start(
+            Some(&c),
+            "orders",
+            Some("orders-green"),
+            "orders-green",
+            "x",
+            0,
+            1
+        )
+        .is_ok());
+        c.phase = Phase::RolledBack;
+        c.done = false;
+        assert!(plan_start(
+            Some(&c),
+            "orders",
+            Some("orders-sink"),
+            "orders-sink",
+            "x",
+            0,
+            1
+        )
+        .is_err());
     }
 
     #[test]

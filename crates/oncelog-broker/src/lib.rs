@@ -444,6 +444,13 @@ impl txn_service::TxnRuntime for Broker {
     }
 
     fn record_commit(&self, topic: &str, transactional_id: &str, now_ms: i64) {
+        // A cut-over handed the topic over: the old writer's recent commits
+        // are no second writer.
+        if let Some(c) = self.cutovers.get(topic) {
+            if c.phase == cutover::Phase::Switched && writers::prefix_of(transactional_id) == c.to {
+                self.writers.forget(topic, &c.from);
+            }
+        }
         self.writers.record_commit(topic, transactional_id, now_ms)
     }
 

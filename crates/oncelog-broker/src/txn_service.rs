@@ -342,19 +342,22 @@ impl TxnService {
         v
     }
 
-    /// Fences every transactional id of `writer`: an open transaction is
+    /// Fences every transactional id of `writer` (only those whose
+    /// transaction holds `holding`, when given): an open transaction is
     /// aborted with a bumped epoch, an idle id gets a bumped epoch. `Ok(n)`:
     /// all fenced (n of them); `Err`: some were busy or failed, call again.
     pub async fn fence_writer<R: TxnRuntime>(
         &self,
         b: &Arc<R>,
         writer: &str,
+        holding: Option<&str>,
         why: &str,
     ) -> Result<usize, String> {
         let ids: Vec<String> = self
             .snapshot()
             .values()
             .filter(|m| crate::writers::prefix_of(&m.transactional_id) == writer)
+            .filter(|m| holding.is_none_or(|t| holds_topic(m, t)))
             .map(|m| m.transactional_id.clone())
             .collect();
         let mut left = 0;
@@ -367,6 +370,9 @@ impl TxnService {
                 }
             };
             let Some(m) = self.meta(id) else { continue };
+            if holding.is_some_and(|t| !holds_topic(&m, t)) {
+                continue;
+            }
             let now = now_ms();
             let mut alloc_err = None;
             let effects = match m.state {
@@ -1133,7 +1139,7 @@ impl TxnService {
                         match b.commit_gate(t, id) {
                             Ok(()) => {}
                             Err(Gate::Held(why)) => {
-                                tracing::info!(transactional_id = id, topic = t, reason = %why, "commit held");
+                                tracing::debug!(transactional_id = id, topic = t, reason = %why, "commit held");
                                 return Err(TxnError::Coord(CoordError::ConcurrentTransactions));
                             }
                             Err(Gate::Refused(why)) => {

@@ -122,6 +122,14 @@ impl Writers {
         }
     }
 
+    /// Forgets `writer`'s commits to `topic` (it handed the topic over).
+    pub fn forget(&self, topic: &str, writer: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = seen.get_mut(topic) {
+            t.remove(writer);
+        }
+    }
+
     /// Live writer prefixes per topic (within the window).
     pub fn live(&self, now: i64) -> BTreeMap<String, Vec<String>> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());

@@ -216,6 +216,12 @@ def test_hand_over_from_blue_to_green(broker):
     assert st["waiting_for"][0]["state"] == "Ongoing", st
     assert phase_metric(broker, topic, "blue", "green", "Draining", "false") == 1
     assert value(metrics(broker), "oncelog_cutover_waiting_transactions", topic=topic) == 1
+    # `topic describe` shows it too.
+    d = subprocess.run([str(oncelog_bin()), "topic", "describe", topic, "--bootstrap", broker.bootstrap,
+                        "--admin", f"http://{broker.overrides['metrics.listen']}", "--json"],
+                       capture_output=True, text=True, timeout=30)
+    assert d.returncode == 0, d.stderr
+    assert json.loads(d.stdout)["cutover"]["phase"] == "Draining", d.stdout
 
     green = producer(broker, "green-0")
     green.begin_transaction()

@@ -42,8 +42,9 @@ pub enum TopicCmd {
         #[arg(long = "config", value_name = "KEY=VALUE")]
         configs: Vec<String>,
     },
-    /// Show a topic's partitions with their offsets and, for a compacted
-    /// topic, the log cleaner's state (from the broker's HTTP port).
+    /// Show a topic's partitions with their offsets and, from the broker's
+    /// HTTP port, a compacted topic's log cleaner state and a fenced topic's
+    /// cut-over (oncelog cutover).
     Describe {
         name: String,
         /// The broker's HTTP endpoint (`metrics.listen`); default
@@ -262,8 +263,25 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
             // from the HTTP port, and its absence must not hide the rest.
             let mut cleaner = Value::Null;
             let mut cleaner_unavailable = None;
+            let fenced = configs
+                .iter()
+                .any(|(k, _)| k == "writer.transactional.id.prefix");
+            let explicit_admin = admin.is_some();
+            let admin = admin.unwrap_or_else(|| super::history::default_admin_url(bootstrap));
+            // A topic's cut-over (oncelog cutover), when it has or had one.
+            let mut cutover = Value::Null;
+            if fenced || explicit_admin {
+                let path = format!(
+                    "/v1/cutover?topic={}",
+                    super::history::percent_encode(&name)
+                );
+                if let Ok(v) = super::history::get_json(&admin, &path).await {
+                    if v["phase"] != "None" {
+                        cutover = v;
+                    }
+                }
+            }
             if compacted {
-                let admin = admin.unwrap_or_else(|| super::history::default_admin_url(bootstrap));
                 match super::history::cleaner(&admin).await {
                     Ok(v) => cleaner = v["partitions"].clone(),
                     Err(e) => cleaner_unavailable = Some(format!("{e:#}")),
@@ -292,6 +310,28 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
             }
             if let (false, Some(why)) = (json_out, &cleaner_unavailable) {
                 println!("cleaner state unavailable: {why}");
+            }
+            if !json_out && !cutover.is_null() {
+                let waiting: Vec<&str> = cutover["waiting_for"]
+                    .as_array()
+                    .map(|w| {
+                        w.iter()
+                            .filter_map(|t| t["transactional_id"].as_str())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                println!(
+                    "cut-over: {} from {} to {}{}{}",
+                    cutover["phase"].as_str().unwrap_or("?"),
+                    cutover["from"].as_str().unwrap_or("?"),
+                    cutover["to"].as_str().unwrap_or("?"),
+                    if cutover["done"] == true { ", done" } else { "" },
+                    if waiting.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", waiting for {}", waiting.join(","))
+                    }
+                );
             }
             let mut header = vec!["PARTITION", "LOG-START", "HIGH-WATERMARK", "LSO"];
             if compacted {
@@ -336,6 +376,9 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
             let mut out = json!({"topic": name, "partitions": rows, "configs": configs});
             if let Some(why) = cleaner_unavailable {
                 out["cleaner_unavailable"] = json!(why);
+            }
+            if !cutover.is_null() {
+                out["cutover"] = cutover;
             }
             emit(json_out, &out, &header, table);
         }

@@ -325,7 +325,11 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
                     cutover["phase"].as_str().unwrap_or("?"),
                     cutover["from"].as_str().unwrap_or("?"),
                     cutover["to"].as_str().unwrap_or("?"),
-                    if cutover["done"] == true { ", done" } else { "" },
+                    if cutover["done"] == true {
+                        ", done"
+                    } else {
+                        ""
+                    },
                     if waiting.is_empty() {
                         String::new()
                     } else {

@@ -682,8 +682,11 @@ pub struct TwoPhase {
     pub keep_prepared: bool,
 }
 
-/// InitProducerId with KIP-939's fields. Besides the effects, the identity
-/// the kept transaction was prepared under (`None` when none was kept).
+/// A decision, and the identity a kept prepared transaction was prepared
+/// under (`None` when none was kept).
+pub type InitDecision = (Vec<Effect>, Option<(i64, i16)>);
+
+/// InitProducerId with KIP-939's fields.
 pub fn decide_init_2pc(
     existing: Option<&TxnMeta>,
     id: &str,
@@ -692,7 +695,7 @@ pub fn decide_init_2pc(
     two_phase: TwoPhase,
     now: i64,
     new_pid: &mut dyn FnMut() -> i64,
-) -> Result<(Vec<Effect>, Option<(i64, i16)>), CoordError> {
+) -> Result<InitDecision, CoordError> {
     if two_phase.keep_prepared {
         if let Some(m) = existing.filter(|m| m.state == TxnState::Ongoing) {
             if !exhausted(m.epoch.saturating_add(1)) {

@@ -85,6 +85,25 @@ def test_compacted_workload_under_faults(tmp_path):
     assert log.count(" cleaned ") >= 3, "the cleaner ran during the audit"
 
 
+@pytest.mark.timeout(600)
+def test_recommit_workload_under_faults(tmp_path):
+    """Idempotent re-commit under faults (issue #15): every other
+    transaction's end is sent again with the producer id and epoch it was
+    ended under (EndTxn v1 and the version it was ended with, transaction
+    version 2 included), for its own outcome and the other one, sometimes
+    after a broker restart and sometimes after a newer instance's
+    InitProducerId. The same outcome must succeed, the other outcome and
+    anything after a newer producer must be refused, and the data stays
+    exactly once."""
+    p, r = audit(tmp_path, "recommit", 30, "--quiet-ms", "2500,4500",
+                 "--faults", "broker-kill,client-kill,broker-pause,zombie")
+    assert_clean(p, r)
+    assert r["faults"].get("broker-kill", 0) >= 2
+    assert r["txns_committed"] > 50 and r["txns_aborted"] > 0
+    assert r["recommits_must_succeed"] > 50 and r["recommits_must_refuse"] > 50, r
+    assert r["recommits_after_reconnect"] > 0, r
+
+
 def test_audit_refuses_broker_faults_without_owning_the_broker(tmp_path):
     p = subprocess.run([str(oncelog_bin()), "audit", "--bootstrap", "127.0.0.1:1",
                         "--faults", "broker-kill", "--duration", "1"],

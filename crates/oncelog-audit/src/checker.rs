@@ -56,11 +56,21 @@ pub enum AnomalyKind {
     /// A paused producer whose id was taken over committed, or made visible,
     /// a transaction whose commit it had not requested before the pause.
     ZombieWrite,
+    /// A re-sent EndTxn with its transaction's own outcome, from the producer
+    /// id and epoch the transaction was ended under, was refused although no
+    /// InitProducerId of its transactional id could have fenced that
+    /// identity first (idempotent re-commit).
+    RecommitRefused,
+    /// A re-sent EndTxn that had to be refused was answered success: it
+    /// asked for the other outcome than its transaction's, or a newer
+    /// producer of its transactional id had finished InitProducerId before
+    /// it was sent.
+    RecommitWronglyAccepted,
 }
 
 impl AnomalyKind {
     /// Every kind, in report order.
-    pub const ALL: [AnomalyKind; 13] = [
+    pub const ALL: [AnomalyKind; 15] = [
         AnomalyKind::LostWrite,
         AnomalyKind::Unseen,
         AnomalyKind::Duplicate,
@@ -74,6 +84,8 @@ impl AnomalyKind {
         AnomalyKind::UnknownValue,
         AnomalyKind::LsoStuck,
         AnomalyKind::ZombieWrite,
+        AnomalyKind::RecommitRefused,
+        AnomalyKind::RecommitWronglyAccepted,
     ];
 
     /// The snake_case name, as serialized.
@@ -92,6 +104,8 @@ impl AnomalyKind {
             AnomalyKind::UnknownValue => "unknown_value",
             AnomalyKind::LsoStuck => "lso_stuck",
             AnomalyKind::ZombieWrite => "zombie_write",
+            AnomalyKind::RecommitRefused => "recommit_refused",
+            AnomalyKind::RecommitWronglyAccepted => "recommit_wrongly_accepted",
         }
     }
 }
@@ -126,6 +140,24 @@ pub struct Report {
     pub final_reads: Option<u64>,
     /// Faults injected, copied from the history.
     pub faults: BTreeMap<String, u64>,
+    /// Re-sent EndTxn requests judged (answered, of a transaction whose
+    /// outcome is known or resolved from the final read).
+    #[serde(default)]
+    pub recommits_checked: u64,
+    /// Of those, the ones that had to succeed, and the ones that had to be
+    /// refused (the rest could be either: a fence may have come first).
+    #[serde(default)]
+    pub recommits_must_succeed: u64,
+    #[serde(default)]
+    pub recommits_must_refuse: u64,
+    /// Of those checked, the ones answered after the worker lost its
+    /// connection since the transaction's end (a broker restart, typically).
+    #[serde(default)]
+    pub recommits_after_reconnect: u64,
+    /// Re-sent EndTxn requests not judged: no answer, or a transaction of
+    /// unknown outcome without a final read.
+    #[serde(default)]
+    pub recommits_skipped: u64,
     /// Anomalies by kind name; only kinds that occurred.
     pub anomalies: BTreeMap<String, Vec<Anomaly>>,
 }
@@ -179,6 +211,16 @@ impl Report {
                 "reads: {} by polls, no final read (final-read checks skipped)\n",
                 self.poll_reads
             )),
+        }
+        if self.recommits_checked + self.recommits_skipped > 0 {
+            s.push_str(&format!(
+                "re-commits: {} checked ({} had to succeed, {} had to be refused; {} after a reconnect), {} skipped\n",
+                self.recommits_checked,
+                self.recommits_must_succeed,
+                self.recommits_must_refuse,
+                self.recommits_after_reconnect,
+                self.recommits_skipped
+            ));
         }
         if !self.faults.is_empty() {
             let f: Vec<String> = self
@@ -423,6 +465,7 @@ pub fn check(h: &History) -> Report {
     if let Some(fr) = &h.final_read {
         check_double_consume(h, fr, &mut out);
     }
+    check_recommits(h, &mut report, &mut out);
 
     report.anomalies = out
         .by_kind
@@ -870,11 +913,20 @@ fn check_zombies(h: &History, reads: &[(Src, &Read)], out: &mut Out) {
     }
     let mut doomed: Map<&str, u64> = Map::default();
     for p in &h.pauses {
-        for t in h
-            .txns
+        // A paused producer that, once resumed, finished an InitProducerId of
+        // its own is a new producer from then on (the `recommit` workload's
+        // second instance): its transactions after that are not a zombie's.
+        let reborn_ms = h
+            .producer_inits
             .iter()
-            .filter(|t| t.process == p.process && t.transactional)
-        {
+            .filter(|i| i.process == p.process && i.started_ms > p.paused_ms)
+            .filter_map(|i| i.ready_ms)
+            .min();
+        for t in h.txns.iter().filter(|t| {
+            t.process == p.process
+                && t.transactional
+                && reborn_ms.is_none_or(|r| t.start_ms < r)
+        }) {
             // `paused_ms` is read after the stop took effect: a commit logged in
             // that same millisecond was requested before it.
             let before_pause = t.commit_ms.is_some_and(|c| c <= p.paused_ms);
@@ -964,5 +1016,123 @@ fn check_double_consume(h: &History, fr: &FinalRead, out: &mut Out) {
                 }
             }
         }
+    }
+}
+
+/// Re-sent EndTxn requests (idempotent re-commit). Each names a transaction
+/// and the identity it was ended under. Its outcome is the recorded one, or
+/// for an indeterminate transaction the one the final read shows (committed
+/// if any of its values is visible, else aborted); without either the
+/// request is skipped, and so is one that never got an answer.
+/// * The other outcome must be refused, and so must anything sent after an
+///   InitProducerId of the transactional id that started once the
+///   transaction had begun and finished before the request was sent (a
+///   newer producer fences every older identity);
+/// * the same outcome must otherwise succeed, unless an InitProducerId of
+///   the id may have been applied after the transaction began and before
+///   the answer (started by then, not finished before the transaction began).
+///
+/// Times are milliseconds of one clock; the worker gives its own
+/// InitProducerId events a millisecond of their own, so equal times never
+/// hide its order.
+fn check_recommits(h: &History, report: &mut Report, out: &mut Out) {
+    if h.recommits.is_empty() {
+        return;
+    }
+    let txns: Map<u64, &Txn> = h.txns.iter().map(|t| (t.id, t)).collect();
+    let visible: Option<Map<&str, ()>> = h.final_read.as_ref().map(|fr| {
+        fr.partitions
+            .iter()
+            .flat_map(|p| p.reads.iter().map(|r| (r.value.as_str(), ())))
+            .collect()
+    });
+    for rc in &h.recommits {
+        let Some(code) = rc.error_code else {
+            report.recommits_skipped += 1;
+            continue;
+        };
+        let Some(t) = txns.get(&rc.txn) else {
+            report.recommits_skipped += 1;
+            continue;
+        };
+        let committed = match (t.outcome, &visible) {
+            (Outcome::Committed, _) => true,
+            (Outcome::Aborted, _) => false,
+            (Outcome::Indeterminate, Some(v)) => t.sent_values().any(|x| v.contains_key(x)),
+            (Outcome::Indeterminate, None) => {
+                report.recommits_skipped += 1;
+                continue;
+            }
+        };
+        let inits = || {
+            h.producer_inits
+                .iter()
+                .filter(|i| i.transactional_id == rc.transactional_id)
+        };
+        let fenced = inits().find(|i| {
+            i.started_ms >= t.start_ms && i.ready_ms.is_some_and(|r| r < rc.sent_ms)
+        });
+        let maybe_fenced = inits().any(|i| {
+            i.started_ms <= rc.answered_ms && i.ready_ms.is_none_or(|r| r >= t.start_ms)
+        });
+        let same = rc.commit == committed;
+        report.recommits_checked += 1;
+        if rc.reconnected {
+            report.recommits_after_reconnect += 1;
+        }
+        let what = || {
+            format!(
+                "EndTxn v{} ({}) of {}{} from producer {} epoch {} of {}, sent at {}ms",
+                rc.version,
+                if rc.commit { "commit" } else { "abort" },
+                txn_desc(t),
+                if t.outcome == Outcome::Indeterminate {
+                    if committed {
+                        ", committed by the final read"
+                    } else {
+                        ", aborted by the final read"
+                    }
+                } else {
+                    ""
+                },
+                rc.producer_id,
+                rc.epoch,
+                rc.transactional_id,
+                rc.sent_ms
+            )
+        };
+        if !same || fenced.is_some() {
+            report.recommits_must_refuse += 1;
+            if code == 0 {
+                let why = match fenced {
+                    Some(i) => format!(
+                        "process {} finished InitProducerId at {}ms",
+                        i.process,
+                        i.ready_ms.unwrap_or_default()
+                    ),
+                    None => "it asks for the other outcome".to_string(),
+                };
+                out.push(
+                    AnomalyKind::RecommitWronglyAccepted,
+                    format!("{} answered success although {why}", what()),
+                );
+            }
+        } else if !maybe_fenced {
+            report.recommits_must_succeed += 1;
+            if code != 0 {
+                out.push(
+                    AnomalyKind::RecommitRefused,
+                    format!("{} refused with {}", what(), error_name(code)),
+                );
+            }
+        }
+    }
+}
+
+/// A Kafka error code's name (`ProducerFenced (90)`).
+fn error_name(code: i16) -> String {
+    match kafka_protocol::error::ResponseError::try_from_code(code) {
+        Some(e) => format!("{e:?} ({code})"),
+        None => format!("error {code}"),
     }
 }

@@ -9,7 +9,11 @@
 //! * a `process` is one consumer session with a fixed assignment: a workload
 //!   whose assignment can change (rebalance) or that seeks back outside an
 //!   abort must continue under a new process id;
-//! * the final read covers every partition written during the run.
+//! * the final read covers every partition written during the run;
+//! * a `Recommit` names a transactional txn that ended before it was sent,
+//!   with the producer id and epoch that txn was ended under, and every
+//!   InitProducerId of that transactional id by the run's workers is in
+//!   `producer_inits` (the checker judges fences by them).
 
 use std::collections::BTreeMap;
 
@@ -149,6 +153,48 @@ pub struct Pause {
     pub resumed_ms: u64,
 }
 
+/// An InitProducerId on a transactional id, as the `recommit` workload
+/// logs each of its own: `started_ms` before the request was sent,
+/// `ready_ms` once it was answered (`None`: never answered). A completed
+/// one fences every older producer of the id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerInit {
+    pub process: u32,
+    pub transactional_id: String,
+    pub started_ms: u64,
+    #[serde(default)]
+    pub ready_ms: Option<u64>,
+}
+
+/// A re-sent EndTxn for a transaction that already ended, as a committer
+/// restored from a checkpoint sends it: the producer id and epoch the
+/// transaction was ended under, the outcome asked for, and the answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recommit {
+    /// The transaction (its [`Txn::id`]).
+    pub txn: u64,
+    pub process: u32,
+    pub transactional_id: String,
+    /// EndTxn(commit) if true, EndTxn(abort) if false.
+    pub commit: bool,
+    /// The EndTxn version sent.
+    pub version: i16,
+    pub producer_id: i64,
+    pub epoch: i16,
+    /// Before the first try.
+    pub sent_ms: u64,
+    /// When the last try ended.
+    pub answered_ms: u64,
+    /// The answer's error code (0: success) after retrying retriable ones;
+    /// `None`: every try lost its connection.
+    #[serde(default)]
+    pub error_code: Option<i16>,
+    /// The worker's connection was lost (typically a broker restart) between
+    /// the transaction's end and this answer.
+    #[serde(default)]
+    pub reconnected: bool,
+}
+
 /// Everything a run recorded.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct History {
@@ -172,4 +218,10 @@ pub struct History {
     /// key, its latest committed value; older values may be gone.
     #[serde(default)]
     pub compacted: bool,
+    /// InitProducerId requests of the workers that log them (`recommit`).
+    #[serde(default)]
+    pub producer_inits: Vec<ProducerInit>,
+    /// Re-sent EndTxn requests (`recommit`).
+    #[serde(default)]
+    pub recommits: Vec<Recommit>,
 }

@@ -17,6 +17,8 @@ mod history;
 pub mod load;
 mod load_common;
 #[cfg(feature = "librdkafka")]
+mod recommit;
+#[cfg(feature = "librdkafka")]
 pub mod runner;
 pub mod wire_load;
 #[cfg(feature = "librdkafka")]
@@ -24,5 +26,6 @@ pub mod worker;
 
 pub use checker::{check, Anomaly, AnomalyKind, Report};
 pub use history::{
-    FinalRead, History, LivenessCheck, Op, Outcome, PartitionRead, Pause, Read, Txn,
+    FinalRead, History, LivenessCheck, Op, Outcome, PartitionRead, Pause, ProducerInit, Read,
+    Recommit, Txn,
 };

@@ -25,16 +25,21 @@ use serde_json::json;
 
 use crate::worker::{now_ms, Event, Rng};
 use crate::{
-    check, FinalRead, History, LivenessCheck, Op, Outcome, PartitionRead, Pause, Read, Txn,
+    check, FinalRead, History, LivenessCheck, Op, Outcome, PartitionRead, Pause, ProducerInit,
+    Read, Recommit, Txn,
 };
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct AuditArgs {
     /// copier (Kafka's transactional copier), queue (mixed send/poll
-    /// transactions), zombie (paused producers must be fenced) or compacted
+    /// transactions), zombie (paused producers must be fenced), compacted
     /// (transactional writers of a small key space into a compacted topic
     /// the broker cleans meanwhile: the final read must hold every key's
-    /// latest committed value and no aborted value).
+    /// latest committed value and no aborted value) or recommit (every
+    /// other transaction's end is sent again with the producer id and epoch
+    /// it was ended under, as a restored committer does: the same outcome
+    /// must succeed, the other one and any end after a newer producer's
+    /// InitProducerId must be refused).
     #[arg(long, default_value = "copier")]
     pub workload: String,
     /// Seconds of workload under faults (healing and checking come after).
@@ -238,9 +243,9 @@ pub fn run(a: AuditArgs) -> i32 {
 fn run_inner(a: AuditArgs) -> Result<bool> {
     if !matches!(
         a.workload.as_str(),
-        "copier" | "queue" | "zombie" | "compacted"
+        "copier" | "queue" | "zombie" | "compacted" | "recommit"
     ) {
-        bail!("--workload must be copier, queue, zombie or compacted");
+        bail!("--workload must be copier, queue, zombie, compacted or recommit");
     }
     let dir = match &a.workdir {
         Some(d) => d.clone(),
@@ -255,6 +260,7 @@ fn run_inner(a: AuditArgs) -> Result<bool> {
         "copier" => (format!("{prefix}-in"), format!("{prefix}-out")),
         "queue" => (format!("{prefix}-q"), format!("{prefix}-q")),
         "compacted" => (String::new(), format!("{prefix}-c")),
+        "recommit" => (String::new(), format!("{prefix}-r")),
         _ => (String::new(), format!("{prefix}-z")),
     };
     let stop_file = dir.join("stop");
@@ -587,6 +593,11 @@ impl Run {
             "plain_writes": report.plain_writes,
             "poll_reads": report.poll_reads,
             "final_reads": report.final_reads,
+            "recommits_checked": report.recommits_checked,
+            "recommits_must_succeed": report.recommits_must_succeed,
+            "recommits_must_refuse": report.recommits_must_refuse,
+            "recommits_after_reconnect": report.recommits_after_reconnect,
+            "recommits_skipped": report.recommits_skipped,
             "faults": self.faults,
             "anomalies": counts,
             "anomaly_examples": report.anomalies.iter().map(|(k, v)| (k.clone(),
@@ -835,8 +846,13 @@ impl Run {
     /// Merges the worker histories and reads every partition back.
     fn history(&mut self) -> Result<History> {
         let mut txns = Vec::new();
+        let mut producer_inits = Vec::new();
+        let mut recommits = Vec::new();
         for (process, path) in &self.histories {
             txns.extend(parse_history(*process, path)?);
+            let (inits, ends) = parse_recommits(*process, path)?;
+            producer_inits.extend(inits);
+            recommits.extend(ends);
         }
         let mut topics = vec![self.output.clone()];
         if !self.input.is_empty() && self.input != self.output {
@@ -857,6 +873,8 @@ impl Run {
             faults: self.faults.clone(),
             pauses: self.pauses.clone(),
             compacted: self.a.workload == "compacted",
+            producer_inits,
+            recommits,
         })
     }
 }
@@ -908,7 +926,10 @@ pub fn parse_history(process: u32, path: &Path) -> Result<Vec<Txn>> {
         };
         let id = |t: u64| ((process as u64) << 32) | t;
         match ev {
-            Event::Ready { ms } | Event::Exit { ms, .. } => last_ms = last_ms.max(ms),
+            Event::Ready { ms } | Event::Exit { ms, .. } | Event::Init { ms, .. } => {
+                last_ms = last_ms.max(ms)
+            }
+            Event::Recommit { answered_ms, .. } => last_ms = last_ms.max(answered_ms),
             Event::Begin { txn, ms } => {
                 last_ms = last_ms.max(ms);
                 txns.insert(
@@ -999,6 +1020,62 @@ pub fn parse_history(process: u32, path: &Path) -> Result<Vec<Txn>> {
             t
         })
         .collect())
+}
+
+/// Reads the InitProducerId requests and re-sent EndTxn requests of one
+/// worker's history file (the `recommit` workload logs them).
+pub fn parse_recommits(process: u32, path: &Path) -> Result<(Vec<ProducerInit>, Vec<Recommit>)> {
+    let f = File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut inits: Vec<ProducerInit> = Vec::new();
+    let mut recommits = Vec::new();
+    for line in BufReader::new(f).lines() {
+        let line = line?;
+        let Ok(ev) = serde_json::from_str::<Event>(&line) else {
+            continue;
+        };
+        match ev {
+            Event::Init {
+                ms,
+                transactional_id,
+            } => inits.push(ProducerInit {
+                process,
+                transactional_id,
+                started_ms: ms,
+                ready_ms: None,
+            }),
+            Event::Ready { ms } => {
+                if let Some(i) = inits.last_mut().filter(|i| i.ready_ms.is_none()) {
+                    i.ready_ms = Some(ms);
+                }
+            }
+            Event::Recommit {
+                txn,
+                transactional_id,
+                commit,
+                version,
+                producer_id,
+                epoch,
+                sent_ms,
+                answered_ms,
+                error_code,
+                reconnected,
+            } => recommits.push(Recommit {
+                txn: ((process as u64) << 32) | txn,
+                process,
+                transactional_id,
+                commit,
+                version,
+                producer_id,
+                epoch,
+                sent_ms,
+                answered_ms,
+                error_code,
+                reconnected,
+            }),
+            _ => {}
+        }
+    }
+    Ok((inits, recommits))
 }
 
 /// Reads every partition of `topics` with a read_committed consumer until

@@ -1,6 +1,7 @@
 //! One workload process (`oncelog audit-worker`): a transactional librdkafka
 //! producer, and for the copier and queue workloads a read_committed consumer
-//! with a fixed assignment. It appends its history as JSON lines to a file,
+//! with a fixed assignment (the `recommit` workload's worker is
+//! [`crate::recommit`], on the project's own client). It appends its history as JSON lines to a file,
 //! each event written before the action it announces can take effect, so a
 //! `kill -9` leaves a history the checker can judge.
 
@@ -64,6 +65,26 @@ pub enum Event {
         ms: u64,
         reason: String,
     },
+    /// `recommit`: an InitProducerId of `transactional_id` is about to be
+    /// sent (a `Ready` follows once it is answered).
+    Init {
+        ms: u64,
+        transactional_id: String,
+    },
+    /// `recommit`: a re-sent EndTxn of the ended transaction `txn`, under the
+    /// identity it was ended with, and its answer (see [`crate::Recommit`]).
+    Recommit {
+        txn: u64,
+        transactional_id: String,
+        commit: bool,
+        version: i16,
+        producer_id: i64,
+        epoch: i16,
+        sent_ms: u64,
+        answered_ms: u64,
+        error_code: Option<i16>,
+        reconnected: bool,
+    },
 }
 
 pub use crate::load_common::now_ms;
@@ -75,7 +96,7 @@ pub const COMPACTED_KEYS: u64 = 40;
 pub struct WorkerArgs {
     #[arg(long)]
     pub bootstrap: String,
-    /// copier, queue, zombie or compacted.
+    /// copier, queue, zombie, compacted or recommit.
     #[arg(long)]
     pub workload: String,
     #[arg(long)]
@@ -140,12 +161,12 @@ impl Rng {
     }
 }
 
-struct Log {
+pub(crate) struct Log {
     out: BufWriter<File>,
 }
 
 impl Log {
-    fn open(path: &Path) -> Result<Self> {
+    pub(crate) fn open(path: &Path) -> Result<Self> {
         let f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -155,13 +176,13 @@ impl Log {
             out: BufWriter::new(f),
         })
     }
-    fn ev(&mut self, e: &Event) -> Result<()> {
+    pub(crate) fn ev(&mut self, e: &Event) -> Result<()> {
         serde_json::to_writer(&mut self.out, e)?;
         self.out.write_all(b"\n")?;
         Ok(())
     }
     /// Makes everything logged so far survive a kill -9 of this process.
-    fn flush(&mut self) -> Result<()> {
+    pub(crate) fn flush(&mut self) -> Result<()> {
         self.out.flush()?;
         Ok(())
     }
@@ -273,13 +294,18 @@ fn retry<T>(
     }
 }
 
-fn parent_alive() -> bool {
+pub(crate) fn parent_alive() -> bool {
     std::os::unix::process::parent_id() != 1
 }
 
 /// The worker's main loop. Exit codes: 0 stopped, 3 fenced, 4 other fatal.
 pub fn run(a: WorkerArgs) -> i32 {
-    match run_inner(&a) {
+    let result = if a.workload == "recommit" {
+        crate::recommit::run(&a)
+    } else {
+        run_inner(&a)
+    };
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("audit worker {}: {e:#}", a.process);

@@ -141,6 +141,12 @@ impl Producer {
         self.producer_id
     }
 
+    /// The producer epoch (-1 for acks=1). With [`Producer::producer_id`],
+    /// the identity the open transaction is ended under.
+    pub fn epoch(&self) -> i16 {
+        self.epoch
+    }
+
     pub fn is_transactional(&self) -> bool {
         self.txn.is_some()
     }
@@ -196,11 +202,28 @@ impl Producer {
 
     /// Commits (or aborts) the open transaction, if there is one.
     pub async fn end_txn(&mut self, c: &mut Cluster, commit: bool) -> Result<(), ClientError> {
+        self.end_txn_at(c, commit, 4).await.map(|_| ())
+    }
+
+    /// Commits (or aborts) the open transaction with EndTxn at the highest
+    /// version both sides support up to `max_version`, and returns that
+    /// version (`None`: no transaction was open, nothing was sent). From
+    /// version 5 (KIP-890 transaction version 2) every end bumps the epoch:
+    /// the producer takes the identity the answer hands out, and its
+    /// sequences start again at 0. Retriable answers are retried; a lost
+    /// connection is returned as an error with the transaction still open
+    /// here, so a call after reconnecting sends the same end again.
+    pub async fn end_txn_at(
+        &mut self,
+        c: &mut Cluster,
+        commit: bool,
+        max_version: i16,
+    ) -> Result<Option<i16>, ClientError> {
         let Some((tid, node)) = self.txn.clone() else {
-            return Ok(());
+            return Ok(None);
         };
         if self.in_txn.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let req = EndTxnRequest::default()
             .with_transactional_id(TransactionalId(s(&tid)))
@@ -208,14 +231,19 @@ impl Producer {
             .with_producer_epoch(self.epoch)
             .with_committed(commit);
         for attempt in 0..30 {
-            let (r, _) = c
+            let (r, version) = c
                 .node(node)
                 .await?
-                .call_max::<_, EndTxnResponse>(ApiKey::EndTxn, &req, 4)
+                .call_max::<_, EndTxnResponse>(ApiKey::EndTxn, &req, max_version)
                 .await?;
             if r.error_code == 0 {
                 self.in_txn.clear();
-                return Ok(());
+                let next = (r.producer_id.0, r.producer_epoch);
+                if version >= 5 && next.0 >= 0 && next != (self.producer_id, self.epoch) {
+                    (self.producer_id, self.epoch) = next;
+                    self.sequences.clear();
+                }
+                return Ok(Some(version));
             }
             if !retriable(r.error_code) {
                 check(

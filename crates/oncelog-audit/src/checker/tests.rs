@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::*;
-use crate::history::{FinalRead, LivenessCheck, PartitionRead, Pause};
+use crate::history::{FinalRead, LivenessCheck, PartitionRead, Pause, ProducerInit, Recommit};
 
 fn send(topic: &str, partition: i32, key: &str, value: &str, offset: Option<i64>) -> Op {
     Op::Send {
@@ -1212,4 +1212,136 @@ fn compacted_final_read_with_an_aborted_value_is_an_aborted_read() {
         "{}",
         r.summary()
     );
+}
+
+/// The `recommit` workload: process 1's transactions 1 (committed, values
+/// at offsets 0-1), 2 (aborted) and 3 (indeterminate, its value visible),
+/// all of transactional id "r-1"; the final read shows 1's and 3's values.
+fn recommit_history(recommits: Vec<Recommit>, inits: Vec<ProducerInit>) -> History {
+    let mut h = history(
+        vec![
+            txn(
+                1,
+                1,
+                Outcome::Committed,
+                100,
+                Some(105),
+                vec![send("r", 0, "a", "a", Some(0)), send("r", 0, "b", "b", Some(1))],
+            ),
+            txn(
+                2,
+                1,
+                Outcome::Aborted,
+                200,
+                None,
+                vec![send("r", 0, "c", "c", Some(2))],
+            ),
+            txn(
+                3,
+                1,
+                Outcome::Indeterminate,
+                300,
+                Some(305),
+                vec![send("r", 0, "d", "d", Some(4))],
+            ),
+        ],
+        Some(vec![part("r", 0, &[(0, "a"), (1, "b"), (4, "d")])]),
+    );
+    h.recommits = recommits;
+    h.producer_inits = inits;
+    h
+}
+
+fn re_end(txn: u64, commit: bool, sent_ms: u64, error_code: Option<i16>) -> Recommit {
+    Recommit {
+        txn,
+        process: 1,
+        transactional_id: "r-1".into(),
+        commit,
+        version: 5,
+        producer_id: 7,
+        epoch: 3,
+        sent_ms,
+        answered_ms: sent_ms + 2,
+        error_code,
+        reconnected: false,
+    }
+}
+
+fn init_at(started_ms: u64, ready_ms: Option<u64>) -> ProducerInit {
+    ProducerInit {
+        process: 1,
+        transactional_id: "r-1".into(),
+        started_ms,
+        ready_ms,
+    }
+}
+
+const FENCED: i16 = 90;
+
+#[test]
+fn recommits_with_their_own_outcome_succeed_and_the_other_is_refused() {
+    let h = recommit_history(
+        vec![
+            re_end(1, true, 150, Some(0)),
+            re_end(1, false, 151, Some(FENCED)),
+            re_end(2, false, 250, Some(0)),
+            re_end(2, true, 251, Some(FENCED)),
+            // Indeterminate, resolved as committed by the final read.
+            re_end(3, true, 350, Some(0)),
+            re_end(3, false, 351, Some(FENCED)),
+            // Unanswered: not judged.
+            re_end(1, true, 152, None),
+        ],
+        vec![init_at(10, Some(20))],
+    );
+    let r = check(&h);
+    assert!(r.is_clean(), "{}", r.summary());
+    assert_eq!(r.recommits_checked, 6);
+    assert_eq!(r.recommits_must_succeed, 3);
+    assert_eq!(r.recommits_must_refuse, 3);
+    assert_eq!(r.recommits_skipped, 1);
+}
+
+#[test]
+fn a_refused_recommit_of_its_own_outcome_is_reported() {
+    let h = recommit_history(vec![re_end(1, true, 150, Some(FENCED))], vec![]);
+    assert_only(&check(&h), AnomalyKind::RecommitRefused);
+    // Committed by the final read, so refusing its commit is wrong too.
+    let h = recommit_history(vec![re_end(3, true, 350, Some(FENCED))], vec![]);
+    assert_only(&check(&h), AnomalyKind::RecommitRefused);
+}
+
+#[test]
+fn an_accepted_recommit_of_the_other_outcome_is_reported() {
+    // The door a zombie must not find: committing an aborted transaction.
+    let h = recommit_history(vec![re_end(2, true, 250, Some(0))], vec![]);
+    assert_only(&check(&h), AnomalyKind::RecommitWronglyAccepted);
+    let h = recommit_history(vec![re_end(1, false, 150, Some(0))], vec![]);
+    assert_only(&check(&h), AnomalyKind::RecommitWronglyAccepted);
+}
+
+#[test]
+fn a_recommit_after_a_newer_producer_must_be_refused() {
+    // A second instance finished InitProducerId (at 140) after txn 1 began
+    // and before the re-commit was sent: the old identity is fenced.
+    let h = recommit_history(vec![re_end(1, true, 150, Some(0))], vec![init_at(130, Some(140))]);
+    assert_only(&check(&h), AnomalyKind::RecommitWronglyAccepted);
+    let h = recommit_history(vec![re_end(1, true, 150, Some(FENCED))], vec![init_at(130, Some(140))]);
+    let r = check(&h);
+    assert!(r.is_clean(), "{}", r.summary());
+    assert_eq!(r.recommits_must_refuse, 1);
+}
+
+#[test]
+fn a_recommit_racing_an_init_may_go_either_way() {
+    // The InitProducerId was under way while the re-commit was: either
+    // answer is right, and neither is counted as a must.
+    for code in [0, FENCED] {
+        let h = recommit_history(vec![re_end(1, true, 150, Some(code))], vec![init_at(149, Some(155))]);
+        let r = check(&h);
+        assert!(r.is_clean(), "{code}: {}", r.summary());
+        assert_eq!((r.recommits_must_succeed, r.recommits_must_refuse), (0, 0));
+        assert_eq!(r.recommits_checked, 1);
+    }
 }

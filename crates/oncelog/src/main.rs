@@ -10,6 +10,7 @@ use oncelog_broker::{Broker, BrokerConfig};
 
 mod alloc_guard;
 mod cli;
+mod sigpipe;
 
 #[global_allocator]
 static GLOBAL: alloc_guard::Guard = alloc_guard::Guard;
@@ -273,6 +274,7 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
 {
+    sigpipe::default();
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -322,6 +322,55 @@ def test_new_blue_transaction_is_refused_open_one_commits(broker):
         "nothing of the refused transaction entered the log"
 
 
+def test_draining_keeps_blues_open_transaction_for_its_own_commit(broker):
+    """While draining, blue's transaction that holds the topic (the one a
+    savepoint hands to green's committer) ends only by its own EndTxn or at
+    the drain deadline: a restarting blue instance's InitProducerId on the
+    same id (which would abort it) is refused loudly, its transaction
+    timeout passes without an abort, and the commit by its own identity
+    then goes through."""
+    topic = unique_topic("s10-keep")
+    create_topic(broker.bootstrap, topic, config={WRITER: "blue"})
+    blue = producer(broker, "blue-0", **{"transaction.timeout.ms": 2000, "message.timeout.ms": 2000})
+    blue.begin_transaction()
+    assert write(blue, topic, "blue", 4) == (0, [])
+    cutover(broker, "start", topic, "--from", "blue", "--to", "green", "--drain-timeout-ms", str(HOLDS))
+
+    restarted = txn_producer(broker.bootstrap, "blue-0")
+    err = fatal_error(lambda: restarted.init_transactions(30))
+    assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err
+    why = [line for line in log_lines(broker, "InitProducerId refused") if "blue-0" in line]
+    assert why and "being cut over" in why[0], why
+
+    # Well past the 2 s timeout (the reaper looks every second or so).
+    time.sleep(5)
+    st = status(broker, topic)
+    assert st["phase"] == "Draining", st
+    assert [(w["transactional_id"], w["state"]) for w in st["waiting_for"]] == [("blue-0", "Ongoing")], st
+    assert not [line for line in log_lines(broker, "transaction timed out") if "blue-0" in line]
+
+    blue.commit_transaction(30)
+    wait_until(lambda: status(broker, topic)["phase"] == "Switched", 10, interval=0.2, what="the switch")
+    assert values(read(broker, topic)) == ["blue-0", "blue-1", "blue-2", "blue-3"]
+
+
+def test_without_a_cutover_the_timeout_aborts_as_before(broker):
+    """The control: the same transaction on a topic not being cut over is
+    aborted at its timeout, and a new instance's InitProducerId succeeds."""
+    topic = unique_topic("s10-keep-control")
+    create_topic(broker.bootstrap, topic, config={WRITER: "blue"})
+    blue = producer(broker, "blue-0", **{"transaction.timeout.ms": 2000, "message.timeout.ms": 2000})
+    blue.begin_transaction()
+    assert write(blue, topic, "blue", 4) == (0, [])
+    wait_until(lambda: [line for line in log_lines(broker, "transaction timed out") if "blue-0" in line],
+               15, interval=0.2, what="the timeout abort")
+    restarted = producer(broker, "blue-0")
+    restarted.begin_transaction()
+    assert write(restarted, topic, "again", 1) == (0, [])
+    restarted.commit_transaction(30)
+    assert values(read(broker, topic)) == ["again-0"]
+
+
 def test_draining_survives_kill9_and_the_deadline_aborts_blue(broker):
     topic = unique_topic("s10-crash")
     create_topic(broker.bootstrap, topic, config={WRITER: "blue"})

@@ -923,9 +923,7 @@ fn check_zombies(h: &History, reads: &[(Src, &Read)], out: &mut Out) {
             .filter_map(|i| i.ready_ms)
             .min();
         for t in h.txns.iter().filter(|t| {
-            t.process == p.process
-                && t.transactional
-                && reborn_ms.is_none_or(|r| t.start_ms < r)
+            t.process == p.process && t.transactional && reborn_ms.is_none_or(|r| t.start_ms < r)
         }) {
             // `paused_ms` is read after the stop took effect: a commit logged in
             // that same millisecond was requested before it.
@@ -1069,12 +1067,10 @@ fn check_recommits(h: &History, report: &mut Report, out: &mut Out) {
                 .iter()
                 .filter(|i| i.transactional_id == rc.transactional_id)
         };
-        let fenced = inits().find(|i| {
-            i.started_ms >= t.start_ms && i.ready_ms.is_some_and(|r| r < rc.sent_ms)
-        });
-        let maybe_fenced = inits().any(|i| {
-            i.started_ms <= rc.answered_ms && i.ready_ms.is_none_or(|r| r >= t.start_ms)
-        });
+        let fenced = inits()
+            .find(|i| i.started_ms >= t.start_ms && i.ready_ms.is_some_and(|r| r < rc.sent_ms));
+        let maybe_fenced = inits()
+            .any(|i| i.started_ms <= rc.answered_ms && i.ready_ms.is_none_or(|r| r >= t.start_ms));
         let same = rc.commit == committed;
         report.recommits_checked += 1;
         if rc.reconnected {

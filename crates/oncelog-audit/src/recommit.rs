@@ -35,8 +35,7 @@ use kafka_protocol::messages::{ApiKey, ProducerId, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Compression, Record, TimestampType};
 use oncelog_client::{
-    retriable, Acks, ClientError, Cluster, CoordinatorType, Producer, ProducerConfig,
-    ResponseError,
+    retriable, Acks, ClientError, Cluster, CoordinatorType, Producer, ProducerConfig, ResponseError,
 };
 
 use crate::worker::{now_ms, parent_alive, Event, Log, Rng, WorkerArgs};
@@ -180,9 +179,7 @@ impl Worker<'_> {
                     next_ms().await;
                     return Ok(p);
                 }
-                Err(e) if start.elapsed() >= STEP_LIMIT => {
-                    return Err(e).context("InitProducerId")
-                }
+                Err(e) if start.elapsed() >= STEP_LIMIT => return Err(e).context("InitProducerId"),
                 Err(e) => {
                     self.note("InitProducerId", &e);
                     tokio::time::sleep(RETRY_PAUSE).await;

@@ -116,6 +116,16 @@ pub fn check_write(
     }
 }
 
+/// Must `id`'s open transaction holding the topic be kept from an abort by
+/// a new InitProducerId? While draining, the old writer's transactions that
+/// hold the topic end only by EndTxn from their own identity (a restored
+/// job's committer) or at the drain deadline: a restarting old job probing
+/// its transactional ids must not abort the very transaction a savepoint
+/// holds for the new job to commit.
+pub fn protects(c: Option<&Cutover>, id: &str) -> bool {
+    c.is_some_and(|c| c.phase == Phase::Draining && prefix_of(id) == c.from)
+}
+
 /// May `id` commit a transaction that holds a partition of the topic?
 pub fn check_commit(c: Option<&Cutover>, config: Option<&str>, id: &str) -> Result<(), Gate> {
     if let Some(c) = c.filter(|c| c.phase == Phase::Draining) {
@@ -527,6 +537,16 @@ mod tests {
             check_commit(Some(&c), cfg, "intruder-0-1"),
             Err(Gate::Refused(_))
         ));
+    }
+
+    #[test]
+    fn draining_protects_the_old_writers_open_transactions() {
+        let mut c = draining();
+        assert!(protects(Some(&c), "orders-sink-0-5"));
+        assert!(!protects(Some(&c), "orders-green-0-5"));
+        assert!(!protects(None, "orders-sink-0-5"));
+        c.phase = Phase::Switched;
+        assert!(!protects(Some(&c), "orders-sink-0-5"));
     }
 
     #[test]

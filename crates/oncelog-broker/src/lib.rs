@@ -454,6 +454,10 @@ impl txn_service::TxnRuntime for Broker {
         self.writers.record_commit(topic, transactional_id, now_ms)
     }
 
+    fn protects(&self, topic: &str, transactional_id: &str) -> bool {
+        cutover::protects(self.cutovers.get(topic).as_ref(), transactional_id)
+    }
+
     fn commit_gate(&self, topic: &str, transactional_id: &str) -> Result<(), error::Gate> {
         let config = self.writer_of(topic);
         cutover::check_commit(

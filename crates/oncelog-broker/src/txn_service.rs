@@ -73,6 +73,25 @@ pub trait TxnRuntime: Send + Sync + 'static {
     /// (writer fence and cut-over, [`crate::cutover`])? Asked under the id's
     /// lock, in the step that persists the PrepareCommit.
     fn commit_gate(&self, topic: &str, transactional_id: &str) -> Result<(), Gate>;
+    /// Must `transactional_id`'s open transaction holding `topic` be kept
+    /// from an abort by a new InitProducerId (a cut-over's drain)?
+    fn protects(&self, topic: &str, transactional_id: &str) -> bool;
+}
+
+/// The topic being cut over that `m`'s open transaction holds as the old
+/// writer's ([`TxnRuntime::protects`]), if any. While the cut-over drains,
+/// such a transaction ends only by its own EndTxn or at the drain deadline:
+/// neither a new InitProducerId nor its timeout aborts it, so the
+/// transaction a savepoint handed to the new job is still there for the
+/// new job's committer.
+fn drain_holds<'m, R: TxnRuntime + ?Sized>(b: &R, m: &'m TxnMeta) -> Option<&'m str> {
+    if m.state != TxnState::Ongoing {
+        return None;
+    }
+    m.partitions
+        .iter()
+        .map(|(t, _)| t.as_str())
+        .find(|t| b.protects(t, &m.transactional_id))
 }
 
 /// May a transaction add a partition of `topic` (`true`: its open
@@ -939,6 +958,20 @@ impl TxnService {
     ) -> Result<Init, TxnError> {
         let held = self.lock_id(id).await?;
         let before = self.meta(id);
+        if let Some((m, t)) = before
+            .as_ref()
+            .filter(|_| !two_phase.keep_prepared)
+            .and_then(|m| drain_holds(b.as_ref(), m).map(|t| (m, t)))
+        {
+            let why = format!(
+                "transactional id {id:?} has an open transaction holding topic {t:?}, which is being cut over (oncelog cutover): \
+                 it ends only by its own EndTxn (the new writer's restored committer) or at the drain deadline, \
+                 so a new producer may not take the id and abort it"
+            );
+            tracing::warn!(transactional_id = id, topic = t, producer_id = m.producer_id, epoch = m.epoch,
+                "InitProducerId refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): it would abort a transaction holding a topic being cut over");
+            return Err(TxnError::Refused(why));
+        }
         let mut alloc_err = None;
         let decided = tc::decide_init_2pc(
             before.as_ref(),
@@ -1231,6 +1264,7 @@ impl TxnService {
             .snapshot()
             .values()
             .filter(|m| tc::plan_timeout(m, now, self.on_timeout(m)).is_some())
+            .filter(|m| drain_holds(b.as_ref(), m).is_none())
             .map(|m| m.transactional_id.clone())
             .collect();
         for id in expired {
@@ -1244,6 +1278,9 @@ impl TxnService {
 
     async fn abort_one_timed_out<R: TxnRuntime>(&self, b: &Arc<R>, held: IdLock) {
         let Some(m) = self.meta(&held.id) else { return };
+        if drain_holds(b.as_ref(), &m).is_some() {
+            return;
+        }
         // Re-decided under the lock: the producer may have ended it meanwhile.
         let mut alloc_err = None;
         let on = self.on_timeout(&m);

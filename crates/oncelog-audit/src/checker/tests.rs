@@ -1226,7 +1226,10 @@ fn recommit_history(recommits: Vec<Recommit>, inits: Vec<ProducerInit>) -> Histo
                 Outcome::Committed,
                 100,
                 Some(105),
-                vec![send("r", 0, "a", "a", Some(0)), send("r", 0, "b", "b", Some(1))],
+                vec![
+                    send("r", 0, "a", "a", Some(0)),
+                    send("r", 0, "b", "b", Some(1)),
+                ],
             ),
             txn(
                 2,
@@ -1325,9 +1328,15 @@ fn an_accepted_recommit_of_the_other_outcome_is_reported() {
 fn a_recommit_after_a_newer_producer_must_be_refused() {
     // A second instance finished InitProducerId (at 140) after txn 1 began
     // and before the re-commit was sent: the old identity is fenced.
-    let h = recommit_history(vec![re_end(1, true, 150, Some(0))], vec![init_at(130, Some(140))]);
+    let h = recommit_history(
+        vec![re_end(1, true, 150, Some(0))],
+        vec![init_at(130, Some(140))],
+    );
     assert_only(&check(&h), AnomalyKind::RecommitWronglyAccepted);
-    let h = recommit_history(vec![re_end(1, true, 150, Some(FENCED))], vec![init_at(130, Some(140))]);
+    let h = recommit_history(
+        vec![re_end(1, true, 150, Some(FENCED))],
+        vec![init_at(130, Some(140))],
+    );
     let r = check(&h);
     assert!(r.is_clean(), "{}", r.summary());
     assert_eq!(r.recommits_must_refuse, 1);
@@ -1338,7 +1347,10 @@ fn a_recommit_racing_an_init_may_go_either_way() {
     // The InitProducerId was under way while the re-commit was: either
     // answer is right, and neither is counted as a must.
     for code in [0, FENCED] {
-        let h = recommit_history(vec![re_end(1, true, 150, Some(code))], vec![init_at(149, Some(155))]);
+        let h = recommit_history(
+            vec![re_end(1, true, 150, Some(code))],
+            vec![init_at(149, Some(155))],
+        );
         let r = check(&h);
         assert!(r.is_clean(), "{code}: {}", r.summary());
         assert_eq!((r.recommits_must_succeed, r.recommits_must_refuse), (0, 0));

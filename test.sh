@@ -86,6 +86,18 @@ if [ "$(cat "$STREAMS_LIB/.pom.sha256" 2>/dev/null || true)" != "$SPOM_HASH" ]; 
   echo "$SPOM_HASH" >"$STREAMS_LIB/.pom.sha256"
 fi
 
+# --- Flink jars (Flink 2.2's DataStream runtime for a MiniCluster, the Kafka
+# connector and slf4j-simple into .tools/flink-lib), for the exactly-once
+# Flink tests (tests/test_flink.py) ---------------------------------------------
+FLINK_LIB="$ROOT/.tools/flink-lib"
+FPOM_HASH="$(hash_of tests/flink/pom.xml)"
+if [ "$(cat "$FLINK_LIB/.pom.sha256" 2>/dev/null || true)" != "$FPOM_HASH" ]; then
+  step "fetching Flink jars"
+  rm -rf "$FLINK_LIB"
+  quiet mvn -q -B -f tests/flink/pom.xml dependency:copy-dependencies
+  echo "$FPOM_HASH" >"$FLINK_LIB/.pom.sha256"
+fi
+
 # --- Apache Kafka reference broker and kafka-tools jars (.tools/kafka-lib), for
 # the differential conformance tests, the kafka-transactions tool check
 # (tests/test_kafka_tools.py) and `bench/produce_bench.py --kafka` -----------

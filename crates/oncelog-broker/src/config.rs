@@ -26,6 +26,12 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("listen", "127.0.0.1:9092", "address the Kafka listener binds"),
     ("metrics.listen", "127.0.0.1:9644", "HOST:PORT of the HTTP listener for /metrics (Prometheus text) and /health; empty = off"),
     ("advertised.listener", "", "HOST:PORT told to clients in Metadata (default: the listen address)"),
+    ("listeners", "", "NAME://HOST:PORT,... Kafka-style listeners, each with the security protocol `listener.security.protocol.map` gives its name; when set it replaces `listen` (empty: one PLAINTEXT listener on `listen`)"),
+    ("advertised.listeners", "", "NAME://HOST:PORT,... what Metadata tells a client that came in on listener NAME (default: the listener's own address)"),
+    ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL", "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SASL_PLAINTEXT; SSL and SASL_SSL are not served yet)"),
+    ("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN", "SASL mechanisms offered on SASL listeners; PLAIN checks the password against the user's SCRAM credentials"),
+    ("connections.max.reauth.ms", "0", "KIP-368: a SASL session lasts this long; the client must re-authenticate (as the same principal) or its connection is closed; 0 = sessions do not expire"),
+    ("connection.failed.authentication.delay.ms", "100", "a failed authentication is answered (and its connection closed) after this delay, which slows password guessing"),
     ("node.id", "0", "this broker's node id"),
     ("socket.request.max.bytes", "104857600", "largest request frame accepted; bigger frames close the connection"),
     ("auto.create.topics.enable", "true", "create unknown topics on Metadata requests"),
@@ -107,6 +113,11 @@ pub struct BrokerConfig {
     pub metrics_listen: Option<SocketAddr>,
     pub advertised_host: String,
     pub advertised_port: i32,
+    /// Every listener; the first is `listen` when `listeners` is not set.
+    pub listeners: Vec<crate::security::Listener>,
+    pub sasl_mechanisms: Vec<String>,
+    pub reauth_ms: i64,
+    pub failed_auth_delay_ms: u64,
     pub node_id: i32,
     pub max_frame_bytes: usize,
     pub auto_create_topics: bool,
@@ -188,6 +199,50 @@ impl BrokerConfig {
             })?;
             (h.to_string(), parse("advertised.listener", p)?)
         };
+        let listeners = crate::security::parse_listeners(
+            &get("listeners"),
+            &get("advertised.listeners"),
+            &get("listener.security.protocol.map"),
+            listen,
+            (!adv.is_empty()).then(|| (advertised_host.clone(), advertised_port)),
+        )
+        .map_err(|why| ConfigError::Invalid {
+            key: "listeners".into(),
+            value: get("listeners"),
+            why,
+        })?;
+        if let Some(l) = listeners.iter().find(|l| {
+            matches!(
+                l.protocol,
+                crate::security::SecurityProtocol::Ssl | crate::security::SecurityProtocol::SaslSsl
+            )
+        }) {
+            return Err(ConfigError::Invalid {
+                key: "listeners".into(),
+                value: get("listeners"),
+                why: format!("listener {} is {}: TLS listeners are not served yet (PLAINTEXT and SASL_PLAINTEXT are)", l.name, l.protocol.name()),
+            });
+        }
+        let sasl_mechanisms: Vec<String> = get("sasl.enabled.mechanisms")
+            .split(',')
+            .map(|m| m.trim().to_string())
+            .filter(|m| !m.is_empty())
+            .collect();
+        if let Some(m) = sasl_mechanisms
+            .iter()
+            .find(|m| !matches!(m.as_str(), "PLAIN" | "SCRAM-SHA-256" | "SCRAM-SHA-512"))
+        {
+            return Err(ConfigError::Invalid {
+                key: "sasl.enabled.mechanisms".into(),
+                value: get("sasl.enabled.mechanisms"),
+                why: format!("{m} is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+            });
+        }
+        let (listen, advertised_host, advertised_port) = (
+            listeners[0].bind,
+            listeners[0].advertised_host.clone(),
+            listeners[0].advertised_port,
+        );
         let metrics = get("metrics.listen");
         let metrics_listen = if metrics.trim().is_empty() {
             None
@@ -200,6 +255,16 @@ impl BrokerConfig {
             metrics_listen,
             advertised_host,
             advertised_port,
+            listeners,
+            sasl_mechanisms,
+            reauth_ms: parse(
+                "connections.max.reauth.ms",
+                &get("connections.max.reauth.ms"),
+            )?,
+            failed_auth_delay_ms: parse(
+                "connection.failed.authentication.delay.ms",
+                &get("connection.failed.authentication.delay.ms"),
+            )?,
             node_id: parse("node.id", &get("node.id"))?,
             max_frame_bytes: parse("socket.request.max.bytes", &get("socket.request.max.bytes"))?,
             auto_create_topics: parse(

@@ -63,6 +63,12 @@ pub enum ErrorCode {
     InvalidRecord = 87,
     ProducerFenced = 90,
     TransactionalIdAuthorizationFailed = 53,
+    UnsupportedSaslMechanism = 33,
+    IllegalSaslState = 34,
+    SaslAuthenticationFailed = 58,
+    ResourceNotFound = 91,
+    DuplicateResource = 92,
+    UnacceptableCredential = 93,
 }
 
 impl ErrorCode {

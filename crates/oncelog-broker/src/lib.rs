@@ -23,6 +23,7 @@ pub mod nice;
 pub mod partition;
 pub mod producer_ids;
 pub mod producer_state;
+pub mod security;
 pub mod server;
 pub mod snapshot;
 pub mod storage;
@@ -87,6 +88,10 @@ pub struct Broker {
     pub writers: writers::Writers,
     /// Every topic's hand-over from one writer to another.
     pub cutovers: cutover::Cutovers,
+    /// SCRAM credentials of the users SASL listeners authenticate.
+    pub users: security::ScramUsers,
+    /// Authentication outcomes, for /metrics.
+    pub auth_stats: security::AuthStats,
     pub syncer: Arc<Syncer>,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
@@ -126,6 +131,7 @@ impl Broker {
             min_records: config.coordinator_log_compact_records,
         };
         let cutovers = cutover::Cutovers::open(&config.data_dir)?;
+        let users = security::ScramUsers::open(&config.data_dir)?;
         let txn = txn_service::TxnService::open(&config.data_dir, compact)?
             .with_park_policy(config.two_phase_commit.clone());
         let groups = groups::Groups::open(
@@ -154,6 +160,8 @@ impl Broker {
             groups,
             writers: Default::default(),
             cutovers,
+            users,
+            auth_stats: Default::default(),
             syncer,
             data_notify,
             appended_bytes: Default::default(),

@@ -221,6 +221,23 @@ pub async fn render(b: &Arc<Broker>) -> String {
             prefixes.len()
         );
     }
+    family(&mut out, "oncelog_authentications_total", "counter",
+        "SASL authentications by listener, mechanism and result (success or failure; a failure closes its connection).");
+    for ((listener, mechanism, result), n) in b.auth_stats.snapshot() {
+        let _ = writeln!(
+            out,
+            "oncelog_authentications_total{{listener=\"{}\",mechanism=\"{}\",result=\"{result}\"}} {n}",
+            esc(&listener),
+            esc(&mechanism)
+        );
+    }
+    family(
+        &mut out,
+        "oncelog_scram_users",
+        "gauge",
+        "Users with SCRAM credentials.",
+    );
+    let _ = writeln!(out, "oncelog_scram_users {}", b.users.count());
     family(&mut out, "oncelog_transaction_orphans_found_total", "counter",
         "Partition-side open transactions the coordinator did not know, found by the healing check.");
     let _ = writeln!(

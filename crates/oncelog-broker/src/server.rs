@@ -14,15 +14,22 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use crate::handlers::{dispatch, Pending};
+use crate::handlers::{dispatch, Conn, Pending};
+use crate::security::{Auth, Session, Verdict};
 use crate::Broker;
 
 /// Requests read ahead of their responses on one connection.
 const MAX_IN_FLIGHT: usize = 64;
 
+/// The largest frame read before a connection on a SASL listener has
+/// authenticated (ApiVersions and the SASL exchange are small).
+const MAX_UNAUTHENTICATED_FRAME: usize = 64 * 1024;
+
+/// Accepts connections on `config.listeners[listener]` until shutdown.
 pub async fn serve(
     broker: Arc<Broker>,
     listener: TcpListener,
+    index: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -30,7 +37,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let b = broker.clone();
-                    tokio::spawn(async move { connection(b, stream, peer).await });
+                    tokio::spawn(async move { connection(b, stream, peer, index).await });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -42,9 +49,12 @@ pub async fn serve(
     }
 }
 
-async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
+async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, index: usize) {
     let _ = stream.set_nodelay(true);
-    tracing::debug!(%peer, "connection opened");
+    let Some(listener) = broker.config.listeners.get(index).cloned() else {
+        return;
+    };
+    tracing::debug!(%peer, listener = %listener.name, "connection opened");
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<Pending>(MAX_IN_FLIGHT);
     let writer = tokio::spawn(async move {
@@ -58,12 +68,23 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         let _ = wr.shutdown().await;
     });
     let max = broker.config.max_frame_bytes;
+    let mut session = Session::new(&listener, peer);
+    let mut conn = Conn::new(peer, index);
+    let failed_delay = std::time::Duration::from_millis(broker.config.failed_auth_delay_ms);
     loop {
-        let frame = match read_frame(&mut rd, max).await {
+        // Before authentication a frame may be no larger than a SASL
+        // exchange needs: an unauthenticated peer cannot make us buffer more.
+        let limit = if session.principal().is_some() {
+            max
+        } else {
+            max.min(MAX_UNAUTHENTICATED_FRAME)
+        };
+        let frame = match read_frame(&mut rd, limit).await {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(FrameReadError::SizeOutOfBounds { len, max }) => {
-                tracing::warn!(%peer, frame_bytes = len, max_bytes = max, "frame size out of bounds; closing connection");
+                tracing::warn!(%peer, listener = %listener.name, frame_bytes = len, max_bytes = max,
+                    authenticated = session.principal().is_some(), "frame size out of bounds; closing connection");
                 break;
             }
             Err(FrameReadError::Truncated) => {
@@ -71,7 +92,40 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
                 break;
             }
         };
-        match dispatch(&broker, frame, peer).await {
+        let auth = Auth {
+            users: &broker.users,
+            stats: &broker.auth_stats,
+            mechanisms: &broker.config.sasl_mechanisms,
+            reauth_ms: broker.config.reauth_ms,
+        };
+        match session.on_frame(&frame, &auth) {
+            Verdict::Request => {}
+            Verdict::Reply(bytes) => {
+                conn.principal = session.principal().map(str::to_string);
+                if tx
+                    .send(Box::pin(std::future::ready(Some(bytes))))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                continue;
+            }
+            Verdict::Fail(bytes) => {
+                // Slows password guessing; the answer goes out, then the
+                // connection closes.
+                tokio::time::sleep(failed_delay).await;
+                if !bytes.is_empty() {
+                    let _ = tx.send(Box::pin(std::future::ready(Some(bytes)))).await;
+                }
+                break;
+            }
+            Verdict::Close(why) => {
+                tracing::warn!(%peer, listener = %listener.name, reason = %why, "closing connection");
+                break;
+            }
+        }
+        match dispatch(&broker, frame, &conn).await {
             Ok(pending) => {
                 if tx.send(pending).await.is_err() {
                     break;

@@ -94,6 +94,7 @@ async fn batched_add_and_verify_only() {
     tokio::spawn(oncelog_broker::server::serve(
         broker.clone(),
         listener,
+        0,
         stop_rx,
     ));
     let mut s = TcpStream::connect(addr).await.unwrap();

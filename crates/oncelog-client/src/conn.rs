@@ -180,6 +180,9 @@ impl Client {
         };
         c.timeout = Duration::from_secs(30);
         c.versions = version_ranges(&av);
+        if let Some(cfg) = crate::sasl::configured() {
+            crate::sasl::authenticate(&mut c, cfg).await?;
+        }
         Ok(c)
     }
 

@@ -36,6 +36,9 @@ pub enum ClientError {
     Unsupported(ApiKey),
     #[error("protocol: {0}")]
     Codec(String),
+    /// SASL authentication failed or was refused.
+    #[error("SASL authentication with {addr}: {why}")]
+    Auth { addr: String, why: String },
     #[error("bad bootstrap address: {0}")]
     Address(String),
     /// An empty list of bootstrap addresses.

@@ -24,6 +24,96 @@ static GLOBAL: alloc_guard::Guard = alloc_guard::Guard;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    security: SecurityArgs,
+}
+
+/// How the client commands authenticate (Kafka's client settings).
+#[derive(clap::Args)]
+struct SecurityArgs {
+    /// PLAINTEXT (the default) or SASL_PLAINTEXT.
+    #[arg(long, global = true, env = "ONCELOG_SECURITY_PROTOCOL")]
+    security_protocol: Option<String>,
+    /// PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    #[arg(long, global = true)]
+    sasl_mechanism: Option<String>,
+    #[arg(long, global = true, env = "ONCELOG_SASL_USERNAME")]
+    sasl_username: Option<String>,
+    #[arg(
+        long,
+        global = true,
+        env = "ONCELOG_SASL_PASSWORD",
+        hide_env_values = true
+    )]
+    sasl_password: Option<String>,
+    /// A client properties file in Kafka's format (security.protocol,
+    /// sasl.mechanism, sasl.jaas.config with username="…" password="…", or
+    /// sasl.username / sasl.password); flags win over it.
+    #[arg(long, global = true)]
+    command_config: Option<PathBuf>,
+}
+
+impl SecurityArgs {
+    /// Makes this process's connections authenticate as asked.
+    fn apply(&self) -> Result<()> {
+        let mut props: BTreeMap<String, String> = BTreeMap::new();
+        if let Some(f) = &self.command_config {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            for line in text.lines().map(str::trim) {
+                if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+                    continue;
+                }
+                if let Some((k, v)) = line.split_once(['=', ':']) {
+                    props.insert(k.trim().to_string(), v.trim().to_string());
+                }
+            }
+        }
+        let jaas = props.get("sasl.jaas.config").cloned().unwrap_or_default();
+        let jaas_field = |name: &str| {
+            let at = jaas.find(&format!("{name}=\""))? + name.len() + 2;
+            let end = jaas[at..].find('"')?;
+            Some(jaas[at..at + end].to_string())
+        };
+        let protocol = self
+            .security_protocol
+            .clone()
+            .or_else(|| props.get("security.protocol").cloned())
+            .unwrap_or_else(|| "PLAINTEXT".into())
+            .to_ascii_uppercase();
+        match protocol.as_str() {
+            "PLAINTEXT" => Ok(()),
+            "SASL_PLAINTEXT" => {
+                let mechanism = self
+                    .sasl_mechanism
+                    .clone()
+                    .or_else(|| props.get("sasl.mechanism").cloned())
+                    .unwrap_or_else(|| "SCRAM-SHA-512".into());
+                let username = self
+                    .sasl_username
+                    .clone()
+                    .or_else(|| props.get("sasl.username").cloned())
+                    .or_else(|| jaas_field("username"))
+                    .context("SASL_PLAINTEXT needs --sasl-username (or sasl.jaas.config in --command-config)")?;
+                let password = self
+                    .sasl_password
+                    .clone()
+                    .or_else(|| props.get("sasl.password").cloned())
+                    .or_else(|| jaas_field("password"))
+                    .context("SASL_PLAINTEXT needs --sasl-password (or sasl.jaas.config in --command-config)")?;
+                oncelog_client::sasl::set(oncelog_client::sasl::SaslConfig {
+                    mechanism,
+                    username,
+                    password,
+                })?;
+                Ok(())
+            }
+            "SSL" | "SASL_SSL" => {
+                bail!("{protocol} is not supported by this client yet (PLAINTEXT, SASL_PLAINTEXT)")
+            }
+            p => bail!("unknown security protocol {p} (PLAINTEXT, SASL_PLAINTEXT)"),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -97,6 +187,13 @@ enum Command {
     /// A lean wire-protocol produce load for bench/suite.py.
     #[command(hide = true)]
     BenchWire(oncelog_audit::wire_load::WireLoadArgs),
+    /// SCRAM users: create (or set a password), delete, list.
+    User {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        cmd: cli::UserCmd,
+    },
     /// The cluster: id, brokers, supported APIs.
     Cluster {
         #[command(flatten)]
@@ -229,6 +326,12 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if !matches!(cli.command, Command::Serve(_)) {
+        if let Err(e) = cli.security.apply() {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    }
     match cli.command {
         Command::Serve(args) => {
             if let Err(e) = serve(args) {
@@ -256,6 +359,7 @@ fn main() -> Result<()> {
         #[cfg(feature = "audit")]
         Command::BenchLoad(args) => std::process::exit(oncelog_audit::load::run(args)),
         Command::BenchWire(args) => std::process::exit(oncelog_audit::wire_load::run(args)),
+        Command::User { conn, cmd } => client(|| cli::user(&conn.bootstrap, conn.json, cmd)),
         Command::Cluster {
             conn,
             cmd: ClusterCmd::Info,
@@ -335,7 +439,11 @@ fn serve(args: ServeArgs) -> Result<()> {
     rt.block_on(async move {
         let listen = config.listen;
         let broker = Broker::open(config).context("opening the data directory")?;
-        let listener = bind(listen, "Kafka").await?;
+        let mut listeners = Vec::new();
+        for l in &broker.config.listeners {
+            let what = format!("Kafka ({} {})", l.name, l.protocol.name());
+            listeners.push(bind(l.bind, &what).await?);
+        }
         let metrics_listener = match broker.config.metrics_listen {
             Some(addr) => Some((addr, bind(addr, "metrics (metrics.listen)").await?)),
             None => None,
@@ -347,13 +455,24 @@ fn serve(args: ServeArgs) -> Result<()> {
             mode = if broker.interval_flush() { "interval-flush" } else { "fsync-before-ack" },
             "oncelog serving"
         );
+        for l in &broker.config.listeners {
+            tracing::info!(listener = %l.name, protocol = l.protocol.name(), bind = %l.bind,
+                advertised = %format!("{}:{}", l.advertised_host, l.advertised_port), "listener");
+        }
+        if broker.config.listeners.iter().any(|l| l.protocol.sasl()) {
+            tracing::info!(users = broker.users.count(), mechanisms = ?broker.config.sasl_mechanisms, "SASL enabled");
+        }
         broker.spawn_background();
         if let Some((addr, l)) = metrics_listener {
             tracing::info!(metrics = %addr, "metrics serving at /metrics and /health");
             tokio::spawn(oncelog_broker::metrics::serve(broker.clone(), l));
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let server = tokio::spawn(oncelog_broker::server::serve(broker.clone(), listener, stop_rx));
+        let mut servers = Vec::new();
+        for (i, l) in listeners.into_iter().enumerate() {
+            servers.push(tokio::spawn(oncelog_broker::server::serve(broker.clone(), l, i, stop_rx.clone())));
+        }
+        drop(stop_rx);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
         tokio::select! {
@@ -361,7 +480,9 @@ fn serve(args: ServeArgs) -> Result<()> {
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received"),
         }
         let _ = stop_tx.send(true);
-        let _ = server.await;
+        for s in servers {
+            let _ = s.await;
+        }
         let b = broker.clone();
         let failed = tokio::task::spawn_blocking(move || b.flush_all()).await.unwrap_or(1);
         if failed > 0 {

@@ -91,11 +91,31 @@ fn error_entry(name: &str, code: ErrorCode) -> MetadataResponseTopic {
         .with_error_code(code.code())
 }
 
-pub fn metadata(b: &Arc<Broker>, req: MetadataRequest, version: i16) -> MetadataResponse {
+/// The address a client that came in on listener `listener` is told.
+fn advertised(b: &Broker, listener: usize) -> (StrBytes, i32) {
+    match b.config.listeners.get(listener) {
+        Some(l) => (
+            StrBytes::from_string(l.advertised_host.clone()),
+            l.advertised_port,
+        ),
+        None => (
+            StrBytes::from_string(b.config.advertised_host.clone()),
+            b.config.advertised_port,
+        ),
+    }
+}
+
+pub fn metadata(
+    b: &Arc<Broker>,
+    req: MetadataRequest,
+    version: i16,
+    listener: usize,
+) -> MetadataResponse {
+    let (host, port) = advertised(b, listener);
     let brokers = vec![MetadataResponseBroker::default()
         .with_node_id(BrokerId(b.config.node_id))
-        .with_host(StrBytes::from_string(b.config.advertised_host.clone()))
-        .with_port(b.config.advertised_port)];
+        .with_host(host)
+        .with_port(port)];
     let mut resp = MetadataResponse::default().with_brokers(brokers);
     if version >= 1 {
         resp.controller_id = BrokerId(b.config.node_id);
@@ -160,10 +180,10 @@ pub fn find_coordinator(
     b: &Arc<Broker>,
     req: FindCoordinatorRequest,
     version: i16,
+    listener: usize,
 ) -> FindCoordinatorResponse {
-    let host = StrBytes::from_string(b.config.advertised_host.clone());
+    let (host, port) = advertised(b, listener);
     let node = BrokerId(b.config.node_id);
-    let port = b.config.advertised_port;
     let known = matches!(req.key_type, 0 | 1);
     let code = if known {
         ErrorCode::None

@@ -56,6 +56,11 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListTransactions, 0, 2),
     (ApiKey::WriteTxnMarkers, 1, 1),
     (ApiKey::EndTxn, 0, 5),
+    // Answered by the connection's security session (`crate::security`).
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
+    (ApiKey::DescribeUserScramCredentials, 0, 0),
+    (ApiKey::AlterUserScramCredentials, 0, 0),
 ];
 
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
@@ -257,7 +262,7 @@ fn decode_init_producer_id_v6(
 pub async fn dispatch(
     broker: &Arc<Broker>,
     frame: Bytes,
-    peer: std::net::SocketAddr,
+    conn: &Conn,
 ) -> Result<Pending, FrameError> {
     let DecodedRequest {
         key,
@@ -287,7 +292,7 @@ pub async fn dispatch(
     let b = broker.clone();
     let respond = move |body: ResponseKind| encode_response(key, version, correlation_id, &body);
     let started = std::time::Instant::now();
-    let pending = handle(b, key, req, header, peer, version, respond).await?;
+    let pending = handle(b, key, req, header, conn, version, respond).await?;
     let b = broker.clone();
     Ok(Box::pin(async move {
         let out = pending.await;
@@ -296,6 +301,26 @@ pub async fn dispatch(
         }
         out
     }))
+}
+
+/// The connection a request came on.
+#[derive(Debug, Clone)]
+pub struct Conn {
+    pub peer: std::net::SocketAddr,
+    /// Index into `config.listeners`.
+    pub listener: usize,
+    /// `User:NAME` once authenticated (`User:ANONYMOUS` on PLAINTEXT).
+    pub principal: Option<String>,
+}
+
+impl Conn {
+    pub fn new(peer: std::net::SocketAddr, listener: usize) -> Self {
+        Self {
+            peer,
+            listener,
+            principal: None,
+        }
+    }
 }
 
 /// Who sent a request, for the transaction history.
@@ -319,19 +344,23 @@ async fn handle(
     key: ApiKey,
     req: RequestKind,
     header: RequestHeader,
-    peer: std::net::SocketAddr,
+    conn: &Conn,
     version: i16,
     respond: impl Fn(ResponseKind) -> Option<Bytes> + Copy + Send + Sync + 'static,
 ) -> Result<Pending, FrameError> {
+    let peer = conn.peer;
     Ok(match req {
         RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(
             meta::api_versions(&b, version, false),
         ))),
         RequestKind::Metadata(r) => ready(respond(ResponseKind::Metadata(meta::metadata(
-            &b, r, version,
+            &b,
+            r,
+            version,
+            conn.listener,
         )))),
         RequestKind::FindCoordinator(r) => ready(respond(ResponseKind::FindCoordinator(
-            meta::find_coordinator(&b, r, version),
+            meta::find_coordinator(&b, r, version, conn.listener),
         ))),
         RequestKind::InitProducerId(r) => {
             let who = requester(&header, peer);
@@ -464,6 +493,12 @@ async fn handle(
             let resp = fetch::fetch(b, r, version).await;
             respond(ResponseKind::Fetch(resp))
         }),
+        RequestKind::DescribeUserScramCredentials(r) => ready(respond(
+            ResponseKind::DescribeUserScramCredentials(b.users.describe(&r)),
+        )),
+        RequestKind::AlterUserScramCredentials(r) => ready(respond(
+            ResponseKind::AlterUserScramCredentials(blocking(|| b.users.alter(&r))),
+        )),
         _ => return Err(FrameError::UnsupportedApi(key)),
     })
 }

@@ -18,6 +18,7 @@ mod produce;
 mod progress;
 mod topic;
 mod txn;
+mod user;
 
 pub use cluster::cluster_info;
 pub use consume::{consume, ConsumeArgs};
@@ -27,6 +28,7 @@ pub use group::{group, GroupCmd};
 pub use produce::{produce, ProduceArgs};
 pub use topic::{topic, TopicCmd};
 pub use txn::{txn, TxnCmd};
+pub use user::{user, UserCmd};
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())

@@ -61,6 +61,9 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SaslAuthenticate, 0, 2),
     (ApiKey::DescribeUserScramCredentials, 0, 0),
     (ApiKey::AlterUserScramCredentials, 0, 0),
+    // No client quotas are kept: the answer is always empty (kafka-configs
+    // asks for them when it describes users).
+    (ApiKey::DescribeClientQuotas, 0, 1),
 ];
 
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
@@ -499,6 +502,10 @@ async fn handle(
         RequestKind::AlterUserScramCredentials(r) => ready(respond(
             ResponseKind::AlterUserScramCredentials(blocking(|| b.users.alter(&r))),
         )),
+        RequestKind::DescribeClientQuotas(_) => ready(respond(ResponseKind::DescribeClientQuotas(
+            kafka_protocol::messages::DescribeClientQuotasResponse::default()
+                .with_entries(Some(Vec::new())),
+        ))),
         _ => return Err(FrameError::UnsupportedApi(key)),
     })
 }

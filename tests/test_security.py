@@ -1,0 +1,408 @@
+"""SASL on a real `oncelog serve` with real clients (issue #16, first part:
+listeners, SASL_PLAINTEXT, PLAIN and SCRAM-SHA-256/512, SCRAM users).
+
+Each test's broker has two listeners: PLAINTEXT on the harness's port (the
+operator's loopback door, where users are created) and SASL_PLAINTEXT on a
+second port. What is proven:
+
+* librdkafka (confluent-kafka) with SCRAM-SHA-512 produces transactionally,
+  consumes read_committed in a group and commits offsets; with a wrong
+  password, an unknown user or a mechanism the user has no credential for
+  it fails with an authentication error and nothing reaches the log.
+* kafka-python with PLAIN (checked against the user's SCRAM credential)
+  produces and consumes; a wrong password fails.
+* Kafka's own `kafka-configs` tool (Java client) adds, describes and deletes
+  a SCRAM user against oncelog, and itself authenticates over
+  SASL_PLAINTEXT with SCRAM-SHA-256 through a client properties file.
+* Before authenticating, a connection may send only ApiVersions and the SASL
+  requests: Metadata closes it, as does an oversized frame; a failed
+  authentication is answered only after the configured delay.
+* Credentials are durable (kill -9), AlterUserScramCredentials refuses bad
+  iterations, unknown mechanisms, deleting what is not there and the same
+  user twice in one request, and concurrent changes all land.
+* KIP-368: with `connections.max.reauth.ms` librdkafka re-authenticates on
+  its own connection, and a connection that does not is closed at its next
+  request after the session lifetime.
+* Metadata advertises the listener the client came in on.
+"""
+
+import concurrent.futures
+import json
+import shutil
+import struct
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
+                                   UserScramCredentialDeletion, UserScramCredentialUpsertion)
+
+from clients import create_topic, unique_topic
+from conftest import REPO_ROOT, free_port, oncelog_bin, wait_until
+from kafka_wire import Conn, api_versions_request, frame, i16, nullable_string, request_header_v1
+from test_metrics import scrape, value
+
+KAFKA_LIB = REPO_ROOT / ".tools" / "kafka-lib"
+CONFIG_TOOL = "org.apache.kafka.tools.ConfigCommand"
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class SaslBroker:
+    """A broker with PLAINTEXT on `plain` and SASL_PLAINTEXT on `sasl`."""
+
+    def __init__(self, broker_factory, **overrides):
+        self.sasl_port = free_port()
+        self.b = broker_factory(start=False)
+        self.b.overrides["listeners"] = (f"PLAINTEXT://127.0.0.1:{self.b.port},"
+                                         f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}")
+        self.b.overrides.update(overrides)
+        self.b.start()
+        self.plain = self.b.bootstrap
+        self.sasl = f"127.0.0.1:{self.sasl_port}"
+
+    def cli(self, *args, sasl=None, check=True):
+        argv = [str(oncelog_bin()), *args]
+        if sasl:
+            mech, user, pw = sasl
+            argv += ["--bootstrap", self.sasl, "--security-protocol", "SASL_PLAINTEXT",
+                     "--sasl-mechanism", mech, "--sasl-username", user, "--sasl-password", pw]
+        else:
+            argv += ["--bootstrap", self.plain]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if check:
+            assert p.returncode == 0, f"{args}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+        return p
+
+    def add_user(self, name, password, mechanism=None):
+        args = ["user", "create", name, "--password", password]
+        if mechanism:
+            args += ["--mechanism", mechanism]
+        self.cli(*args)
+
+    def metrics(self):
+        return scrape(int(self.b.overrides["metrics.listen"].rsplit(":", 1)[1]))
+
+
+@pytest.fixture
+def sb(broker_factory):
+    return SaslBroker(broker_factory)
+
+
+def sasl_conf(bootstrap, mechanism, user, password, **extra):
+    return {"bootstrap.servers": bootstrap, "broker.address.family": "v4",
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
+            "sasl.username": user, "sasl.password": password, **extra}
+
+
+def high_watermark(bootstrap, topic):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw-probe", "broker.address.family": "v4"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=15, cached=False)[1]
+    finally:
+        c.close()
+
+
+def auth_error(conf, topic):
+    """Produces one record with `conf`; returns the errors librdkafka
+    reported (the record must not be delivered)."""
+    errors = []
+    p = Producer({**conf, "message.timeout.ms": 4000, "error_cb": errors.append})
+    delivered = []
+    p.produce(topic, b"must-not-arrive", on_delivery=lambda e, m: delivered.append(e))
+    p.flush(8)
+    assert delivered and delivered[0] is not None, "a record was delivered without authentication"
+    return errors
+
+
+# ------------------------------------------------------------ librdkafka
+
+def test_scram_sha512_transactions_read_committed_and_offsets(sb):
+    sb.add_user("alice", "alice-secret")
+    topic = unique_topic("sasl-txn")
+    create_topic(sb.plain, topic)
+    conf = sasl_conf(sb.sasl, "SCRAM-SHA-512", "alice", "alice-secret")
+
+    p = Producer({**conf, "transactional.id": "sasl-writer-1"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(5):
+        p.produce(topic, key=b"k", value=f"committed-{i}".encode(), partition=0)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"aborted", partition=0)
+    p.flush(10)
+    p.abort_transaction(30)
+
+    c = Consumer({**conf, "group.id": "sasl-readers", "isolation.level": "read_committed",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    c.subscribe([topic])
+    got = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        if m.error():
+            if m.error().code() == KafkaError._PARTITION_EOF and got:
+                break
+            continue
+        got.append(m.value().decode())
+    c.commit(asynchronous=False)
+    committed = c.committed([TopicPartition(topic, 0)], timeout=15)[0].offset
+    c.close()
+    assert got == [f"committed-{i}" for i in range(5)]
+    assert committed == high_watermark(sb.plain, topic)
+
+    m = sb.metrics()
+    assert value(m, "oncelog_authentications_total", listener="SASL_PLAINTEXT",
+                 mechanism="SCRAM-SHA-512", result="success") >= 2
+
+
+def test_wrong_credentials_fail_and_write_nothing(sb):
+    sb.add_user("alice", "alice-secret")
+    sb.add_user("bob", "bob-secret", mechanism="SCRAM-SHA-256")
+    topic = unique_topic("sasl-deny")
+    create_topic(sb.plain, topic)
+    for mech, user, pw in [("SCRAM-SHA-512", "alice", "Wr0ng-pass-9x"),
+                           ("SCRAM-SHA-512", "nobody", "alice-secret"),
+                           ("SCRAM-SHA-512", "bob", "bob-secret"),   # no SHA-512 credential
+                           ("PLAIN", "alice", "Wr0ng-pass-9x")]:
+        errors = auth_error(sasl_conf(sb.sasl, mech, user, pw), topic)
+        assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), (mech, user, errors)
+        if user == "alice" and mech == "SCRAM-SHA-512":
+            assert any("invalid credentials" in e.str() for e in errors), errors
+    assert high_watermark(sb.plain, topic) == 0
+    log = sb.b.log_text()
+    assert "authentication failed" in log and "Wr0ng-pass-9x" not in log and "alice-secret" not in log
+    failures = value(sb.metrics(), "oncelog_authentications_total", listener="SASL_PLAINTEXT",
+                     mechanism="SCRAM-SHA-512", result="failure")
+    assert failures >= 3
+
+
+# ------------------------------------------------------------ kafka-python
+
+def test_plain_with_kafka_python(sb):
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.errors import KafkaError as KPError
+    sb.add_user("carol", "carol-secret", mechanism="SCRAM-SHA-256")
+    topic = unique_topic("sasl-plain")
+    create_topic(sb.plain, topic)
+    common = dict(bootstrap_servers=sb.sasl, security_protocol="SASL_PLAINTEXT",
+                  sasl_mechanism="PLAIN", sasl_plain_username="carol")
+    p = KafkaProducer(sasl_plain_password="carol-secret", acks="all", **common)
+    for i in range(3):
+        p.send(topic, value=f"plain-{i}".encode(), partition=0).get(timeout=30)
+    p.close()
+    c = KafkaConsumer(topic, sasl_plain_password="carol-secret", group_id="kp-plain",
+                      auto_offset_reset="earliest", consumer_timeout_ms=5000, **common)
+    got = [m.value.decode() for m in c]
+    c.commit()
+    c.close()
+    assert got == ["plain-0", "plain-1", "plain-2"]
+    with pytest.raises(KPError):
+        bad = KafkaProducer(sasl_plain_password="nope", max_block_ms=5000, **common)
+        bad.send(topic, b"x").get(timeout=10)
+    assert high_watermark(sb.plain, topic) == 3
+
+
+# ------------------------------------------------------------ Kafka's tool
+
+@pytest.mark.skipif(not sorted(KAFKA_LIB.glob("kafka-tools-[0-9]*.jar")),
+                    reason="no kafka-tools jar (test.sh fetches it)")
+def test_kafka_configs_manages_scram_users(sb, tmp_path):
+    if shutil.which("java") is None:
+        pytest.fail("java not found on PATH", pytrace=False)
+    sb.add_user("admin", "admin-secret", mechanism="SCRAM-SHA-256")
+    sasl_props = tmp_path / "sasl.properties"
+    sasl_props.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
+        'sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required '
+        'username="admin" password="admin-secret";\n'
+        "default.api.timeout.ms=30000\nrequest.timeout.ms=10000\n")
+
+    def tool(*args, over_sasl=False):
+        server = sb.sasl if over_sasl else sb.plain
+        argv = ["java", "-Xmx256m", "-cp", f"{KAFKA_LIB}/*", CONFIG_TOOL,
+                "--bootstrap-server", server, *args]
+        if over_sasl:
+            argv += ["--command-config", str(sasl_props)]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, f"kafka-configs {args}: {p.returncode}\n{p.stdout}\n{p.stderr[-3000:]}"
+        return p.stdout
+
+    tool("--alter", "--entity-type", "users", "--entity-name", "dave",
+         "--add-config", "SCRAM-SHA-256=[iterations=8192,password=dave-secret],"
+                         "SCRAM-SHA-512=[password=dave-secret]", over_sasl=True)
+    out = tool("--describe", "--entity-type", "users", "--entity-name", "dave", over_sasl=True)
+    assert "SCRAM-SHA-256=iterations=8192" in out and "SCRAM-SHA-512=iterations=4096" in out, out
+    listed = json.loads(sb.cli("user", "list", "--json").stdout)
+    assert {u["user"] for u in listed} == {"admin", "dave"}
+
+    # dave authenticates with what the tool set.
+    sb.cli("topic", "list", sasl=("SCRAM-SHA-512", "dave", "dave-secret"))
+    tool("--alter", "--entity-type", "users", "--entity-name", "dave",
+         "--delete-config", "SCRAM-SHA-512")
+    p = sb.cli("topic", "list", sasl=("SCRAM-SHA-512", "dave", "dave-secret"), check=False)
+    assert p.returncode != 0 and "authentication failed" in p.stderr, p.stderr
+    sb.cli("topic", "list", sasl=("SCRAM-SHA-256", "dave", "dave-secret"))
+
+
+# ------------------------------------------------------------ the wire
+
+def sasl_handshake(version, cid, mechanism):
+    return frame(request_header_v1(17, version, cid) + i16(len(mechanism)) + mechanism.encode())
+
+
+def sasl_authenticate_v1(cid, token):
+    return frame(request_header_v1(36, 1, cid) + struct.pack(">i", len(token)) + token)
+
+
+def metadata_v1(cid):
+    return frame(request_header_v1(3, 1, cid) + struct.pack(">i", -1))
+
+
+def read_authenticate_v1(conn, cid):
+    body = conn.recv_response(cid)
+    code = struct.unpack(">h", body[:2])[0]
+    n = struct.unpack(">h", body[2:4])[0]
+    pos = 4 + max(n, 0)
+    (tlen,) = struct.unpack(">i", body[pos:pos + 4])
+    lifetime = struct.unpack(">q", body[pos + 4 + tlen:pos + 12 + tlen])[0]
+    return code, lifetime
+
+
+def plain_login(conn, user, password, cid=1):
+    conn.send(sasl_handshake(1, cid, "PLAIN"))
+    body = conn.recv_response(cid)
+    assert struct.unpack(">h", body[:2])[0] == 0, body
+    conn.send(sasl_authenticate_v1(cid + 1, b"\0" + user.encode() + b"\0" + password.encode()))
+    return read_authenticate_v1(conn, cid + 1)
+
+
+def test_only_sasl_before_authentication(sb):
+    sb.add_user("erin", "erin-secret")
+    port = sb.sasl_port
+    # ApiVersions is served, Metadata closes the connection.
+    c = Conn("127.0.0.1", port)
+    c.send(api_versions_request(0, 7))
+    assert struct.unpack(">h", c.recv_response(7)[:2])[0] == 0
+    c.send(metadata_v1(8))
+    assert c.wait_closed(), "Metadata before authentication was served"
+    # An oversized frame before authentication closes it too.
+    c = Conn("127.0.0.1", port)
+    c.send(struct.pack(">i", 10 * 1024 * 1024) + b"\0" * 1024)
+    assert c.wait_closed()
+    # An unknown mechanism: UNSUPPORTED_SASL_MECHANISM and the offered list.
+    c = Conn("127.0.0.1", port)
+    c.send(sasl_handshake(1, 3, "GSSAPI"))
+    body = c.recv_response(3)
+    assert struct.unpack(">h", body[:2])[0] == 33, body
+    assert b"SCRAM-SHA-512" in body and b"PLAIN" in body
+    # A wrong password is answered SASL_AUTHENTICATION_FAILED, after the delay.
+    c = Conn("127.0.0.1", port)
+    t0 = time.monotonic()
+    code, _ = plain_login(c, "erin", "wrong")
+    assert code == 58 and time.monotonic() - t0 >= 0.09
+    assert c.wait_closed()
+    # The right one, then requests are served.
+    c = Conn("127.0.0.1", port)
+    assert plain_login(c, "erin", "erin-secret") == (0, 0)
+    c.send(metadata_v1(9))
+    assert c.recv_response(9)
+    # The PLAINTEXT listener refuses a SASL handshake (ILLEGAL_SASL_STATE).
+    c = Conn("127.0.0.1", sb.b.port)
+    c.send(sasl_handshake(1, 4, "PLAIN"))
+    assert struct.unpack(">h", c.recv_response(4)[:2])[0] == 34
+
+
+def test_session_lifetime_and_reauthentication(broker_factory):
+    sb = SaslBroker(broker_factory, **{"connections.max.reauth.ms": 1500})
+    sb.add_user("frank", "frank-secret")
+    topic = unique_topic("sasl-reauth")
+    create_topic(sb.plain, topic)
+    # A raw connection that does not re-authenticate is closed at its next
+    # request after the session lifetime, which the answer announced.
+    c = Conn("127.0.0.1", sb.sasl_port)
+    assert plain_login(c, "frank", "frank-secret") == (0, 1500)
+    c.send(metadata_v1(5))
+    assert c.recv_response(5)
+    time.sleep(1.8)
+    c.send(metadata_v1(6))
+    assert c.wait_closed(), "an expired session was still served"
+    # librdkafka re-authenticates on its own and keeps producing.
+    p = Producer(sasl_conf(sb.sasl, "SCRAM-SHA-256", "frank", "frank-secret", acks="all"))
+    for i in range(8):
+        p.produce(topic, f"r-{i}".encode(), partition=0)
+        assert p.flush(10) == 0
+        time.sleep(0.5)
+    assert high_watermark(sb.plain, topic) == 8
+    wait_until(lambda: "reauthentication=true" in sb.b.log_text(), 10,
+               what="a re-authentication in the broker log")
+
+
+# ------------------------------------------------------------ credentials
+
+def test_credentials_are_durable_and_alter_is_validated(sb):
+    a = AdminClient({"bootstrap.servers": sb.plain, "broker.address.family": "v4"})
+
+    def err(changes):
+        out = {}
+        for u, f in a.alter_user_scram_credentials(changes).items():
+            try:
+                f.result(30)
+                out[u] = None
+            except KafkaException as e:
+                out[u] = e.args[0].code()
+        return out
+
+    up = lambda user, it=8192, mech=ScramMechanism.SCRAM_SHA_256: UserScramCredentialUpsertion(
+        user, ScramCredentialInfo(mech, it), f"{user}-pw".encode())
+    assert err([up("too-few", it=1024)]) == {"too-few": KafkaError.UNACCEPTABLE_CREDENTIAL}
+    assert err([up("too-many", it=20000)]) == {"too-many": KafkaError.UNACCEPTABLE_CREDENTIAL}
+    assert err([UserScramCredentialDeletion("ghost", ScramMechanism.SCRAM_SHA_256)]) == \
+        {"ghost": KafkaError.RESOURCE_NOT_FOUND}
+    assert err([up("twice"), up("twice")]) == {"twice": KafkaError.DUPLICATE_RESOURCE}
+    assert json.loads(sb.cli("user", "list", "--json").stdout) == [], "a refused change left state"
+
+    # Twenty users created at once, from separate connections.
+    names = [f"u{i}" for i in range(20)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: sb.add_user(n, f"{n}-pw", mechanism="SCRAM-SHA-256"), names))
+    assert err([up("u0", mech=ScramMechanism.SCRAM_SHA_512)]) == {"u0": None}
+
+    sb.b.kill9()
+    sb.b.start()
+    listed = {u["user"]: u["credentials"] for u in json.loads(sb.cli("user", "list", "--json").stdout)}
+    assert set(listed) == set(names)
+    assert sorted(c["mechanism"] for c in listed["u0"]) == ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+    sb.cli("topic", "list", sasl=("SCRAM-SHA-256", "u7", "u7-pw"))
+    sb.cli("topic", "list", sasl=("SCRAM-SHA-512", "u0", "u0-pw"))
+    assert value(sb.metrics(), "oncelog_scram_users") == 20
+
+
+def test_metadata_advertises_the_listener_of_the_connection(broker_factory):
+    sasl_port = free_port()
+    sb = SaslBroker(broker_factory, **{
+        "advertised.listeners": f"SASL_PLAINTEXT://localhost:{sasl_port}"})
+    sb.add_user("gina", "gina-secret")
+    plain = json.loads(sb.cli("cluster", "info", "--json").stdout)
+    assert [(b["host"], b["port"]) for b in plain["brokers"]] == [("127.0.0.1", sb.b.port)]
+    p = subprocess.run([str(oncelog_bin()), "cluster", "info", "--json", "--bootstrap", sb.sasl,
+                        "--security-protocol", "SASL_PLAINTEXT", "--sasl-username", "gina",
+                        "--sasl-password", "gina-secret"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    brokers = json.loads(p.stdout)["brokers"]
+    assert [(b["host"], b["port"]) for b in brokers] == [("localhost", sasl_port)]
+    apis = {a["api"] for a in json.loads(p.stdout)["apis"]}
+    assert {"SaslHandshake", "SaslAuthenticate", "DescribeUserScramCredentials",
+            "AlterUserScramCredentials"} <= apis
+
+
+def test_tls_listeners_are_refused_until_served(tmp_path):
+    p = subprocess.run([str(oncelog_bin()), "serve", "--data-dir", str(tmp_path / "d"),
+                        "-o", f"listeners=SSL://127.0.0.1:{free_port()}"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "TLS listeners are not served yet" in p.stderr, p.stderr

@@ -55,7 +55,8 @@ for t in $TARGETS; do
     -artifact_prefix="$FUZZ_DIR/artifacts/$t/" >"$LOGS/$t.log" 2>&1
   rc=$?
   set -e
-  runs="$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$LOGS/$t.log" | grep -oE '[0-9]+$' | tail -n1)"
+  # (no count when the target did not even start: not a reason to stop here)
+  runs="$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$LOGS/$t.log" | grep -oE '[0-9]+$' | tail -n1 || true)"
   corpus="$(find "$FUZZ_DIR/corpus/$t" -type f | wc -l)"
   if [ "$rc" -eq 0 ]; then
     echo "    $t: ok, ${runs:-?} runs, corpus $corpus files"

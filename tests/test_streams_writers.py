@@ -36,7 +36,10 @@ from test_streams import (BROKER_TROUBLE, INPUT_PARTITIONS, OUTPUT_PARTITIONS, O
 N = 900                      # input records per app; test 1 feeds them in three phases
 B_KEYS = "b-region-"         # app B's output keys (A's are "region-<n>")
 SECOND_WRITER = "more than one transactional writer"
-REFUSED = "second transactional writer refused"
+# The broker's refusal lines: the add of a partition to the transaction
+# (AddPartitionsToTxn, or under transaction version 2 the add a Produce
+# implies) is where the writer fence refuses first.
+REFUSED = ("transactional write refused", "second transactional writer refused")
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
@@ -115,7 +118,7 @@ def refusals(broker, app=None):
     text names the allowed writer too, so match the id field)."""
     mine = re.compile(r'transactional_id="?' + re.escape(app) + "-") if app else None
     return [ln for ln in broker.log_text().splitlines()
-            if REFUSED in ln and (mine is None or mine.search(ln))]
+            if any(r in ln for r in REFUSED) and (mine is None or mine.search(ln))]
 
 
 def app_errors(app):

@@ -17,7 +17,7 @@ mod history;
 pub mod load;
 mod load_common;
 #[cfg(feature = "librdkafka")]
-mod recommit;
+pub mod recommit;
 #[cfg(feature = "librdkafka")]
 pub mod runner;
 pub mod wire_load;

@@ -38,16 +38,27 @@ use oncelog_client::{
     retriable, Acks, ClientError, Cluster, CoordinatorType, Producer, ProducerConfig, ResponseError,
 };
 
+use crate::history::Outcome;
 use crate::worker::{now_ms, parent_alive, Event, Log, Rng, WorkerArgs};
-use crate::Outcome;
 
 /// How long one step (connecting, an InitProducerId, an end, a re-end)
 /// keeps retrying.
 const STEP_LIMIT: Duration = Duration::from_secs(60);
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
-/// Runs the worker; exit codes as [`crate::worker::run`]'s.
-pub fn run(a: &WorkerArgs) -> Result<i32> {
+/// The `recommit` worker process: exit codes as [`crate::worker::run`]'s
+/// (0 stopped, 3 fenced, 4 other fatal).
+pub fn main(a: WorkerArgs) -> i32 {
+    match run(&a) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("audit worker {}: {e:#}", a.process);
+            4
+        }
+    }
+}
+
+fn run(a: &WorkerArgs) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

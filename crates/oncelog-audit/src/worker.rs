@@ -300,12 +300,7 @@ pub(crate) fn parent_alive() -> bool {
 
 /// The worker's main loop. Exit codes: 0 stopped, 3 fenced, 4 other fatal.
 pub fn run(a: WorkerArgs) -> i32 {
-    let result = if a.workload == "recommit" {
-        crate::recommit::run(&a)
-    } else {
-        run_inner(&a)
-    };
-    match result {
+    match run_inner(&a) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("audit worker {}: {e:#}", a.process);

@@ -1,6 +1,6 @@
 //! SASL PLAIN (RFC 4616): one message, `authzid NUL authcid NUL passwd`.
 
-use crate::AuthError;
+use crate::error::AuthError;
 
 /// A parsed PLAIN message. The password is kept only as long as the check
 /// takes; `Debug` leaves it out.

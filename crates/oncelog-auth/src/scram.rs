@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256, Sha512};
 use subtle::ConstantTimeEq;
 
-use crate::{random_bytes, AuthError};
+use crate::error::{random_bytes, AuthError};
 
 /// A SCRAM mechanism, with Kafka's wire id (AlterUserScramCredentials,
 /// DescribeUserScramCredentials).

@@ -31,6 +31,9 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL", "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SASL_PLAINTEXT; SSL and SASL_SSL are not served yet)"),
     ("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN", "SASL mechanisms offered on SASL listeners; PLAIN checks the password against the user's SCRAM credentials"),
     ("connections.max.reauth.ms", "0", "KIP-368: a SASL session lasts this long; the client must re-authenticate (as the same principal) or its connection is closed; 0 = sessions do not expire"),
+    ("authorizer.class.name", "", "any value turns authorization on (the broker's own ACL authorizer, Kafka's rules, whatever class is named); empty = every request is allowed and the ACL APIs answer SECURITY_DISABLED"),
+    ("super.users", "", "principals allowed everything, `;`-separated (User:admin;User:ANONYMOUS)"),
+    ("allow.everyone.if.no.acl.found", "false", "allow a request on a resource no ACL names at all"),
     ("connection.failed.authentication.delay.ms", "100", "a failed authentication is answered (and its connection closed) after this delay, which slows password guessing"),
     ("node.id", "0", "this broker's node id"),
     ("socket.request.max.bytes", "104857600", "largest request frame accepted; bigger frames close the connection"),
@@ -118,6 +121,10 @@ pub struct BrokerConfig {
     pub sasl_mechanisms: Vec<String>,
     pub reauth_ms: i64,
     pub failed_auth_delay_ms: u64,
+    /// ACLs are enforced (`authorizer.class.name` set).
+    pub authorizer: bool,
+    pub super_users: String,
+    pub allow_everyone_if_no_acl: bool,
     pub node_id: i32,
     pub max_frame_bytes: usize,
     pub auto_create_topics: bool,
@@ -264,6 +271,12 @@ impl BrokerConfig {
             failed_auth_delay_ms: parse(
                 "connection.failed.authentication.delay.ms",
                 &get("connection.failed.authentication.delay.ms"),
+            )?,
+            authorizer: !get("authorizer.class.name").trim().is_empty(),
+            super_users: get("super.users"),
+            allow_everyone_if_no_acl: parse(
+                "allow.everyone.if.no.acl.found",
+                &get("allow.everyone.if.no.acl.found"),
             )?,
             node_id: parse("node.id", &get("node.id"))?,
             max_frame_bytes: parse("socket.request.max.bytes", &get("socket.request.max.bytes"))?,

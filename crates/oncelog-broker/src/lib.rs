@@ -7,6 +7,7 @@
 //! append and transaction markers) and `durability` (group commit) on top of
 //! `oncelog-log`.
 
+pub mod acl;
 pub mod compaction;
 pub mod config;
 pub mod cutover;
@@ -92,6 +93,8 @@ pub struct Broker {
     pub users: security::ScramUsers,
     /// Authentication outcomes, for /metrics.
     pub auth_stats: security::AuthStats,
+    /// ACLs and the authorizer (off unless `authorizer.class.name` is set).
+    pub authz: acl::Authorizer,
     pub syncer: Arc<Syncer>,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
@@ -132,6 +135,12 @@ impl Broker {
         };
         let cutovers = cutover::Cutovers::open(&config.data_dir)?;
         let users = security::ScramUsers::open(&config.data_dir)?;
+        let authz = acl::Authorizer::open(
+            &config.data_dir,
+            config.authorizer,
+            &config.super_users,
+            config.allow_everyone_if_no_acl,
+        )?;
         let txn = txn_service::TxnService::open(&config.data_dir, compact)?
             .with_park_policy(config.two_phase_commit.clone());
         let groups = groups::Groups::open(
@@ -162,6 +171,7 @@ impl Broker {
             cutovers,
             users,
             auth_stats: Default::default(),
+            authz,
             syncer,
             data_notify,
             appended_bytes: Default::default(),

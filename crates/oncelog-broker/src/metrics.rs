@@ -233,6 +233,25 @@ pub async fn render(b: &Arc<Broker>) -> String {
     }
     family(
         &mut out,
+        "oncelog_authorization_denials_total",
+        "counter",
+        "Requests (or parts of requests) the authorizer refused, by resource type.",
+    );
+    for (t, n) in b.authz.denials.snapshot() {
+        let _ = writeln!(
+            out,
+            "oncelog_authorization_denials_total{{resource_type=\"{t}\"}} {n}"
+        );
+    }
+    family(
+        &mut out,
+        "oncelog_acls",
+        "gauge",
+        "ACLs stored (enforced when authorizer.class.name is set).",
+    );
+    let _ = writeln!(out, "oncelog_acls {}", b.authz.count());
+    family(
+        &mut out,
         "oncelog_scram_users",
         "gauge",
         "Users with SCRAM credentials.",

@@ -43,12 +43,11 @@ use kafka_protocol::messages::sasl_authenticate_request::SaslAuthenticateRequest
 use kafka_protocol::messages::sasl_authenticate_response::SaslAuthenticateResponse;
 use kafka_protocol::messages::sasl_handshake_request::SaslHandshakeRequest;
 use kafka_protocol::messages::sasl_handshake_response::SaslHandshakeResponse;
-use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
+use kafka_protocol::messages::ApiKey;
 use kafka_protocol::protocol::StrBytes;
 use oncelog_auth::{AuthError, Credential, Mechanism, PlainMessage, ScramServer, ServerStep};
 
 use crate::error::{ErrorCode, TopicError};
-use crate::handlers::{decode_request, encode_response, Decoded};
 
 pub const USERS_FILE: &str = "scram-credentials.json";
 
@@ -561,24 +560,24 @@ impl Session {
         self.principal.as_deref()
     }
 
-    /// Judges one frame before it is dispatched.
-    pub fn on_frame(&mut self, frame: &Bytes, auth: &Auth<'_>) -> Verdict {
-        if let State::Exchanging { raw: true, .. } = self.state {
-            return self.raw_token(frame, auth);
-        }
-        if frame.len() < 4 {
-            return Verdict::Request;
-        }
-        let key = i16::from_be_bytes([frame[0], frame[1]]);
-        let is = |k: ApiKey| key == k as i16;
-        if is(ApiKey::SaslHandshake) || is(ApiKey::SaslAuthenticate) {
-            return self.sasl_request(frame.clone(), auth);
-        }
+    /// After a SaslHandshake v0 the next frames are raw tokens.
+    pub fn expects_raw_token(&self) -> bool {
+        matches!(self.state, State::Exchanging { raw: true, .. })
+    }
+
+    /// Whether a SASL exchange is under way (a handshake that left none
+    /// open is answered, then its connection closed).
+    pub fn exchanging(&self) -> bool {
+        matches!(self.state, State::Exchanging { .. })
+    }
+
+    /// Judges a request frame of API `key` that is not a SASL request.
+    pub fn gate(&self, key: i16) -> Verdict {
         if !self.sasl {
             return Verdict::Request;
         }
         if self.principal.is_none() {
-            if is(ApiKey::ApiVersions) {
+            if key == ApiKey::ApiVersions as i16 {
                 return Verdict::Request;
             }
             let name = ApiKey::try_from(key)
@@ -594,37 +593,7 @@ impl Session {
         Verdict::Request
     }
 
-    fn sasl_request(&mut self, frame: Bytes, auth: &Auth<'_>) -> Verdict {
-        let req = match decode_request(frame) {
-            Ok(Decoded::Request(r)) => r,
-            Ok(Decoded::ApiVersionsFallback { .. }) => {
-                return Verdict::Close("unexpected ApiVersions".into())
-            }
-            Err(e) => return Verdict::Close(e.to_string()),
-        };
-        let (key, version, cid) = (req.key, req.version, req.correlation_id);
-        let respond = |body: ResponseKind| encode_response(key, version, cid, &body);
-        match req.body {
-            RequestKind::SaslHandshake(r) => match respond(ResponseKind::SaslHandshake(
-                self.handshake(r, version, auth),
-            )) {
-                Some(b) if matches!(self.state, State::Exchanging { .. }) => Verdict::Reply(b),
-                Some(b) => Verdict::Fail(b),
-                None => Verdict::Close("could not encode SaslHandshake".into()),
-            },
-            RequestKind::SaslAuthenticate(r) => {
-                let (resp, failed) = self.authenticate(r, version, auth);
-                match respond(ResponseKind::SaslAuthenticate(resp)) {
-                    Some(b) if failed => Verdict::Fail(b),
-                    Some(b) => Verdict::Reply(b),
-                    None => Verdict::Close("could not encode SaslAuthenticate".into()),
-                }
-            }
-            _ => Verdict::Request,
-        }
-    }
-
-    fn handshake(
+    pub fn handshake(
         &mut self,
         r: SaslHandshakeRequest,
         version: i16,
@@ -668,7 +637,7 @@ impl Session {
     }
 
     /// One SaslAuthenticate; `true` when it failed (the connection closes).
-    fn authenticate(
+    pub fn authenticate(
         &mut self,
         r: SaslAuthenticateRequest,
         version: i16,
@@ -702,7 +671,7 @@ impl Session {
 
     /// A raw token after SaslHandshake v0: answered raw (length-prefixed);
     /// a failure closes the connection, as Kafka does.
-    fn raw_token(&mut self, frame: &Bytes, auth: &Auth<'_>) -> Verdict {
+    pub fn raw_token(&mut self, frame: &Bytes, auth: &Auth<'_>) -> Verdict {
         match self.step(frame, auth) {
             Ok((bytes, _)) => {
                 let mut b = BytesMut::with_capacity(4 + bytes.len());

@@ -14,7 +14,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use crate::handlers::{dispatch, Conn, Pending};
+use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
+
+use crate::handlers::{decode_request, dispatch, encode_response, Conn, Decoded, Pending};
 use crate::security::{Auth, Session, Verdict};
 use crate::Broker;
 
@@ -70,6 +72,7 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, in
     let max = broker.config.max_frame_bytes;
     let mut session = Session::new(&listener, peer);
     let mut conn = Conn::new(peer, index);
+    conn.principal = session.principal().map(str::to_string);
     let failed_delay = std::time::Duration::from_millis(broker.config.failed_auth_delay_ms);
     loop {
         // Before authentication a frame may be no larger than a SASL
@@ -98,7 +101,7 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, in
             mechanisms: &broker.config.sasl_mechanisms,
             reauth_ms: broker.config.reauth_ms,
         };
-        match session.on_frame(&frame, &auth) {
+        match judge(&mut session, &frame, &auth) {
             Verdict::Request => {}
             Verdict::Reply(bytes) => {
                 conn.principal = session.principal().map(str::to_string);
@@ -140,6 +143,46 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, in
     drop(tx);
     let _ = writer.await;
     tracing::debug!(%peer, "connection closed");
+}
+
+/// What the connection's authentication makes of one frame: a raw token
+/// after a v0 handshake, a SASL request (answered here), or a request to
+/// dispatch if the session lets it through.
+pub fn judge(session: &mut Session, frame: &Bytes, auth: &Auth<'_>) -> Verdict {
+    if session.expects_raw_token() {
+        return session.raw_token(frame, auth);
+    }
+    if frame.len() < 4 {
+        return Verdict::Request;
+    }
+    let key = i16::from_be_bytes([frame[0], frame[1]]);
+    if key != ApiKey::SaslHandshake as i16 && key != ApiKey::SaslAuthenticate as i16 {
+        return session.gate(key);
+    }
+    let req = match decode_request(frame.clone()) {
+        Ok(Decoded::Request(r)) => r,
+        Ok(Decoded::ApiVersionsFallback { .. }) => {
+            return Verdict::Close("unexpected ApiVersions".into())
+        }
+        Err(e) => return Verdict::Close(e.to_string()),
+    };
+    let (key, version, cid) = (req.key, req.version, req.correlation_id);
+    let (body, failed) = match req.body {
+        RequestKind::SaslHandshake(r) => {
+            let resp = session.handshake(r, version, auth);
+            (ResponseKind::SaslHandshake(resp), !session.exchanging())
+        }
+        RequestKind::SaslAuthenticate(r) => {
+            let (resp, failed) = session.authenticate(r, version, auth);
+            (ResponseKind::SaslAuthenticate(resp), failed)
+        }
+        _ => return Verdict::Request,
+    };
+    match encode_response(key, version, cid, &body) {
+        Some(b) if failed => Verdict::Fail(b),
+        Some(b) => Verdict::Reply(b),
+        None => Verdict::Close(format!("could not encode the {key:?} answer")),
+    }
 }
 
 /// Why [`read_frame`] gave up on a connection.

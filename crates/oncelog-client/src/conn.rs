@@ -181,7 +181,7 @@ impl Client {
         c.timeout = Duration::from_secs(30);
         c.versions = version_ranges(&av);
         if let Some(cfg) = crate::sasl::configured() {
-            crate::sasl::authenticate(&mut c, cfg).await?;
+            sasl_authenticate(&mut c, cfg).await?;
         }
         Ok(c)
     }
@@ -314,4 +314,81 @@ mod tests {
         assert!(not_kafka([0x15, 0x03, 0x03, 0x00]).contains("TLS"));
         assert!(not_kafka(*b"\xff\xff\xff\xff").contains("ff ff ff ff"));
     }
+}
+
+// ------------------------------------------------------------ SASL
+
+fn fail(c: &Client, why: impl Into<String>) -> ClientError {
+    ClientError::Auth {
+        addr: c.addr().to_string(),
+        why: why.into(),
+    }
+}
+
+/// Runs the SASL exchange on a fresh connection.
+pub(crate) async fn sasl_authenticate(
+    c: &mut Client,
+    cfg: &crate::sasl::SaslConfig,
+) -> Result<(), ClientError> {
+    let hs: kafka_protocol::messages::SaslHandshakeResponse = c
+        .call_max::<_, kafka_protocol::messages::SaslHandshakeResponse>(
+            ApiKey::SaslHandshake,
+            &kafka_protocol::messages::SaslHandshakeRequest::default().with_mechanism(
+                kafka_protocol::protocol::StrBytes::from_string(cfg.mechanism.clone()),
+            ),
+            1,
+        )
+        .await?
+        .0;
+    if hs.error_code != 0 {
+        let offered: Vec<&str> = hs.mechanisms.iter().map(|m| m.as_str()).collect();
+        return Err(fail(
+            c,
+            format!(
+                "the broker refused SASL mechanism {} (error {}); it offers {offered:?}",
+                cfg.mechanism, hs.error_code
+            ),
+        ));
+    }
+    if cfg.mechanism == "PLAIN" {
+        step(
+            c,
+            oncelog_auth::PlainMessage::encode(&cfg.username, &cfg.password),
+        )
+        .await?;
+        return Ok(());
+    }
+    let mech = oncelog_auth::Mechanism::from_name(&cfg.mechanism)
+        .ok_or_else(|| fail(c, format!("unknown SASL mechanism {}", cfg.mechanism)))?;
+    let mut scram = oncelog_auth::ScramClient::new(mech, &cfg.username, &cfg.password)
+        .map_err(|e| fail(c, e.to_string()))?;
+    let server_first = step(c, scram.client_first()).await?;
+    let client_final = scram
+        .client_final(&server_first)
+        .map_err(|e| fail(c, e.to_string()))?;
+    let server_final = step(c, client_final).await?;
+    scram
+        .verify_server_final(&server_final)
+        .map_err(|e| fail(c, e.to_string()))
+}
+
+/// One SaslAuthenticate: sends `token`, returns the broker's bytes.
+async fn step(c: &mut Client, token: Vec<u8>) -> Result<Vec<u8>, ClientError> {
+    let req = kafka_protocol::messages::SaslAuthenticateRequest::default()
+        .with_auth_bytes(bytes::Bytes::from(token));
+    let r: kafka_protocol::messages::SaslAuthenticateResponse = c
+        .call::<_, kafka_protocol::messages::SaslAuthenticateResponse>(
+            ApiKey::SaslAuthenticate,
+            &req,
+        )
+        .await?
+        .0;
+    if r.error_code != 0 {
+        let why = r.error_message.map(|m| m.to_string()).unwrap_or_default();
+        return Err(fail(
+            c,
+            format!("authentication failed (error {}): {why}", r.error_code),
+        ));
+    }
+    Ok(r.auth_bytes.to_vec())
 }

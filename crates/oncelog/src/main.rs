@@ -355,7 +355,11 @@ fn main() -> Result<()> {
         #[cfg(feature = "audit")]
         Command::Audit(args) => std::process::exit(oncelog_audit::runner::run(args)),
         #[cfg(feature = "audit")]
-        Command::AuditWorker(args) => std::process::exit(oncelog_audit::worker::run(args)),
+        Command::AuditWorker(args) => std::process::exit(if args.workload == "recommit" {
+            oncelog_audit::recommit::main(args)
+        } else {
+            oncelog_audit::worker::run(args)
+        }),
         #[cfg(feature = "audit")]
         Command::BenchLoad(args) => std::process::exit(oncelog_audit::load::run(args)),
         Command::BenchWire(args) => std::process::exit(oncelog_audit::wire_load::run(args)),

@@ -3,6 +3,7 @@
 
 mod admin;
 mod admin_txn;
+mod authz;
 mod fetch;
 mod group;
 mod meta;
@@ -64,6 +65,9 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     // No client quotas are kept: the answer is always empty (kafka-configs
     // asks for them when it describes users).
     (ApiKey::DescribeClientQuotas, 0, 1),
+    (ApiKey::CreateAcls, 1, 3),
+    (ApiKey::DescribeAcls, 1, 3),
+    (ApiKey::DeleteAcls, 1, 3),
 ];
 
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
@@ -293,8 +297,22 @@ pub async fn dispatch(
     };
     tracing::debug!(api = ?key, version, correlation_id, client = ?header.client_id, "request");
     let b = broker.clone();
-    let respond = move |body: ResponseKind| encode_response(key, version, correlation_id, &body);
     let started = std::time::Instant::now();
+    let (req, fixup) = match authz::guard(broker, conn, version, req) {
+        Ok(x) => x,
+        Err(denied) => {
+            return Ok(ready(encode_response(
+                key,
+                version,
+                correlation_id,
+                &denied,
+            )))
+        }
+    };
+    let respond = move |mut body: ResponseKind| {
+        fixup.apply(&mut body);
+        encode_response(key, version, correlation_id, &body)
+    };
     let pending = handle(b, key, req, header, conn, version, respond).await?;
     let b = broker.clone();
     Ok(Box::pin(async move {
@@ -349,7 +367,7 @@ async fn handle(
     header: RequestHeader,
     conn: &Conn,
     version: i16,
-    respond: impl Fn(ResponseKind) -> Option<Bytes> + Copy + Send + Sync + 'static,
+    respond: impl Fn(ResponseKind) -> Option<Bytes> + Send + Sync + 'static,
 ) -> Result<Pending, FrameError> {
     let peer = conn.peer;
     Ok(match req {
@@ -502,6 +520,15 @@ async fn handle(
         RequestKind::AlterUserScramCredentials(r) => ready(respond(
             ResponseKind::AlterUserScramCredentials(blocking(|| b.users.alter(&r))),
         )),
+        RequestKind::CreateAcls(r) => ready(respond(ResponseKind::CreateAcls(blocking(|| {
+            b.authz.create(&r)
+        })))),
+        RequestKind::DescribeAcls(r) => {
+            ready(respond(ResponseKind::DescribeAcls(b.authz.describe(&r))))
+        }
+        RequestKind::DeleteAcls(r) => ready(respond(ResponseKind::DeleteAcls(blocking(|| {
+            b.authz.delete(&r)
+        })))),
         RequestKind::DescribeClientQuotas(_) => ready(respond(ResponseKind::DescribeClientQuotas(
             kafka_protocol::messages::DescribeClientQuotasResponse::default()
                 .with_entries(Some(Vec::new())),

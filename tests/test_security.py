@@ -406,3 +406,88 @@ def test_tls_listeners_are_refused_until_served(tmp_path):
                         "-o", f"listeners=SSL://127.0.0.1:{free_port()}"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "TLS listeners are not served yet" in p.stderr, p.stderr
+
+
+# ------------------------------------------------------------ limits
+
+def rss_kb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.timeout(300)
+def test_ten_thousand_unauthenticated_connections(broker_factory):
+    """10,000 connections that never authenticate (each sends ApiVersions,
+    the one request allowed before SASL) hold bounded memory, and an
+    authenticated client is still served meanwhile."""
+    import resource
+    import socket
+    n = 10_000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n + 1000:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 2000), hard))
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= n + 1000, "cannot open enough files"
+    sb = SaslBroker(broker_factory, **{"connections.max.unauthenticated.ms": 120000})
+    sb.add_user("hana", "hana-secret")
+    time.sleep(0.5)
+    before = rss_kb(sb.b.pid)
+    socks = []
+    try:
+        req = api_versions_request(0, 1)
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", sb.sasl_port), timeout=10)
+            s.sendall(req)
+            socks.append(s)
+        wait_until(lambda: value(sb.metrics(), "oncelog_connections") >= n, 60, interval=0.5,
+                   what=f"{n} open connections")
+        t0 = time.monotonic()
+        sb.cli("topic", "list", sasl=("SCRAM-SHA-512", "hana", "hana-secret"))
+        served_s = time.monotonic() - t0
+        grown_mb = (rss_kb(sb.b.pid) - before) / 1024
+        print(f"{n} unauthenticated connections: broker RSS +{grown_mb:.0f} MB "
+              f"({grown_mb * 1024 / n:.1f} KB each); an authenticated client served in {served_s:.2f} s")
+        assert grown_mb < 400, f"{grown_mb:.0f} MB for {n} idle connections"
+    finally:
+        for s in socks:
+            s.close()
+    wait_until(lambda: value(sb.metrics(), "oncelog_connections") <= 5, 60, interval=0.5,
+               what="the connections to close")
+
+
+def test_connection_limits_and_the_authentication_deadline(broker_factory):
+    import socket
+    sb = SaslBroker(broker_factory, **{"max.connections.per.ip": 20,
+                                       "connections.max.unauthenticated.ms": 1000})
+    socks = [socket.create_connection(("127.0.0.1", sb.sasl_port), timeout=5) for _ in range(25)]
+    try:
+        # The ones over the limit are closed at once; the first 20 stay
+        # until the authentication deadline closes them too.
+        import select
+        time.sleep(0.2)
+        readable, _, _ = select.select(socks, [], [], 0.3)
+        closed = [socks.index(s) for s in readable if s.recv(1) == b""]
+        assert sorted(closed) == list(range(20, 25)), closed
+        m = sb.metrics()
+        assert value(m, "oncelog_connections_refused_total", reason="max_connections_per_ip") == 5
+        time.sleep(1.5)
+        for s in socks[:20]:
+            s.settimeout(3)
+            try:
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        wait_until(lambda: value(sb.metrics(), "oncelog_connections_refused_total",
+                                 reason="authentication_timeout") == 20, 10, interval=0.2,
+                   what="20 authentication timeouts")
+    finally:
+        for s in socks:
+            s.close()
+    # Authenticated clients are not held to the deadline.
+    sb.add_user("ivy", "ivy-secret")
+    c = Conn("127.0.0.1", sb.sasl_port)
+    assert plain_login(c, "ivy", "ivy-secret") == (0, 0)
+    time.sleep(1.5)
+    c.send(metadata_v1(9))
+    assert c.recv_response(9)

@@ -77,6 +77,9 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("transaction.heal.check.interval.ms", "10000", "how often partitions' open transactions are reconciled with the coordinator; an orphan is one seen on two checks in a row"),
     ("producer.id.expiration.ms", "86400000", "partitions forget an idle producer id this long after its last write, never one with an open transaction"),
     ("max.partitions.per.topic", "10000", "most partitions one topic may have (CreateTopics / CreatePartitions above it get INVALID_PARTITIONS)"),
+    ("max.connections", "2147483647", "most client connections open at once (all listeners); a connection beyond it is closed at once, logged and counted"),
+    ("max.connections.per.ip", "2147483647", "most connections open at once from one IP address; beyond it, closed at once"),
+    ("connections.max.unauthenticated.ms", "30000", "a connection on a SASL listener that has not authenticated within this time is closed (with the 64 KiB frame bound before authentication, an unauthenticated peer holds little memory and not for long)"),
     ("max.partitions", "100000", "most partitions the broker holds in all; creation is also refused when the open-files limit could not hold 3 files per new partition"),
 ];
 
@@ -165,6 +168,9 @@ pub struct BrokerConfig {
     pub coordinator_log_compact_records: usize,
     pub max_partitions_per_topic: i32,
     pub max_partitions: i64,
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    pub unauthenticated_timeout_ms: u64,
     /// Every setting as text, after overrides (for DescribeConfigs).
     pub raw: BTreeMap<String, String>,
 }
@@ -374,6 +380,15 @@ impl BrokerConfig {
                 &get("max.partitions.per.topic"),
             )?,
             max_partitions: parse("max.partitions", &get("max.partitions"))?,
+            max_connections: parse("max.connections", &get("max.connections"))?,
+            max_connections_per_ip: parse(
+                "max.connections.per.ip",
+                &get("max.connections.per.ip"),
+            )?,
+            unauthenticated_timeout_ms: parse(
+                "connections.max.unauthenticated.ms",
+                &get("connections.max.unauthenticated.ms"),
+            )?,
             raw: m.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         };
         let positive = |k: &str, v: i64| {

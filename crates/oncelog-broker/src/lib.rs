@@ -95,6 +95,8 @@ pub struct Broker {
     pub auth_stats: security::AuthStats,
     /// ACLs and the authorizer (off unless `authorizer.class.name` is set).
     pub authz: acl::Authorizer,
+    /// Open client connections and their limits.
+    pub connections: Arc<security::Connections>,
     pub syncer: Arc<Syncer>,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
@@ -172,6 +174,7 @@ impl Broker {
             users,
             auth_stats: Default::default(),
             authz,
+            connections: Default::default(),
             syncer,
             data_notify,
             appended_bytes: Default::default(),

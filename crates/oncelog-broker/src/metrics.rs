@@ -233,6 +233,21 @@ pub async fn render(b: &Arc<Broker>) -> String {
     }
     family(
         &mut out,
+        "oncelog_connections",
+        "gauge",
+        "Client connections open now.",
+    );
+    let _ = writeln!(out, "oncelog_connections {}", b.connections.open());
+    family(&mut out, "oncelog_connections_refused_total", "counter",
+        "Connections refused or closed early: over max.connections or max.connections.per.ip, or not authenticated within connections.max.unauthenticated.ms.");
+    for (why, n) in b.connections.refused() {
+        let _ = writeln!(
+            out,
+            "oncelog_connections_refused_total{{reason=\"{why}\"}} {n}"
+        );
+    }
+    family(
+        &mut out,
         "oncelog_authorization_denials_total",
         "counter",
         "Requests (or parts of requests) the authorizer refused, by resource type.",

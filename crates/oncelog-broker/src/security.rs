@@ -485,6 +485,101 @@ impl AuthStats {
     }
 }
 
+// ------------------------------------------------------------ connection limits
+
+/// Open client connections, for `max.connections` and
+/// `max.connections.per.ip`, and the ones refused or closed early.
+#[derive(Default)]
+pub struct Connections {
+    per_ip: Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    total: std::sync::atomic::AtomicUsize,
+    refused: Mutex<BTreeMap<&'static str, u64>>,
+    last_warn_ms: std::sync::atomic::AtomicI64,
+}
+
+/// One admitted connection; leaving frees its place.
+pub struct ConnSlot {
+    conns: std::sync::Arc<Connections>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.conns
+            .total
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        let mut m = self.conns.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl Connections {
+    /// A place for a new connection from `ip`, or why there is none
+    /// (`max_connections`, `max_connections_per_ip`).
+    pub fn admit(
+        self: &std::sync::Arc<Self>,
+        ip: std::net::IpAddr,
+        max: usize,
+        max_per_ip: usize,
+    ) -> Result<ConnSlot, &'static str> {
+        let mut m = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+        let why = if self.total.load(std::sync::atomic::Ordering::Relaxed) >= max {
+            Some("max_connections")
+        } else if m.get(&ip).copied().unwrap_or(0) >= max_per_ip {
+            Some("max_connections_per_ip")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            drop(m);
+            self.count_refused(why);
+            return Err(why);
+        }
+        *m.entry(ip).or_default() += 1;
+        self.total
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(ConnSlot {
+            conns: self.clone(),
+            ip,
+        })
+    }
+
+    pub fn count_refused(&self, why: &'static str) {
+        let mut r = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        *r.entry(why).or_default() += 1;
+    }
+
+    /// Whether a refusal should be logged now (at most once a second).
+    pub fn warn_now(&self) -> bool {
+        let now = oncelog_log::now_ms();
+        let last = self.last_warn_ms.load(std::sync::atomic::Ordering::Relaxed);
+        now - last >= 1000
+            && self
+                .last_warn_ms
+                .compare_exchange(
+                    last,
+                    now,
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    pub fn open(&self) -> usize {
+        self.total.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn refused(&self) -> Vec<(&'static str, u64)> {
+        let r = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        r.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+}
+
 // ------------------------------------------------------------ a connection
 
 /// What the broker's security needs from the broker.

@@ -38,8 +38,23 @@ pub async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let b = broker.clone();
-                    tokio::spawn(async move { connection(b, stream, peer, index).await });
+                    let c = &broker.config;
+                    match broker.connections.admit(peer.ip(), c.max_connections, c.max_connections_per_ip) {
+                        Ok(slot) => {
+                            let b = broker.clone();
+                            tokio::spawn(async move {
+                                connection(b, stream, peer, index).await;
+                                drop(slot);
+                            });
+                        }
+                        Err(why) => {
+                            if broker.connections.warn_now() {
+                                tracing::warn!(%peer, reason = why, open = broker.connections.open(),
+                                    "connection refused: over the connection limit (counted in oncelog_connections_refused_total)");
+                            }
+                            drop(stream);
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -74,6 +89,8 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, in
     let mut conn = Conn::new(peer, index);
     conn.principal = session.principal().map(str::to_string);
     let failed_delay = std::time::Duration::from_millis(broker.config.failed_auth_delay_ms);
+    let auth_deadline = tokio::time::Instant::now()
+        + std::time::Duration::from_millis(broker.config.unauthenticated_timeout_ms);
     loop {
         // Before authentication a frame may be no larger than a SASL
         // exchange needs: an unauthenticated peer cannot make us buffer more.
@@ -82,7 +99,22 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, in
         } else {
             max.min(MAX_UNAUTHENTICATED_FRAME)
         };
-        let frame = match read_frame(&mut rd, limit).await {
+        let read = if session.principal().is_some() {
+            read_frame(&mut rd, limit).await
+        } else {
+            // Before authentication the connection has a deadline.
+            match tokio::time::timeout_at(auth_deadline, read_frame(&mut rd, limit)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    broker.connections.count_refused("authentication_timeout");
+                    tracing::warn!(%peer, listener = %listener.name,
+                        timeout_ms = broker.config.unauthenticated_timeout_ms,
+                        "closing connection: not authenticated in time (connections.max.unauthenticated.ms)");
+                    break;
+                }
+            }
+        };
+        let frame = match read {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(FrameReadError::SizeOutOfBounds { len, max }) => {

@@ -31,6 +31,9 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL", "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SASL_PLAINTEXT; SSL and SASL_SSL are not served yet)"),
     ("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN", "SASL mechanisms offered on SASL listeners; PLAIN checks the password against the user's SCRAM credentials"),
     ("connections.max.reauth.ms", "0", "KIP-368: a SASL session lasts this long; the client must re-authenticate (as the same principal) or its connection is closed; 0 = sessions do not expire"),
+    ("ssl.keystore.location", "", "PEM file with the certificate chain and private key of SSL and SASL_SSL listeners (read again when it changes)"),
+    ("ssl.truststore.location", "", "PEM file of the CA certificates client certificates must chain to (for ssl.client.auth)"),
+    ("ssl.client.auth", "none", "client certificates on SSL listeners: none, requested or required; a verified certificate's subject is the principal (User:CN=...,O=...)"),
     ("authorizer.class.name", "", "any value turns authorization on (the broker's own ACL authorizer, Kafka's rules, whatever class is named); empty = every request is allowed and the ACL APIs answer SECURITY_DISABLED"),
     ("super.users", "", "principals allowed everything, `;`-separated (User:admin;User:ANONYMOUS)"),
     ("allow.everyone.if.no.acl.found", "false", "allow a request on a resource no ACL names at all"),
@@ -124,6 +127,9 @@ pub struct BrokerConfig {
     pub sasl_mechanisms: Vec<String>,
     pub reauth_ms: i64,
     pub failed_auth_delay_ms: u64,
+    pub ssl_keystore: String,
+    pub ssl_truststore: String,
+    pub ssl_client_auth: String,
     /// ACLs are enforced (`authorizer.class.name` set).
     pub authorizer: bool,
     pub super_users: String,
@@ -224,16 +230,36 @@ impl BrokerConfig {
             value: get("listeners"),
             why,
         })?;
-        if let Some(l) = listeners.iter().find(|l| {
+        let tls_listener = listeners.iter().find(|l| {
             matches!(
                 l.protocol,
                 crate::security::SecurityProtocol::Ssl | crate::security::SecurityProtocol::SaslSsl
             )
-        }) {
+        });
+        if let Some(l) = tls_listener {
+            if !cfg!(feature = "tls") {
+                return Err(ConfigError::Invalid {
+                    key: "listeners".into(),
+                    value: get("listeners"),
+                    why: format!("listener {} is {}: this build has no TLS (built without the `tls` feature)", l.name, l.protocol.name()),
+                });
+            }
+            if get("ssl.keystore.location").trim().is_empty() {
+                return Err(ConfigError::Invalid {
+                    key: "ssl.keystore.location".into(),
+                    value: String::new(),
+                    why: format!("listener {} is {}: it needs ssl.keystore.location (a PEM file with the certificate chain and its private key)", l.name, l.protocol.name()),
+                });
+            }
+        }
+        if !matches!(
+            get("ssl.client.auth").trim(),
+            "" | "none" | "requested" | "required"
+        ) {
             return Err(ConfigError::Invalid {
-                key: "listeners".into(),
-                value: get("listeners"),
-                why: format!("listener {} is {}: TLS listeners are not served yet (PLAINTEXT and SASL_PLAINTEXT are)", l.name, l.protocol.name()),
+                key: "ssl.client.auth".into(),
+                value: get("ssl.client.auth"),
+                why: "must be none, requested or required".into(),
             });
         }
         let sasl_mechanisms: Vec<String> = get("sasl.enabled.mechanisms")
@@ -278,6 +304,9 @@ impl BrokerConfig {
                 "connection.failed.authentication.delay.ms",
                 &get("connection.failed.authentication.delay.ms"),
             )?,
+            ssl_keystore: get("ssl.keystore.location").trim().to_string(),
+            ssl_truststore: get("ssl.truststore.location").trim().to_string(),
+            ssl_client_auth: get("ssl.client.auth").trim().to_string(),
             authorizer: !get("authorizer.class.name").trim().is_empty(),
             super_users: get("super.users"),
             allow_everyone_if_no_acl: parse(

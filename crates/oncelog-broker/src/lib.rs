@@ -28,6 +28,8 @@ pub mod security;
 pub mod server;
 pub mod snapshot;
 pub mod storage;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod topics;
 pub mod txn_coordinator;
 pub mod txn_history;
@@ -97,6 +99,9 @@ pub struct Broker {
     pub authz: acl::Authorizer,
     /// Open client connections and their limits.
     pub connections: Arc<security::Connections>,
+    /// The TLS listeners' certificates, when there are TLS listeners.
+    #[cfg(feature = "tls")]
+    pub tls: Option<tls::TlsServer>,
     pub syncer: Arc<Syncer>,
     /// Woken whenever a high watermark moves, for long-poll fetches.
     pub data_notify: Arc<Notify>,
@@ -137,6 +142,22 @@ impl Broker {
         };
         let cutovers = cutover::Cutovers::open(&config.data_dir)?;
         let users = security::ScramUsers::open(&config.data_dir)?;
+        #[cfg(feature = "tls")]
+        let tls = if config.listeners.iter().any(|l| l.protocol.tls()) {
+            let settings = tls::TlsSettings {
+                keystore: config.ssl_keystore.clone().into(),
+                truststore: (!config.ssl_truststore.is_empty())
+                    .then(|| config.ssl_truststore.clone().into()),
+                client_auth: tls::ClientAuth::parse(&config.ssl_client_auth)
+                    .unwrap_or(tls::ClientAuth::None),
+            };
+            Some(
+                tls::TlsServer::load(settings)
+                    .map_err(|e| TopicError::DataDir(format!("TLS: {e}")))?,
+            )
+        } else {
+            None
+        };
         let authz = acl::Authorizer::open(
             &config.data_dir,
             config.authorizer,
@@ -175,6 +196,8 @@ impl Broker {
             auth_stats: Default::default(),
             authz,
             connections: Default::default(),
+            #[cfg(feature = "tls")]
+            tls,
             syncer,
             data_notify,
             appended_bytes: Default::default(),
@@ -322,6 +345,20 @@ impl Broker {
     /// Background work: retention, the log cleaner and, in interval mode,
     /// periodic flushes.
     pub fn spawn_background(self: &Arc<Self>) {
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            let weak = Arc::downgrade(self);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+                loop {
+                    tick.tick().await;
+                    let Some(b) = weak.upgrade() else { return };
+                    if let Some(t) = &b.tls {
+                        t.reload_if_changed();
+                    }
+                }
+            });
+        }
         if self.config.cleaner_enable {
             let weak = Arc::downgrade(self);
             self.cleaner.start(Arc::new(move || {

@@ -86,6 +86,10 @@ impl SecurityProtocol {
     pub fn sasl(self) -> bool {
         matches!(self, Self::SaslPlaintext | Self::SaslSsl)
     }
+
+    pub fn tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
 }
 
 /// One listener: where it binds, its protocol, what Metadata advertises.
@@ -647,6 +651,13 @@ impl Session {
                 Some(ANONYMOUS.to_string())
             },
             expires: None,
+        }
+    }
+
+    /// On an SSL listener: the verified client certificate's principal.
+    pub fn set_certificate_principal(&mut self, principal: String) {
+        if !self.sasl {
+            self.principal = Some(principal);
         }
     }
 

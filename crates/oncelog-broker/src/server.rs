@@ -27,6 +27,10 @@ const MAX_IN_FLIGHT: usize = 64;
 /// authenticated (ApiVersions and the SASL exchange are small).
 const MAX_UNAUTHENTICATED_FRAME: usize = 64 * 1024;
 
+/// How long a TLS listener waits for a connection's handshake.
+#[cfg(feature = "tls")]
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Accepts connections on `config.listeners[listener]` until shutdown.
 pub async fn serve(
     broker: Arc<Broker>,
@@ -72,7 +76,51 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, in
         return;
     };
     tracing::debug!(%peer, listener = %listener.name, "connection opened");
-    let (mut rd, mut wr) = stream.into_split();
+    #[cfg(feature = "tls")]
+    if listener.protocol.tls() {
+        let Some(acceptor) = broker.tls.as_ref().map(|t| t.acceptor()) else {
+            return;
+        };
+        let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                broker.connections.count_refused("tls_handshake");
+                tracing::warn!(%peer, listener = %listener.name, error = %e, "TLS handshake failed; closing connection");
+                return;
+            }
+            Err(_) => {
+                broker.connections.count_refused("tls_handshake");
+                tracing::warn!(%peer, listener = %listener.name, "no TLS handshake in time; closing connection");
+                return;
+            }
+        };
+        let principal = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(crate::tls::principal_of);
+        let (rd, wr) = tokio::io::split(tls);
+        return serve_connection(broker, rd, wr, peer, index, listener, principal).await;
+    }
+    let (rd, wr) = stream.into_split();
+    serve_connection(broker, rd, wr, peer, index, listener, None).await
+}
+
+/// Serves one connection's requests, in order, over `rd` and `wr` (a TCP
+/// stream's halves, or a TLS session's).
+async fn serve_connection<R, W>(
+    broker: Arc<Broker>,
+    mut rd: R,
+    mut wr: W,
+    peer: SocketAddr,
+    index: usize,
+    listener: crate::security::Listener,
+    certificate_principal: Option<String>,
+) where
+    R: AsyncRead + Unpin + Send,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (tx, mut rx) = mpsc::channel::<Pending>(MAX_IN_FLIGHT);
     let writer = tokio::spawn(async move {
         while let Some(pending) = rx.recv().await {
@@ -86,6 +134,9 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, in
     });
     let max = broker.config.max_frame_bytes;
     let mut session = Session::new(&listener, peer);
+    if let Some(p) = certificate_principal {
+        session.set_certificate_principal(p);
+    }
     let mut conn = Conn::new(peer, index);
     conn.principal = session.principal().map(str::to_string);
     let failed_delay = std::time::Duration::from_millis(broker.config.failed_auth_delay_ms);

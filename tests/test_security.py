@@ -401,11 +401,17 @@ def test_metadata_advertises_the_listener_of_the_connection(broker_factory):
             "AlterUserScramCredentials"} <= apis
 
 
-def test_tls_listeners_are_refused_until_served(tmp_path):
+def test_a_tls_listener_needs_a_keystore(tmp_path):
     p = subprocess.run([str(oncelog_bin()), "serve", "--data-dir", str(tmp_path / "d"),
                         "-o", f"listeners=SSL://127.0.0.1:{free_port()}"],
                        capture_output=True, text=True, timeout=30)
-    assert p.returncode == 2 and "TLS listeners are not served yet" in p.stderr, p.stderr
+    assert p.returncode == 2 and "ssl.keystore.location" in p.stderr, p.stderr
+    (tmp_path / "bad.pem").write_text("not a certificate\n")
+    p = subprocess.run([str(oncelog_bin()), "serve", "--data-dir", str(tmp_path / "d"),
+                        "-o", f"listeners=SSL://127.0.0.1:{free_port()}",
+                        "-o", f"ssl.keystore.location={tmp_path / 'bad.pem'}"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "TLS" in p.stderr and "bad.pem" in p.stderr, p.stderr
 
 
 # ------------------------------------------------------------ limits

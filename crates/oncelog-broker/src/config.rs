@@ -28,7 +28,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("advertised.listener", "", "HOST:PORT told to clients in Metadata (default: the listen address)"),
     ("listeners", "", "NAME://HOST:PORT,... Kafka-style listeners, each with the security protocol `listener.security.protocol.map` gives its name; when set it replaces `listen` (empty: one PLAINTEXT listener on `listen`)"),
     ("advertised.listeners", "", "NAME://HOST:PORT,... what Metadata tells a client that came in on listener NAME (default: the listener's own address)"),
-    ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL", "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SASL_PLAINTEXT; SSL and SASL_SSL are not served yet)"),
+    ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL", "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL)"),
     ("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN", "SASL mechanisms offered on SASL listeners; PLAIN checks the password against the user's SCRAM credentials"),
     ("connections.max.reauth.ms", "0", "KIP-368: a SASL session lasts this long; the client must re-authenticate (as the same principal) or its connection is closed; 0 = sessions do not expire"),
     ("ssl.keystore.location", "", "PEM file with the certificate chain and private key of SSL and SASL_SSL listeners (read again when it changes)"),

@@ -65,50 +65,29 @@ if [ "$(cat "$VENV/.requirements.sha256" 2>/dev/null || true)" != "$REQ_HASH" ];
   echo "$REQ_HASH" >"$VENV/.requirements.sha256"
 fi
 
-# --- Java client jars (kafka-clients + slf4j-nop into .tools/java-lib) -------
-JAVA_LIB="$ROOT/.tools/java-lib"
-POM_HASH="$(hash_of tests/java/pom.xml)"
-if [ "$(cat "$JAVA_LIB/.pom.sha256" 2>/dev/null || true)" != "$POM_HASH" ]; then
-  step "fetching Java client jars"
-  rm -rf "$JAVA_LIB"
-  quiet mvn -q -B -f tests/java/pom.xml dependency:copy-dependencies
-  echo "$POM_HASH" >"$JAVA_LIB/.pom.sha256"
-fi
-
-# --- Kafka Streams jars (kafka-streams + slf4j-simple into .tools/streams-lib),
-# for the exactly-once Streams test (tests/test_streams.py) -------------------
-STREAMS_LIB="$ROOT/.tools/streams-lib"
-SPOM_HASH="$(hash_of tests/streams/pom.xml)"
-if [ "$(cat "$STREAMS_LIB/.pom.sha256" 2>/dev/null || true)" != "$SPOM_HASH" ]; then
-  step "fetching Kafka Streams jars"
-  rm -rf "$STREAMS_LIB"
-  quiet mvn -q -B -f tests/streams/pom.xml dependency:copy-dependencies
-  echo "$SPOM_HASH" >"$STREAMS_LIB/.pom.sha256"
-fi
-
-# --- Flink jars (Flink 2.2's DataStream runtime for a MiniCluster, the Kafka
-# connector and slf4j-simple into .tools/flink-lib), for the exactly-once
-# Flink tests (tests/test_flink.py) ---------------------------------------------
-FLINK_LIB="$ROOT/.tools/flink-lib"
-FPOM_HASH="$(hash_of tests/flink/pom.xml)"
-if [ "$(cat "$FLINK_LIB/.pom.sha256" 2>/dev/null || true)" != "$FPOM_HASH" ]; then
-  step "fetching Flink jars"
-  rm -rf "$FLINK_LIB"
-  quiet mvn -q -B -f tests/flink/pom.xml dependency:copy-dependencies
-  echo "$FPOM_HASH" >"$FLINK_LIB/.pom.sha256"
-fi
-
-# --- Apache Kafka reference broker and kafka-tools jars (.tools/kafka-lib), for
-# the differential conformance tests, the kafka-transactions tool check
-# (tests/test_kafka_tools.py) and `bench/produce_bench.py --kafka` -----------
-KAFKA_LIB="$ROOT/.tools/kafka-lib"
-KPOM_HASH="$(hash_of bench/kafka/pom.xml)"
-if [ "$(cat "$KAFKA_LIB/.pom.sha256" 2>/dev/null || true)" != "$KPOM_HASH" ]; then
-  step "fetching Apache Kafka broker jars"
-  rm -rf "$KAFKA_LIB"
-  quiet mvn -q -B -f bench/kafka/pom.xml dependency:copy-dependencies
-  echo "$KPOM_HASH" >"$KAFKA_LIB/.pom.sha256"
-fi
+# --- Jars fetched with Maven into .tools/<dir> (ignored by git), each again
+# only when its pom changes ---------------------------------------------------
+fetch_jars() {  # pom.xml, lib dir, what
+  local pom="$1" lib="$2" what="$3" want
+  want="$(hash_of "$pom")"
+  if [ "$(cat "$lib/.pom.sha256" 2>/dev/null || true)" != "$want" ]; then
+    step "fetching $what"
+    rm -rf "$lib"
+    quiet mvn -q -B -f "$pom" dependency:copy-dependencies
+    echo "$want" >"$lib/.pom.sha256"
+  fi
+}
+# the Java client tests: kafka-clients + slf4j-nop
+fetch_jars tests/java/pom.xml "$ROOT/.tools/java-lib" "Java client jars"
+# the exactly-once Streams tests (tests/test_streams*.py): kafka-streams + slf4j-simple
+fetch_jars tests/streams/pom.xml "$ROOT/.tools/streams-lib" "Kafka Streams jars"
+# the exactly-once Flink tests (tests/test_flink.py): Flink 2.2's DataStream
+# runtime for a MiniCluster, the Kafka connector and slf4j-simple
+fetch_jars tests/flink/pom.xml "$ROOT/.tools/flink-lib" "Flink jars"
+# the Apache Kafka reference broker and kafka-tools: the differential tests,
+# Kafka's own kafka-transactions, kafka-configs and kafka-acls tools, and
+# `bench/produce_bench.py --kafka`
+fetch_jars bench/kafka/pom.xml "$ROOT/.tools/kafka-lib" "Apache Kafka broker jars"
 
 # --- Rust -------------------------------------------------------------------
 step "cargo build --release --workspace"

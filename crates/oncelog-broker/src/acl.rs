@@ -260,13 +260,7 @@ impl Authorizer {
         super_users: &str,
         allow_if_no_acl: bool,
     ) -> Result<Self, TopicError> {
-        let path = data_dir.join(FILE);
-        let acls = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| TopicError::Storage(format!("{}: {e}", path.display())))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(TopicError::Storage(format!("{}: {e}", path.display()))),
-        };
+        let acls = crate::datadir::read_json(data_dir, FILE)?;
         Ok(Self {
             enabled,
             super_users: super_users

@@ -230,6 +230,21 @@ pub fn open_files_now() -> Option<u64> {
         .map(|d| d.count() as u64)
 }
 
+/// Reads the JSON state file `name` in `dir` (written by
+/// [`write_atomically`]); a missing file is the default state.
+pub fn read_json<T: serde::de::DeserializeOwned + Default>(
+    dir: &Path,
+    name: &str,
+) -> Result<T, TopicError> {
+    let path = dir.join(name);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| TopicError::Storage(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
+        Err(e) => Err(TopicError::Storage(format!("{}: {e}", path.display()))),
+    }
+}
+
 /// Writes `name` in `dir` through a temporary file, fsync and rename, so a
 /// crash leaves either the old or the new content.
 pub fn write_atomically(dir: &Path, name: &str, data: &[u8]) -> Result<(), TopicError> {

@@ -236,13 +236,7 @@ pub struct ScramUsers {
 
 impl ScramUsers {
     pub fn open(data_dir: &Path) -> Result<Self, TopicError> {
-        let path = data_dir.join(USERS_FILE);
-        let state = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| TopicError::Storage(format!("{}: {e}", path.display())))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => UserMap::new(),
-            Err(e) => return Err(TopicError::Storage(format!("{}: {e}", path.display()))),
-        };
+        let state = crate::datadir::read_json(data_dir, USERS_FILE)?;
         Ok(Self {
             dir: data_dir.to_path_buf(),
             state: Mutex::new(state),

@@ -466,7 +466,11 @@ def test_connection_limits_and_the_authentication_deadline(broker_factory):
     import socket
     sb = SaslBroker(broker_factory, **{"max.connections.per.ip": 20,
                                        "connections.max.unauthenticated.ms": 1000})
-    socks = [socket.create_connection(("127.0.0.1", sb.sasl_port), timeout=5) for _ in range(25)]
+    # From a loopback address of their own, so that no other local client
+    # (the harness's readiness probe, a client another test left behind)
+    # shares their per-IP count.
+    socks = [socket.create_connection(("127.0.0.1", sb.sasl_port), timeout=5,
+                                      source_address=("127.0.0.2", 0)) for _ in range(25)]
     try:
         # The ones over the limit are closed at once; the first 20 stay
         # until the authentication deadline closes them too.

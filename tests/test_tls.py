@@ -184,3 +184,169 @@ def test_certificates_reload_without_a_restart(broker_factory, pki):
     (pki / "server-bundle.pem").write_text("not a certificate\n")
     wait_until(lambda: "do not load" in tb.b.log_text(), 20, interval=0.5, what="the reload error")
     assert served_subject(tb.port, pki / "ca.pem") == "renewed.localhost"
+
+
+def make_expired_cert(d, name, ca, subject, san=None):
+    """A certificate from `ca` that was valid for one day in 2020 (`openssl
+    ca`, which, unlike `openssl x509` of OpenSSL 3.0, takes dates)."""
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=d)
+    (d / "ca.cnf").write_text(
+        "[ca]\ndefault_ca=d\n[d]\ndatabase=index.txt\nnew_certs_dir=.\nserial=serial\n"
+        "default_md=sha256\npolicy=p\ncopy_extensions=copy\n"
+        "[p]\ncommonName=supplied\norganizationName=optional\n")
+    (d / "index.txt").write_text("")
+    (d / "serial").write_text("1000\n")
+    ext = d / f"{name}.ext"
+    ext.write_text(f"[e]\nsubjectAltName={san}\n" if san else "[e]\nbasicConstraints=CA:FALSE\n")
+    openssl("ca", "-batch", "-config", "ca.cnf", "-cert", f"{ca}.pem", "-keyfile", f"{ca}.key",
+            "-in", f"{name}.csr", "-out", f"{name}.pem", "-startdate", "20200101000000Z",
+            "-enddate", "20200102000000Z", "-notext", "-preserveDN",
+            "-extfile", str(ext), "-extensions", "e", cwd=d)
+    (d / f"{name}-bundle.pem").write_text((d / f"{name}.pem").read_text() + (d / f"{name}.key").read_text())
+
+
+def produce_one(conf, topic):
+    """One record through librdkafka: (delivery error or None, client errors)."""
+    errors, reports = [], []
+    p = Producer({**conf, "message.timeout.ms": 5000, "error_cb": errors.append})
+    p.produce(topic, b"hello", partition=0, on_delivery=lambda e, m: reports.append(e))
+    p.flush(8)
+    return (reports[0] if reports else "no report"), errors
+
+
+def end_offset(bootstrap, topic):
+    cons = Consumer({"bootstrap.servers": bootstrap, "group.id": "x", "broker.address.family": "v4"})
+    try:
+        return cons.get_watermark_offsets(TopicPartition(topic, 0), timeout=15, cached=False)[1]
+    finally:
+        cons.close()
+
+
+def test_expired_certificates_are_refused(broker_factory, pki):
+    """An expired client certificate from the trusted CA is refused by the
+    broker; a broker serving an expired certificate is refused by the client;
+    nothing reaches the log either way."""
+    make_expired_cert(pki, "old-alice", "ca", "/O=oncelog-test/CN=alice")
+    tb = TlsBroker(broker_factory, pki, "SSL", **{
+        "ssl.truststore.location": str(pki / "ca.pem"), "ssl.client.auth": "required"})
+    topic = unique_topic("tls-expired")
+    create_topic(tb.plain, topic)
+    base = {"bootstrap.servers": tb.tls, "broker.address.family": "v4", "security.protocol": "SSL",
+            "ssl.ca.location": str(pki / "ca.pem")}
+    report, errors = produce_one({**base, "ssl.certificate.location": str(pki / "old-alice.pem"),
+                                  "ssl.key.location": str(pki / "old-alice.key")}, topic)
+    assert report is not None, "delivered with an expired client certificate"
+    assert any(e.code() in (KafkaError._SSL, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+               for e in errors), errors
+    log = tb.b.log_text()
+    assert "TLS handshake failed" in log and "xpired" in log, log[-3000:]
+    ok, _ = produce_one({**base, "ssl.certificate.location": str(pki / "alice.pem"),
+                         "ssl.key.location": str(pki / "alice.key")}, topic)
+    assert ok is None, ok
+    assert end_offset(tb.plain, topic) == 1
+
+    # The broker's own certificate expired: the client refuses the broker.
+    make_expired_cert(pki, "old-server", "ca", "/CN=localhost", san="IP:127.0.0.1,DNS:localhost")
+    tb2 = TlsBroker(broker_factory, pki, "SSL",
+                    **{"ssl.keystore.location": str(pki / "old-server-bundle.pem")})
+    topic2 = unique_topic("tls-expired-server")
+    create_topic(tb2.plain, topic2)
+    report, errors = produce_one({**base, "bootstrap.servers": tb2.tls}, topic2)
+    assert report is not None, "delivered to a broker with an expired certificate"
+    assert any(e.code() == KafkaError._SSL and "certificate verify failed" in e.str()
+               for e in errors), errors
+    # The client's alert names the reason; the broker logs it.
+    assert "received fatal alert: CertificateExpired" in tb2.b.log_text()
+    assert end_offset(tb2.plain, topic2) == 0
+
+
+def test_principal_mapping_rules(broker_factory, pki):
+    """`ssl.principal.mapping.rules` turns the subject CN=alice,O=oncelog-test
+    into User:alice, whom the ACL names; a subject no rule matches is refused
+    at the door, logged, and counted."""
+    make_cert(pki, "bob", "ca", "/O=elsewhere/CN=bob")
+    tb = TlsBroker(broker_factory, pki, "SSL", **{
+        "ssl.truststore.location": str(pki / "ca.pem"), "ssl.client.auth": "required",
+        "ssl.principal.mapping.rules": "RULE:^CN=([^,]*),O=oncelog-test$/$1/L",
+        "authorizer.class.name": "x", "super.users": "User:ANONYMOUS"})
+    topic = unique_topic("tls-map")
+    create_topic(tb.plain, topic)
+    a = AdminClient({"bootstrap.servers": tb.plain, "broker.address.family": "v4"})
+    for f in a.create_acls([AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL,
+                                       "User:alice", "*", AclOperation.WRITE,
+                                       AclPermissionType.ALLOW)]).values():
+        f.result(30)
+    base = {"bootstrap.servers": tb.tls, "broker.address.family": "v4", "security.protocol": "SSL",
+            "ssl.ca.location": str(pki / "ca.pem")}
+    ok, _ = produce_one({**base, "ssl.certificate.location": str(pki / "alice.pem"),
+                         "ssl.key.location": str(pki / "alice.key")}, topic)
+    assert ok is None, ok
+    report, _ = produce_one({**base, "ssl.certificate.location": str(pki / "bob.pem"),
+                             "ssl.key.location": str(pki / "bob.key")}, topic)
+    assert report is not None, "delivered by a subject no rule maps"
+    assert end_offset(tb.plain, topic) == 1
+    log = tb.b.log_text()
+    assert "no ssl.principal.mapping.rules rule applies" in log and "CN=bob,O=elsewhere" in log
+    # A rule that does not parse stops the broker at start, naming the setting.
+    bad = broker_factory(start=False)
+    bad.overrides["ssl.principal.mapping.rules"] = "RULE:^CN=(.*$/x/"
+    with pytest.raises(AssertionError, match="ssl.principal.mapping.rules"):
+        bad.start()
+
+
+def test_cli_over_ssl_and_sasl_ssl(broker_factory, pki, tmp_path):
+    """The `oncelog` CLI over SSL with a client certificate (flags), over
+    SASL_SSL from a Kafka client properties file (PEM truststore and
+    keystore, sasl.jaas.config), and its errors for a CA that did not sign
+    the broker's certificate and for plaintext on a TLS port."""
+    ssl_port, sasl_ssl_port = free_port(), free_port()
+    b = broker_factory(start=False)
+    b.overrides.update({
+        "listeners": f"PLAINTEXT://127.0.0.1:{b.port},SSL://127.0.0.1:{ssl_port},"
+                     f"SASL_SSL://127.0.0.1:{sasl_ssl_port}",
+        "ssl.keystore.location": str(pki / "server-bundle.pem"),
+        "ssl.truststore.location": str(pki / "ca.pem"), "ssl.client.auth": "requested",
+        "authorizer.class.name": "x", "super.users": "User:CN=alice,O=oncelog-test;User:carol"})
+    b.start()
+
+    def cli(*args, stdin=None):
+        return subprocess.run([str(oncelog_bin()), *args], input=stdin, capture_output=True,
+                              text=True, timeout=60)
+
+    topic = unique_topic("tls-cli")
+    ssl_flags = ["--bootstrap", f"127.0.0.1:{ssl_port}", "--security-protocol", "SSL",
+                 "--ca-cert", str(pki / "ca.pem"), "--cert", str(pki / "alice.pem"),
+                 "--key", str(pki / "alice.key")]
+    p = cli("user", "create", "carol", "--password", "carol-pw", *ssl_flags)
+    assert p.returncode == 0, p.stderr
+    p = cli("topic", "create", topic, *ssl_flags)
+    assert p.returncode == 0, p.stderr
+    p = cli("produce", topic, *ssl_flags, stdin="one\ntwo\nthree\n")
+    assert p.returncode == 0, p.stderr
+    props = tmp_path / "client.properties"
+    props.write_text(
+        "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-256\n"
+        'sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required '
+        'username="carol" password="carol-pw";\n'
+        f"ssl.truststore.type=PEM\nssl.truststore.location={pki / 'ca.pem'}\n")
+    p = cli("consume", topic, "--bootstrap", f"127.0.0.1:{sasl_ssl_port}",
+            "--command-config", str(props))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["one", "two", "three"]
+    # Without the client certificate the SSL listener's principal is
+    # ANONYMOUS, which no ACL names.
+    p = cli("produce", topic, *ssl_flags[:6], stdin="four\n")
+    assert p.returncode != 0 and "AUTHORIZATION" in p.stderr.upper(), p.stderr
+    # The stranger's CA did not sign the broker's certificate.
+    p = cli("topic", "list", "--bootstrap", f"127.0.0.1:{ssl_port}", "--security-protocol", "SSL",
+            "--ca-cert", str(pki / "stranger-ca.pem"))
+    assert p.returncode != 0 and "TLS handshake failed" in p.stderr, p.stderr
+    # Plaintext Kafka on the TLS port.
+    p = cli("topic", "list", "--bootstrap", f"127.0.0.1:{ssl_port}")
+    assert p.returncode != 0 and "--security-protocol SSL" in p.stderr, p.stderr
+    # TLS flags on a plaintext protocol are a mistake, said so.
+    p = cli("topic", "list", "--bootstrap", b.bootstrap, "--ca-cert", str(pki / "ca.pem"))
+    assert p.returncode != 0 and "SSL or SASL_SSL" in p.stderr, p.stderr
+    p = cli("consume", topic, *ssl_flags)
+    assert p.returncode == 0 and p.stdout.split() == ["one", "two", "three"], p

@@ -34,6 +34,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("ssl.keystore.location", "", "PEM file with the certificate chain and private key of SSL and SASL_SSL listeners (read again when it changes)"),
     ("ssl.truststore.location", "", "PEM file of the CA certificates client certificates must chain to (for ssl.client.auth)"),
     ("ssl.client.auth", "none", "client certificates on SSL listeners: none, requested or required; a verified certificate's subject is the principal (User:CN=...,O=...)"),
+    ("ssl.principal.mapping.rules", "DEFAULT", "how a client certificate's subject becomes the principal name, as Kafka writes it: RULE:pattern/replacement/[LU] rules and DEFAULT (the DN, CN=alice,O=acme), comma-separated, first match wins; a subject no rule matches is refused"),
     ("authorizer.class.name", "", "any value turns authorization on (the broker's own ACL authorizer, Kafka's rules, whatever class is named); empty = every request is allowed and the ACL APIs answer SECURITY_DISABLED"),
     ("super.users", "", "principals allowed everything, `;`-separated (User:admin;User:ANONYMOUS)"),
     ("allow.everyone.if.no.acl.found", "false", "allow a request on a resource no ACL names at all"),
@@ -130,6 +131,8 @@ pub struct BrokerConfig {
     pub ssl_keystore: String,
     pub ssl_truststore: String,
     pub ssl_client_auth: String,
+    /// `ssl.principal.mapping.rules`: a client certificate's DN → principal name.
+    pub ssl_principal_mapping: crate::principal_map::PrincipalRules,
     /// ACLs are enforced (`authorizer.class.name` set).
     pub authorizer: bool,
     pub super_users: String,
@@ -307,6 +310,14 @@ impl BrokerConfig {
             ssl_keystore: get("ssl.keystore.location").trim().to_string(),
             ssl_truststore: get("ssl.truststore.location").trim().to_string(),
             ssl_client_auth: get("ssl.client.auth").trim().to_string(),
+            ssl_principal_mapping: crate::principal_map::PrincipalRules::parse(&get(
+                "ssl.principal.mapping.rules",
+            ))
+            .map_err(|why| ConfigError::Invalid {
+                key: "ssl.principal.mapping.rules".into(),
+                value: get("ssl.principal.mapping.rules"),
+                why,
+            })?,
             authorizer: !get("authorizer.class.name").trim().is_empty(),
             super_users: get("super.users"),
             allow_everyone_if_no_acl: parse(

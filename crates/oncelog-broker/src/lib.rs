@@ -22,6 +22,7 @@ pub mod internal_log;
 pub mod metrics;
 pub mod nice;
 pub mod partition;
+pub mod principal_map;
 pub mod producer_ids;
 pub mod producer_state;
 pub mod security;

@@ -94,12 +94,24 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, in
                 return;
             }
         };
-        let principal = tls
+        let dn = tls
             .get_ref()
             .1
             .peer_certificates()
             .and_then(|c| c.first())
-            .and_then(crate::tls::principal_of);
+            .and_then(crate::tls::subject_dn);
+        let principal = match dn {
+            None => None,
+            Some(dn) => match broker.config.ssl_principal_mapping.map(&dn) {
+                Some(name) => Some(format!("User:{name}")),
+                None => {
+                    broker.connections.count_refused("ssl_principal_mapping");
+                    tracing::warn!(%peer, listener = %listener.name, subject = %dn,
+                        "no ssl.principal.mapping.rules rule applies to the client certificate's subject; closing connection");
+                    return;
+                }
+            },
+        };
         let (rd, wr) = tokio::io::split(tls);
         return serve_connection(broker, rd, wr, peer, index, listener, principal).await;
     }

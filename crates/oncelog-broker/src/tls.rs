@@ -7,9 +7,9 @@
 //! TLS 1.2 and 1.3. The files are read again when they change (checked every
 //! few seconds); a change that does not load is logged and the old
 //! certificates are kept. On an SSL listener a client certificate's subject
-//! is the principal, as Kafka's default rule gives it: `User:` and the
-//! distinguished name in RFC 2253 form, most specific first
-//! (`User:CN=alice,O=acme`).
+//! is the principal: `User:` and what `ssl.principal.mapping.rules` makes of
+//! the distinguished name in RFC 2253 form, most specific first (by default
+//! the DN itself, `User:CN=alice,O=acme`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -144,9 +144,10 @@ impl TlsServer {
     }
 }
 
-/// The principal of a verified client certificate, as Kafka's default
-/// SSL principal rule names it.
-pub fn principal_of(cert: &CertificateDer<'_>) -> Option<String> {
+/// The subject of a verified client certificate as the distinguished name
+/// Kafka's principal rules see (RFC 2253, most specific first:
+/// `CN=alice,O=acme`).
+pub fn subject_dn(cert: &CertificateDer<'_>) -> Option<String> {
     use x509_parser::prelude::*;
     let (_, c) = X509Certificate::from_der(cert.as_ref()).ok()?;
     let reg = oid_registry();
@@ -167,7 +168,7 @@ pub fn principal_of(cert: &CertificateDer<'_>) -> Option<String> {
             .collect();
         parts.push(attrs.join("+"));
     }
-    Some(format!("User:{}", parts.join(",")))
+    Some(parts.join(","))
 }
 
 /// RFC 2253 escaping of an attribute value.

@@ -93,7 +93,7 @@ fn not_kafka(first: [u8; 4]) -> String {
             "this looks like an HTTP server, not a Kafka broker".into()
         }
         [0x15 | 0x16, 0x03, _, _] => {
-            "this looks like a TLS server (an SSL listener?); the CLI speaks plaintext Kafka".into()
+            "this looks like a TLS server (an SSL listener?): use --security-protocol SSL or SASL_SSL".into()
         }
         [b'S', b'S', b'H', b'-'] => "this looks like an SSH server, not a Kafka broker".into(),
         b => format!(
@@ -108,10 +108,15 @@ fn not_kafka(first: [u8; 4]) -> String {
     }
 }
 
+/// A connection's byte stream: TCP, or TLS over TCP.
+pub(crate) trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+pub(crate) type Stream = Box<dyn Io>;
+
 /// One connection to a broker.
 pub struct Client {
     addr: String,
-    stream: TcpStream,
+    stream: Stream,
     correlation: i32,
     versions: ApiVersionRanges,
     timeout: Duration,
@@ -143,6 +148,17 @@ impl Client {
                 addr: addr.to_string(),
                 source: e,
             })?;
+        let _ = stream.set_nodelay(true);
+        let stream: Stream = if crate::tls::enabled() {
+            tokio::time::timeout(HANDSHAKE_TIMEOUT, crate::tls::wrap(stream, addr))
+                .await
+                .map_err(|_| ClientError::Tls {
+                    addr: addr.to_string(),
+                    why: format!("no TLS handshake within {} s", HANDSHAKE_TIMEOUT.as_secs()),
+                })??
+        } else {
+            Box::new(stream)
+        };
         let mut c = Self {
             addr: addr.to_string(),
             stream,

@@ -39,6 +39,9 @@ pub enum ClientError {
     /// SASL authentication failed or was refused.
     #[error("SASL authentication with {addr}: {why}")]
     Auth { addr: String, why: String },
+    /// TLS could not be set up or its handshake failed.
+    #[error("TLS with {addr}: {why}")]
+    Tls { addr: String, why: String },
     #[error("bad bootstrap address: {0}")]
     Address(String),
     /// An empty list of bootstrap addresses.

@@ -22,6 +22,7 @@ pub mod error;
 pub mod frame;
 pub mod producer;
 pub mod sasl;
+pub mod tls;
 
 pub use cluster::{key_partition, murmur2, Cluster, CoordinatorType, Leaders};
 pub use conn::{parse_bootstrap, with_default_port, Client, DEFAULT_PORT};

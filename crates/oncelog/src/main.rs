@@ -31,7 +31,7 @@ struct Cli {
 /// How the client commands authenticate (Kafka's client settings).
 #[derive(clap::Args)]
 struct SecurityArgs {
-    /// PLAINTEXT (the default) or SASL_PLAINTEXT.
+    /// PLAINTEXT (the default), SASL_PLAINTEXT, SSL or SASL_SSL.
     #[arg(long, global = true, env = "ONCELOG_SECURITY_PROTOCOL")]
     security_protocol: Option<String>,
     /// PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
@@ -46,9 +46,22 @@ struct SecurityArgs {
         hide_env_values = true
     )]
     sasl_password: Option<String>,
+    /// For SSL and SASL_SSL: the PEM CA certificates the broker's
+    /// certificate must chain to (default: the system's CA bundle).
+    #[arg(long, global = true)]
+    ca_cert: Option<PathBuf>,
+    /// For SSL and SASL_SSL listeners with ssl.client.auth: this client's
+    /// PEM certificate chain (the file may also hold the key).
+    #[arg(long, global = true)]
+    cert: Option<PathBuf>,
+    /// The PEM private key of --cert (default: looked for in --cert's file).
+    #[arg(long, global = true)]
+    key: Option<PathBuf>,
     /// A client properties file in Kafka's format (security.protocol,
     /// sasl.mechanism, sasl.jaas.config with username="…" password="…", or
-    /// sasl.username / sasl.password); flags win over it.
+    /// sasl.username / sasl.password; ssl.truststore.location and
+    /// ssl.keystore.location of type PEM, or librdkafka's ssl.ca.location,
+    /// ssl.certificate.location, ssl.key.location); flags win over it.
     #[arg(long, global = true)]
     command_config: Option<PathBuf>,
 }
@@ -81,38 +94,66 @@ impl SecurityArgs {
             .or_else(|| props.get("security.protocol").cloned())
             .unwrap_or_else(|| "PLAINTEXT".into())
             .to_ascii_uppercase();
-        match protocol.as_str() {
-            "PLAINTEXT" => Ok(()),
-            "SASL_PLAINTEXT" => {
-                let mechanism = self
-                    .sasl_mechanism
-                    .clone()
-                    .or_else(|| props.get("sasl.mechanism").cloned())
-                    .unwrap_or_else(|| "SCRAM-SHA-512".into());
-                let username = self
-                    .sasl_username
-                    .clone()
-                    .or_else(|| props.get("sasl.username").cloned())
-                    .or_else(|| jaas_field("username"))
-                    .context("SASL_PLAINTEXT needs --sasl-username (or sasl.jaas.config in --command-config)")?;
-                let password = self
-                    .sasl_password
-                    .clone()
-                    .or_else(|| props.get("sasl.password").cloned())
-                    .or_else(|| jaas_field("password"))
-                    .context("SASL_PLAINTEXT needs --sasl-password (or sasl.jaas.config in --command-config)")?;
-                oncelog_client::sasl::set(oncelog_client::sasl::SaslConfig {
-                    mechanism,
-                    username,
-                    password,
-                })?;
-                Ok(())
-            }
-            "SSL" | "SASL_SSL" => {
-                bail!("{protocol} is not supported by this client yet (PLAINTEXT, SASL_PLAINTEXT)")
-            }
-            p => bail!("unknown security protocol {p} (PLAINTEXT, SASL_PLAINTEXT)"),
+        let (tls, sasl) = match protocol.as_str() {
+            "PLAINTEXT" => (false, false),
+            "SASL_PLAINTEXT" => (false, true),
+            "SSL" => (true, false),
+            "SASL_SSL" => (true, true),
+            p => bail!("unknown security protocol {p} (PLAINTEXT, SASL_PLAINTEXT, SSL, SASL_SSL)"),
+        };
+        if sasl {
+            let mechanism = self
+                .sasl_mechanism
+                .clone()
+                .or_else(|| props.get("sasl.mechanism").cloned())
+                .unwrap_or_else(|| "SCRAM-SHA-512".into());
+            let username = self
+                .sasl_username
+                .clone()
+                .or_else(|| props.get("sasl.username").cloned())
+                .or_else(|| jaas_field("username"))
+                .with_context(|| format!("{protocol} needs --sasl-username (or sasl.jaas.config in --command-config)"))?;
+            let password = self
+                .sasl_password
+                .clone()
+                .or_else(|| props.get("sasl.password").cloned())
+                .or_else(|| jaas_field("password"))
+                .with_context(|| format!("{protocol} needs --sasl-password (or sasl.jaas.config in --command-config)"))?;
+            oncelog_client::sasl::set(oncelog_client::sasl::SaslConfig {
+                mechanism,
+                username,
+                password,
+            })?;
         }
+        let prop = |k: &str| props.get(k).map(PathBuf::from);
+        // Kafka's keystore and truststore settings, when they are PEM files.
+        let pem = |kind: &str| {
+            props
+                .get(&format!("ssl.{kind}.type"))
+                .is_none_or(|t| t.eq_ignore_ascii_case("PEM"))
+        };
+        let ca_cert = self
+            .ca_cert
+            .clone()
+            .or_else(|| prop("ssl.ca.location"))
+            .or_else(|| prop("ssl.truststore.location").filter(|_| pem("truststore")));
+        let keystore = prop("ssl.keystore.location").filter(|_| pem("keystore"));
+        let cert = self
+            .cert
+            .clone()
+            .or_else(|| prop("ssl.certificate.location"))
+            .or_else(|| keystore.clone());
+        let key = self
+            .key
+            .clone()
+            .or_else(|| prop("ssl.key.location"))
+            .or_else(|| keystore.clone());
+        if tls {
+            oncelog_client::tls::set(oncelog_client::tls::TlsConfig { ca_cert, cert, key })?;
+        } else if self.ca_cert.is_some() || self.cert.is_some() || self.key.is_some() {
+            bail!("--ca-cert, --cert and --key are for --security-protocol SSL or SASL_SSL (this is {protocol})");
+        }
+        Ok(())
     }
 }
 

@@ -28,6 +28,7 @@ from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, 
 from clients import create_topic, unique_topic
 from conftest import free_port, oncelog_bin, wait_until
 from kafka_wire import Conn, api_versions_request
+from test_java import java_classpath  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -350,3 +351,68 @@ def test_cli_over_ssl_and_sasl_ssl(broker_factory, pki, tmp_path):
     assert p.returncode != 0 and "SSL or SASL_SSL" in p.stderr, p.stderr
     p = cli("consume", topic, *ssl_flags)
     assert p.returncode == 0 and p.stdout.split() == ["one", "two", "three"], p
+
+
+def run_java(classpath, *args):
+    proc = subprocess.run(["java", "-Xmx256m", "-cp", classpath, "JavaTlsCheck", *args],
+                          capture_output=True, timeout=180)
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    result = [line for line in out.splitlines() if line.startswith("RESULT")]
+    assert proc.returncode == 0 and result, \
+        f"java exited {proc.returncode}\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
+    return result[-1]
+
+
+def test_java_client_over_ssl_with_client_certificates(broker_factory, pki, tmp_path, java_classpath):
+    """The Java client 4.x over SSL with a client certificate (PKCS12
+    keystore, PEM truststore) produces transactionally, consumes
+    read_committed in a group and commits offsets, as the principal its
+    certificate names; an untrusted certificate, an expired one and
+    plaintext on the TLS port fail, and nothing reaches the log."""
+    make_expired_cert(pki, "old-alice", "ca", "/O=oncelog-test/CN=alice")
+    for name in ["alice", "mallory", "old-alice"]:
+        openssl("pkcs12", "-export", "-in", f"{name}.pem", "-inkey", f"{name}.key",
+                "-out", f"{name}.p12", "-passout", "pass:changeit", "-name", name, cwd=pki)
+    tb = TlsBroker(broker_factory, pki, "SSL", **{
+        "ssl.truststore.location": str(pki / "ca.pem"), "ssl.client.auth": "required",
+        "authorizer.class.name": "x", "super.users": "User:ANONYMOUS"})
+    alice = "User:CN=alice,O=oncelog-test"
+    topic = unique_topic("java-tls")
+    create_topic(tb.plain, topic)
+    txn_id = "java-tls-writer"
+    a = AdminClient({"bootstrap.servers": tb.plain, "broker.address.family": "v4"})
+    acls = [AclBinding(rt, name, ResourcePatternType.LITERAL, alice, "*", op, AclPermissionType.ALLOW)
+            for rt, name, op in [(ResourceType.TOPIC, topic, AclOperation.ALL),
+                                 (ResourceType.TRANSACTIONAL_ID, txn_id, AclOperation.ALL),
+                                 (ResourceType.GROUP, f"java-tls-{topic}", AclOperation.ALL)]]
+    for f in a.create_acls(acls).values():
+        f.result(30)
+
+    def props(name, protocol="SSL"):
+        p = tmp_path / f"{name}-{protocol}.properties"
+        p.write_text(f"security.protocol={protocol}\n"
+                     f"ssl.truststore.type=PEM\nssl.truststore.location={pki / 'ca.pem'}\n"
+                     f"ssl.keystore.type=PKCS12\nssl.keystore.location={pki / (name + '.p12')}\n"
+                     "ssl.keystore.password=changeit\nssl.key.password=changeit\n")
+        return str(p)
+
+    for name, protocol, expect in [("mallory", "SSL", "SslAuthenticationException"),
+                                   ("old-alice", "SSL", "SslAuthenticationException"),
+                                   ("alice", "PLAINTEXT", "TimeoutException")]:
+        r = run_java(java_classpath, tb.tls, topic, props(name, protocol), txn_id, "expect-failure")
+        assert r.startswith("RESULT failed") and expect in r, (name, protocol, r)
+    assert end_offset(tb.plain, topic) == 0
+    log = tb.b.log_text()
+    # Java offers only a certificate from a CA the broker names in its
+    # request, so the stranger's is never sent.
+    assert "peer sent no certificates" in log, log[-2000:]
+    assert "certificate expired" in log
+
+    r = run_java(java_classpath, tb.tls, topic, props("alice"), txn_id)
+    ok, produced, consumed, committed = r.split()[1:]
+    assert (ok, produced, consumed) == ("ok", "produced=10", "consumed=10"), r
+    # The group's position is past the committed records: at least past
+    # their commit marker, at most the end of the partition (17: ten
+    # records, a marker, five aborted records, a marker).
+    assert 11 <= int(committed.removeprefix("committed=")) <= 17, r
+    assert end_offset(tb.plain, topic) == 17

@@ -36,10 +36,11 @@ quiet() {
 
 # --- system packages --------------------------------------------------------
 # librdkafka (the auditor's workload client) is built from source by cargo:
-# it needs a C toolchain, make and zlib's headers.
-if ! { command -v make && command -v cc && [ -e /usr/include/zlib.h ]; } >/dev/null 2>&1; then
+# it needs a C toolchain, make, pkg-config and zlib's and OpenSSL's headers.
+if ! { command -v make && command -v cc && command -v pkg-config && [ -e /usr/include/zlib.h ] \
+       && [ -e /usr/include/openssl/ssl.h ]; } >/dev/null 2>&1; then
   step "installing build tools for librdkafka"
-  apt_install build-essential zlib1g-dev
+  apt_install build-essential zlib1g-dev libssl-dev pkg-config
 fi
 if ! command -v kcat >/dev/null 2>&1; then
   step "installing kcat"

@@ -11,15 +11,16 @@ import pytest
 from conftest import free_port, oncelog_bin
 
 
-def audit(tmp_path, workload, duration, *extra, timeout=600, broker_settings=()):
-    port = free_port()
+def audit(tmp_path, workload, duration, *extra, timeout=600, broker_settings=(), port=None,
+          bootstrap=None):
+    port = port or free_port()
     binary = str(oncelog_bin())
     data = tmp_path / "data"
     report = tmp_path / "report.json"
     broker_cmd = f"{binary} serve --data-dir {data} --listen 127.0.0.1:{port} --metrics-listen ''"
     broker_cmd += "".join(f" -o {s}" for s in broker_settings)
     argv = [binary, "audit", "--workload", workload, "--duration", str(duration),
-            "--bootstrap", f"127.0.0.1:{port}", "--broker-cmd", broker_cmd,
+            "--bootstrap", bootstrap or f"127.0.0.1:{port}", "--broker-cmd", broker_cmd,
             "--report", str(report), "--workdir", str(tmp_path / "work"), *extra]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     print(p.stdout)
@@ -109,3 +110,44 @@ def test_audit_refuses_broker_faults_without_owning_the_broker(tmp_path):
                         "--faults", "broker-kill", "--duration", "1"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "needs --broker-cmd" in p.stderr
+
+
+@pytest.mark.timeout(600)
+def test_audit_over_sasl_ssl(tmp_path):
+    """The auditor's every client (its admin and final reader, each worker's
+    librdkafka producer and consumer) over SASL_SSL with SCRAM-SHA-512,
+    from the CLI's own security flags, under broker kill -9s, client kills
+    and zombies: no anomaly."""
+    from conftest import Broker
+    from test_tls import make_ca, make_cert
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_ca(pki, "ca")
+    make_cert(pki, "server", "ca", "/CN=localhost", san="IP:127.0.0.1,DNS:localhost")
+    port, tls_port = free_port(), free_port()
+    settings = [f"listeners=PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{tls_port}",
+                f"ssl.keystore.location={pki / 'server-bundle.pem'}"]
+    # The auditor's user, made durable by a first run of the broker.
+    first = Broker(oncelog_bin(), tmp_path / "data", port, tmp_path / "first.log",
+                   overrides=dict(x.split("=", 1) for x in settings))
+    first.start()
+    try:
+        p = subprocess.run([str(oncelog_bin()), "user", "create", "auditor", "--password", "a-secret",
+                            "--bootstrap", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+    finally:
+        first.stop()
+    p, r = audit(tmp_path, "queue", 30, "--quiet-ms", "2500,4500",
+                 "--faults", "broker-kill,client-kill,zombie",
+                 "--security-protocol", "SASL_SSL", "--sasl-mechanism", "SCRAM-SHA-512",
+                 "--sasl-username", "auditor", "--sasl-password", "a-secret",
+                 "--ca-cert", str(pki / "ca.pem"),
+                 broker_settings=settings, port=port, bootstrap=f"127.0.0.1:{tls_port}")
+    assert_clean(p, r)
+    assert r["txns_committed"] > 20 and r["faults"].get("broker-kill", 0) >= 1, r
+    log = (tmp_path / "work" / "broker.log").read_text(errors="replace")
+    assert 'principal="User:auditor"' in log and "authentication failed" not in log.lower()
+    # The auditor's readiness probes and killed workers end connections in
+    # the middle of a handshake; nothing else may fail one.
+    failed = [line for line in log.splitlines() if "TLS handshake failed" in line]
+    assert all("handshake eof" in line or "reset" in line.lower() for line in failed), failed

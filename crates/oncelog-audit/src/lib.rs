@@ -25,6 +25,26 @@ pub mod wire_load;
 pub mod worker;
 
 pub use checker::{check, Anomaly, AnomalyKind, Report};
+
+/// The environment variable in which the `oncelog` command passes its
+/// resolved client security settings (security.protocol, sasl.*, ssl.*
+/// locations, as librdkafka names them; a JSON object) to every client of
+/// the audit, the worker processes' included.
+pub const CLIENT_SECURITY_ENV: &str = "ONCELOG_CLIENT_SECURITY";
+
+/// A librdkafka configuration with this process's security settings.
+#[cfg(feature = "librdkafka")]
+pub(crate) fn rdkafka_config() -> rdkafka::ClientConfig {
+    let mut c = rdkafka::ClientConfig::new();
+    if let Ok(json) = std::env::var(CLIENT_SECURITY_ENV) {
+        let props: std::collections::BTreeMap<String, String> =
+            serde_json::from_str(&json).unwrap_or_default();
+        for (k, v) in props {
+            c.set(k, v);
+        }
+    }
+    c
+}
 pub use history::{
     FinalRead, History, LivenessCheck, Op, Outcome, PartitionRead, Pause, ProducerInit, Read,
     Recommit, Txn,

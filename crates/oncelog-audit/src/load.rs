@@ -18,7 +18,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
@@ -109,7 +108,7 @@ fn run_inner(args: &LoadArgs) -> Result<()> {
     if args.partitions < 1 || args.chunk < 1 {
         bail!("--partitions and --chunk must be at least 1");
     }
-    let mut cfg = ClientConfig::new();
+    let mut cfg = crate::rdkafka_config();
     for kv in &args.conf {
         let (k, v) = kv
             .split_once('=')

@@ -330,7 +330,7 @@ fn run_inner(a: AuditArgs) -> Result<bool> {
 
 impl Run {
     fn kafka_config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
+        let mut c = crate::rdkafka_config();
         c.set("bootstrap.servers", &self.a.bootstrap);
         c
     }
@@ -1086,7 +1086,7 @@ fn final_read(
     partitions: i32,
     limit_ms: u64,
 ) -> Result<(FinalRead, Vec<LivenessCheck>)> {
-    let c: BaseConsumer = ClientConfig::new()
+    let c: BaseConsumer = crate::rdkafka_config()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "oncelog-audit-final-read")
         .set("enable.auto.commit", "false")

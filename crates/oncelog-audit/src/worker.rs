@@ -13,7 +13,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -212,7 +211,7 @@ impl ProducerContext for Acks {
 type TxnProducer = ThreadedProducer<Acks>;
 
 fn producer(a: &WorkerArgs) -> Result<TxnProducer> {
-    let p: TxnProducer = ClientConfig::new()
+    let p: TxnProducer = crate::rdkafka_config()
         .set("bootstrap.servers", &a.bootstrap)
         .set("transactional.id", &a.transactional_id)
         .set(
@@ -229,7 +228,7 @@ fn producer(a: &WorkerArgs) -> Result<TxnProducer> {
 }
 
 fn consumer(a: &WorkerArgs) -> Result<BaseConsumer> {
-    ClientConfig::new()
+    crate::rdkafka_config()
         .set("bootstrap.servers", &a.bootstrap)
         .set("group.id", &a.group)
         .set("enable.auto.commit", "false")

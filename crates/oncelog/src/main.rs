@@ -28,6 +28,11 @@ struct Cli {
     security: SecurityArgs,
 }
 
+/// The environment variable that carries a process's resolved client
+/// security settings (librdkafka's property names, a JSON object) to the
+/// processes it starts.
+const CLIENT_SECURITY_ENV: &str = oncelog_audit::CLIENT_SECURITY_ENV;
+
 /// How the client commands authenticate (Kafka's client settings).
 #[derive(clap::Args)]
 struct SecurityArgs {
@@ -68,8 +73,16 @@ struct SecurityArgs {
 
 impl SecurityArgs {
     /// Makes this process's connections authenticate as asked.
+    ///
+    /// Also exports the resolved settings, in librdkafka's names, in
+    /// [`CLIENT_SECURITY_ENV`] for the processes this one starts (the
+    /// auditor's workers), whose own `apply` starts from them.
     fn apply(&self) -> Result<()> {
         let mut props: BTreeMap<String, String> = BTreeMap::new();
+        if let Ok(json) = std::env::var(CLIENT_SECURITY_ENV) {
+            props = serde_json::from_str(&json)
+                .with_context(|| format!("{CLIENT_SECURITY_ENV} is not a JSON object of strings"))?;
+        }
         if let Some(f) = &self.command_config {
             let text =
                 std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
@@ -101,6 +114,8 @@ impl SecurityArgs {
             "SASL_SSL" => (true, true),
             p => bail!("unknown security protocol {p} (PLAINTEXT, SASL_PLAINTEXT, SSL, SASL_SSL)"),
         };
+        let mut exported: BTreeMap<&str, String> = BTreeMap::new();
+        exported.insert("security.protocol", protocol.clone());
         if sasl {
             let mechanism = self
                 .sasl_mechanism
@@ -119,6 +134,9 @@ impl SecurityArgs {
                 .or_else(|| props.get("sasl.password").cloned())
                 .or_else(|| jaas_field("password"))
                 .with_context(|| format!("{protocol} needs --sasl-password (or sasl.jaas.config in --command-config)"))?;
+            exported.insert("sasl.mechanism", mechanism.clone());
+            exported.insert("sasl.username", username.clone());
+            exported.insert("sasl.password", password.clone());
             oncelog_client::sasl::set(oncelog_client::sasl::SaslConfig {
                 mechanism,
                 username,
@@ -149,9 +167,28 @@ impl SecurityArgs {
             .or_else(|| prop("ssl.key.location"))
             .or_else(|| keystore.clone());
         if tls {
+            let abs = |p: &PathBuf| {
+                std::path::absolute(p)
+                    .unwrap_or_else(|_| p.clone())
+                    .display()
+                    .to_string()
+            };
+            for (k, v) in [
+                ("ssl.ca.location", &ca_cert),
+                ("ssl.certificate.location", &cert),
+                ("ssl.key.location", &key),
+            ] {
+                if let Some(v) = v {
+                    exported.insert(k, abs(v));
+                }
+            }
             oncelog_client::tls::set(oncelog_client::tls::TlsConfig { ca_cert, cert, key })?;
         } else if self.ca_cert.is_some() || self.cert.is_some() || self.key.is_some() {
             bail!("--ca-cert, --cert and --key are for --security-protocol SSL or SASL_SSL (this is {protocol})");
+        }
+        if protocol != "PLAINTEXT" {
+            // Set before any thread of this process starts.
+            std::env::set_var(CLIENT_SECURITY_ENV, serde_json::to_string(&exported)?);
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ ROOT="$(dirname "$FUZZ_DIR")"
 cd "$ROOT"
 
 CARGO_FUZZ_VERSION=0.13.2
-ALL_TARGETS="frame_split request_decode batch_header segment_recovery snapshot_load sasl_session"
+ALL_TARGETS="frame_split request_decode batch_header segment_recovery snapshot_load sasl_session tls_framing"
 TARGETS="${TARGETS:-$ALL_TARGETS}"
 # Memory caps for one fuzzing process. Without a sanitizer (-s none) libFuzzer
 # cannot hook malloc, so -malloc_limit_mb only applies where it can; the RSS

@@ -11,8 +11,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use libfuzzer_sys::fuzz_target;
-use oncelog_broker::server::{frame_size, read_frame, FrameReadError};
-use oncelog_fuzz::block_on;
+use oncelog_broker::server::read_frame;
+use oncelog_fuzz::{block_on, reference_split as reference, End};
 use tokio::io::{AsyncRead, ReadBuf};
 
 /// Frame size limits to try; 104857600 is the `socket.request.max.bytes` default.
@@ -56,32 +56,6 @@ impl AsyncRead for Chunked<'_> {
         buf.put_slice(now);
         self.data = rest;
         Poll::Ready(Ok(()))
-    }
-}
-
-#[derive(Debug, PartialEq)]
-enum End {
-    Clean,
-    Error(FrameReadError),
-}
-
-/// The frames of a whole stream, split in one go.
-fn reference(mut s: &[u8], max: usize) -> (Vec<&[u8]>, End) {
-    let mut frames = Vec::new();
-    loop {
-        if s.len() < 4 {
-            return (frames, End::Clean);
-        }
-        let len = i32::from_be_bytes([s[0], s[1], s[2], s[3]]);
-        let n = match frame_size(len, max) {
-            Ok(n) => n,
-            Err(e) => return (frames, End::Error(e)),
-        };
-        if s.len() - 4 < n {
-            return (frames, End::Error(FrameReadError::Truncated));
-        }
-        frames.push(&s[4..4 + n]);
-        s = &s[4 + n..];
     }
 }
 

@@ -59,3 +59,32 @@ pub fn fix_crcs(buf: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// How a stream of request frames ends.
+#[derive(Debug, PartialEq)]
+pub enum End {
+    Clean,
+    Error(oncelog_broker::server::FrameReadError),
+}
+
+/// The frames of a whole stream, split in one go: the reference the
+/// server's incremental `read_frame` is held to.
+pub fn reference_split(mut s: &[u8], max: usize) -> (Vec<&[u8]>, End) {
+    use oncelog_broker::server::{frame_size, FrameReadError};
+    let mut frames = Vec::new();
+    loop {
+        if s.len() < 4 {
+            return (frames, End::Clean);
+        }
+        let len = i32::from_be_bytes([s[0], s[1], s[2], s[3]]);
+        let n = match frame_size(len, max) {
+            Ok(n) => n,
+            Err(e) => return (frames, End::Error(e)),
+        };
+        if s.len() - 4 < n {
+            return (frames, End::Error(FrameReadError::Truncated));
+        }
+        frames.push(&s[4..4 + n]);
+        s = &s[4 + n..];
+    }
+}

@@ -416,3 +416,45 @@ def test_java_client_over_ssl_with_client_certificates(broker_factory, pki, tmp_
     # records, a marker, five aborted records, a marker).
     assert 11 <= int(committed.removeprefix("committed=")) <= 17, r
     assert end_offset(tb.plain, topic) == 17
+
+
+def test_large_fetches_to_a_slow_reader_complete(broker_factory, pki):
+    """A response's last bytes must leave the broker even when the socket
+    was full as it was written: TLS buffers what the socket refuses until a
+    flush, and without one the tail of a fetch waited there for the next
+    response (a read_committed consumer with one fetch in flight stalled
+    until its request timed out). A consumer with a small receive buffer
+    and large fetches reads 24 MiB over SSL; no request may time out."""
+    tb = TlsBroker(broker_factory, pki, "SSL")
+    topic = unique_topic("tls-slow")
+    create_topic(tb.plain, topic)
+    p = Producer({"bootstrap.servers": tb.plain, "broker.address.family": "v4",
+                  "linger.ms": 5, "batch.size": 1 << 20})
+    value = b"x" * 4096
+    n = 6 * 1024
+    for i in range(n):
+        p.produce(topic, value, partition=0)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    logs = []
+    import logging
+    logger = logging.getLogger("tls-slow")
+    logger.addHandler(type("H", (logging.Handler,), {"emit": lambda self, r: logs.append(r.getMessage())})())
+    c = Consumer({"bootstrap.servers": tb.tls, "broker.address.family": "v4", "security.protocol": "SSL",
+                  "ssl.ca.location": str(pki / "ca.pem"), "group.id": "slow",
+                  "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                  "socket.receive.buffer.bytes": 4096, "fetch.max.bytes": 8 << 20,
+                  "max.partition.fetch.bytes": 8 << 20, "socket.timeout.ms": 8000,
+                  "fetch.wait.max.ms": 100}, logger=logger)
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = 0
+    deadline = time.monotonic() + 120
+    while got < n and time.monotonic() < deadline:
+        for m in c.consume(1000, 0.5):
+            if not m.error():
+                got += 1
+    c.close()
+    assert got == n, f"read {got} of {n}"
+    timeouts = [line for line in logs if "Timed out" in line]
+    assert not timeouts, timeouts[:3]

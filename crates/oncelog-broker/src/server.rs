@@ -30,6 +30,9 @@ const MAX_UNAUTHENTICATED_FRAME: usize = 64 * 1024;
 /// How long a TLS listener waits for a connection's handshake.
 #[cfg(feature = "tls")]
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Bytes read from a TLS connection's socket at once.
+#[cfg(feature = "tls")]
+const TLS_READ_AHEAD: usize = 64 * 1024;
 
 /// Accepts connections on `config.listeners[listener]` until shutdown.
 pub async fn serve(
@@ -81,6 +84,9 @@ async fn connection(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, in
         let Some(acceptor) = broker.tls.as_ref().map(|t| t.acceptor()) else {
             return;
         };
+        // rustls reads the socket 4 KiB at a time; a read-ahead buffer
+        // makes that one system call per TLS_READ_AHEAD bytes.
+        let stream = tokio::io::BufReader::with_capacity(TLS_READ_AHEAD, stream);
         let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
@@ -137,7 +143,10 @@ async fn serve_connection<R, W>(
     let writer = tokio::spawn(async move {
         while let Some(pending) = rx.recv().await {
             if let Some(bytes) = pending.await {
-                if wr.write_all(&bytes).await.is_err() {
+                // TLS keeps what the socket did not take in its own buffer
+                // until a flush (a no-op on TCP): without it a response's
+                // tail could wait there for the next response.
+                if wr.write_all(&bytes).await.is_err() || wr.flush().await.is_err() {
                     break;
                 }
             }

@@ -279,6 +279,8 @@ impl Client {
         };
         let io = async {
             stream.write_all(&buf).await.map_err(io_err)?;
+            // TLS may hold back what the socket did not take until a flush.
+            stream.flush().await.map_err(io_err)?;
             let mut len = [0u8; 4];
             stream.read_exact(&mut len).await.map_err(io_err)?;
             let n = i32::from_be_bytes(len);

@@ -318,7 +318,7 @@ def test_cli_over_ssl_and_sasl_ssl(broker_factory, pki, tmp_path):
     topic = unique_topic("tls-cli")
     ssl_flags = ["--bootstrap", f"127.0.0.1:{ssl_port}", "--security-protocol", "SSL",
                  "--ca-cert", str(pki / "ca.pem"), "--cert", str(pki / "alice.pem"),
-                 "--key", str(pki / "alice.key")]
+                 "--cert-key", str(pki / "alice.key")]
     p = cli("user", "create", "carol", "--password", "carol-pw", *ssl_flags)
     assert p.returncode == 0, p.stderr
     p = cli("topic", "create", topic, *ssl_flags)

@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::error::ClientError;
+use crate::tls::Stream;
 use crate::frame::{
     common_version, decode_response, encode_request, version_ranges, ApiVersionRanges,
 };
@@ -107,11 +108,6 @@ fn not_kafka(first: [u8; 4]) -> String {
         ),
     }
 }
-
-/// A connection's byte stream: TCP, or TLS over TCP.
-pub(crate) trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
-pub(crate) type Stream = Box<dyn Io>;
 
 /// One connection to a broker.
 pub struct Client {

@@ -10,6 +10,11 @@ use std::sync::{Arc, OnceLock};
 
 use crate::error::ClientError;
 
+/// A connection's byte stream: TCP, or TLS over TCP.
+pub(crate) trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+pub(crate) type Stream = Box<dyn Io>;
+
 /// How this process's connections use TLS.
 #[derive(Debug, Clone, Default)]
 pub struct TlsConfig {
@@ -83,7 +88,7 @@ pub fn set(c: TlsConfig) -> Result<(), ClientError> {
         .with_root_certificates(roots);
     let cfg = match (&c.cert, &c.key) {
         (None, None) => builder.with_no_client_auth(),
-        (None, Some(_)) => return Err(bad("--key needs --cert".into())),
+        (None, Some(_)) => return Err(bad("--cert-key needs --cert".into())),
         (Some(cert), key) => {
             let key_path = key.as_ref().unwrap_or(cert);
             let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key_path).map_err(|e| {
@@ -117,7 +122,7 @@ pub fn enabled() -> bool {
 pub(crate) async fn wrap(
     tcp: tokio::net::TcpStream,
     addr: &str,
-) -> Result<crate::conn::Stream, ClientError> {
+) -> Result<Stream, ClientError> {
     let cfg = CONFIG.get().expect("wrap is called only when TLS is set").clone();
     let host = addr
         .rsplit_once(':')
@@ -143,7 +148,7 @@ pub(crate) async fn wrap(
 pub(crate) async fn wrap(
     _tcp: tokio::net::TcpStream,
     addr: &str,
-) -> Result<crate::conn::Stream, ClientError> {
+) -> Result<Stream, ClientError> {
     Err(ClientError::Tls {
         addr: addr.to_string(),
         why: "this build has no TLS".into(),

@@ -60,8 +60,9 @@ struct SecurityArgs {
     #[arg(long, global = true)]
     cert: Option<PathBuf>,
     /// The PEM private key of --cert (default: looked for in --cert's file).
+    /// (Not `--key`: that is `oncelog diff`'s record key.)
     #[arg(long, global = true)]
-    key: Option<PathBuf>,
+    cert_key: Option<PathBuf>,
     /// A client properties file in Kafka's format (security.protocol,
     /// sasl.mechanism, sasl.jaas.config with username="…" password="…", or
     /// sasl.username / sasl.password; ssl.truststore.location and
@@ -162,7 +163,7 @@ impl SecurityArgs {
             .or_else(|| prop("ssl.certificate.location"))
             .or_else(|| keystore.clone());
         let key = self
-            .key
+            .cert_key
             .clone()
             .or_else(|| prop("ssl.key.location"))
             .or_else(|| keystore.clone());
@@ -183,8 +184,8 @@ impl SecurityArgs {
                 }
             }
             oncelog_client::tls::set(oncelog_client::tls::TlsConfig { ca_cert, cert, key })?;
-        } else if self.ca_cert.is_some() || self.cert.is_some() || self.key.is_some() {
-            bail!("--ca-cert, --cert and --key are for --security-protocol SSL or SASL_SSL (this is {protocol})");
+        } else if self.ca_cert.is_some() || self.cert.is_some() || self.cert_key.is_some() {
+            bail!("--ca-cert, --cert and --cert-key are for --security-protocol SSL or SASL_SSL (this is {protocol})");
         }
         if protocol != "PLAINTEXT" {
             // Set before any thread of this process starts.
@@ -574,4 +575,23 @@ fn serve(args: ServeArgs) -> Result<()> {
         tracing::info!(syncs, appended_bytes, "flushed; stopped cleanly");
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every subcommand's flags, the global ones included, are distinct
+    /// (a global flag named like a subcommand's panics when parsed: the
+    /// TLS key was once `--key`, which is `oncelog diff`'s record key).
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::{CommandFactory, Parser};
+        super::Cli::command().debug_assert();
+        for argv in [
+            &["oncelog", "diff", "a", "b", "--key", "id", "--cert-key", "k.pem"][..],
+            &["oncelog", "produce", "t", "--cert", "c.pem", "--cert-key", "k.pem"],
+            &["oncelog", "topic", "list", "--ca-cert", "ca.pem"],
+        ] {
+            super::Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        }
+    }
 }

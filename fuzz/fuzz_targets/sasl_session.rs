@@ -15,7 +15,9 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use oncelog_auth::{Credential, Mechanism};
-use oncelog_broker::security::{Auth, AuthStats, Listener, ScramUsers, SecurityProtocol, Session, Verdict};
+use oncelog_broker::security::{
+    Auth, AuthStats, Listener, ScramUsers, SecurityProtocol, Session, Verdict,
+};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -33,7 +35,10 @@ fn fixture() -> &'static Fixture {
         let pw: String = pw.iter().map(|b| format!("{b:02x}")).collect();
         let mut creds = BTreeMap::new();
         for m in Mechanism::ALL {
-            creds.insert(m, Credential::new(m, pw.as_bytes(), 4096).expect("credential"));
+            creds.insert(
+                m,
+                Credential::new(m, pw.as_bytes(), 4096).expect("credential"),
+            );
         }
         let mut users = BTreeMap::new();
         users.insert("alice".to_string(), creds);
@@ -46,7 +51,11 @@ fn fixture() -> &'static Fixture {
             users: ScramUsers::open(dir.path()).expect("open users"),
             _dir: dir,
             stats: AuthStats::default(),
-            mechanisms: vec!["PLAIN".into(), "SCRAM-SHA-256".into(), "SCRAM-SHA-512".into()],
+            mechanisms: vec![
+                "PLAIN".into(),
+                "SCRAM-SHA-256".into(),
+                "SCRAM-SHA-512".into(),
+            ],
         }
     })
 }
@@ -65,7 +74,11 @@ fuzz_target!(|data: &[u8]| {
         users: &f.users,
         stats: &f.stats,
         mechanisms: &f.mechanisms,
-        reauth_ms: if data.first().is_some_and(|b| b & 1 == 1) { 1000 } else { 0 },
+        reauth_ms: if data.first().is_some_and(|b| b & 1 == 1) {
+            1000
+        } else {
+            0
+        },
     };
     let mut rest = data.get(1..).unwrap_or_default();
     while rest.len() >= 2 {

@@ -53,8 +53,12 @@ fn fixture() -> &'static Fixture {
         })
         .expect("the fuzz target's server certificate loads");
         let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pki_types::CertificateDer::pem_file_iter(dir.join("ca.pem")).expect("ca.pem") {
-            roots.add(c.expect("a CA certificate")).expect("a CA certificate");
+        for c in
+            rustls_pki_types::CertificateDer::pem_file_iter(dir.join("ca.pem")).expect("ca.pem")
+        {
+            roots
+                .add(c.expect("a CA certificate"))
+                .expect("a CA certificate");
         }
         let client = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
@@ -193,7 +197,10 @@ fuzz_target!(|data: &[u8]| {
             let mut rest = &client_stream[..];
             let mut i = 0;
             while !rest.is_empty() {
-                let s = write_sizes.get(i % write_sizes.len().max(1)).copied().unwrap_or(0xff);
+                let s = write_sizes
+                    .get(i % write_sizes.len().max(1))
+                    .copied()
+                    .unwrap_or(0xff);
                 i += 1;
                 let want = if s & 0x80 == 0 {
                     s as usize + 1
@@ -223,13 +230,20 @@ fuzz_target!(|data: &[u8]| {
         assert!(frames.is_empty(), "a frame from a client that has no keys");
         return;
     }
-    assert!(frames.len() <= want.len(), "more frames than the client sent");
+    assert!(
+        frames.len() <= want.len(),
+        "more frames than the client sent"
+    );
     for (i, f) in frames.iter().enumerate() {
         assert_eq!(&f[..], want[i], "frame {i} is not the one the client sent");
     }
     if !applied.load(Ordering::Relaxed) {
         assert!(end.is_some(), "the handshake failed with nothing tampered");
-        assert_eq!(frames.len(), want.len(), "frames lost with nothing tampered");
+        assert_eq!(
+            frames.len(),
+            want.len(),
+            "frames lost with nothing tampered"
+        );
         assert_eq!(end, Some(want_end), "the stream ended differently");
     }
 });

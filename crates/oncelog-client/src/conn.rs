@@ -13,10 +13,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::error::ClientError;
-use crate::tls::Stream;
 use crate::frame::{
     common_version, decode_response, encode_request, version_ranges, ApiVersionRanges,
 };
+use crate::tls::Stream;
 
 /// The port a bootstrap address without one gets, as every Kafka tool assumes.
 pub const DEFAULT_PORT: u16 = 9092;

@@ -73,7 +73,10 @@ fn pem_certs(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static
 pub fn set(c: TlsConfig) -> Result<(), ClientError> {
     use rustls_pki_types::pem::PemObject;
     let ca = c.ca_cert.clone().or_else(system_bundle).ok_or_else(|| {
-        bad("no CA certificates: give --ca-cert (the CA that signed the broker's certificate)".into())
+        bad(
+            "no CA certificates: give --ca-cert (the CA that signed the broker's certificate)"
+                .into(),
+        )
     })?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in pem_certs(&ca)? {
@@ -92,7 +95,10 @@ pub fn set(c: TlsConfig) -> Result<(), ClientError> {
         (Some(cert), key) => {
             let key_path = key.as_ref().unwrap_or(cert);
             let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key_path).map_err(|e| {
-                bad(format!("{}: no usable PEM private key: {e}", key_path.display()))
+                bad(format!(
+                    "{}: no usable PEM private key: {e}",
+                    key_path.display()
+                ))
             })?;
             builder
                 .with_client_auth_cert(pem_certs(cert)?, key)
@@ -119,18 +125,18 @@ pub fn enabled() -> bool {
 /// Starts TLS on `tcp` to `addr` (`host:port`), the host naming the
 /// certificate's expected subject (a DNS name or an IP address).
 #[cfg(feature = "tls")]
-pub(crate) async fn wrap(
-    tcp: tokio::net::TcpStream,
-    addr: &str,
-) -> Result<Stream, ClientError> {
-    let cfg = CONFIG.get().expect("wrap is called only when TLS is set").clone();
+pub(crate) async fn wrap(tcp: tokio::net::TcpStream, addr: &str) -> Result<Stream, ClientError> {
+    let cfg = CONFIG
+        .get()
+        .expect("wrap is called only when TLS is set")
+        .clone();
     let host = addr
         .rsplit_once(':')
         .map_or(addr, |(h, _)| h)
         .trim_start_matches('[')
         .trim_end_matches(']');
-    let name = rustls_pki_types::ServerName::try_from(host.to_string())
-        .map_err(|e| ClientError::Tls {
+    let name =
+        rustls_pki_types::ServerName::try_from(host.to_string()).map_err(|e| ClientError::Tls {
             addr: addr.to_string(),
             why: format!("{host:?} is not a name a certificate can have: {e}"),
         })?;
@@ -145,10 +151,7 @@ pub(crate) async fn wrap(
 }
 
 #[cfg(not(feature = "tls"))]
-pub(crate) async fn wrap(
-    _tcp: tokio::net::TcpStream,
-    addr: &str,
-) -> Result<Stream, ClientError> {
+pub(crate) async fn wrap(_tcp: tokio::net::TcpStream, addr: &str) -> Result<Stream, ClientError> {
     Err(ClientError::Tls {
         addr: addr.to_string(),
         why: "this build has no TLS".into(),

@@ -81,8 +81,9 @@ impl SecurityArgs {
     fn apply(&self) -> Result<()> {
         let mut props: BTreeMap<String, String> = BTreeMap::new();
         if let Ok(json) = std::env::var(CLIENT_SECURITY_ENV) {
-            props = serde_json::from_str(&json)
-                .with_context(|| format!("{CLIENT_SECURITY_ENV} is not a JSON object of strings"))?;
+            props = serde_json::from_str(&json).with_context(|| {
+                format!("{CLIENT_SECURITY_ENV} is not a JSON object of strings")
+            })?;
         }
         if let Some(f) = &self.command_config {
             let text =
@@ -587,8 +588,25 @@ mod tests {
         use clap::{CommandFactory, Parser};
         super::Cli::command().debug_assert();
         for argv in [
-            &["oncelog", "diff", "a", "b", "--key", "id", "--cert-key", "k.pem"][..],
-            &["oncelog", "produce", "t", "--cert", "c.pem", "--cert-key", "k.pem"],
+            &[
+                "oncelog",
+                "diff",
+                "a",
+                "b",
+                "--key",
+                "id",
+                "--cert-key",
+                "k.pem",
+            ][..],
+            &[
+                "oncelog",
+                "produce",
+                "t",
+                "--cert",
+                "c.pem",
+                "--cert-key",
+                "k.pem",
+            ],
             &["oncelog", "topic", "list", "--ca-cert", "ca.pem"],
         ] {
             super::Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));

@@ -25,6 +25,9 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("data.dir", "./oncelog-data", "directory holding topic logs and broker metadata"),
     ("listen", "127.0.0.1:9092", "address the Kafka listener binds"),
     ("metrics.listen", "127.0.0.1:9644", "HOST:PORT of the HTTP listener for /metrics (Prometheus text) and /health; empty = off"),
+    ("console.enable", "true", "serve the web console at / on the HTTP listener (metrics.listen)"),
+    ("console.actions.enable", "false", "let the console change state (abort a hanging transaction, commit or abort a parked one, start or roll back a cut-over), each after a confirmation; with SASL listeners an action needs a SCRAM user's password (HTTP Basic) and, with an authorizer, ALTER on the cluster"),
+    ("console.allowed.hosts", "", "host names (comma-separated) the console answers besides IP addresses and localhost (a Host header naming anything else is refused, against DNS rebinding)"),
     ("advertised.listener", "", "HOST:PORT told to clients in Metadata (default: the listen address)"),
     ("listeners", "", "NAME://HOST:PORT,... Kafka-style listeners, each with the security protocol `listener.security.protocol.map` gives its name; when set it replaces `listen` (empty: one PLAINTEXT listener on `listen`)"),
     ("advertised.listeners", "", "NAME://HOST:PORT,... what Metadata tells a client that came in on listener NAME (default: the listener's own address)"),
@@ -180,6 +183,10 @@ pub struct BrokerConfig {
     pub max_connections: usize,
     pub max_connections_per_ip: usize,
     pub unauthenticated_timeout_ms: u64,
+    pub console_enable: bool,
+    pub console_actions_enable: bool,
+    /// Host names the console answers besides IP addresses and localhost.
+    pub console_allowed_hosts: Vec<String>,
     /// Every setting as text, after overrides (for DescribeConfigs).
     pub raw: BTreeMap<String, String>,
 }
@@ -429,6 +436,16 @@ impl BrokerConfig {
                 "connections.max.unauthenticated.ms",
                 &get("connections.max.unauthenticated.ms"),
             )?,
+            console_enable: parse("console.enable", &get("console.enable"))?,
+            console_actions_enable: parse(
+                "console.actions.enable",
+                &get("console.actions.enable"),
+            )?,
+            console_allowed_hosts: get("console.allowed.hosts")
+                .split(',')
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect(),
             raw: m.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         };
         let positive = |k: &str, v: i64| {

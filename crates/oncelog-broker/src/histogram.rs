@@ -63,6 +63,11 @@ impl Histogram {
         self.count.load(Relaxed)
     }
 
+    /// The sum of the observed values.
+    pub fn sum(&self) -> f64 {
+        self.sum.load(Relaxed) as f64 / self.scale
+    }
+
     /// Writes the `_bucket`, `_sum` and `_count` samples; `labels` is either
     /// empty or `key="value",…` without braces.
     pub fn render(&self, out: &mut String, name: &str, labels: &str) {

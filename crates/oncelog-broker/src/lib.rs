@@ -10,6 +10,7 @@
 pub mod acl;
 pub mod compaction;
 pub mod config;
+pub mod console;
 pub mod cutover;
 pub mod datadir;
 pub mod durability;
@@ -18,6 +19,8 @@ pub mod faults;
 pub mod groups;
 pub mod handlers;
 pub mod histogram;
+pub mod http;
+pub mod httpmsg;
 pub mod internal_log;
 pub mod metrics;
 pub mod nice;
@@ -25,6 +28,7 @@ pub mod partition;
 pub mod principal_map;
 pub mod producer_ids;
 pub mod producer_state;
+pub mod samples;
 pub mod security;
 pub mod server;
 pub mod snapshot;
@@ -114,6 +118,8 @@ pub struct Broker {
     pub request_latency: Box<[histogram::Histogram]>,
     /// The log cleaner of compacted topics.
     pub cleaner: Arc<compaction::LogCleaner>,
+    /// Rates of the last minutes, for the console.
+    pub samples: samples::Samples,
     /// This broker's exclusive hold on its data directory.
     _dir_lock: datadir::DirLock,
 }
@@ -204,6 +210,7 @@ impl Broker {
             appended_bytes: Default::default(),
             orphans: Default::default(),
             cleaner,
+            samples: samples::Samples::new(now_ms()),
             request_latency: (0..REQUEST_KEYS)
                 .map(|_| histogram::Histogram::latency())
                 .collect(),
@@ -334,6 +341,21 @@ impl Broker {
         out
     }
 
+    /// The running totals the console's rates are taken from.
+    pub fn totals(&self) -> samples::Totals {
+        let (fsyncs, appended_bytes) = self.io_counters();
+        let stats = self.txn.stats();
+        samples::Totals {
+            time_ms: now_ms(),
+            appended_bytes,
+            fsyncs,
+            fsync_seconds: self.syncer.stats.latency.sum(),
+            commits: stats.commits,
+            aborts: stats.aborts,
+            requests: self.request_latency.iter().map(|h| h.count()).sum(),
+        }
+    }
+
     /// (fdatasync calls by group commit, bytes appended) since start.
     pub fn io_counters(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -360,6 +382,15 @@ impl Broker {
                 }
             });
         }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(b) = weak.upgrade() else { return };
+                b.samples.record(b.totals());
+            }
+        });
         if self.config.cleaner_enable {
             let weak = Arc::downgrade(self);
             self.cleaner.start(Arc::new(move || {

@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use serde::Serialize;
 
 /// Transactional ids whose history is kept.
-pub const MAX_IDS: usize = 512;
+pub const MAX_IDS: usize = 2048;
 /// Events kept per id.
 pub const MAX_EVENTS: usize = 32;
 /// Fences kept per id (apart from the events, so they outlive busy periods).
@@ -127,6 +127,9 @@ pub struct Event {
     pub count: u64,
     /// When the last of `count` happened.
     pub last_time_ms: i64,
+    /// A commit's or abort's time since its transaction began.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<i64>,
 }
 
 /// One fence of a transactional id.
@@ -206,6 +209,7 @@ impl Event {
             detail: String::new(),
             count: 1,
             last_time_ms: time_ms,
+            duration_ms: None,
         }
     }
 
@@ -379,6 +383,11 @@ impl TxnHistory {
     }
 
     /// One id's history, if tracked.
+    /// Every tracked id's history.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &IdHistory)> {
+        self.ids.iter()
+    }
+
     pub fn get(&self, id: &str) -> Option<&IdHistory> {
         self.ids.get(id)
     }

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::error::{Gate, TopicError};
+use crate::error::{ErrorCode, Gate, TopicError};
 use crate::internal_log::CompactPolicy;
 use crate::internal_log::{InternalLog, PersistError};
 use crate::partition::{durable, SyncError, SyncReply};
@@ -505,6 +505,11 @@ impl TxnService {
         self.history.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Reads the transaction history under its lock (the console's views).
+    pub fn with_history<T>(&self, f: impl FnOnce(&TxnHistory) -> T) -> T {
+        f(&self.history())
+    }
+
     /// The history of one transactional id as JSON (see [`TxnHistory::to_json`]).
     pub fn history_json(&self, id: &str) -> serde_json::Value {
         let mut v = self.history().to_json(id);
@@ -679,10 +684,9 @@ impl TxnService {
         }
         let mut detail = Vec::new();
         if prepared.start_ms >= 0 {
-            detail.push(format!(
-                "{} ms after it began",
-                (now - prepared.start_ms).max(0)
-            ));
+            let took = (now - prepared.start_ms).max(0);
+            e.duration_ms = Some(took);
+            detail.push(format!("{took} ms after it began"));
         }
         if done.producer_id != prepared.producer_id {
             detail.push(format!(
@@ -1577,6 +1581,35 @@ pub async fn abort_orphan<R: TxnRuntime>(
     match write_marker(b, topic, index, marker)? {
         Some(rx) => Ok(durable(rx).await?),
         None => Ok(()),
+    }
+}
+
+/// An operator's abort of a hanging transaction at one partition
+/// (WriteTxnMarkers from an admin tool, or the console): an ABORT marker
+/// for `pid` at `epoch`, if that producer has a transaction open there that
+/// such a marker may close. The Kafka error code of the outcome.
+pub async fn abort_hanging<R: TxnRuntime>(
+    b: &Arc<R>,
+    topic: &str,
+    index: i32,
+    pid: i64,
+    epoch: i16,
+    coordinator_epoch: i32,
+) -> ErrorCode {
+    let Some(p) = b.partition(topic, index) else {
+        return ErrorCode::UnknownTopicOrPartition;
+    };
+    match p.open_transaction_of(pid, epoch, coordinator_epoch) {
+        Ok(true) => {}
+        Ok(false) => return ErrorCode::None,
+        Err(_) => return ErrorCode::InvalidProducerEpoch,
+    }
+    match abort_orphan(b, topic, index, pid, epoch, coordinator_epoch).await {
+        Ok(()) => ErrorCode::None,
+        Err(e) => {
+            tracing::error!(partition = %format!("{topic}-{index}"), error = %e, "orphan abort failed");
+            ErrorCode::KafkaStorageError
+        }
     }
 }
 

@@ -130,6 +130,24 @@ impl Writers {
         }
     }
 
+    /// Live writer prefixes per topic (within the window), each with its
+    /// last commit (ms).
+    pub fn live_detail(&self, now: i64) -> BTreeMap<String, Vec<(String, i64)>> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.iter()
+            .map(|(topic, m)| {
+                let mut v: Vec<(String, i64)> = m
+                    .iter()
+                    .filter(|(_, last)| now - **last <= WINDOW_MS)
+                    .map(|(p, last)| (p.clone(), *last))
+                    .collect();
+                v.sort();
+                (topic.clone(), v)
+            })
+            .filter(|(_, v)| !v.is_empty())
+            .collect()
+    }
+
     /// Live writer prefixes per topic (within the window).
     pub fn live(&self, now: i64) -> BTreeMap<String, Vec<String>> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());

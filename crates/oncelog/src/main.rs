@@ -549,7 +549,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         broker.spawn_background();
         if let Some((addr, l)) = metrics_listener {
             tracing::info!(metrics = %addr, "metrics serving at /metrics and /health");
-            tokio::spawn(oncelog_broker::metrics::serve(broker.clone(), l));
+            tokio::spawn(oncelog_broker::http::serve(broker.clone(), l));
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();

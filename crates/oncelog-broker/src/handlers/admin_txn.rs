@@ -245,7 +245,7 @@ pub async fn write_txn_markers(
                 let code = match shared {
                     Some(c) => c,
                     None => {
-                        orphan_abort(
+                        crate::txn_service::abort_hanging(
                             &b,
                             t.name.0.as_str(),
                             *p,
@@ -275,29 +275,4 @@ pub async fn write_txn_markers(
         );
     }
     WriteTxnMarkersResponse::default().with_markers(results)
-}
-
-async fn orphan_abort(
-    b: &Arc<Broker>,
-    topic: &str,
-    index: i32,
-    pid: i64,
-    epoch: i16,
-    coordinator_epoch: i32,
-) -> ErrorCode {
-    let Some(p) = b.topics.get(topic).and_then(|t| t.store(index)) else {
-        return ErrorCode::UnknownTopicOrPartition;
-    };
-    match p.open_transaction_of(pid, epoch, coordinator_epoch) {
-        Ok(true) => {}
-        Ok(false) => return ErrorCode::None,
-        Err(_) => return ErrorCode::InvalidProducerEpoch,
-    }
-    match crate::txn_service::abort_orphan(b, topic, index, pid, epoch, coordinator_epoch).await {
-        Ok(()) => ErrorCode::None,
-        Err(e) => {
-            tracing::error!(partition = %format!("{topic}-{index}"), error = %e, "orphan abort failed");
-            ErrorCode::KafkaStorageError
-        }
-    }
 }

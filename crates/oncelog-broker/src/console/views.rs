@@ -1,0 +1,739 @@
+//! The console's JSON views, each built from the broker's live state on
+//! request: nothing here is kept or written. Lists are paged on the server
+//! (a page is at most [`MAX_PER_PAGE`] rows), so a broker with 10,000
+//! partitions or thousands of transactional ids sends the browser one
+//! screenful.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::txn_coordinator::{TxnMeta, TxnState};
+use crate::txn_history::{Epoch, IdHistory};
+use crate::writers::{prefix_of, WRITER_PREFIX_CONFIG};
+use crate::Broker;
+use oncelog_log::now_ms;
+
+pub const MAX_PER_PAGE: usize = 200;
+const DEFAULT_PER_PAGE: usize = 50;
+
+/// Which page of a list the browser asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paging {
+    pub page: usize,
+    pub per_page: usize,
+}
+
+impl Paging {
+    /// `page` counts from 1; out-of-range values are clamped.
+    pub fn new(page: &str, per_page: &str) -> Self {
+        let page = page.parse::<usize>().unwrap_or(1).max(1);
+        let per_page = per_page
+            .parse::<usize>()
+            .unwrap_or(DEFAULT_PER_PAGE)
+            .clamp(1, MAX_PER_PAGE);
+        Self { page, per_page }
+    }
+
+    /// The page's rows of `rows` and the page header. A page past the end
+    /// is the last page.
+    pub fn slice<T: Serialize>(&self, rows: Vec<T>) -> Value {
+        let total = rows.len();
+        let pages = total.div_ceil(self.per_page).max(1);
+        let page = self.page.min(pages);
+        let from = (page - 1) * self.per_page;
+        let rows: Vec<T> = rows.into_iter().skip(from).take(self.per_page).collect();
+        json!({ "page": page, "pages": pages, "per_page": self.per_page, "total": total, "rows": rows })
+    }
+}
+
+/// One partition's offsets.
+#[derive(Debug, Clone, Serialize)]
+struct PartitionRow {
+    partition: i32,
+    high_watermark: i64,
+    last_stable_offset: i64,
+    lso_gap: i64,
+    log_start_offset: i64,
+    size_bytes: u64,
+    /// Open transactions here (first offset, producer id, epoch, id).
+    open: Vec<OpenTxn>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct OpenTxn {
+    first_offset: i64,
+    producer_id: i64,
+    producer_epoch: i16,
+    transactional_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct TopicRow {
+    topic: String,
+    partitions: usize,
+    high_watermark: i64,
+    lso_gap: i64,
+    max_lso_gap: i64,
+    pinned_partitions: usize,
+    size_bytes: u64,
+    writer_prefix: Option<String>,
+    writers: Vec<WriterSeen>,
+    cutover: Option<Value>,
+    compacted: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct WriterSeen {
+    prefix: String,
+    last_commit_ms: i64,
+}
+
+fn cutover_json(c: &crate::cutover::Cutover) -> Value {
+    json!({
+        "from": c.from, "to": c.to, "phase": format!("{:?}", c.phase), "done": c.done,
+        "started_ms": c.started_ms, "drain_deadline_ms": c.drain_deadline_ms, "ended_ms": c.ended_ms,
+        "aborted_at_deadline": c.aborted_at_deadline,
+    })
+}
+
+/// `GET /v1/console/overview?page=&per_page=&q=&sort=name|gap|size`: the
+/// broker's health and rates, and its topics (paged, filtered by a
+/// substring of the name).
+pub async fn overview(b: &Arc<Broker>, paging: Paging, q: &str, sort: &str) -> Value {
+    let now = now_ms();
+    let live = b.writers.live_detail(now);
+    let mut rows = Vec::new();
+    let (mut partitions, mut pinned, mut gap_total) = (0usize, 0usize, 0i64);
+    for t in b.topics.all() {
+        let meta = t.meta();
+        let parts = t
+            .partitions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut row = TopicRow {
+            topic: meta.name.clone(),
+            partitions: parts.len(),
+            high_watermark: 0,
+            lso_gap: 0,
+            max_lso_gap: 0,
+            pinned_partitions: 0,
+            size_bytes: 0,
+            writer_prefix: b.topics.topic_config(&meta, WRITER_PREFIX_CONFIG),
+            writers: live
+                .get(&meta.name)
+                .map(|v| {
+                    v.iter()
+                        .map(|(p, t)| WriterSeen {
+                            prefix: p.clone(),
+                            last_commit_ms: *t,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            cutover: b.cutovers.get(&meta.name).map(|c| cutover_json(&c)),
+            compacted: b.topics.cleanup_policy(&meta).compact,
+        };
+        for p in &parts {
+            let s = p.status();
+            let gap = s.high_watermark - s.last_stable_offset;
+            row.high_watermark += s.high_watermark;
+            row.lso_gap += gap;
+            row.max_lso_gap = row.max_lso_gap.max(gap);
+            row.pinned_partitions += usize::from(gap > 0);
+            row.size_bytes += s.size_bytes;
+        }
+        partitions += row.partitions;
+        pinned += row.pinned_partitions;
+        gap_total += row.lso_gap;
+        rows.push(row);
+    }
+    let topics = rows.len();
+    let q = q.to_lowercase();
+    rows.retain(|r| q.is_empty() || r.topic.to_lowercase().contains(&q));
+    match sort {
+        "gap" => rows.sort_by(|a, b| b.lso_gap.cmp(&a.lso_gap).then(a.topic.cmp(&b.topic))),
+        "size" => rows.sort_by(|a, b| b.size_bytes.cmp(&a.size_bytes).then(a.topic.cmp(&b.topic))),
+        _ => rows.sort_by(|a, b| a.topic.cmp(&b.topic)),
+    }
+    let (open, oldest) = b.txn.open_transactions().await;
+    let stats = b.txn.stats();
+    let parked = b.txn.parked();
+    let syncs = b.syncer.stats.latency.count();
+    let fsync_mean_ms = if syncs == 0 {
+        0.0
+    } else {
+        b.syncer.stats.latency.sum() * 1000.0 / syncs as f64
+    };
+    json!({
+        "now_ms": now,
+        "broker": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "node_id": b.config.node_id,
+            "started_ms": b.samples.started_ms(),
+            "listeners": b.config.listeners.iter().map(|l| json!({
+                "name": l.name, "protocol": l.protocol.name(), "address": l.bind.to_string(),
+            })).collect::<Vec<_>>(),
+            "connections": b.connections.open(),
+            "open_transactions": open,
+            "oldest_open_transaction_ms": oldest,
+            "parked_transactions": parked.len(),
+            "stuck_transactions": b.txn.stuck_count(),
+            "commits": stats.commits,
+            "aborts": stats.aborts,
+            "fsyncs": b.syncer.stats.latency.count(),
+            "fsync_mean_ms": fsync_mean_ms,
+            "history_since_ms": b.txn.with_history(|h| h.since_ms()),
+        },
+        "samples": b.samples.recent(),
+        "totals": { "topics": topics, "partitions": partitions, "pinned_partitions": pinned, "lso_gap": gap_total },
+        "topics": paging.slice(rows),
+    })
+}
+
+/// `GET /v1/console/topic?topic=T&page=&only=pinned`: a topic's partitions.
+pub fn topic(b: &Arc<Broker>, name: &str, paging: Paging, only_pinned: bool) -> Option<Value> {
+    let t = b.topics.get(name)?;
+    let meta = t.meta();
+    let parts = t
+        .partitions
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let rows: Vec<PartitionRow> = parts
+        .iter()
+        .filter_map(|p| {
+            let s = p.status();
+            let gap = s.high_watermark - s.last_stable_offset;
+            if only_pinned && gap == 0 {
+                return None;
+            }
+            let mut open: Vec<OpenTxn> = p
+                .open_transactions()
+                .into_iter()
+                .map(|(first, pid, epoch)| OpenTxn {
+                    first_offset: first,
+                    producer_id: pid,
+                    producer_epoch: epoch,
+                    transactional_id: b.txn.transactional_id_of(pid),
+                })
+                .collect();
+            open.sort_by_key(|o| o.first_offset);
+            Some(PartitionRow {
+                partition: p.index,
+                high_watermark: s.high_watermark,
+                last_stable_offset: s.last_stable_offset,
+                lso_gap: gap,
+                log_start_offset: s.log_start_offset,
+                size_bytes: s.size_bytes,
+                open,
+            })
+        })
+        .collect();
+    Some(json!({
+        "topic": meta.name,
+        "configs": meta.configs,
+        "writer_prefix": b.topics.topic_config(&meta, WRITER_PREFIX_CONFIG),
+        "cutover": b.cutovers.get(&meta.name).map(|c| cutover_json(&c)),
+        "writers": b.writers.live_detail(now_ms()).remove(&meta.name).unwrap_or_default()
+            .into_iter().map(|(p, t)| WriterSeen { prefix: p, last_commit_ms: t }).collect::<Vec<_>>(),
+        "partitions": paging.slice(rows),
+    }))
+}
+
+/// The epoch entry of `h` that holds `pid` at `epoch` (who got it).
+fn holder(h: Option<&IdHistory>, pid: i64, epoch: i16) -> Option<Epoch> {
+    let h = h?;
+    h.epochs
+        .iter()
+        .rev()
+        .find(|e| e.producer_id == pid && e.epoch == epoch)
+        .or_else(|| h.epochs.iter().rev().find(|e| e.producer_id == pid))
+        .cloned()
+}
+
+/// What an operator can do about a transaction that pins an LSO.
+fn resolution(
+    kind: &str,
+    id: Option<&str>,
+    topic: &str,
+    partition: i32,
+    pid: i64,
+    epoch: i16,
+) -> Value {
+    match (kind, id) {
+        ("parked", Some(id)) => json!({
+            "advice": "Parked past its timeout under the two-phase commit policy: it waits for its producer (a Flink job re-commits it after a restore). If that job will not come back, commit it (its records become visible) or abort it, naming its producer id and epoch.",
+            "actions": [
+                {"action": "resolve", "outcome": "commit", "label": "Commit", "params": {"id": id, "producer_id": pid, "epoch": epoch, "outcome": "commit"},
+                 "cli": format!("oncelog txn commit {id} --producer-id {pid} --producer-epoch {epoch}")},
+                {"action": "resolve", "outcome": "abort", "label": "Abort", "params": {"id": id, "producer_id": pid, "epoch": epoch, "outcome": "abort"},
+                 "cli": format!("oncelog txn abort {id} --producer-id {pid} --producer-epoch {epoch}")},
+            ],
+        }),
+        ("orphan", _) => json!({
+            "advice": "A hanging transaction: open at this partition, but its coordinator holds no open transaction of this producer. Nothing will end it but an abort marker here.",
+            "actions": [
+                {"action": "abort", "label": "Abort at the partition", "params": {"topic": topic, "partition": partition, "producer_id": pid, "epoch": epoch},
+                 "cli": format!("oncelog txn abort {topic} {partition} --producer-id {pid} --producer-epoch {epoch}")},
+            ],
+        }),
+        ("completing", _) => json!({
+            "advice": "Being committed or aborted: its markers are on their way (a stuck transaction is retried until its markers are durable).",
+            "actions": [],
+        }),
+        _ => json!({
+            "advice": "Open: it ends when its producer commits or aborts, or at its timeout. Aborting it now fences its producer (its next request fails with PRODUCER_FENCED).",
+            "actions": [
+                {"action": "abort", "label": "Abort (fences the producer)", "params": {"topic": topic, "partition": partition, "producer_id": pid, "epoch": epoch},
+                 "cli": format!("oncelog txn abort {topic} {partition} --producer-id {pid} --producer-epoch {epoch}")},
+            ],
+        }),
+    }
+}
+
+/// `GET /v1/console/stuck?page=`: every partition whose last stable offset
+/// trails its high watermark, with the transaction that pins it (the open
+/// transaction with the lowest first offset), its age, its producer and
+/// client, and what would resolve it. Most records held back first.
+pub async fn stuck(b: &Arc<Broker>, paging: Paging) -> Value {
+    let now = now_ms();
+    let metas: HashMap<String, TxnMeta> = b
+        .txn
+        .list()
+        .await
+        .into_iter()
+        .map(|m| (m.transactional_id.clone(), m))
+        .collect();
+    let parked: HashSet<String> = b
+        .txn
+        .parked()
+        .into_iter()
+        .map(|p| p.transactional_id)
+        .collect();
+    let mut rows = Vec::new();
+    for p in b.topics.all_partitions() {
+        let s = p.status();
+        let gap = s.high_watermark - s.last_stable_offset;
+        if gap <= 0 {
+            continue;
+        }
+        let mut open = p.open_transactions();
+        open.sort();
+        let pin = open.first().map(|&(first, pid, epoch)| {
+            let id = b.txn.transactional_id_of(pid);
+            let meta = id.as_ref().and_then(|i| metas.get(i));
+            let held = meta.is_some_and(|m| m.producer_id == pid && m.state != TxnState::Empty
+                && !matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort)
+                && m.partitions.contains(&(p.topic.clone(), p.index)));
+            let kind = match meta.map(|m| m.state) {
+                _ if !held => "orphan",
+                _ if id.as_ref().is_some_and(|i| parked.contains(i)) => "parked",
+                Some(TxnState::PrepareCommit | TxnState::PrepareAbort) => "completing",
+                _ => "open",
+            };
+            let who = id
+                .as_deref()
+                .and_then(|i| b.txn.with_history(|h| holder(h.get(i), pid, epoch)));
+            json!({
+                "first_offset": first,
+                "producer_id": pid,
+                "producer_epoch": epoch,
+                "transactional_id": id,
+                "writer": id.as_deref().map(prefix_of),
+                "state": meta.map(|m| m.state.name()),
+                "kind": kind,
+                "started_ms": meta.map(|m| m.start_ms),
+                "age_ms": meta.filter(|m| m.start_ms > 0).map(|m| now - m.start_ms),
+                "timeout_ms": meta.map(|m| m.timeout_ms),
+                "partitions": meta.map(|m| m.partitions.iter().map(|(t, i)| format!("{t}-{i}")).collect::<Vec<_>>()),
+                "client_id": who.as_ref().and_then(|w| w.client_id.clone()),
+                "peer": who.as_ref().and_then(|w| w.peer.clone()),
+                "records_held": s.high_watermark - first,
+                "resolution": resolution(kind, id.as_deref(), &p.topic, p.index, pid, epoch),
+            })
+        });
+        rows.push(json!({
+            "topic": p.topic, "partition": p.index,
+            "high_watermark": s.high_watermark, "last_stable_offset": s.last_stable_offset, "lso_gap": gap,
+            "open_transactions": open.len(),
+            "pinned_by": pin,
+        }));
+    }
+    rows.sort_by(|a, b| {
+        b["lso_gap"]
+            .as_i64()
+            .cmp(&a["lso_gap"].as_i64())
+            .then_with(|| a["topic"].as_str().cmp(&b["topic"].as_str()))
+            .then_with(|| a["partition"].as_i64().cmp(&b["partition"].as_i64()))
+    });
+    json!({ "now_ms": now, "partitions": paging.slice(rows) })
+}
+
+/// A transactional id's lane on the timeline.
+#[derive(Debug, Clone, Serialize)]
+struct Lane {
+    transactional_id: String,
+    writer: String,
+    state: Option<&'static str>,
+    producer_id: Option<i64>,
+    producer_epoch: Option<i16>,
+    partitions: Vec<String>,
+    started_ms: Option<i64>,
+    timeout_ms: Option<i32>,
+    parked: bool,
+    fences: usize,
+    last_event_ms: i64,
+    events: Vec<crate::txn_history::Event>,
+}
+
+fn is_open(state: TxnState) -> bool {
+    matches!(
+        state,
+        TxnState::Ongoing | TxnState::PrepareCommit | TxnState::PrepareAbort
+    )
+}
+
+/// `GET /v1/console/transactions?prefix=&topic=&window_ms=&page=`: one
+/// lane per transactional id (the coordinator's ids and those with recent
+/// history) with its events in the window, open transactions first, then
+/// the most recently active. `prefix` matches the writer (the job) or the
+/// start of the id; `topic` an id whose transaction or events name it.
+pub async fn transactions(
+    b: &Arc<Broker>,
+    paging: Paging,
+    prefix: &str,
+    topic: &str,
+    window_ms: i64,
+) -> Value {
+    let now = now_ms();
+    let since = now - window_ms.clamp(1_000, 24 * 3_600_000);
+    let parked: HashSet<String> = b
+        .txn
+        .parked()
+        .into_iter()
+        .map(|p| p.transactional_id)
+        .collect();
+    let metas: BTreeMap<String, TxnMeta> = b
+        .txn
+        .list()
+        .await
+        .into_iter()
+        .map(|m| (m.transactional_id.clone(), m))
+        .collect();
+    let topic_part = format!("{topic}-");
+    let names_topic = |parts: &[String]| parts.iter().any(|p| p.starts_with(&topic_part));
+    let mut writers: BTreeMap<String, usize> = BTreeMap::new();
+    let mut lanes: Vec<Lane> = b.txn.with_history(|h| {
+        let mut ids: Vec<&String> = metas.keys().collect();
+        let extra: Vec<&String> = h
+            .iter()
+            .map(|(k, _)| k)
+            .filter(|k| !metas.contains_key(*k))
+            .collect();
+        ids.extend(extra);
+        let mut out = Vec::new();
+        for id in ids {
+            let writer = prefix_of(id).to_string();
+            *writers.entry(writer.clone()).or_default() += 1;
+            if !prefix.is_empty() && writer != prefix && !id.starts_with(prefix) {
+                continue;
+            }
+            let m = metas.get(id);
+            let hist = h.get(id);
+            let events: Vec<crate::txn_history::Event> = hist
+                .map(|x| {
+                    x.events
+                        .iter()
+                        .filter(|e| e.last_time_ms >= since)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            let partitions: Vec<String> = m
+                .map(|m| {
+                    m.partitions
+                        .iter()
+                        .map(|(t, i)| format!("{t}-{i}"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !topic.is_empty()
+                && !names_topic(&partitions)
+                && !events.iter().any(|e| names_topic(&e.partitions))
+            {
+                continue;
+            }
+            let last_event_ms = hist
+                .and_then(|x| x.events.back().map(|e| e.last_time_ms))
+                .or(m.map(|m| m.update_ms))
+                .unwrap_or(0);
+            out.push(Lane {
+                transactional_id: id.clone(),
+                writer,
+                state: m.map(|m| m.state.name()),
+                producer_id: m.map(|m| m.producer_id),
+                producer_epoch: m.map(|m| m.epoch),
+                partitions,
+                started_ms: m.filter(|m| is_open(m.state)).map(|m| m.start_ms),
+                timeout_ms: m.map(|m| m.timeout_ms),
+                parked: parked.contains(id),
+                fences: hist.map_or(0, |x| x.fences.len()),
+                last_event_ms,
+                events,
+            });
+        }
+        out
+    });
+    lanes.sort_by(|a, b| {
+        let open = |l: &Lane| l.started_ms.is_some();
+        open(b)
+            .cmp(&open(a))
+            .then(b.last_event_ms.cmp(&a.last_event_ms))
+            .then(a.transactional_id.cmp(&b.transactional_id))
+    });
+    let mut top: Vec<(String, usize)> = writers.into_iter().collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.truncate(50);
+    json!({
+        "now_ms": now,
+        "since_ms": since,
+        "history_since_ms": b.txn.with_history(|h| h.since_ms()),
+        "writers": top.into_iter().map(|(w, n)| json!({"writer": w, "ids": n})).collect::<Vec<_>>(),
+        "lanes": paging.slice(lanes),
+    })
+}
+
+/// `GET /v1/console/transaction?id=`: one transactional id: the
+/// coordinator's state, where its open transaction begins at each
+/// partition, and its history (epochs with who got them, fences, events
+/// with their partitions — a commit's and an abort's are where its markers
+/// went).
+pub async fn transaction(b: &Arc<Broker>, id: &str) -> Value {
+    let meta = b.txn.describe(id).await;
+    let parked = b
+        .txn
+        .parked()
+        .into_iter()
+        .find(|p| p.transactional_id == id);
+    let partitions: Vec<Value> = meta
+        .as_ref()
+        .map(|m| {
+            m.partitions
+                .iter()
+                .map(|(t, i)| {
+                    let p = b.topics.get(t).and_then(|x| x.partition(*i));
+                    let s = p.as_ref().map(|p| p.status());
+                    let first = p.as_ref().and_then(|p| {
+                        p.open_transactions()
+                            .into_iter()
+                            .find(|(_, pid, _)| *pid == m.producer_id)
+                            .map(|(f, _, _)| f)
+                    });
+                    json!({
+                        "topic": t, "partition": i,
+                        "first_offset": first,
+                        "high_watermark": s.as_ref().map(|s| s.high_watermark),
+                        "last_stable_offset": s.as_ref().map(|s| s.last_stable_offset),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "transactional_id": id,
+        "writer": prefix_of(id),
+        "now_ms": now_ms(),
+        "known": meta.is_some(),
+        "state": meta.as_ref().map(|m| m.state.name()),
+        "producer_id": meta.as_ref().map(|m| m.producer_id),
+        "producer_epoch": meta.as_ref().map(|m| m.epoch),
+        "timeout_ms": meta.as_ref().map(|m| m.timeout_ms),
+        "started_ms": meta.as_ref().filter(|m| is_open(m.state)).map(|m| m.start_ms),
+        "updated_ms": meta.as_ref().map(|m| m.update_ms),
+        "two_phase": meta.as_ref().is_some_and(|m| m.two_phase),
+        "parked": parked,
+        "partitions": partitions,
+        "history": b.txn.history_json(id),
+    })
+}
+
+/// A consumer-protocol assignment's topic-partitions (version first; a
+/// newer version is read as the newest known, whose fields it starts
+/// with). Empty when the bytes do not decode.
+fn assignment(raw: &bytes::Bytes) -> Vec<(String, Vec<i32>)> {
+    use bytes::Buf;
+    use kafka_protocol::messages::consumer_protocol_assignment::ConsumerProtocolAssignment;
+    use kafka_protocol::protocol::{Decodable, Message};
+    if raw.len() < 2 {
+        return Vec::new();
+    }
+    let mut buf = raw.clone();
+    let version = buf.get_i16();
+    if version < 0 {
+        return Vec::new();
+    }
+    let version = version.min(ConsumerProtocolAssignment::VERSIONS.max);
+    let Ok(a) = ConsumerProtocolAssignment::decode(&mut buf, version) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, Vec<i32>)> = a
+        .assigned_partitions
+        .iter()
+        .map(|tp| {
+            let mut ps = tp.partitions.clone();
+            ps.sort_unstable();
+            (tp.topic.0.to_string(), ps)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `GET /v1/console/groups?page=&q=`: consumer groups with their state,
+/// members and total lag against the LSO and the high watermark.
+pub async fn groups(b: &Arc<Broker>, paging: Paging, q: &str) -> Value {
+    let q = q.to_lowercase();
+    let mut rows = Vec::new();
+    for (g, protocol_type, state) in b.groups.list().await {
+        if !q.is_empty() && !g.to_lowercase().contains(&q) {
+            continue;
+        }
+        let (members, generation, pending) = b
+            .groups
+            .with_group(&g, |x| {
+                (
+                    x.members.len(),
+                    x.generation,
+                    x.pending.values().map(HashMap::len).sum::<usize>(),
+                )
+            })
+            .await
+            .unwrap_or_default();
+        let lag = b.group_lag(&g).await;
+        rows.push(json!({
+            "group": g, "protocol_type": protocol_type, "state": state,
+            "members": members, "generation": generation,
+            "partitions": lag.len(),
+            "lag_committed": lag.iter().map(|r| r.lag_committed.max(0)).sum::<i64>(),
+            "lag_uncommitted": lag.iter().map(|r| r.lag_uncommitted.max(0)).sum::<i64>(),
+            "pending_transactional_offsets": pending,
+        }));
+    }
+    json!({ "groups": paging.slice(rows) })
+}
+
+/// `GET /v1/console/group?group=G`: members and their assignments,
+/// committed offsets with lag against the LSO and the high watermark, and
+/// offsets pending in open transactions (by producer and transactional id).
+pub async fn group(b: &Arc<Broker>, id: &str, paging: Paging) -> Option<Value> {
+    let (state, generation, protocol, leader, members, pending) = b
+        .groups
+        .with_group(id, |g| {
+            let members: Vec<Value> = g
+                .members
+                .values()
+                .map(|m| {
+                    json!({
+                        "member_id": m.id, "group_instance_id": m.instance_id,
+                        "client_id": m.client_id, "client_host": m.client_host,
+                        "session_timeout_ms": m.session_timeout.as_millis() as u64,
+                        "assignment": assignment(&m.assignment).into_iter()
+                            .map(|(t, ps)| json!({"topic": t, "partitions": ps})).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            let mut pending: Vec<(i64, String, i32, i64)> = g
+                .pending
+                .iter()
+                .flat_map(|(pid, m)| m.iter().map(move |((t, p), o)| (*pid, t.clone(), *p, o.offset)))
+                .collect();
+            pending.sort();
+            (
+                g.state.name(),
+                g.generation,
+                g.protocol.clone(),
+                g.leader.clone(),
+                members,
+                pending,
+            )
+        })
+        .await?;
+    let lag = b.group_lag(id).await;
+    let offsets: Vec<Value> = lag
+        .iter()
+        .map(|r| {
+            json!({
+                "topic": r.topic, "partition": r.partition, "committed": r.committed,
+                "last_stable_offset": r.last_stable_offset, "high_watermark": r.high_watermark,
+                "lag_committed": r.lag_committed, "lag_uncommitted": r.lag_uncommitted,
+            })
+        })
+        .collect();
+    let pending: Vec<Value> = pending
+        .into_iter()
+        .map(|(pid, t, p, o)| {
+            json!({
+                "producer_id": pid, "transactional_id": b.txn.transactional_id_of(pid),
+                "topic": t, "partition": p, "offset": o,
+            })
+        })
+        .collect();
+    Some(json!({
+        "group": id, "state": state, "generation": generation, "protocol": protocol, "leader": leader,
+        "members": members,
+        "lag_committed": lag.iter().map(|r| r.lag_committed.max(0)).sum::<i64>(),
+        "lag_uncommitted": lag.iter().map(|r| r.lag_uncommitted.max(0)).sum::<i64>(),
+        "offsets": paging.slice(offsets),
+        "pending": pending,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paging_clamps_and_slices() {
+        let p = Paging::new("3", "2");
+        let v = p.slice((0..5).collect::<Vec<i32>>());
+        assert_eq!(v["rows"], json!([4]));
+        assert_eq!(v["pages"], 3);
+        assert_eq!(v["total"], 5);
+        // past the end: the last page; junk: page 1 of the default size
+        let v = Paging::new("99", "2").slice((0..5).collect::<Vec<i32>>());
+        assert_eq!(v["page"], 3);
+        let p = Paging::new("x", "-1");
+        assert_eq!(
+            p,
+            Paging {
+                page: 1,
+                per_page: DEFAULT_PER_PAGE
+            }
+        );
+        assert_eq!(Paging::new("0", "100000").per_page, MAX_PER_PAGE);
+        let v = Paging::new("1", "10").slice(Vec::<i32>::new());
+        assert_eq!(
+            (v["page"].as_u64(), v["pages"].as_u64()),
+            (Some(1), Some(1))
+        );
+    }
+
+    #[test]
+    fn assignments_decode_or_are_empty() {
+        assert!(assignment(&bytes::Bytes::new()).is_empty());
+        assert!(assignment(&bytes::Bytes::from_static(&[0, 0, 0xff])).is_empty());
+        // version 0: one topic "t" with partitions 2 and 1, no user data
+        let raw: &[u8] = &[
+            0, 0, 0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 1, 0xff, 0xff, 0xff,
+            0xff,
+        ];
+        assert_eq!(
+            assignment(&bytes::Bytes::copy_from_slice(raw)),
+            vec![("t".to_string(), vec![1, 2])]
+        );
+    }
+}

@@ -46,6 +46,11 @@ if ! command -v kcat >/dev/null 2>&1; then
   step "installing kcat"
   apt_install kcat
 fi
+# the console tests drive headless Chromium through its WebDriver
+if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+  step "installing chromium and chromium-driver"
+  apt_install chromium chromium-driver
+fi
 
 # --- Python clients ---------------------------------------------------------
 VENV="$ROOT/.venv"

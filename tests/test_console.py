@@ -51,6 +51,11 @@ def http(b, method, path, headers=None):
 
 
 def open_view(driver, b, hash_):
+    if not driver.current_url.startswith(b.admin):
+        # a page of an earlier test's broker (stopped since) may have logged
+        # failed polls: start clean
+        driver.get("about:blank")
+        browser_errors(driver)
     driver.get(f"{b.admin}/#{hash_}")
     wait_for(driver, lambda d: d.find_element("id", "view").get_attribute("data-state") == "ready",
              what=f"view {hash_} to load")
@@ -118,7 +123,11 @@ def test_zombie_fare_writer_fence_shows_both_epochs_and_the_fencer(broker_factor
     assert re.search(r"newer_producer 0 → 1 fare-writer-new 127\.0\.0\.1:\d+ yes " + re.escape(f"{topic}-0"), fences), fences
     page = text_of(chrome, "#view")
     assert "fare-writer-old" in page and "CompleteCommit" in page, page
-    assert "COMMIT" in page and "ABORT" in page
+    markers = text_of(chrome, "#markers")
+    # the zombie's transaction began at offset 0, its ABORT marker at 1; the
+    # new instance's record at 2 (the late write was refused), COMMIT at 3
+    assert re.search(r"COMMIT \d+/1 " + re.escape(f"{topic}-0") + r" 2 3", markers), markers
+    assert re.search(r"ABORT \d+/\d+ " + re.escape(f"{topic}-0") + r" 0 1", markers), markers
     screenshot(chrome, "transaction-detail-fence")
     no_page_errors(chrome)
 
@@ -317,6 +326,11 @@ def test_actions_need_enabling_a_confirmation_and_a_password(broker_factory, chr
     assert re.search(r"console action done.*action=\"?abort", b.log_text()), b.log_tail()
     with pytest.raises(KafkaException):
         hang.commit_transaction(30)  # fenced by the abort
+    # the same abort again finds nothing to abort and changes nothing
+    pid = json.loads(http(b, "GET", "/v1/console/transaction?id=hanging-1")[1])["producer_id"]
+    code, body = http(b, "POST", f"/v1/console/actions/abort?topic={topic}&partition=0&producer_id={pid}&epoch=0")
+    assert code == 409 and "no open transaction" in body, body
+    assert lso(b, topic) == (2, 2)
 
     # a parked transaction: committed from the page
     park = txn_producer(b.bootstrap, "flink-sink-0-5", **{"transaction.timeout.ms": 2000, "message.timeout.ms": 2000})
@@ -334,6 +348,8 @@ def test_actions_need_enabling_a_confirmation_and_a_password(broker_factory, chr
     wait_for(chrome, lambda d: d.find_element("id", "confirm").get_attribute("open") is not None, what="the confirmation")
     chrome.find_element("id", "confirm-ok").click()
     wait_until(lambda: not parked() or None, 15, what="the parked transaction to be committed")
+    code, body = http(b, "POST", "/v1/console/actions/resolve?id=flink-sink-0-5&producer_id=0&epoch=0&outcome=abort")
+    assert code == 409 and "no parked transaction" in body, body
     lso_now, hw = lso(b, topic)
     assert lso_now == hw
     c = Consumer(consumer_config(b.bootstrap, **{"isolation.level": "read_committed", "enable.partition.eof": True}))
@@ -398,3 +414,51 @@ def test_actions_with_sasl_need_a_scram_password_and_alter_on_the_cluster(broker
     code, body = http(b, "POST", path, {"Authorization": basic("admin", "admin-secret")})
     assert code == 409, body
     assert "console action refused" in b.log_text() and 'principal=User:admin' in b.log_text()
+
+
+@pytest.mark.timeout(240)
+def test_big_lists_are_paged(broker_factory, chrome):
+    """Thousands of partitions and hundreds of transactional ids: every view
+    sends one page (its JSON stays small), and the page's pager walks them."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    import concurrent.futures
+    b = console_broker(broker_factory)
+    admin = AdminClient({"bootstrap.servers": b.bootstrap, "broker.address.family": "v4"})
+    names = [f"many-{i:02d}" for i in range(60)]
+    fs = admin.create_topics([NewTopic(t, 2, 1) for t in names] + [NewTopic("wide", 2000, 1)],
+                             request_timeout=120)
+    for f in fs.values():
+        f.result(180)
+
+    def one(i):
+        p = txn_producer(b.bootstrap, f"batch-{i}")
+        p.init_transactions(60)
+        p.begin_transaction()
+        p.produce("wide", value=b"x", partition=i)
+        p.commit_transaction(60)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        list(ex.map(one, range(120)))
+    sizes = {}
+    for path in ("/v1/console/overview", "/v1/console/topic?topic=wide",
+                 "/v1/console/transactions", "/v1/console/stuck", "/v1/console/groups"):
+        code, body = http(b, "GET", path)
+        assert code == 200, (path, body)
+        sizes[path] = len(body)
+    assert max(sizes.values()) < 200_000, sizes
+    ov = json.loads(http(b, "GET", "/v1/console/overview")[1])
+    assert (ov["totals"]["partitions"], ov["topics"]["total"], ov["topics"]["pages"]) == (2120, 61, 2)
+    wide = json.loads(http(b, "GET", "/v1/console/topic?topic=wide&page=40")[1])["partitions"]
+    assert (wide["pages"], wide["page"], [r["partition"] for r in wide["rows"]][:2]) == (40, 40, [1950, 1951])
+    lanes = json.loads(http(b, "GET", "/v1/console/transactions?per_page=25&prefix=batch")[1])["lanes"]
+    assert (lanes["total"], lanes["pages"], len(lanes["rows"])) == (120, 5, 25)
+
+    open_view(chrome, b, "/overview")
+    wait_for(chrome, lambda d: "page 1 of 2" in text_of(d, "#view"), what="the topics pager")
+    chrome.find_element("xpath", "//button[contains(., 'next')]").click()
+    wait_for(chrome, lambda d: "page 2 of 2" in text_of(d, "#view") and d.find_elements("css selector", '#topics tr[data-topic="wide"]'),
+             what="page 2 with the wide topic")
+    open_view(chrome, b, "/transactions?prefix=batch")
+    wait_for(chrome, lambda d: len(d.find_elements("css selector", ".lane")) == 25, what="25 lanes")
+    assert "page 1 of 5 (120 rows)" in text_of(chrome, "#view")
+    no_page_errors(chrome)

@@ -28,7 +28,26 @@ pub struct PartitionState {
     /// touch its files after that (they reach files by path, and a new topic
     /// of the same name may own those paths).
     pub closed: bool,
+    /// The last markers written here since start, newest last (for the
+    /// console's view of a transaction).
+    pub recent_markers: std::collections::VecDeque<MarkerWritten>,
 }
+
+/// A marker this partition wrote, with where its transaction began here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct MarkerWritten {
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub commit: bool,
+    /// The transaction's first offset at this partition (None: it had
+    /// written nothing here).
+    pub first_offset: Option<i64>,
+    pub marker_offset: i64,
+    pub time_ms: i64,
+}
+
+/// Markers kept per partition.
+pub const RECENT_MARKERS: usize = 16;
 
 impl std::ops::Deref for PartitionState {
     type Target = Log;
@@ -58,6 +77,7 @@ impl PartitionState {
             log,
             producers,
             closed: false,
+            recent_markers: Default::default(),
         };
         if let Err(e) = st.replay_from(from) {
             tracing::error!(partition = name, error = %e, "producer state replay failed; rebuilding from the start");
@@ -539,6 +559,11 @@ impl Partition {
             .collect()
     }
 
+    /// The markers written here lately, oldest first.
+    pub fn recent_markers(&self) -> Vec<MarkerWritten> {
+        self.lock().recent_markers.iter().copied().collect()
+    }
+
     /// Every producer the partition knows, with its state.
     pub fn producers(&self) -> Vec<(i64, ProducerEntry)> {
         let st = self.lock();
@@ -644,10 +669,25 @@ impl Partition {
                 marker.coordinator_epoch,
                 now_ms(),
             );
+            let first_offset = st
+                .producers
+                .get(marker.producer_id)
+                .and_then(|e| e.current_txn_first_offset);
             let info = st.append(&mut m)?;
             if info.rolled {
                 snapshot::write(st.log.dir(), info.base_offset, &st.producers);
             }
+            if st.recent_markers.len() >= RECENT_MARKERS {
+                st.recent_markers.pop_front();
+            }
+            st.recent_markers.push_back(MarkerWritten {
+                producer_id: marker.producer_id,
+                epoch: marker.epoch,
+                commit: marker.commit,
+                first_offset,
+                marker_offset: info.base_offset,
+                time_ms: now_ms(),
+            });
             st.producers.apply_marker(
                 marker.producer_id,
                 marker.epoch,

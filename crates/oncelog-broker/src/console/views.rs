@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::txn_coordinator::{TxnMeta, TxnState};
-use crate::txn_history::{Epoch, IdHistory};
+use crate::txn_history::{Epoch, EventKind, IdHistory};
 use crate::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 use crate::Broker;
 use oncelog_log::now_ms;
@@ -543,9 +543,52 @@ pub async fn transaction(b: &Arc<Broker>, id: &str) -> Value {
                 .collect()
         })
         .unwrap_or_default();
+    // Where the recent ends' markers went: each partition's own record of
+    // the markers it wrote (the nearest in time to the end).
+    let ends: Vec<crate::txn_history::Event> = b.txn.with_history(|h| {
+        h.get(id)
+            .map(|x| {
+                x.events
+                    .iter()
+                    .filter(|e| matches!(e.event, EventKind::Commit | EventKind::Abort))
+                    .rev()
+                    .take(10)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    let mut markers = Vec::new();
+    for e in &ends {
+        let commit = e.event == EventKind::Commit;
+        for name in &e.partitions {
+            let Some((t, i)) = name.rsplit_once('-') else {
+                continue;
+            };
+            let Some(p) = i
+                .parse()
+                .ok()
+                .and_then(|i| b.topics.get(t).and_then(|x| x.partition(i)))
+            else {
+                continue;
+            };
+            let m = p
+                .recent_markers()
+                .into_iter()
+                .filter(|m| m.producer_id == e.producer_id && m.commit == commit)
+                .min_by_key(|m| (m.time_ms - e.time_ms).abs());
+            markers.push(json!({
+                "time_ms": e.time_ms, "commit": commit, "producer_id": e.producer_id, "epoch": e.epoch,
+                "partition": name,
+                "first_offset": m.and_then(|m| m.first_offset),
+                "marker_offset": m.map(|m| m.marker_offset),
+            }));
+        }
+    }
     json!({
         "transactional_id": id,
         "writer": prefix_of(id),
+        "markers": markers,
         "now_ms": now_ms(),
         "known": meta.is_some(),
         "state": meta.as_ref().map(|m| m.state.name()),

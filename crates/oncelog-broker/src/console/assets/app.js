@@ -230,7 +230,7 @@ views.topic = {
 
 function laneTrack(l, since, now) {
   const span = Math.max(1, now - since);
-  const pos = (t) => Math.min(100, Math.max(0, ((t - since) / span) * 100));
+  const pos = (t) => Math.min(98.5, Math.max(0, ((t - since) / span) * 98.5));
   const track = h("div", { class: "track" });
   for (const e of l.events) {
     const t = e.time_ms;
@@ -240,7 +240,7 @@ function laneTrack(l, since, now) {
         title: `${e.event} after ${e.duration_ms} ms · epoch ${e.epoch} · ${e.partitions ? e.partitions.join(", ") : ""}` }));
     } else if (e.event === "fence") {
       track.append(h("span", { class: "mark fence", style: `left:${pos(t)}%`,
-        title: `fenced (${e.cause}) at ${fmt.time(t)}: epoch ${e.old_epoch} → ${e.epoch} by ${e.client_id || "?"} ${e.peer || ""}` }, `⚡${e.old_epoch}→${e.epoch}`));
+        title: `fenced (${e.cause}) at ${fmt.time(t)}: epoch ${e.old_epoch} → ${e.epoch} by ${e.client_id || "?"} ${e.peer || ""}` }, `${{ timeout: "⏱", administrator: "✋", cutover: "⇄" }[e.cause] || "⚡"}${e.old_epoch}→${e.epoch}`));
     } else if (e.event === "init") {
       track.append(h("span", { class: "mark init", style: `left:${pos(t)}%`, title: `InitProducerId at ${fmt.time(t)}: producer ${e.producer_id} epoch ${e.epoch} by ${e.client_id || "?"} ${e.peer || ""}` }, "▾"));
     } else if (e.event === "rejected_write" || e.event === "fenced_request") {
@@ -269,19 +269,26 @@ views.transactions = {
   render(d) {
     const dl = document.getElementById("writers");
     if (dl) dl.replaceChildren(...d.writers.map((w) => h("option", { value: w.writer }, `${w.ids} ids`)));
+    // Zoom to what the lanes hold (within the chosen window), with a margin.
+    let earliest = d.now_ms;
+    for (const l of d.lanes.rows) {
+      if (l.started_ms) earliest = Math.min(earliest, l.started_ms);
+      for (const e of l.events) earliest = Math.min(earliest, e.time_ms - (e.duration_ms || 0));
+    }
+    const since = Math.max(d.since_ms, earliest - Math.max(1000, (d.now_ms - earliest) * 0.08));
     const lanes = d.lanes.rows.map((l) => {
       const lastFence = l.events.filter((e) => e.event === "fence").pop();
       return h("div", { class: "lane", "data-id": l.transactional_id },
         h("div", { class: "who" }, txnLink(l.transactional_id),
           h("div", { class: "sub" }, `writer ${l.writer} · ${l.state || "no state"}` + (l.producer_id !== null ? ` · pid ${l.producer_id} epoch ${l.producer_epoch}` : "") + (l.parked ? " · PARKED" : "")),
           lastFence ? h("div", { class: "sub fence-note" }, `fenced ${lastFence.old_epoch}→${lastFence.epoch} (${lastFence.cause}) by ${lastFence.client_id || "?"} ${lastFence.peer || ""}`) : null),
-        laneTrack(l, d.since_ms, d.now_ms));
+        laneTrack(l, since, d.now_ms));
     });
     return [h("div", { class: "legend" }, h("span", {}, h("i", { style: "background:var(--commit)" }), "committed"), h("span", {}, h("i", { style: "background:var(--abort)" }), "aborted"),
       h("span", {}, h("i", { style: "background:var(--open)" }), "open"), h("span", {}, h("i", { style: "background:var(--parked)" }), "parked"),
-      h("span", { style: "color:var(--fence)" }, "⚡ fence old→new epoch"), h("span", { style: "color:var(--open)" }, "▾ InitProducerId"), h("span", { style: "color:var(--warn)" }, "✕ refused zombie request")),
+      h("span", { style: "color:var(--fence)" }, "⚡ fence by a newer producer (⏱ timeout, ✋ administrator, ⇄ cut-over): old→new epoch"), h("span", { style: "color:var(--open)" }, "▾ InitProducerId"), h("span", { style: "color:var(--warn)" }, "✕ refused zombie request")),
       h("div", { class: "toolbar" }, pager(d.lanes, (p) => setParam("page", p)), h("span", { class: "muted" }, d.history_since_ms ? `history kept since ${fmt.time(d.history_since_ms)} (in memory)` : "")),
-      h("div", { class: "timeline", id: "timeline" }, h("div", { class: "axis" }, h("span", {}, fmt.time(d.since_ms)), h("span", {}, fmt.time(d.now_ms))), lanes.length ? lanes : h("p", { class: "muted", style: "padding:8px" }, "no transactional id matches"))];
+      h("div", { class: "timeline", id: "timeline" }, h("div", { class: "axis" }, h("span", {}, fmt.time(since)), h("span", {}, fmt.time(d.now_ms))), lanes.length ? lanes : h("p", { class: "muted", style: "padding:8px" }, "no transactional id matches"))];
   },
 };
 
@@ -302,11 +309,11 @@ views.txn = {
     const fences = (hist.fences || []).map((f) => [fmt.time(f.time_ms), f.cause, `${f.old_epoch} → ${f.new_epoch}`, f.client_id || "—", f.peer || "—", f.open_transaction ? "yes" : "no", (f.aborted_partitions || []).join(", ")]);
     const events = (hist.events || []).slice().reverse().map((e) => [fmt.time(e.time_ms), e.event + (e.count > 1 ? ` ×${e.count}` : ""), `${e.producer_id}/${e.old_epoch !== undefined ? e.old_epoch + "→" : ""}${e.epoch}`,
       (e.partitions || []).join(", "), e.duration_ms !== undefined ? e.duration_ms + " ms" : "", e.client_id || "", e.peer || "", e.detail || ""]);
-    const markers = (hist.events || []).filter((e) => e.event === "commit" || e.event === "abort").slice(-10).reverse()
-      .map((e) => [fmt.time(e.time_ms), e.event === "commit" ? badge("COMMIT", "ok") : badge("ABORT", "bad"), `${e.producer_id}/${e.epoch}`, (e.partitions || []).join(", ")]);
+    const markers = (d.markers || []).map((m) => [fmt.time(m.time_ms), m.commit ? badge("COMMIT", "ok") : badge("ABORT", "bad"), `${m.producer_id}/${m.epoch}`,
+      m.partition, fmt.n(m.first_offset), fmt.n(m.marker_offset)]);
     return [summary,
       h("h2", {}, "Partitions of the current transaction"), table(["partition", "first offset#", "high watermark#", "LSO#"], parts),
-      h("h2", {}, "Markers (recent ends)"), table(["time", "marker", "producer/epoch", "written to"], markers),
+      h("h2", {}, "Markers (recent ends)"), h("div", { id: "markers" }, table(["time", "marker", "producer/epoch", "partition", "first offset#", "marker offset#"], markers)),
       h("h2", {}, "Fences"), h("div", { id: "fences" }, table(["time", "cause", "epoch", "fencing client", "address", "transaction open", "aborted partitions"], fences)),
       h("h2", {}, "Epochs: who held which"), table(["producer id#", "epoch#", "since", "via", "client id", "address", "ended"], epochs),
       h("h2", {}, "Events"), table(["time", "event", "producer/epoch", "partitions", "took", "client id", "address", "detail"], events),

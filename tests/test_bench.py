@@ -121,3 +121,18 @@ def test_txn_fanout_smoke(tmp_path):
         assert r["commits"] > 0 and r["commits_per_s"] > 0, r
         assert 0 < r["commit_p50_ms"] <= r["commit_p99_ms"], r
         assert r["stopped_producers"] == 0 or r["error_kinds"], r
+
+
+def test_console_bench_smoke(tmp_path):
+    """bench/console_bench.py end to end at a tiny size: every view renders
+    in headless Chromium and its figures are printed."""
+    out = tmp_path / "console.json"
+    cmd = [sys.executable, str(REPO_ROOT / "bench" / "console_bench.py"), "--oncelog", str(oncelog_bin()),
+           "--partitions", "20", "--topics", "2", "--ids", "10", "--open", "2", "--runs", "1",
+           "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    d = json.loads(out.read_text())
+    for view in ("overview", "transactions", "stuck", "topic", "groups", "/health (plain text)"):
+        assert d[view]["load_ms"] > 0 and d[view]["json_bytes"] > 0, (view, d[view])
+    assert "console page load, 20 partitions" in p.stdout

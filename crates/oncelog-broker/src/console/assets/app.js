@@ -400,7 +400,7 @@ async function refresh() {
   const seq = ++state.seq;
   clearTimeout(state.timer);
   try {
-    const d = await getJSON(v.url());
+    const [d] = await Promise.all([getJSON(v.url()), state.actionsReady]);
     if (seq !== state.seq) return;
     const typing = document.activeElement && document.activeElement.tagName === "INPUT" && document.getElementById("body").contains(document.activeElement);
     if (!document.getElementById("confirm").open && !typing) {
@@ -420,7 +420,8 @@ async function refresh() {
 }
 
 window.addEventListener("hashchange", navigate);
-window.addEventListener("DOMContentLoaded", async () => {
-  try { state.actions = await getJSON("/v1/console/actions"); } catch (_) { /* read-only */ }
+window.addEventListener("DOMContentLoaded", () => {
+  // fetched beside the first view's data, awaited before its first render
+  state.actionsReady = getJSON("/v1/console/actions").then((a) => { state.actions = a; }, () => { /* read-only */ });
   navigate();
 });

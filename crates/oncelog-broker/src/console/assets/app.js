@@ -240,7 +240,7 @@ function laneTrack(l, since, now) {
         title: `${e.event} after ${e.duration_ms} ms · epoch ${e.epoch} · ${e.partitions ? e.partitions.join(", ") : ""}` }));
     } else if (e.event === "fence") {
       track.append(h("span", { class: "mark fence", style: `left:${pos(t)}%`,
-        title: `fenced (${e.cause}) at ${fmt.time(t)}: epoch ${e.old_epoch} → ${e.epoch} by ${e.client_id || "?"} ${e.peer || ""}` }, `${{ timeout: "⏱", administrator: "✋", cutover: "⇄" }[e.cause] || "⚡"}${e.old_epoch}→${e.epoch}`));
+        title: `fenced (${e.cause}) at ${fmt.time(t)}: epoch ${e.old_epoch} → ${e.epoch} by ${e.client_id || "?"} ${e.peer || ""}` }, `⚡${e.old_epoch}→${e.epoch}`));
     } else if (e.event === "init") {
       track.append(h("span", { class: "mark init", style: `left:${pos(t)}%`, title: `InitProducerId at ${fmt.time(t)}: producer ${e.producer_id} epoch ${e.epoch} by ${e.client_id || "?"} ${e.peer || ""}` }, "▾"));
     } else if (e.event === "rejected_write" || e.event === "fenced_request") {
@@ -275,7 +275,7 @@ views.transactions = {
       if (l.started_ms) earliest = Math.min(earliest, l.started_ms);
       for (const e of l.events) earliest = Math.min(earliest, e.time_ms - (e.duration_ms || 0));
     }
-    const since = Math.max(d.since_ms, earliest - Math.max(1000, (d.now_ms - earliest) * 0.08));
+    const since = Math.max(d.since_ms, earliest - Math.max(200, (d.now_ms - earliest) * 0.08));
     const lanes = d.lanes.rows.map((l) => {
       const lastFence = l.events.filter((e) => e.event === "fence").pop();
       return h("div", { class: "lane", "data-id": l.transactional_id },
@@ -286,7 +286,7 @@ views.transactions = {
     });
     return [h("div", { class: "legend" }, h("span", {}, h("i", { style: "background:var(--commit)" }), "committed"), h("span", {}, h("i", { style: "background:var(--abort)" }), "aborted"),
       h("span", {}, h("i", { style: "background:var(--open)" }), "open"), h("span", {}, h("i", { style: "background:var(--parked)" }), "parked"),
-      h("span", { style: "color:var(--fence)" }, "⚡ fence by a newer producer (⏱ timeout, ✋ administrator, ⇄ cut-over): old→new epoch"), h("span", { style: "color:var(--open)" }, "▾ InitProducerId"), h("span", { style: "color:var(--warn)" }, "✕ refused zombie request")),
+      h("span", { style: "color:var(--fence)" }, "⚡ fence old→new epoch (its cause and the fencer in its tooltip)"), h("span", { style: "color:var(--open)" }, "▾ InitProducerId"), h("span", { style: "color:var(--warn)" }, "✕ refused zombie request")),
       h("div", { class: "toolbar" }, pager(d.lanes, (p) => setParam("page", p)), h("span", { class: "muted" }, d.history_since_ms ? `history kept since ${fmt.time(d.history_since_ms)} (in memory)` : "")),
       h("div", { class: "timeline", id: "timeline" }, h("div", { class: "axis" }, h("span", {}, fmt.time(since)), h("span", {}, fmt.time(d.now_ms))), lanes.length ? lanes : h("p", { class: "muted", style: "padding:8px" }, "no transactional id matches"))];
   },

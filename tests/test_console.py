@@ -415,6 +415,24 @@ def test_actions_with_sasl_need_a_scram_password_and_alter_on_the_cluster(broker
     assert code == 409, body
     assert "console action refused" in b.log_text() and 'principal=User:admin' in b.log_text()
 
+    # the CLI's cut-over endpoint needs the same: refused without a
+    # password, done by the CLI with its SASL settings
+    topic = unique_topic("guarded")
+    create_topic(b.bootstrap, topic)
+    code, body = http(b, "POST", f"/v1/cutover/start?topic={topic}&from=a-job&to=b-job")
+    assert code == 401, body
+    assert json.loads(http(b, "GET", "/v1/cutover")[1])["cutovers"] == []
+    cli = [str(oncelog_bin()), "cutover", "start", topic, "--from", "a-job", "--to", "b-job",
+           "--admin", b.admin, "--bootstrap", f"127.0.0.1:{sasl_port}", "--security-protocol", "SASL_PLAINTEXT",
+           "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "alice", "--sasl-password", "alice-secret"]
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "ALTER" in p.stderr, (p.stdout, p.stderr)
+    cli[cli.index("alice")] = "admin"
+    cli[cli.index("alice-secret")] = "admin-secret"
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert [c["topic"] for c in json.loads(http(b, "GET", "/v1/cutover")[1])["cutovers"]] == [topic]
+
 
 @pytest.mark.timeout(240)
 def test_big_lists_are_paged(broker_factory, chrome):

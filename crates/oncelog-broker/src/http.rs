@@ -28,6 +28,11 @@ async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
                 tracing::warn!(path, peer = ?req.peer, "{why}");
                 return Reply::error("403 Forbidden", why);
             }
+            match crate::console::authenticate(b, req) {
+                Ok(who) => tracing::info!(path, principal = who.as_deref().unwrap_or("anonymous"),
+                    peer = ?req.peer, params = ?req.params, "cut-over request"),
+                Err(reply) => return reply,
+            }
         }
         return cutover_endpoint(b, req);
     }

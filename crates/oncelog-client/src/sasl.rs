@@ -48,3 +48,11 @@ pub fn set(c: SaslConfig) -> Result<(), ClientError> {
 pub(crate) fn configured() -> Option<&'static SaslConfig> {
     CONFIG.get()
 }
+
+/// The configured user name and password, for the broker's HTTP endpoints
+/// that change state (HTTP Basic against the same SCRAM credentials).
+pub fn credentials() -> Option<(&'static str, &'static str)> {
+    CONFIG
+        .get()
+        .map(|c| (c.username.as_str(), c.password.as_str()))
+}

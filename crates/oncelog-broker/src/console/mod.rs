@@ -146,9 +146,11 @@ fn needs_password(b: &Broker) -> bool {
     b.config.listeners.iter().any(|l| l.protocol.sasl())
 }
 
-/// Who asks for an action: `Ok(None)` when no password is needed, the
-/// authenticated user otherwise.
-fn authenticate(b: &Broker, req: &Request) -> Result<Option<String>, Reply> {
+/// Who asks for a state change over HTTP (a console action, or the CLI's
+/// `POST /v1/cutover/*`): `Ok(None)` when no password is needed (no SASL
+/// listener), the authenticated principal otherwise; the reply to send when
+/// the request may not go on.
+pub fn authenticate(b: &Broker, req: &Request) -> Result<Option<String>, Reply> {
     if !needs_password(b) {
         return Ok(None);
     }
@@ -161,7 +163,7 @@ fn authenticate(b: &Broker, req: &Request) -> Result<Option<String>, Reply> {
             .or_else(|| v.strip_prefix("basic "))
     }) else {
         return Err(challenge(
-            "console actions need a SCRAM user's name and password",
+            "this change needs a SCRAM user's name and password (HTTP Basic; the CLI sends its --sasl-username and --sasl-password)",
         ));
     };
     let decoded = base64::engine::general_purpose::STANDARD

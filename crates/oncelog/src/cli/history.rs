@@ -117,8 +117,19 @@ async fn exchange(
     prefix: &str,
     path: &str,
 ) -> std::io::Result<Vec<u8>> {
+    // A state change on a broker with SASL listeners needs the SASL user's
+    // password (HTTP Basic), sent only when SASL settings were given.
+    let auth = match (method, oncelog_client::sasl::credentials()) {
+        ("POST", Some((user, password))) => {
+            use base64::Engine as _;
+            let token =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            format!("Authorization: Basic {token}\r\n")
+        }
+        _ => String::new(),
+    };
     let req = format!(
-        "{method} {prefix}{path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {prefix}{path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
     );
     stream.write_all(req.as_bytes()).await?;
     let mut out = Vec::new();

@@ -23,6 +23,7 @@ from browser import screenshot, start_chromium, text_of, wait_for, browser_error
 from clients import consumer_config, create_topic, producer_config, unique_topic, watermarks
 from conftest import free_port, oncelog_bin, wait_until
 from test_transactions import txn_producer
+from test_txn_history import late_write
 
 
 @pytest.fixture(scope="module")
@@ -71,16 +72,6 @@ def lso(b, topic, partition=0):
         rows = json.loads(r.read())["partitions"]["rows"]
     row = next(x for x in rows if x["partition"] == partition)
     return row["last_stable_offset"], row["high_watermark"]
-
-
-def late_write(p, topic):
-    errors = []
-    p.produce(topic, value=b"late", partition=0, on_delivery=lambda err, msg: errors.append(err))
-    try:
-        p.flush(30)
-    except (KafkaException, SystemError) as e:
-        errors.append(e)
-    assert errors and errors[0] is not None, "the zombie's late write was accepted"
 
 
 @pytest.mark.timeout(180)

@@ -255,6 +255,25 @@ fn holder(h: Option<&IdHistory>, pid: i64, epoch: i16) -> Option<Epoch> {
         .cloned()
 }
 
+/// The coordinator's state of every transactional id, by id.
+async fn coordinator_state(b: &Arc<Broker>) -> BTreeMap<String, TxnMeta> {
+    b.txn
+        .list()
+        .await
+        .into_iter()
+        .map(|m| (m.transactional_id.clone(), m))
+        .collect()
+}
+
+/// The transactional ids whose transactions are parked now.
+fn parked_ids(b: &Arc<Broker>) -> HashSet<String> {
+    b.txn
+        .parked()
+        .into_iter()
+        .map(|p| p.transactional_id)
+        .collect()
+}
+
 /// What an operator can do about a transaction that pins an LSO.
 fn resolution(
     kind: &str,
@@ -301,19 +320,8 @@ fn resolution(
 /// client, and what would resolve it. Most records held back first.
 pub async fn stuck(b: &Arc<Broker>, paging: Paging) -> Value {
     let now = now_ms();
-    let metas: HashMap<String, TxnMeta> = b
-        .txn
-        .list()
-        .await
-        .into_iter()
-        .map(|m| (m.transactional_id.clone(), m))
-        .collect();
-    let parked: HashSet<String> = b
-        .txn
-        .parked()
-        .into_iter()
-        .map(|p| p.transactional_id)
-        .collect();
+    let metas = coordinator_state(b).await;
+    let parked = parked_ids(b);
     let mut rows = Vec::new();
     for p in b.topics.all_partitions() {
         let s = p.status();
@@ -411,19 +419,8 @@ pub async fn transactions(
 ) -> Value {
     let now = now_ms();
     let since = now - window_ms.clamp(1_000, 24 * 3_600_000);
-    let parked: HashSet<String> = b
-        .txn
-        .parked()
-        .into_iter()
-        .map(|p| p.transactional_id)
-        .collect();
-    let metas: BTreeMap<String, TxnMeta> = b
-        .txn
-        .list()
-        .await
-        .into_iter()
-        .map(|m| (m.transactional_id.clone(), m))
-        .collect();
+    let parked = parked_ids(b);
+    let metas = coordinator_state(b).await;
     let topic_part = format!("{topic}-");
     let names_topic = |parts: &[String]| parts.iter().any(|p| p.starts_with(&topic_part));
     let mut writers: BTreeMap<String, usize> = BTreeMap::new();

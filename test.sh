@@ -52,6 +52,12 @@ if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
   apt_install chromium chromium-driver
 fi
 
+# cluster mode's tests run a real PostgreSQL server (scripts/services.sh)
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  step "installing postgresql"
+  apt_install postgresql
+fi
+
 # --- Python clients ---------------------------------------------------------
 VENV="$ROOT/.venv"
 if [ ! -x "$VENV/bin/python" ]; then
@@ -94,6 +100,21 @@ fetch_jars tests/flink/pom.xml "$ROOT/.tools/flink-lib" "Flink jars"
 # Kafka's own kafka-transactions, kafka-configs and kafka-acls tools, and
 # `bench/produce_bench.py --kafka`
 fetch_jars bench/kafka/pom.xml "$ROOT/.tools/kafka-lib" "Apache Kafka broker jars"
+# s3proxy, the S3-compatible server cluster mode's tests write objects to
+fetch_jars tests/s3proxy/pom.xml "$ROOT/.tools/s3proxy-lib" "s3proxy jars"
+
+# --- services: PostgreSQL and s3proxy on loopback, in a directory of this
+# run, stopped when the run ends -----------------------------------------------
+SERVICES_DIR="$(mktemp -d "${TMPDIR:-/tmp}/oncelog-services.XXXXXX")"
+stop_services() {
+  bash "$ROOT/scripts/services.sh" stop "$SERVICES_DIR" || true
+  rm -rf "$SERVICES_DIR"
+}
+trap stop_services EXIT
+step "starting PostgreSQL and s3proxy ($SERVICES_DIR)"
+SERVICES_ENV="$(bash scripts/services.sh start "$SERVICES_DIR")"
+eval "$SERVICES_ENV"
+printf '%s\n' "$SERVICES_ENV" | grep -oE 'ONCELOG_TEST_(PG|S3_ENDPOINT)=[^ ]+'
 
 # --- Rust -------------------------------------------------------------------
 step "cargo build --release --workspace"

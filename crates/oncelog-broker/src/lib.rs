@@ -8,6 +8,7 @@
 //! `oncelog-log`.
 
 pub mod acl;
+pub mod cluster;
 pub mod compaction;
 pub mod config;
 pub mod console;

@@ -148,6 +148,20 @@ impl ProducerState {
         Self::default()
     }
 
+    /// A state holding just `entries` (cluster mode loads the producers a
+    /// commit touches from their rows, decides with the same rules, and
+    /// writes the changed entries back).
+    pub fn with_entries(entries: impl IntoIterator<Item = (i64, ProducerEntry)>) -> Self {
+        let mut s = Self::default();
+        for (pid, e) in entries {
+            if let Some(first) = e.current_txn_first_offset {
+                s.ongoing.insert(first, pid);
+            }
+            s.producers.insert(pid, e);
+        }
+        s
+    }
+
     pub fn get(&self, pid: i64) -> Option<&ProducerEntry> {
         self.producers.get(&pid)
     }

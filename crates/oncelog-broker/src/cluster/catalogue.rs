@@ -1,0 +1,126 @@
+//! Topics and partitions, as rows: every broker reads the same catalogue.
+
+use std::collections::BTreeMap;
+
+use deadpool_postgres::Pool;
+use uuid::Uuid;
+
+use super::ClusterError;
+use crate::error::TopicError;
+use crate::topics::validate_topic_name;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicRow {
+    pub id: Uuid,
+    pub name: String,
+    pub partitions: i32,
+    pub configs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogueError {
+    #[error(transparent)]
+    Topic(#[from] TopicError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
+
+impl From<tokio_postgres::Error> for CatalogueError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        CatalogueError::Cluster(e.into())
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for CatalogueError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        CatalogueError::Cluster(e.into())
+    }
+}
+
+/// Creates a topic with `partitions` partitions, each starting at offset 0.
+/// Creating a name that exists (by any broker, concurrently too) is
+/// `TopicError::Exists` and changes nothing.
+pub async fn create_topic(
+    pool: &Pool,
+    name: &str,
+    partitions: i32,
+    configs: &BTreeMap<String, String>,
+) -> Result<TopicRow, CatalogueError> {
+    validate_topic_name(name)?;
+    if partitions < 1 {
+        return Err(TopicError::InvalidPartitions(partitions.to_string()).into());
+    }
+    let id = Uuid::new_v4();
+    let configs_json = serde_json::to_value(configs).unwrap_or_default();
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let inserted = tx
+        .execute(
+            "INSERT INTO topics (id, name, partitions, configs) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (name) DO NOTHING",
+            &[&id, &name, &partitions, &configs_json],
+        )
+        .await?;
+    if inserted == 0 {
+        return Err(TopicError::AlreadyExists(name.to_string()).into());
+    }
+    tx.execute(
+        "INSERT INTO partitions (topic_id, partition) SELECT $1, generate_series(0, $2 - 1)",
+        &[&id, &partitions],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(TopicRow {
+        id,
+        name: name.to_string(),
+        partitions,
+        configs: configs.clone(),
+    })
+}
+
+/// Every topic, by name.
+pub async fn topics(pool: &Pool) -> Result<Vec<TopicRow>, ClusterError> {
+    let client = pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT id, name, partitions, configs FROM topics ORDER BY name",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(topic_row).collect())
+}
+
+pub async fn topic(pool: &Pool, name: &str) -> Result<Option<TopicRow>, ClusterError> {
+    let client = pool.get().await?;
+    let row = client
+        .query_opt(
+            "SELECT id, name, partitions, configs FROM topics WHERE name = $1",
+            &[&name],
+        )
+        .await?;
+    Ok(row.as_ref().map(topic_row))
+}
+
+fn topic_row(r: &tokio_postgres::Row) -> TopicRow {
+    let configs: serde_json::Value = r.get(3);
+    TopicRow {
+        id: r.get(0),
+        name: r.get(1),
+        partitions: r.get(2),
+        configs: serde_json::from_value(configs).unwrap_or_default(),
+    }
+}
+
+/// Deletes a topic: its partitions', batches' and producers' rows go in the
+/// same transaction; its objects are left to the collector, which removes an
+/// object once no batch row names it.
+pub async fn delete_topic(pool: &Pool, name: &str) -> Result<(), CatalogueError> {
+    let client = pool.get().await?;
+    let n = client
+        .execute("DELETE FROM topics WHERE name = $1", &[&name])
+        .await?;
+    if n == 0 {
+        return Err(TopicError::Unknown(name.to_string()).into());
+    }
+    Ok(())
+}

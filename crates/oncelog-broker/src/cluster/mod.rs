@@ -1,0 +1,234 @@
+//! Cluster mode's storage backend (docs/cluster.md): every sequencing
+//! decision is one PostgreSQL transaction; record batches live in an object
+//! store (S3 API, or a shared directory through `file://`).
+//!
+//! * [`schema`]: the tables, created (idempotently) at connect.
+//! * [`objects`]: the object store named by a URL, and the cache of batches.
+//! * [`session`]: a broker's registration, session number and lease.
+//! * [`catalogue`]: topics and partitions.
+//! * [`sequencer`]: the produce commit (offsets, idempotence, fencing token).
+//! * [`flusher`]: gathers produce requests into one object and one commit.
+//! * [`reader`]: fetch from the batch index and object byte ranges.
+//! * [`collector`]: removes objects that no committed row names.
+
+pub mod catalogue;
+pub mod collector;
+pub mod flusher;
+pub mod objects;
+pub mod reader;
+pub mod schema;
+pub mod sequencer;
+pub mod session;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+pub use objects::{BatchCache, Objects};
+pub use session::Session;
+
+/// What `oncelog serve --cluster … --object-store …` is given.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// `postgres://user@host:port/db`.
+    pub postgres_url: String,
+    /// `s3://bucket/prefix` or `file:///dir`.
+    pub object_store_url: String,
+    pub broker_id: i32,
+    /// Where clients reach this broker (Metadata).
+    pub advertised_host: String,
+    pub advertised_port: i32,
+    /// How long a broker's lease lasts without renewal (PostgreSQL's clock).
+    pub lease: Duration,
+    /// How long the flusher gathers produce requests (`cluster.flush.ms`).
+    pub flush_interval: Duration,
+    /// A flush starts early once it holds this many bytes (`cluster.flush.bytes`).
+    pub flush_bytes: usize,
+    /// Bytes of batches kept in memory for fetches (`cluster.cache.bytes`).
+    pub cache_bytes: usize,
+    /// How old an object intent must be before the collector may remove its
+    /// object (`cluster.intent.grace.ms`).
+    pub intent_grace: Duration,
+    /// Connections to PostgreSQL.
+    pub pool_size: usize,
+}
+
+impl ClusterConfig {
+    pub fn new(postgres_url: &str, object_store_url: &str, broker_id: i32) -> Self {
+        Self {
+            postgres_url: postgres_url.to_string(),
+            object_store_url: object_store_url.to_string(),
+            broker_id,
+            advertised_host: "127.0.0.1".to_string(),
+            advertised_port: 9092,
+            lease: Duration::from_secs(10),
+            flush_interval: Duration::from_millis(5),
+            flush_bytes: 4 << 20,
+            cache_bytes: 256 << 20,
+            intent_grace: Duration::from_secs(120),
+            pool_size: 16,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("PostgreSQL connection pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("object store: {0}")]
+    Objects(#[from] object_store::Error),
+    #[error("bad cluster setting: {0}")]
+    Config(String),
+    /// This broker's session is not the current one, or its lease ended:
+    /// nothing it commits may be acknowledged.
+    #[error(
+        "broker {broker_id} session {session} is fenced (lease ended or a newer session exists)"
+    )]
+    Fenced { broker_id: i32, session: i64 },
+    /// The collector removed this object's intent: its commit must fail.
+    #[error("object {0} was collected before its commit")]
+    IntentGone(String),
+    #[error("{0}")]
+    Invariant(String),
+}
+
+impl ClusterError {
+    /// Whether a client may retry what failed (every storage failure is).
+    pub fn retriable(&self) -> bool {
+        !matches!(self, ClusterError::Config(_) | ClusterError::Invariant(_))
+    }
+}
+
+/// A connection pool to PostgreSQL.
+pub fn pool(url: &str, size: usize) -> Result<Pool, ClusterError> {
+    let pg: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| ClusterError::Config(format!("{url}: {e}")))?;
+    let mgr = Manager::from_config(
+        pg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(mgr)
+        .max_size(size.max(2))
+        .wait_timeout(Some(Duration::from_secs(10)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| ClusterError::Config(format!("connection pool: {e}")))
+}
+
+/// One broker's handle on the cluster: its PostgreSQL pool, object store,
+/// session, batch cache.
+pub struct Cluster {
+    pub config: ClusterConfig,
+    pub pool: Pool,
+    pub objects: Objects,
+    pub session: Session,
+    pub cache: BatchCache,
+    /// Woken when a partition's high watermark moves (a commit of ours, or
+    /// another broker's through NOTIFY), for long-poll fetches.
+    pub data_notify: tokio::sync::Notify,
+    /// The highest next offset seen per partition (from commits and NOTIFY).
+    known: Mutex<HashMap<(uuid::Uuid, i32), i64>>,
+}
+
+impl Cluster {
+    /// Connects, creates the schema if it is missing, and registers this
+    /// broker with a new session.
+    pub async fn connect(config: ClusterConfig) -> Result<Arc<Self>, ClusterError> {
+        let pool = pool(&config.postgres_url, config.pool_size)?;
+        schema::migrate(&pool).await?;
+        let objects = Objects::from_url(&config.object_store_url)?;
+        let session = Session::register(&pool, &config).await?;
+        let cache = BatchCache::new(config.cache_bytes);
+        Ok(Arc::new(Self {
+            config,
+            pool,
+            objects,
+            session,
+            cache,
+            data_notify: tokio::sync::Notify::new(),
+            known: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Records high watermarks that moved and wakes waiting fetches.
+    pub fn advanced(&self, moved: &[sequencer::Advanced]) {
+        {
+            let mut k = self.known.lock().unwrap_or_else(|p| p.into_inner());
+            for a in moved {
+                let e = k.entry((a.topic_id, a.partition)).or_insert(0);
+                *e = (*e).max(a.next_offset);
+            }
+        }
+        self.data_notify.notify_waiters();
+    }
+
+    /// The highest next offset this broker has seen for a partition (a lower
+    /// bound of its high watermark; 0 when it saw none).
+    pub fn known_next_offset(&self, topic_id: &uuid::Uuid, partition: i32) -> i64 {
+        let k = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        k.get(&(*topic_id, partition)).copied().unwrap_or(0)
+    }
+}
+
+/// The broker that Metadata names for `(topic id, partition)` among `live`
+/// broker ids: rendezvous hashing, so every broker computes the same answer
+/// from the same live list and a broker's loss moves only its partitions.
+pub fn preferred_broker(topic_id: &uuid::Uuid, partition: i32, live: &[i32]) -> Option<i32> {
+    live.iter()
+        .copied()
+        .max_by_key(|b| rendezvous_weight(topic_id.as_bytes(), partition, *b))
+}
+
+fn rendezvous_weight(key: &[u8], partition: i32, broker: i32) -> u64 {
+    // FNV-1a over the key, the partition and the broker, then a final mix:
+    // stable across builds and machines (std's hasher is not).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key
+        .iter()
+        .chain(partition.to_be_bytes().iter())
+        .chain(broker.to_be_bytes().iter())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preferred_broker_is_stable_and_moves_only_the_lost_brokers_partitions() {
+        let t = uuid::Uuid::from_u128(42);
+        let all = [1, 2, 3];
+        let before: Vec<i32> = (0..300)
+            .map(|p| preferred_broker(&t, p, &all).unwrap())
+            .collect();
+        for b in all {
+            let n = before.iter().filter(|x| **x == b).count();
+            assert!((60..=140).contains(&n), "broker {b} got {n} of 300");
+        }
+        let after: Vec<i32> = (0..300)
+            .map(|p| preferred_broker(&t, p, &[1, 3]).unwrap())
+            .collect();
+        for (b, a) in before.iter().zip(&after) {
+            if *b != 2 {
+                assert_eq!(b, a, "a partition of a live broker moved");
+            }
+        }
+        assert_eq!(preferred_broker(&t, 0, &[]), None);
+    }
+}

@@ -1,0 +1,262 @@
+//! Fetch in cluster mode: the batch index in PostgreSQL names object byte
+//! ranges; ranges found in the cache are not read again; contiguous ranges
+//! of one object are read with one ranged GET. Base offsets are written into
+//! the served copy (the stored bytes keep the client's; the CRC does not
+//! cover the offset). Long polls wait on [`listen`]'s wake-ups.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio_postgres::{AsyncMessage, NoTls};
+use uuid::Uuid;
+
+use super::sequencer::{parse_notify, DATA_CHANNEL};
+use super::{Cluster, ClusterError};
+use crate::producer_state::AbortedTxn;
+
+/// What a fetch found.
+#[derive(Debug)]
+pub struct ClusterRead {
+    pub high_watermark: i64,
+    pub last_stable_offset: i64,
+    pub log_start_offset: i64,
+    pub aborted: Vec<AbortedTxn>,
+    pub data: Result<Vec<u8>, ReadRefusal>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadRefusal {
+    OutOfRange,
+}
+
+/// The offsets of a partition, from its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    pub high_watermark: i64,
+    pub last_stable_offset: i64,
+    pub log_start_offset: i64,
+}
+
+/// A partition's high watermark, LSO and log start; `None` if it does not exist.
+pub async fn offsets(
+    cluster: &Cluster,
+    topic_id: &Uuid,
+    partition: i32,
+) -> Result<Option<PartitionOffsets>, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let row = client
+        .query_opt(
+            "SELECT p.next_offset, p.log_start_offset, \
+               (SELECT min(txn_first_offset) FROM producers r \
+                 WHERE r.topic_id = p.topic_id AND r.partition = p.partition \
+                   AND r.txn_first_offset IS NOT NULL) \
+             FROM partitions p WHERE p.topic_id = $1 AND p.partition = $2",
+            &[topic_id, &partition],
+        )
+        .await?;
+    Ok(row.map(|r| {
+        let hw: i64 = r.get(0);
+        let open: Option<i64> = r.get(2);
+        PartitionOffsets {
+            high_watermark: hw,
+            last_stable_offset: open.map_or(hw, |o| o.min(hw)),
+            log_start_offset: r.get(1),
+        }
+    }))
+}
+
+/// Reads from `offset`: up to `max_bytes` of whole batches (at least one
+/// when `min_one`), below the LSO for read_committed, else below the high
+/// watermark. `Ok(None)`: no such partition.
+pub async fn read(
+    cluster: &Cluster,
+    topic_id: &Uuid,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+    read_committed: bool,
+    min_one: bool,
+) -> Result<Option<ClusterRead>, ClusterError> {
+    let Some(o) = offsets(cluster, topic_id, partition).await? else {
+        return Ok(None);
+    };
+    let mut out = ClusterRead {
+        high_watermark: o.high_watermark,
+        last_stable_offset: o.last_stable_offset,
+        log_start_offset: o.log_start_offset,
+        aborted: Vec::new(),
+        data: Ok(Vec::new()),
+    };
+    if offset < o.log_start_offset || offset > o.high_watermark {
+        out.data = Err(ReadRefusal::OutOfRange);
+        return Ok(Some(out));
+    }
+    let upper = if read_committed {
+        o.last_stable_offset
+    } else {
+        o.high_watermark
+    };
+    if offset >= upper {
+        return Ok(Some(out));
+    }
+    let client = cluster.pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT base_offset, last_offset, object_key, position, length, inline_data \
+             FROM batches WHERE topic_id = $1 AND partition = $2 AND last_offset >= $3 \
+               AND base_offset < $4 ORDER BY last_offset LIMIT 1000",
+            &[topic_id, &partition, &offset, &upper],
+        )
+        .await?;
+    // Choose the batches that fit.
+    let mut chosen = Vec::new();
+    let mut total = 0usize;
+    for r in &rows {
+        let length: i32 = r.get(4);
+        let length = length as usize;
+        if total + length > max_bytes && !(chosen.is_empty() && min_one) {
+            break;
+        }
+        total += length;
+        chosen.push(Stored {
+            base_offset: r.get(0),
+            last_offset: r.get(1),
+            key: r.get(2),
+            position: r.get::<_, i64>(3) as u64,
+            length: length as u64,
+            inline: r.get(5),
+        });
+    }
+    let mut data = Vec::with_capacity(total);
+    let mut i = 0;
+    while i < chosen.len() {
+        // A run of batches contiguous in one object, none of them cached.
+        let b = &chosen[i];
+        if let Some(bytes) = b.inline.as_deref() {
+            push_patched(&mut data, bytes, b.base_offset);
+            i += 1;
+            continue;
+        }
+        let key = b.key.clone().unwrap_or_default();
+        if let Some(bytes) = cluster.cache.get(&key, b.position) {
+            push_patched(&mut data, &bytes, b.base_offset);
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < chosen.len()
+            && chosen[j].key.as_deref() == Some(key.as_str())
+            && chosen[j].position == chosen[j - 1].position + chosen[j - 1].length
+            && cluster.cache.get(&key, chosen[j].position).is_none()
+        {
+            j += 1;
+        }
+        let start = b.position;
+        let end = chosen[j - 1].position + chosen[j - 1].length;
+        let bytes = cluster.objects.get_range(&key, start, end).await?;
+        if bytes.len() as u64 != end - start {
+            return Err(ClusterError::Invariant(format!(
+                "object {key} returned {} bytes for range {start}..{end}",
+                bytes.len()
+            )));
+        }
+        let shared: Arc<str> = Arc::from(key.as_str());
+        for s in &chosen[i..j] {
+            let from = (s.position - start) as usize;
+            let piece: Bytes = bytes.slice(from..from + s.length as usize);
+            cluster.cache.insert(&shared, s.position, piece.clone());
+            push_patched(&mut data, &piece, s.base_offset);
+        }
+        i = j;
+    }
+    if read_committed && !chosen.is_empty() {
+        let last = chosen.last().map(|c| c.last_offset).unwrap_or(offset);
+        let rows = client
+            .query(
+                "SELECT producer_id, first_offset, last_offset FROM aborted_txns \
+                 WHERE topic_id = $1 AND partition = $2 AND last_offset >= $3 \
+                   AND first_offset <= $4 ORDER BY last_offset",
+                &[topic_id, &partition, &offset, &last],
+            )
+            .await?;
+        out.aborted = rows
+            .iter()
+            .map(|r| AbortedTxn {
+                producer_id: r.get(0),
+                first_offset: r.get(1),
+                last_offset: r.get(2),
+            })
+            .collect();
+    }
+    out.data = Ok(data);
+    Ok(Some(out))
+}
+
+struct Stored {
+    base_offset: i64,
+    last_offset: i64,
+    key: Option<String>,
+    position: u64,
+    length: u64,
+    inline: Option<Vec<u8>>,
+}
+
+fn push_patched(out: &mut Vec<u8>, batch: &[u8], base_offset: i64) {
+    let at = out.len();
+    out.extend_from_slice(batch);
+    oncelog_log::batch::set_base_offset(&mut out[at..], base_offset);
+}
+
+/// Listens for other brokers' commits (`LISTEN oncelog_data`) and wakes this
+/// broker's long polls; reconnects after a lost connection, waking every
+/// poll then (a NOTIFY may have been missed). Runs until dropped.
+pub async fn listen(cluster: Arc<Cluster>) {
+    loop {
+        if let Err(e) = listen_once(&cluster).await {
+            tracing::warn!(error = %e, "cluster: the LISTEN connection failed; reconnecting");
+        }
+        cluster.data_notify.notify_waiters();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn listen_once(cluster: &Cluster) -> Result<(), ClusterError> {
+    let (client, mut conn) = tokio_postgres::connect(&cluster.config.postgres_url, NoTls).await?;
+    let (ntx, mut nrx) = tokio::sync::mpsc::unbounded_channel::<Option<String>>();
+    let drive = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(m) = messages.next().await {
+            match m {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if ntx.send(Some(n.payload().to_string())).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cluster: LISTEN connection error");
+                    break;
+                }
+            }
+        }
+        let _ = ntx.send(None);
+    });
+    client
+        .batch_execute(&format!("LISTEN {DATA_CHANNEL}"))
+        .await?;
+    // Anything committed before LISTEN took effect was not announced to us.
+    cluster.data_notify.notify_waiters();
+    while let Some(Some(payload)) = nrx.recv().await {
+        match parse_notify(&payload) {
+            Some(moved) => cluster.advanced(&moved),
+            None => cluster.data_notify.notify_waiters(),
+        }
+    }
+    drive.abort();
+    drop(client);
+    Err(ClusterError::Invariant(
+        "the LISTEN connection closed".into(),
+    ))
+}

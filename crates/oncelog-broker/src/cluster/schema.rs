@@ -1,0 +1,147 @@
+//! Cluster mode's tables. Created at connect if missing, under an advisory
+//! lock so brokers starting together do not race; every statement is
+//! `IF NOT EXISTS`, so running it twice changes nothing.
+
+use deadpool_postgres::Pool;
+
+use super::ClusterError;
+
+/// Bumped when a table changes; stored in `oncelog_meta`.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Any number that no other user of the database takes as advisory lock.
+const MIGRATE_LOCK: i64 = 0x6f6e_6365_6c6f_6701;
+
+const DDL: &str = r#"
+CREATE TABLE IF NOT EXISTS oncelog_meta (
+    key   text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS brokers (
+    id               integer PRIMARY KEY,
+    session          bigint NOT NULL,
+    host             text NOT NULL,
+    port             integer NOT NULL,
+    lease_expires_at timestamptz NOT NULL,
+    registered_at    timestamptz NOT NULL,
+    renewed_at       timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS topics (
+    id         uuid PRIMARY KEY,
+    name       text NOT NULL UNIQUE,
+    partitions integer NOT NULL,
+    configs    jsonb NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS partitions (
+    topic_id         uuid NOT NULL REFERENCES topics (id) ON DELETE CASCADE,
+    partition        integer NOT NULL,
+    next_offset      bigint NOT NULL DEFAULT 0,
+    log_start_offset bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (topic_id, partition)
+);
+CREATE TABLE IF NOT EXISTS object_intents (
+    key        text PRIMARY KEY,
+    broker_id  integer NOT NULL,
+    session    bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS objects (
+    key        text PRIMARY KEY,
+    size       bigint NOT NULL,
+    broker_id  integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS batches (
+    topic_id      uuid NOT NULL,
+    partition     integer NOT NULL,
+    base_offset   bigint NOT NULL,
+    last_offset   bigint NOT NULL,
+    object_key    text REFERENCES objects (key),
+    position      bigint NOT NULL,
+    length        integer NOT NULL,
+    inline_data   bytea,
+    max_timestamp bigint NOT NULL,
+    producer_id   bigint NOT NULL,
+    control       boolean NOT NULL,
+    PRIMARY KEY (topic_id, partition, base_offset),
+    FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE,
+    CHECK (last_offset >= base_offset),
+    CHECK ((object_key IS NULL) <> (inline_data IS NULL))
+);
+CREATE UNIQUE INDEX IF NOT EXISTS batches_by_last_offset
+    ON batches (topic_id, partition, last_offset);
+CREATE INDEX IF NOT EXISTS batches_by_object ON batches (object_key);
+CREATE TABLE IF NOT EXISTS producers (
+    topic_id         uuid NOT NULL,
+    partition        integer NOT NULL,
+    producer_id      bigint NOT NULL,
+    txn_first_offset bigint,
+    entry            jsonb NOT NULL,
+    PRIMARY KEY (topic_id, partition, producer_id),
+    FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS producers_open_txns
+    ON producers (topic_id, partition, txn_first_offset)
+    WHERE txn_first_offset IS NOT NULL;
+CREATE TABLE IF NOT EXISTS aborted_txns (
+    topic_id     uuid NOT NULL,
+    partition    integer NOT NULL,
+    producer_id  bigint NOT NULL,
+    first_offset bigint NOT NULL,
+    last_offset  bigint NOT NULL,
+    PRIMARY KEY (topic_id, partition, last_offset, producer_id),
+    FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE
+);
+CREATE SEQUENCE IF NOT EXISTS producer_ids START 1000;
+"#;
+
+/// Creates the tables if they are missing and checks the stored version.
+pub async fn migrate(pool: &Pool) -> Result<(), ClusterError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
+        .await?;
+    tx.batch_execute(DDL).await?;
+    let stored = tx
+        .query_opt(
+            "SELECT value FROM oncelog_meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await?;
+    match stored {
+        None => {
+            tx.execute(
+                "INSERT INTO oncelog_meta (key, value) VALUES ('schema_version', $1), \
+                 ('cluster_id', $2)",
+                &[
+                    &SCHEMA_VERSION.to_string(),
+                    &uuid::Uuid::new_v4().simple().to_string(),
+                ],
+            )
+            .await?;
+        }
+        Some(row) => {
+            let v: String = row.get(0);
+            if v != SCHEMA_VERSION.to_string() {
+                return Err(ClusterError::Config(format!(
+                    "the database holds oncelog schema version {v}; this broker knows {SCHEMA_VERSION}"
+                )));
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The cluster id stored at the first broker's start.
+pub async fn cluster_id(pool: &Pool) -> Result<String, ClusterError> {
+    let client = pool.get().await?;
+    let row = client
+        .query_one(
+            "SELECT value FROM oncelog_meta WHERE key = 'cluster_id'",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}

@@ -1,0 +1,440 @@
+//! Cluster mode's storage backend against a real PostgreSQL server and a
+//! real S3-compatible server (s3proxy), and against a `file://` directory.
+//!
+//! The services come from `scripts/services.sh` (test.sh starts them and
+//! exports `ONCELOG_TEST_PG` and `ONCELOG_TEST_S3_*`). Each test makes a
+//! database of its own on that server, so the tests run in parallel.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use oncelog_broker::cluster::collector::collect;
+use oncelog_broker::cluster::flusher::Flusher;
+use oncelog_broker::cluster::reader::{read, ReadRefusal};
+use oncelog_broker::cluster::sequencer::{self, BatchOutcome};
+use oncelog_broker::cluster::{catalogue, session, Cluster, ClusterConfig, ClusterError};
+use oncelog_broker::producer_state::ProduceReject;
+
+fn env(k: &str) -> String {
+    std::env::var(k).unwrap_or_else(|_| {
+        panic!(
+            "{k} is not set: these tests need PostgreSQL and s3proxy; run them through test.sh, \
+             or first `eval \"$(bash scripts/services.sh start /tmp/oncelog-services)\"`"
+        )
+    })
+}
+
+/// A new, empty database on the test server; its URL.
+async fn fresh_db() -> String {
+    let admin = env("ONCELOG_TEST_PG");
+    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test PostgreSQL");
+    tokio::spawn(conn);
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create database");
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+    format!("{base}/{name}")
+}
+
+/// `s3://bucket/<fresh prefix>` on the test s3proxy (credentials through
+/// the AWS_* variables object_store reads).
+fn s3_url() -> String {
+    std::env::set_var("AWS_ENDPOINT", env("ONCELOG_TEST_S3_ENDPOINT"));
+    std::env::set_var("AWS_ACCESS_KEY_ID", env("ONCELOG_TEST_S3_KEY"));
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", env("ONCELOG_TEST_S3_SECRET"));
+    std::env::set_var("AWS_REGION", "us-east-1");
+    std::env::set_var("AWS_ALLOW_HTTP", "true");
+    format!(
+        "s3://{}/t-{}",
+        env("ONCELOG_TEST_S3_BUCKET"),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+fn file_url(dir: &tempfile::TempDir) -> String {
+    format!("file://{}", dir.path().display())
+}
+
+async fn broker(db: &str, store: &str, id: i32) -> Arc<Cluster> {
+    let mut c = ClusterConfig::new(db, store, id);
+    c.flush_interval = Duration::from_millis(3);
+    Cluster::connect(c)
+        .await
+        .expect("connect the cluster backend")
+}
+
+/// A batch of `n` records `"{tag}-{i}"`, with a producer when `pid >= 0`.
+fn batch(tag: &str, n: usize, pid: i64, epoch: i16, seq: i32) -> Bytes {
+    let recs: Vec<Record> = (0..n)
+        .map(|i| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: pid,
+            producer_epoch: if pid >= 0 { epoch } else { -1 },
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            sequence: if pid >= 0 {
+                seq + i as i32
+            } else {
+                i as i32 - 1
+            },
+            timestamp: 1_700_000_000_000 + i as i64,
+            key: None,
+            value: Some(Bytes::from(format!("{tag}-{i}"))),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        recs.iter(),
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .expect("encode");
+    buf.freeze()
+}
+
+/// Every (offset, value) of a partition from `from`, read through `c`.
+async fn read_all(c: &Cluster, t: &uuid::Uuid, p: i32) -> Vec<(i64, String)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    loop {
+        let r = read(c, t, p, at, 64 << 10, false, true)
+            .await
+            .expect("read")
+            .expect("partition exists");
+        let data = r.data.expect("in range");
+        if data.is_empty() {
+            assert_eq!(
+                at, r.high_watermark,
+                "an empty read below the high watermark"
+            );
+            return out;
+        }
+        let mut buf = Bytes::from(data);
+        for set in RecordBatchDecoder::decode_all(&mut buf).expect("decode what was served") {
+            for rec in set.records {
+                out.push((
+                    rec.offset,
+                    String::from_utf8(rec.value.unwrap().to_vec()).unwrap(),
+                ));
+                at = rec.offset + 1;
+            }
+        }
+    }
+}
+
+fn appended(o: &BatchOutcome) -> i64 {
+    match o {
+        BatchOutcome::Appended { base_offset, .. } => *base_offset,
+        other => panic!("expected Appended, got {other:?}"),
+    }
+}
+
+async fn round_trip(store: String) {
+    let db = fresh_db().await;
+    let b1 = broker(&db, &store, 1).await;
+    let topic = catalogue::create_topic(&b1.pool, "orders", 3, &BTreeMap::new())
+        .await
+        .expect("create topic");
+    let again = catalogue::create_topic(&b1.pool, "orders", 3, &BTreeMap::new()).await;
+    assert!(
+        again.is_err(),
+        "a second create of the same name is refused"
+    );
+    let f = Flusher::start(b1.clone());
+
+    // Plain batches on every partition, concurrently: they share flushes.
+    let mut tasks = Vec::new();
+    let f = Arc::new(f);
+    for p in 0..3 {
+        for i in 0..10 {
+            let f = f.clone();
+            let id = topic.id;
+            tasks.push(tokio::spawn(async move {
+                f.produce(id, p, batch(&format!("p{p}b{i}"), 3, -1, -1, 0))
+                    .await
+            }));
+        }
+    }
+    for t in tasks {
+        appended(&t.await.unwrap().expect("committed"));
+    }
+    assert!(
+        f.stats.flushes.load(std::sync::atomic::Ordering::Relaxed) < 30,
+        "30 concurrent batches were gathered into fewer flushes"
+    );
+
+    // An idempotent producer: in order, a retry, a gap, an old epoch.
+    let pid = 4242;
+    let a = appended(
+        &f.produce(topic.id, 0, batch("idem0", 2, pid, 3, 0))
+            .await
+            .unwrap(),
+    );
+    let b = appended(
+        &f.produce(topic.id, 0, batch("idem1", 2, pid, 3, 2))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(b, a + 2);
+    match f
+        .produce(topic.id, 0, batch("idem0", 2, pid, 3, 0))
+        .await
+        .unwrap()
+    {
+        BatchOutcome::Duplicate { base_offset, .. } => assert_eq!(base_offset, a),
+        o => panic!("a retry must be answered as a duplicate, got {o:?}"),
+    }
+    match f
+        .produce(topic.id, 0, batch("gap", 1, pid, 3, 9))
+        .await
+        .unwrap()
+    {
+        BatchOutcome::Rejected(ProduceReject::OutOfOrderSequence {
+            got: 9,
+            expected: 4,
+        }) => {}
+        o => panic!("a sequence gap must be refused, got {o:?}"),
+    }
+    match f
+        .produce(topic.id, 0, batch("zombie", 1, pid, 2, 4))
+        .await
+        .unwrap()
+    {
+        BatchOutcome::Rejected(ProduceReject::InvalidProducerEpoch { got: 2, current: 3 }) => {}
+        o => panic!("an older epoch must be refused, got {o:?}"),
+    }
+    // Unknown partition: refused, nothing else disturbed.
+    assert_eq!(
+        f.produce(topic.id, 7, batch("nowhere", 1, -1, -1, 0))
+            .await
+            .unwrap(),
+        BatchOutcome::UnknownPartition
+    );
+
+    // Every partition reads back complete and in order, through this broker
+    // (its cache) and through a second broker (object GETs).
+    let b2 = broker(&db, &store, 2).await;
+    for p in 0..3 {
+        let mine = read_all(&b1, &topic.id, p).await;
+        let theirs = read_all(&b2, &topic.id, p).await;
+        assert_eq!(mine, theirs, "two brokers serve partition {p} alike");
+        let offsets: Vec<i64> = mine.iter().map(|(o, _)| *o).collect();
+        assert_eq!(offsets, (0..offsets.len() as i64).collect::<Vec<_>>());
+        let want = 30 + if p == 0 { 4 } else { 0 };
+        assert_eq!(mine.len(), want, "partition {p}");
+        let values: BTreeSet<&str> = mine.iter().map(|(_, v)| v.as_str()).collect();
+        assert_eq!(values.len(), want, "no record twice");
+        assert!(!values.contains("gap-0") && !values.contains("zombie-0"));
+    }
+    assert!(
+        b2.objects
+            .stats
+            .gets
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    // Beyond the high watermark: out of range.
+    let r = read(&b2, &topic.id, 1, 31, 1 << 20, false, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.data.unwrap_err(), ReadRefusal::OutOfRange);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_on_s3() {
+    round_trip(s3_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_on_a_shared_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    round_trip(file_url(&dir)).await;
+}
+
+/// Two brokers writing one partition at once (the strongest "take-over":
+/// neither waits for the other) never acknowledge the same offset, and the
+/// partition holds exactly what was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_brokers_racing_on_one_partition_never_ack_the_same_offset() {
+    let db = fresh_db().await;
+    let store = s3_url();
+    let b1 = broker(&db, &store, 1).await;
+    let b2 = broker(&db, &store, 2).await;
+    let topic = catalogue::create_topic(&b1.pool, "race", 1, &BTreeMap::new())
+        .await
+        .unwrap();
+    let flushers = [
+        Arc::new(Flusher::start(b1.clone())),
+        Arc::new(Flusher::start(b2.clone())),
+    ];
+    let mut tasks = Vec::new();
+    for (bi, f) in flushers.iter().enumerate() {
+        for i in 0..150 {
+            let f = f.clone();
+            let id = topic.id;
+            tasks.push(tokio::spawn(async move {
+                let tag = format!("b{bi}-{i}");
+                let o = f.produce(id, 0, batch(&tag, 2, -1, -1, 0)).await;
+                (tag, o)
+            }));
+        }
+    }
+    let mut acked: BTreeMap<i64, String> = BTreeMap::new();
+    for t in tasks {
+        let (tag, o) = t.await.unwrap();
+        let base = appended(&o.expect("committed"));
+        assert!(
+            acked.insert(base, tag.clone()).is_none(),
+            "offset {base} acknowledged twice"
+        );
+    }
+    // Acknowledged ranges tile [0, 600) with no overlap.
+    let bases: Vec<i64> = acked.keys().copied().collect();
+    assert_eq!(bases, (0..300).map(|i| i * 2).collect::<Vec<_>>());
+    let log = read_all(&b1, &topic.id, 0).await;
+    assert_eq!(log.len(), 600);
+    for (base, tag) in &acked {
+        assert_eq!(log[*base as usize], (*base, format!("{tag}-0")));
+        assert_eq!(log[*base as usize + 1], (*base + 1, format!("{tag}-1")));
+    }
+}
+
+/// A broker whose lease ran out (paused past it), or whose id registered a
+/// newer session, gets nothing committed; what it wrote is invisible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_past_its_lease_or_session_is_fenced() {
+    let db = fresh_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_url(&dir);
+    let mut cfg = ClusterConfig::new(&db, &store, 1);
+    cfg.lease = Duration::from_millis(400);
+    cfg.flush_interval = Duration::from_millis(2);
+    let paused = Cluster::connect(cfg).await.unwrap();
+    let topic = catalogue::create_topic(&paused.pool, "fares", 1, &BTreeMap::new())
+        .await
+        .unwrap();
+    let f = Flusher::start(paused.clone());
+    appended(
+        &f.produce(topic.id, 0, batch("before", 1, -1, -1, 0))
+            .await
+            .unwrap(),
+    );
+    // No renewal (the broker is "paused") past the lease: PostgreSQL's clock
+    // says the lease ended, whatever this broker believes.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        paused.session.is_live(),
+        "the broker itself has not noticed"
+    );
+    match f.produce(topic.id, 0, batch("late", 1, -1, -1, 0)).await {
+        Err(e) => assert!(matches!(*e, ClusterError::Fenced { .. }), "{e}"),
+        Ok(o) => panic!("a write past the lease was committed: {o:?}"),
+    }
+    // Renewing now fails too: the session is over.
+    assert!(paused.session.renew(&paused.pool).await.is_err());
+    assert!(!paused.session.is_live());
+
+    // The same id starts again elsewhere (a new session); the old session's
+    // commits fail even though the id is live again.
+    let old_session = paused.session.session();
+    let again = broker(&db, &store, 1).await;
+    assert!(again.session.session() > old_session);
+    let client = paused.pool.get().await.unwrap();
+    let fenced = session::check_fence(&**client, 1, old_session).await;
+    assert!(matches!(fenced, Err(ClusterError::Fenced { .. })));
+    let g = Flusher::start(again.clone());
+    appended(
+        &g.produce(topic.id, 0, batch("after", 1, -1, -1, 0))
+            .await
+            .unwrap(),
+    );
+    let log = read_all(&again, &topic.id, 0).await;
+    assert_eq!(
+        log,
+        vec![(0, "before-0".to_string()), (1, "after-0".to_string())],
+        "the fenced write left no trace"
+    );
+    let live = session::live_brokers(&again.pool).await.unwrap();
+    assert_eq!(live.len(), 1);
+}
+
+/// The collector removes an object whose commit never happened (and then
+/// that commit cannot happen), keeps committed objects, and removes objects
+/// of a deleted topic once no batch row names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collector_removes_only_what_no_commit_can_name() {
+    let db = fresh_db().await;
+    let store = s3_url();
+    let b = broker(&db, &store, 1).await;
+    let topic = catalogue::create_topic(&b.pool, "gc", 1, &BTreeMap::new())
+        .await
+        .unwrap();
+    let f = Flusher::start(b.clone());
+    appended(
+        &f.produce(topic.id, 0, batch("kept", 1, -1, -1, 0))
+            .await
+            .unwrap(),
+    );
+
+    // A flush that wrote its object but whose broker died before the commit.
+    let session = b.session.session();
+    let key = oncelog_broker::cluster::Objects::data_key(1, session, 999_999);
+    let data = batch("orphan", 1, -1, -1, 0);
+    sequencer::insert_intent(&b.pool, &key, 1, session)
+        .await
+        .unwrap();
+    b.objects.put(&key, data.clone()).await.unwrap();
+
+    // Inside the grace period it is left alone.
+    let r = collect(&b, Duration::from_secs(3600)).await.unwrap();
+    assert_eq!((r.listed, r.kept, r.waiting), (2, 1, 1), "{r:?}");
+    let r = collect(&b, Duration::ZERO).await.unwrap();
+    assert_eq!((r.kept, r.removed_uncommitted), (1, 1), "{r:?}");
+    // The late commit of the collected object fails: no half-visible batch.
+    let h = oncelog_log::batch::BatchHeader::new(&data).unwrap();
+    let late = sequencer::commit_flush(
+        &b.pool,
+        1,
+        session,
+        &key,
+        data.len() as u64,
+        &[sequencer::FlushBatch {
+            topic_id: topic.id,
+            partition: 0,
+            position: 0,
+            length: data.len() as u32,
+            last_offset_delta: h.last_offset_delta(),
+            max_timestamp: h.max_timestamp(),
+            producer: None,
+        }],
+    )
+    .await;
+    assert!(matches!(late, Err(ClusterError::IntentGone(_))), "{late:?}");
+    assert_eq!(read_all(&b, &topic.id, 0).await.len(), 1);
+    // Running it again changes nothing.
+    let r = collect(&b, Duration::ZERO).await.unwrap();
+    assert_eq!((r.listed, r.kept), (1, 1), "{r:?}");
+
+    // A deleted topic's objects go once no batch row names them.
+    catalogue::delete_topic(&b.pool, "gc").await.unwrap();
+    let r = collect(&b, Duration::ZERO).await.unwrap();
+    assert_eq!(r.removed_unreferenced, 1, "{r:?}");
+    assert!(b.objects.list_data().await.unwrap().is_empty());
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Starts or stops the two services cluster mode's tests use, in a directory of
+# their own, on loopback ports:
+#   * a PostgreSQL server (Debian's package; initdb in DIR/pg, trust auth for
+#     127.0.0.1 only),
+#   * s3proxy, an S3-compatible server backed by DIR/s3 (jars in
+#     .tools/s3proxy-lib, fetched by test.sh), with the bucket `oncelog`.
+#
+#   eval "$(bash scripts/services.sh start DIR)"   # prints the exports below
+#   bash scripts/services.sh stop DIR
+#
+# Exports ONCELOG_TEST_PG (a postgres:// URL) and ONCELOG_TEST_S3_ENDPOINT,
+# ONCELOG_TEST_S3_BUCKET, ONCELOG_TEST_S3_KEY, ONCELOG_TEST_S3_SECRET.
+set -euo pipefail
+cmd="${1:?start|stop}"
+dir="${2:?DIR}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+
+pg_bin() {
+  local d
+  d="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
+  [ -n "$d" ] || { echo "services.sh: no PostgreSQL server (apt-get install postgresql)" >&2; exit 1; }
+  echo "$d"
+}
+
+# initdb and postgres refuse to run as root: run them as the postgres user.
+as_pg() {
+  if [ "$(id -u)" -eq 0 ]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_port() {  # port, what, log
+  for _ in $(seq 1 300); do
+    if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "services.sh: $2 did not listen on 127.0.0.1:$1; its log:" >&2
+  tail -n 40 "$3" >&2 || true
+  exit 1
+}
+
+stop_all() {
+  [ -d "$dir" ] || return 0
+  if [ -e "$dir/s3proxy.pid" ]; then
+    kill "$(cat "$dir/s3proxy.pid")" 2>/dev/null || true
+    rm -f "$dir/s3proxy.pid"
+  fi
+  if [ -e "$dir/pg/postmaster.pid" ]; then
+    as_pg "$(pg_bin)/pg_ctl" -D "$dir/pg" -m fast -w stop >/dev/null 2>&1 || true
+  fi
+}
+
+case "$cmd" in
+start)
+  # started before in this directory: stop those first (a second start
+  # gives fresh ports and the same data)
+  stop_all
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  bin="$(pg_bin)"
+  mkdir -p "$dir/pg"
+  [ "$(id -u)" -eq 0 ] && chown postgres "$dir" "$dir/pg"
+  chmod 755 "$dir"
+  if [ ! -e "$dir/pg/PG_VERSION" ]; then
+    as_pg "$bin/initdb" -D "$dir/pg" -A trust -U postgres --no-sync >"$dir/initdb.log" 2>&1 \
+      || { cat "$dir/initdb.log" >&2; exit 1; }
+  fi
+  pg_port="$(free_port)"
+  as_pg "$bin/pg_ctl" -D "$dir/pg" -l "$dir/pg.log" -w -t 60 \
+    -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $dir/pg -c max_connections=200 -c fsync=on" \
+    start >/dev/null
+  wait_port "$pg_port" PostgreSQL "$dir/pg.log"
+  echo "$pg_port" >"$dir/pg.port"
+
+  lib="$root/.tools/s3proxy-lib"
+  [ -d "$lib" ] || { echo "services.sh: no $lib (test.sh fetches it)" >&2; exit 1; }
+  mkdir -p "$dir/s3/oncelog"
+  s3_port="$(free_port)"
+  cat >"$dir/s3proxy.conf" <<EOF
+s3proxy.endpoint=http://127.0.0.1:$s3_port
+s3proxy.authorization=aws-v2-or-v4
+s3proxy.identity=oncelog
+s3proxy.credential=oncelog-secret
+jclouds.provider=filesystem
+jclouds.filesystem.basedir=$dir/s3
+EOF
+  nohup java -Xms32m -Xmx192m -XX:+UseSerialGC -cp "$lib/*" org.gaul.s3proxy.Main \
+    --properties "$dir/s3proxy.conf" >"$dir/s3proxy.log" 2>&1 </dev/null &
+  echo $! >"$dir/s3proxy.pid"
+  wait_port "$s3_port" s3proxy "$dir/s3proxy.log"
+  echo "$s3_port" >"$dir/s3.port"
+
+  echo "export ONCELOG_TEST_PG=postgres://postgres@127.0.0.1:$pg_port/postgres"
+  echo "export ONCELOG_TEST_PG_BIN=$bin ONCELOG_TEST_PG_DIR=$dir/pg"
+  echo "export ONCELOG_TEST_S3_ENDPOINT=http://127.0.0.1:$s3_port"
+  echo "export ONCELOG_TEST_S3_BUCKET=oncelog ONCELOG_TEST_S3_KEY=oncelog ONCELOG_TEST_S3_SECRET=oncelog-secret"
+  echo "export ONCELOG_TEST_S3_DIR=$dir/s3 ONCELOG_TEST_S3_PID=$(cat "$dir/s3proxy.pid")"
+  ;;
+stop)
+  stop_all
+  ;;
+*)
+  echo "usage: services.sh start|stop DIR" >&2
+  exit 2
+  ;;
+esac

@@ -123,9 +123,45 @@ pub struct Broker {
     pub samples: samples::Samples,
     /// This broker's exclusive hold on its data directory.
     _dir_lock: datadir::DirLock,
+    /// Cluster mode's backend (docs/cluster.md), set at start when
+    /// `cluster.postgres` is; the request handlers then serve from it.
+    pub cluster: std::sync::OnceLock<Arc<cluster::front::Front>>,
 }
 
 impl Broker {
+    /// Cluster mode: connects to PostgreSQL and the object store, registers
+    /// this broker (id `node.id`, address as advertised) and serves every
+    /// request from them from now on. A no-op in local mode.
+    pub async fn start_cluster(&self) -> Result<(), cluster::ClusterError> {
+        let c = &self.config;
+        if c.cluster_postgres.is_empty() {
+            return Ok(());
+        }
+        if c.cluster_object_store.is_empty() {
+            return Err(cluster::ClusterError::Config(
+                "cluster.postgres is set but cluster.object.store is not (--object-store)".into(),
+            ));
+        }
+        let mut cc =
+            cluster::ClusterConfig::new(&c.cluster_postgres, &c.cluster_object_store, c.node_id);
+        cc.advertised_host = c.advertised_host.clone();
+        cc.advertised_port = c.advertised_port;
+        cc.flush_interval = std::time::Duration::from_millis(c.cluster_flush_ms);
+        cc.flush_bytes = c.cluster_flush_bytes;
+        cc.lease = std::time::Duration::from_millis(c.cluster_lease_ms.max(300));
+        cc.cache_bytes = c.cluster_cache_bytes;
+        let front = cluster::front::Front::start(cc).await?;
+        tracing::info!(
+            broker = c.node_id,
+            session = front.cluster.session.session(),
+            cluster_id = %front.cluster_id,
+            object_store = %front.cluster.objects.describe,
+            "cluster mode: registered"
+        );
+        let _ = self.cluster.set(front);
+        Ok(())
+    }
+
     /// Opens the data directory, recovering every partition.
     pub fn open(config: BrokerConfig) -> Result<Arc<Self>, TopicError> {
         datadir::ensure_dir(&config.data_dir)?;
@@ -216,6 +252,7 @@ impl Broker {
                 .map(|_| histogram::Histogram::latency())
                 .collect(),
             _dir_lock: dir_lock,
+            cluster: std::sync::OnceLock::new(),
         }))
     }
 

@@ -336,6 +336,14 @@ struct ServeArgs {
     /// HOST:PORT for /metrics and /health (setting `metrics.listen`; empty turns it off).
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// Cluster mode: PostgreSQL URL holding every sequencing decision
+    /// (setting `cluster.postgres`; docs/cluster.md).
+    #[arg(long = "cluster", value_name = "POSTGRES_URL")]
+    cluster: Option<String>,
+    /// Cluster mode: s3://bucket/prefix or file:///dir for the batches
+    /// (setting `cluster.object.store`).
+    #[arg(long, value_name = "URL")]
+    object_store: Option<String>,
     /// TOML file of settings, e.g. `"log.segment.bytes" = 1048576`.
     #[arg(long, short = 'c')]
     config: Option<PathBuf>,
@@ -384,6 +392,12 @@ fn load_settings(args: &ServeArgs) -> Result<BTreeMap<String, String>> {
     }
     if let Some(l) = &args.metrics_listen {
         m.insert("metrics.listen".into(), l.clone());
+    }
+    if let Some(u) = &args.cluster {
+        m.insert("cluster.postgres".into(), u.clone());
+    }
+    if let Some(u) = &args.object_store {
+        m.insert("cluster.object.store".into(), u.clone());
     }
     Ok(m)
 }
@@ -523,6 +537,10 @@ fn serve(args: ServeArgs) -> Result<()> {
     rt.block_on(async move {
         let listen = config.listen;
         let broker = Broker::open(config).context("opening the data directory")?;
+        broker
+            .start_cluster()
+            .await
+            .context("starting cluster mode")?;
         let mut listeners = Vec::new();
         for l in &broker.config.listeners {
             let what = format!("Kafka ({} {})", l.name, l.protocol.name());
@@ -536,7 +554,13 @@ fn serve(args: ServeArgs) -> Result<()> {
             listen = %listen,
             data_dir = %broker.config.data_dir.display(),
             advertised = %format!("{}:{}", broker.config.advertised_host, broker.config.advertised_port),
-            mode = if broker.interval_flush() { "interval-flush" } else { "fsync-before-ack" },
+            mode = if broker.cluster.get().is_some() {
+                "cluster"
+            } else if broker.interval_flush() {
+                "interval-flush"
+            } else {
+                "fsync-before-ack"
+            },
             "oncelog serving"
         );
         for l in &broker.config.listeners {

@@ -31,6 +31,7 @@ struct Submit {
     partition: i32,
     data: Bytes,
     reply: oneshot::Sender<ProduceResult>,
+    at: Instant,
 }
 
 /// A flush whose object is being written.
@@ -39,7 +40,7 @@ struct Flight {
     size: u64,
     data: Bytes,
     batches: Vec<FlushBatch>,
-    replies: Vec<oneshot::Sender<ProduceResult>>,
+    replies: Vec<(oneshot::Sender<ProduceResult>, Instant)>,
     put: tokio::task::JoinHandle<Result<(), ClusterError>>,
 }
 
@@ -85,26 +86,37 @@ impl Flusher {
         Self { tx, stats }
     }
 
-    /// Appends one client batch (already validated) to a partition, answered
-    /// once its flush is committed.
-    pub async fn produce(&self, topic_id: Uuid, partition: i32, data: Bytes) -> ProduceResult {
+    /// Queues one client batch (already validated) for a partition, in
+    /// call order; the receiver gets the answer once its flush committed.
+    pub async fn submit(
+        &self,
+        topic_id: Uuid,
+        partition: i32,
+        data: Bytes,
+    ) -> Result<oneshot::Receiver<ProduceResult>, Arc<ClusterError>> {
         let (reply, rx) = oneshot::channel();
-        let t = Instant::now();
         self.tx
             .send(Submit {
                 topic_id,
                 partition,
                 data,
                 reply,
+                at: Instant::now(),
             })
             .await
-            .map_err(|_| Arc::new(ClusterError::Invariant("the flusher stopped".into())))?;
-        let r = rx
-            .await
-            .map_err(|_| Arc::new(ClusterError::Invariant("the flusher stopped".into())))?;
-        self.stats.ack_latency.observe_duration(t.elapsed());
-        r
+            .map_err(|_| stopped())?;
+        Ok(rx)
     }
+
+    /// [`Self::submit`] and wait for the answer.
+    pub async fn produce(&self, topic_id: Uuid, partition: i32, data: Bytes) -> ProduceResult {
+        let rx = self.submit(topic_id, partition, data).await?;
+        rx.await.map_err(|_| stopped())?
+    }
+}
+
+fn stopped() -> Arc<ClusterError> {
+    Arc::new(ClusterError::Invariant("the flusher stopped".into()))
 }
 
 async fn gather(
@@ -164,7 +176,7 @@ fn assemble(cluster: &Arc<Cluster>, seq: &AtomicU64, subs: Vec<Submit>) -> Fligh
             producer,
         });
         buf.extend_from_slice(&s.data);
-        replies.push(s.reply);
+        replies.push((s.reply, s.at));
     }
     let data = buf.freeze();
     let size = data.len() as u64;
@@ -225,7 +237,7 @@ async fn commit_in_order(
             Ok((outcomes, advanced)) => {
                 stats.commit_latency.observe_duration(t.elapsed());
                 let key: Arc<str> = Arc::from(f.key.as_str());
-                for ((b, o), reply) in f.batches.iter().zip(outcomes).zip(f.replies) {
+                for ((b, o), (reply, at)) in f.batches.iter().zip(outcomes).zip(f.replies) {
                     if matches!(o, BatchOutcome::Appended { .. }) {
                         let (s, e) = (
                             b.position as usize,
@@ -237,6 +249,7 @@ async fn commit_in_order(
                             .bytes
                             .fetch_add(u64::from(b.length), Ordering::Relaxed);
                     }
+                    stats.ack_latency.observe_duration(at.elapsed());
                     let _ = reply.send(Ok(o));
                 }
                 cluster.advanced(&advanced);
@@ -245,7 +258,7 @@ async fn commit_in_order(
                 stats.failed_flushes.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(object = %f.key, error = %e, "cluster: a flush was not committed; its batches get a retriable error");
                 let e = Arc::new(e);
-                for reply in f.replies {
+                for (reply, _) in f.replies {
                     let _ = reply.send(Err(e.clone()));
                 }
             }

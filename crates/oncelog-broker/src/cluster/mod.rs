@@ -14,6 +14,7 @@
 pub mod catalogue;
 pub mod collector;
 pub mod flusher;
+pub mod front;
 pub mod objects;
 pub mod reader;
 pub mod schema;

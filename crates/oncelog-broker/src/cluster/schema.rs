@@ -102,6 +102,10 @@ pub async fn migrate(pool: &Pool) -> Result<(), ClusterError> {
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
         .await?;
+    // "relation … already exists, skipping" for every table at each start
+    // is not news
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .await?;
     tx.batch_execute(DDL).await?;
     let stored = tx
         .query_opt(

@@ -4,6 +4,7 @@
 mod admin;
 mod admin_txn;
 mod authz;
+mod cluster;
 mod fetch;
 mod group;
 mod meta;
@@ -286,7 +287,10 @@ pub async fn dispatch(
             // KIP-511: answer in v0 with UNSUPPORTED_VERSION and our ranges, so
             // the client can retry with a version we know.
             tracing::debug!(version, "ApiVersions version unsupported, answering v0");
-            let body = ResponseKind::ApiVersions(meta::api_versions(broker, 0, true));
+            let body = ResponseKind::ApiVersions(match broker.cluster.get() {
+                Some(_) => cluster::api_versions(crate::error::ErrorCode::UnsupportedVersion),
+                None => meta::api_versions(broker, 0, true),
+            });
             return Ok(ready(encode_response(
                 ApiKey::ApiVersions,
                 0,
@@ -369,6 +373,10 @@ async fn handle(
     version: i16,
     respond: impl Fn(ResponseKind) -> Option<Bytes> + Send + Sync + 'static,
 ) -> Result<Pending, FrameError> {
+    if let Some(front) = b.cluster.get() {
+        let front = front.clone();
+        return cluster::handle(b, front, key, req, version, respond).await;
+    }
     let peer = conn.peer;
     Ok(match req {
         RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(

@@ -1,0 +1,162 @@
+//! What a broker in cluster mode runs beside its request handlers: the
+//! connection to the cluster, the flusher, the lease renewal, the LISTEN
+//! task, the object collector, and short-lived copies of the live brokers
+//! and the topic catalogue (for Metadata; every sequencing decision reads
+//! PostgreSQL itself, never these copies).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use super::catalogue::{self, TopicRow};
+use super::flusher::Flusher;
+use super::session::{self, BrokerRow};
+use super::{collector, reader, Cluster, ClusterConfig, ClusterError};
+
+/// How often the copies of the live brokers and the topics are refreshed.
+const REFRESH: Duration = Duration::from_millis(500);
+/// How often the collector runs.
+const COLLECT_EVERY: Duration = Duration::from_secs(60);
+
+pub struct Front {
+    pub cluster: Arc<Cluster>,
+    pub flusher: Flusher,
+    live: RwLock<Vec<BrokerRow>>,
+    topics: RwLock<HashMap<String, TopicRow>>,
+    pub cluster_id: String,
+}
+
+impl Front {
+    /// Connects, registers, and starts the background tasks.
+    pub async fn start(config: ClusterConfig) -> Result<Arc<Self>, ClusterError> {
+        let cluster = Cluster::connect(config).await?;
+        let cluster_id = super::schema::cluster_id(&cluster.pool).await?;
+        let flusher = Flusher::start(cluster.clone());
+        let front = Arc::new(Self {
+            cluster: cluster.clone(),
+            flusher,
+            live: RwLock::new(Vec::new()),
+            topics: RwLock::new(HashMap::new()),
+            cluster_id,
+        });
+        front.refresh().await?;
+        {
+            let c = cluster.clone();
+            tokio::spawn(async move { c.session.keep_alive(&c.pool).await });
+        }
+        tokio::spawn(reader::listen(cluster.clone()));
+        {
+            let f = front.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(REFRESH).await;
+                    if let Err(e) = f.refresh().await {
+                        tracing::warn!(error = %e, "cluster: refreshing brokers and topics failed");
+                    }
+                }
+            });
+        }
+        {
+            let c = cluster.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(COLLECT_EVERY).await;
+                    match collector::collect(&c, c.config.intent_grace).await {
+                        Ok(r) if r.removed_uncommitted + r.removed_unreferenced > 0 => {
+                            tracing::info!(?r, "cluster: collected objects")
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "cluster: the collector failed"),
+                    }
+                }
+            });
+        }
+        Ok(front)
+    }
+
+    async fn refresh(&self) -> Result<(), ClusterError> {
+        let live = session::live_brokers(&self.cluster.pool).await?;
+        let topics = catalogue::topics(&self.cluster.pool).await?;
+        *self.live.write().unwrap_or_else(|p| p.into_inner()) = live;
+        *self.topics.write().unwrap_or_else(|p| p.into_inner()) =
+            topics.into_iter().map(|t| (t.name.clone(), t)).collect();
+        Ok(())
+    }
+
+    /// The live brokers as last seen (this one always among them while its
+    /// own lease holds).
+    pub fn live(&self) -> Vec<BrokerRow> {
+        let mut v = self.live.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let me = self.cluster.config.broker_id;
+        if self.cluster.session.is_live() && !v.iter().any(|b| b.id == me) {
+            v.push(BrokerRow {
+                id: me,
+                session: self.cluster.session.session(),
+                host: self.cluster.config.advertised_host.clone(),
+                port: self.cluster.config.advertised_port,
+                lease_left_ms: 1,
+            });
+            v.sort_by_key(|b| b.id);
+        }
+        v
+    }
+
+    /// The live brokers, read now from PostgreSQL (the copy if that fails).
+    pub async fn live_now(&self) -> Vec<BrokerRow> {
+        match session::live_brokers(&self.cluster.pool).await {
+            Ok(v) => {
+                *self.live.write().unwrap_or_else(|p| p.into_inner()) = v;
+                self.live()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster: listing live brokers failed; answering from the copy");
+                self.live()
+            }
+        }
+    }
+
+    /// Every topic as last seen.
+    pub fn topics(&self) -> Vec<TopicRow> {
+        let mut v: Vec<TopicRow> = self
+            .topics
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// A topic by name: from the copy, else from PostgreSQL (a topic another
+    /// broker created a moment ago).
+    pub async fn topic(&self, name: &str) -> Result<Option<TopicRow>, ClusterError> {
+        if let Some(t) = self
+            .topics
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+        {
+            return Ok(Some(t.clone()));
+        }
+        let t = catalogue::topic(&self.cluster.pool, name).await?;
+        if let Some(t) = &t {
+            self.remember(t.clone());
+        }
+        Ok(t)
+    }
+
+    pub fn remember(&self, t: TopicRow) {
+        self.topics
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(t.name.clone(), t);
+    }
+
+    pub fn forget(&self, name: &str) {
+        self.topics
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+    }
+}

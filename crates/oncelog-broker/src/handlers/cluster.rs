@@ -1,0 +1,857 @@
+//! The requests a broker in cluster mode serves, over the cluster backend
+//! (docs/cluster.md): ApiVersions, Metadata, CreateTopics, DeleteTopics,
+//! Produce, Fetch, ListOffsets and InitProducerId for idempotent producers.
+//! Transactions and consumer groups are not served in cluster mode yet: their
+//! APIs are not advertised, and a request for one closes the connection
+//! with a log line, as any unsupported API does.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
+use kafka_protocol::messages::create_topics_request::CreateTopicsRequest;
+use kafka_protocol::messages::create_topics_response::{
+    CreatableTopicResult, CreateTopicsResponse,
+};
+use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
+use kafka_protocol::messages::delete_topics_response::{
+    DeletableTopicResult, DeleteTopicsResponse,
+};
+use kafka_protocol::messages::fetch_request::FetchRequest;
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchResponse, FetchableTopicResponse, PartitionData,
+};
+use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
+use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
+use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::metadata_request::MetadataRequest;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::produce_request::ProduceRequest;
+use kafka_protocol::messages::produce_response::{
+    PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
+};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, ProducerId, RequestKind, ResponseKind, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use oncelog_log::batch;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{ready, FrameError, Pending};
+use crate::cluster::catalogue::{self, CatalogueError, TopicRow};
+use crate::cluster::flusher::{ProduceResult, PRODUCE_TIMEOUT};
+use crate::cluster::front::Front;
+use crate::cluster::reader::{self, ReadRefusal};
+use crate::cluster::sequencer::BatchOutcome;
+use crate::cluster::{preferred_broker, ClusterError};
+use crate::error::{ErrorCode, TopicError};
+use crate::producer_state::ProduceReject;
+use crate::topics::TopicMeta;
+use crate::Broker;
+
+/// What cluster mode serves, and the versions.
+pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 11),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 8),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::InitProducerId, 0, 5),
+];
+
+/// Longest long poll honoured.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+fn s(x: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(x.into())
+}
+
+/// Runs one request in cluster mode.
+pub async fn handle(
+    b: Arc<Broker>,
+    front: Arc<Front>,
+    key: ApiKey,
+    req: RequestKind,
+    version: i16,
+    respond: impl Fn(ResponseKind) -> Option<Bytes> + Send + Sync + 'static,
+) -> Result<Pending, FrameError> {
+    if !CLUSTER_SUPPORTED.iter().any(|(k, _, _)| *k == key) {
+        tracing::warn!(api = ?key, "not served in cluster mode yet");
+        return Err(FrameError::UnsupportedApi(key));
+    }
+    Ok(match req {
+        RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(api_versions(
+            ErrorCode::None,
+        )))),
+        RequestKind::Metadata(r) => Box::pin(async move {
+            respond(ResponseKind::Metadata(
+                metadata(&b, &front, r, version).await,
+            ))
+        }),
+        RequestKind::CreateTopics(r) => Box::pin(async move {
+            respond(ResponseKind::CreateTopics(
+                create_topics(&b, &front, r, version).await,
+            ))
+        }),
+        RequestKind::DeleteTopics(r) => Box::pin(async move {
+            respond(ResponseKind::DeleteTopics(
+                delete_topics(&front, r, version).await,
+            ))
+        }),
+        RequestKind::InitProducerId(r) => Box::pin(async move {
+            respond(ResponseKind::InitProducerId(
+                init_producer_id(&front, r).await,
+            ))
+        }),
+        RequestKind::Produce(r) => {
+            // Queued now, in arrival order; answered after the commit.
+            let wait = produce(&b, &front, r, version).await;
+            Box::pin(async move {
+                let resp = wait.await?;
+                respond(ResponseKind::Produce(resp))
+            })
+        }
+        RequestKind::Fetch(r) => {
+            Box::pin(
+                async move { respond(ResponseKind::Fetch(fetch(&b, &front, r, version).await)) },
+            )
+        }
+        RequestKind::ListOffsets(r) => Box::pin(async move {
+            respond(ResponseKind::ListOffsets(
+                list_offsets(&front, r, version).await,
+            ))
+        }),
+        _ => return Err(FrameError::UnsupportedApi(key)),
+    })
+}
+
+pub fn api_versions(code: ErrorCode) -> ApiVersionsResponse {
+    ApiVersionsResponse::default()
+        .with_error_code(code.code())
+        .with_api_keys(
+            CLUSTER_SUPPORTED
+                .iter()
+                .map(|(k, lo, hi)| {
+                    ApiVersion::default()
+                        .with_api_key(*k as i16)
+                        .with_min_version(*lo)
+                        .with_max_version(*hi)
+                })
+                .collect(),
+        )
+}
+
+fn meta_of(t: &TopicRow) -> TopicMeta {
+    TopicMeta {
+        name: t.name.clone(),
+        id: t.id,
+        partitions: t.partitions,
+        configs: t.configs.clone(),
+    }
+}
+
+async fn metadata(
+    b: &Broker,
+    front: &Front,
+    req: MetadataRequest,
+    version: i16,
+) -> MetadataResponse {
+    let live = front.live_now().await;
+    let ids: Vec<i32> = live.iter().map(|x| x.id).collect();
+    let brokers = live
+        .iter()
+        .map(|x| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(x.id))
+                .with_host(s(x.host.clone()))
+                .with_port(x.port)
+        })
+        .collect();
+    let mut resp = MetadataResponse::default().with_brokers(brokers);
+    if version >= 1 {
+        resp.controller_id = BrokerId(ids.first().copied().unwrap_or(-1));
+    }
+    if version >= 2 {
+        resp.cluster_id = Some(s(front.cluster_id.clone()));
+    }
+    let entry = |t: &TopicRow| {
+        let parts = (0..t.partitions)
+            .map(|i| {
+                let leader = preferred_broker(&t.id, i, &ids).unwrap_or(-1);
+                let mut p = MetadataResponsePartition::default()
+                    .with_partition_index(i)
+                    .with_leader_id(BrokerId(leader))
+                    .with_replica_nodes(vec![BrokerId(leader)])
+                    .with_isr_nodes(vec![BrokerId(leader)]);
+                if version >= 7 {
+                    p.leader_epoch = 0;
+                }
+                if leader < 0 {
+                    p.error_code = ErrorCode::LeaderNotAvailable.code();
+                }
+                p
+            })
+            .collect();
+        let mut e = MetadataResponseTopic::default()
+            .with_name(Some(TopicName(s(t.name.clone()))))
+            .with_partitions(parts);
+        if version >= 10 {
+            e.topic_id = t.id;
+        }
+        e
+    };
+    let error_entry = |name: &str, code: ErrorCode| {
+        MetadataResponseTopic::default()
+            .with_name(Some(TopicName(s(name))))
+            .with_error_code(code.code())
+    };
+    let auto_create = b.config.auto_create_topics && (version < 4 || req.allow_auto_topic_creation);
+    let wanted: Option<Vec<String>> = match req.topics {
+        None => None,
+        Some(v) if v.is_empty() && version == 0 => None,
+        Some(v) => Some(
+            v.into_iter()
+                .filter_map(|t| t.name.map(|n| n.0.to_string()))
+                .collect(),
+        ),
+    };
+    resp.topics = match wanted {
+        // All topics: from PostgreSQL (a topic another broker created a
+        // moment ago is listed), the copy only if that read fails.
+        None => match catalogue::topics(&front.cluster.pool).await {
+            Ok(all) => all.iter().map(entry).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster: listing topics failed; answering from the copy");
+                front.topics().iter().map(entry).collect()
+            }
+        },
+        Some(names) => {
+            let mut out = Vec::with_capacity(names.len());
+            for name in names {
+                let found = match front.topic(&name).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(topic = %name, error = %e, "cluster: topic lookup failed");
+                        out.push(error_entry(&name, ErrorCode::LeaderNotAvailable));
+                        continue;
+                    }
+                };
+                out.push(match found {
+                    Some(t) => entry(&t),
+                    None if auto_create => {
+                        let n = b.config.num_partitions;
+                        match catalogue::create_topic(&front.cluster.pool, &name, n, &BTreeMap::new())
+                            .await
+                        {
+                            Ok(t) => {
+                                front.remember(t.clone());
+                                entry(&t)
+                            }
+                            Err(CatalogueError::Topic(TopicError::AlreadyExists(_))) => {
+                                match front.topic(&name).await {
+                                    Ok(Some(t)) => entry(&t),
+                                    _ => error_entry(&name, ErrorCode::LeaderNotAvailable),
+                                }
+                            }
+                            Err(CatalogueError::Topic(TopicError::InvalidName(..))) => {
+                                error_entry(&name, ErrorCode::InvalidTopicException)
+                            }
+                            Err(e) => {
+                                tracing::warn!(topic = %name, error = %e, "cluster: auto-create failed");
+                                error_entry(&name, ErrorCode::LeaderNotAvailable)
+                            }
+                        }
+                    }
+                    None => error_entry(&name, ErrorCode::UnknownTopicOrPartition),
+                });
+            }
+            out
+        }
+    };
+    resp
+}
+
+fn catalogue_code(e: &CatalogueError) -> ErrorCode {
+    match e {
+        CatalogueError::Topic(TopicError::AlreadyExists(_)) => ErrorCode::TopicAlreadyExists,
+        CatalogueError::Topic(TopicError::Unknown(_)) => ErrorCode::UnknownTopicOrPartition,
+        CatalogueError::Topic(TopicError::InvalidName(..)) => ErrorCode::InvalidTopicException,
+        CatalogueError::Topic(TopicError::InvalidPartitions(_)) => ErrorCode::InvalidPartitions,
+        CatalogueError::Topic(TopicError::InvalidConfig(_)) => ErrorCode::InvalidConfig,
+        CatalogueError::Topic(_) | CatalogueError::Cluster(_) => ErrorCode::KafkaStorageError,
+    }
+}
+
+async fn create_topics(
+    b: &Broker,
+    front: &Front,
+    req: CreateTopicsRequest,
+    version: i16,
+) -> CreateTopicsResponse {
+    let mut out = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let mut r = CreatableTopicResult::default().with_name(t.name.clone());
+        let partitions = if t.num_partitions == -1 {
+            b.config.num_partitions
+        } else {
+            t.num_partitions
+        };
+        let configs: BTreeMap<String, String> = t
+            .configs
+            .iter()
+            .filter_map(|c| {
+                c.value
+                    .as_ref()
+                    .map(|v| (c.name.to_string(), v.to_string()))
+            })
+            .collect();
+        let res = if req.validate_only {
+            match front.topic(&name).await {
+                Ok(Some(_)) => Err(CatalogueError::Topic(TopicError::AlreadyExists(
+                    name.clone(),
+                ))),
+                Ok(None) => crate::topics::validate_topic_name(&name)
+                    .map_err(CatalogueError::Topic)
+                    .map(|()| None),
+                Err(e) => Err(CatalogueError::Cluster(e)),
+            }
+        } else {
+            catalogue::create_topic(&front.cluster.pool, &name, partitions, &configs)
+                .await
+                .map(Some)
+        };
+        match res {
+            Ok(created) => {
+                if let Some(row) = created {
+                    front.remember(row.clone());
+                    if version >= 7 {
+                        r.topic_id = row.id;
+                    }
+                }
+                if version >= 5 {
+                    r.num_partitions = partitions;
+                    r.replication_factor = 1;
+                }
+            }
+            Err(e) => {
+                r.error_code = catalogue_code(&e).code();
+                if version >= 1 {
+                    r.error_message = Some(s(e.to_string()));
+                }
+            }
+        }
+        out.push(r);
+    }
+    CreateTopicsResponse::default().with_topics(out)
+}
+
+async fn delete_topics(
+    front: &Front,
+    req: DeleteTopicsRequest,
+    version: i16,
+) -> DeleteTopicsResponse {
+    let names: Vec<(Option<String>, uuid::Uuid)> = if version >= 6 {
+        req.topics
+            .into_iter()
+            .map(|t| (t.name.map(|n| n.0.to_string()), t.topic_id))
+            .collect()
+    } else {
+        req.topic_names
+            .into_iter()
+            .map(|n| (Some(n.0.to_string()), uuid::Uuid::nil()))
+            .collect()
+    };
+    let mut out = Vec::with_capacity(names.len());
+    for (name, id) in names {
+        let name = name.or_else(|| {
+            front
+                .topics()
+                .into_iter()
+                .find(|t| t.id == id && !id.is_nil())
+                .map(|t| t.name)
+        });
+        let mut r = DeletableTopicResult::default();
+        if version >= 6 {
+            r.topic_id = id;
+        }
+        let res = match &name {
+            Some(n) => catalogue::delete_topic(&front.cluster.pool, n).await,
+            None => Err(CatalogueError::Topic(TopicError::Unknown(String::new()))),
+        };
+        if let Some(n) = &name {
+            front.forget(n);
+        }
+        r.name = name.map(|n| TopicName(s(n)));
+        if let Err(e) = res {
+            r.error_code = catalogue_code(&e).code();
+            if version >= 5 {
+                r.error_message = Some(s(e.to_string()));
+            }
+        }
+        out.push(r);
+    }
+    DeleteTopicsResponse::default().with_responses(out)
+}
+
+async fn init_producer_id(front: &Front, req: InitProducerIdRequest) -> InitProducerIdResponse {
+    let resp = InitProducerIdResponse::default()
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    if req.transactional_id.is_some() {
+        // Transactions are not served in cluster mode yet (docs/cluster.md).
+        return resp.with_error_code(ErrorCode::CoordinatorNotAvailable.code());
+    }
+    let next = async {
+        let client = front.cluster.pool.get().await.map_err(ClusterError::from)?;
+        let row = client
+            .query_one("SELECT nextval('producer_ids')", &[])
+            .await
+            .map_err(ClusterError::from)?;
+        Ok::<i64, ClusterError>(row.get(0))
+    };
+    match next.await {
+        Ok(pid) => resp
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(0),
+        Err(e) => {
+            tracing::warn!(error = %e, "cluster: could not allocate a producer id");
+            resp.with_error_code(ErrorCode::CoordinatorNotAvailable.code())
+        }
+    }
+}
+
+enum Queued {
+    Done(ErrorCode, Option<String>),
+    Waiting(oneshot::Receiver<ProduceResult>),
+}
+
+/// Checks one partition's batch and queues it to the flusher.
+async fn queue_one(
+    front: &Front,
+    b: &Broker,
+    topic: &str,
+    index: i32,
+    records: Option<Bytes>,
+) -> Queued {
+    let bad = |code, why: String| Queued::Done(code, Some(why));
+    let t = match front.topic(topic).await {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return bad(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("unknown topic {topic}"),
+            )
+        }
+        Err(e) => return bad(ErrorCode::KafkaStorageError, e.to_string()),
+    };
+    if index < 0 || index >= t.partitions {
+        return bad(
+            ErrorCode::UnknownTopicOrPartition,
+            format!("unknown partition {topic}-{index}"),
+        );
+    }
+    let Some(records) = records.filter(|r| !r.is_empty()) else {
+        return bad(ErrorCode::InvalidRecord, "no records".into());
+    };
+    let h = match batch::validate_client_batch(&records) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(partition = %format!("{topic}-{index}"), error = %e, "rejected produce batch");
+            let code = match e {
+                batch::BatchError::BadMagic(_) => ErrorCode::InvalidRecord,
+                _ => ErrorCode::CorruptMessage,
+            };
+            return bad(code, e.to_string());
+        }
+    };
+    if h.total_size() != records.len() {
+        return bad(
+            ErrorCode::InvalidRecord,
+            "a produce request must carry exactly one record batch per partition".into(),
+        );
+    }
+    if h.is_control() {
+        return bad(
+            ErrorCode::InvalidRecord,
+            "clients are not allowed to write control records".into(),
+        );
+    }
+    if h.is_transactional() {
+        return bad(
+            ErrorCode::InvalidTxnState,
+            "transactions are not served in cluster mode yet".into(),
+        );
+    }
+    if h.producer_id() >= 0 && h.base_sequence() < 0 {
+        return bad(
+            ErrorCode::InvalidRecord,
+            "idempotent batch without a base sequence".into(),
+        );
+    }
+    let max = b.topics.max_message_bytes(&meta_of(&t));
+    if records.len() as i64 > max {
+        return bad(
+            ErrorCode::MessageTooLarge,
+            format!(
+                "batch of {} bytes exceeds max.message.bytes {max}",
+                records.len()
+            ),
+        );
+    }
+    // The stored bytes are the client's (offsets are patched when served).
+    let data = Bytes::from(BytesMut::from(&records[..]));
+    match front.flusher.submit(t.id, index, data).await {
+        Ok(rx) => Queued::Waiting(rx),
+        Err(e) => bad(ErrorCode::KafkaStorageError, e.to_string()),
+    }
+}
+
+fn outcome_code(
+    o: &Result<BatchOutcome, Arc<ClusterError>>,
+) -> (ErrorCode, i64, i64, Option<String>) {
+    match o {
+        Ok(BatchOutcome::Appended {
+            base_offset,
+            log_start_offset,
+        })
+        | Ok(BatchOutcome::Duplicate {
+            base_offset,
+            log_start_offset,
+        }) => (ErrorCode::None, *base_offset, *log_start_offset, None),
+        Ok(BatchOutcome::Rejected(r)) => {
+            let code = match r {
+                ProduceReject::InvalidProducerEpoch { .. } => ErrorCode::InvalidProducerEpoch,
+                ProduceReject::OutOfOrderSequence { .. }
+                | ProduceReject::NewEpochNotAtZero { .. } => ErrorCode::OutOfOrderSequenceNumber,
+                ProduceReject::InvalidTxnState => ErrorCode::InvalidTxnState,
+            };
+            (code, -1, -1, Some(r.to_string()))
+        }
+        Ok(BatchOutcome::UnknownPartition) => (
+            ErrorCode::UnknownTopicOrPartition,
+            -1,
+            -1,
+            Some("the partition does not exist".into()),
+        ),
+        Ok(BatchOutcome::TransactionsUnsupported) => (
+            ErrorCode::InvalidTxnState,
+            -1,
+            -1,
+            Some("transactions are not served in cluster mode yet".into()),
+        ),
+        // Fenced: this broker's session ended; NOT_LEADER makes the client
+        // refresh its metadata and retry (elsewhere, or here once re-registered).
+        Err(e) if matches!(**e, ClusterError::Fenced { .. }) => {
+            (ErrorCode::NotLeaderOrFollower, -1, -1, Some(e.to_string()))
+        }
+        Err(e) => (ErrorCode::KafkaStorageError, -1, -1, Some(e.to_string())),
+    }
+}
+
+type ProduceWait =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<ProduceResponse>> + Send>>;
+
+async fn produce(b: &Broker, front: &Front, req: ProduceRequest, version: i16) -> ProduceWait {
+    let acks = req.acks;
+    let valid_acks = (-1..=1).contains(&acks);
+    let mut queued: Vec<(TopicName, Vec<(i32, Queued)>)> = Vec::with_capacity(req.topic_data.len());
+    for td in req.topic_data {
+        let mut parts = Vec::with_capacity(td.partition_data.len());
+        for pd in td.partition_data {
+            let q = if !valid_acks {
+                Queued::Done(
+                    ErrorCode::InvalidRequiredAcks,
+                    Some(format!("acks={acks} is not 0, 1 or -1")),
+                )
+            } else {
+                queue_one(front, b, td.name.0.as_str(), pd.index, pd.records).await
+            };
+            parts.push((pd.index, q));
+        }
+        queued.push((td.name, parts));
+    }
+    Box::pin(async move {
+        let mut topics = Vec::with_capacity(queued.len());
+        for (name, parts) in queued {
+            let mut responses = Vec::with_capacity(parts.len());
+            for (index, q) in parts {
+                let (code, base, log_start, message) = match q {
+                    Queued::Done(code, why) => (code, -1, -1, why),
+                    Queued::Waiting(rx) => match tokio::time::timeout(PRODUCE_TIMEOUT, rx).await {
+                        Ok(Ok(o)) => outcome_code(&o),
+                        Ok(Err(_)) => (
+                            ErrorCode::KafkaStorageError,
+                            -1,
+                            -1,
+                            Some("the flusher stopped".into()),
+                        ),
+                        Err(_) => (
+                            ErrorCode::RequestTimedOut,
+                            -1,
+                            -1,
+                            Some("the commit did not finish in time; it may still".into()),
+                        ),
+                    },
+                };
+                let mut r = PartitionProduceResponse::default()
+                    .with_index(index)
+                    .with_error_code(code.code())
+                    .with_base_offset(base)
+                    .with_log_append_time_ms(-1);
+                if version >= 5 {
+                    r.log_start_offset = log_start;
+                }
+                if version >= 8 {
+                    r.error_message = message.map(s);
+                }
+                responses.push(r);
+            }
+            topics.push(
+                TopicProduceResponse::default()
+                    .with_name(name)
+                    .with_partition_responses(responses),
+            );
+        }
+        if acks == 0 {
+            return None;
+        }
+        Some(ProduceResponse::default().with_responses(topics))
+    })
+}
+
+struct Round {
+    resp: FetchResponse,
+    bytes: usize,
+    has_error: bool,
+}
+
+async fn fetch_once(b: &Broker, front: &Front, req: &FetchRequest, version: i16) -> Round {
+    let read_committed = req.isolation_level == 1;
+    let mut remaining = (req.max_bytes.max(0) as usize).min(b.config.fetch_max_bytes);
+    let mut total = 0usize;
+    let mut has_error = false;
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for ft in &req.topics {
+        let topic = front.topic(ft.topic.0.as_str()).await.ok().flatten();
+        let mut parts = Vec::with_capacity(ft.partitions.len());
+        for fp in &ft.partitions {
+            let mut pd = PartitionData::default()
+                .with_partition_index(fp.partition)
+                .with_records(Some(Bytes::new()));
+            let Some(t) = topic
+                .as_ref()
+                .filter(|t| fp.partition >= 0 && fp.partition < t.partitions)
+            else {
+                pd.error_code = ErrorCode::UnknownTopicOrPartition.code();
+                has_error = true;
+                parts.push(pd);
+                continue;
+            };
+            let limit = (fp.partition_max_bytes.max(0) as usize).min(remaining);
+            match reader::read(
+                &front.cluster,
+                &t.id,
+                fp.partition,
+                fp.fetch_offset,
+                limit,
+                read_committed,
+                total == 0,
+            )
+            .await
+            {
+                Ok(Some(read)) => {
+                    pd.high_watermark = read.high_watermark;
+                    pd.last_stable_offset = read.last_stable_offset;
+                    if version >= 5 {
+                        pd.log_start_offset = read.log_start_offset;
+                    }
+                    if read_committed {
+                        pd.aborted_transactions = Some(
+                            read.aborted
+                                .into_iter()
+                                .map(|a| {
+                                    AbortedTransaction::default()
+                                        .with_producer_id(ProducerId(a.producer_id))
+                                        .with_first_offset(a.first_offset)
+                                })
+                                .collect(),
+                        );
+                    }
+                    match read.data {
+                        Ok(data) if data.is_empty() => {}
+                        Ok(data) => {
+                            total += data.len();
+                            remaining = remaining.saturating_sub(data.len());
+                            pd.records = Some(Bytes::from(data));
+                        }
+                        Err(ReadRefusal::OutOfRange) => {
+                            pd.error_code = ErrorCode::OffsetOutOfRange.code();
+                            has_error = true;
+                        }
+                    }
+                }
+                Ok(None) => {
+                    pd.error_code = ErrorCode::UnknownTopicOrPartition.code();
+                    has_error = true;
+                }
+                Err(e) => {
+                    tracing::warn!(partition = %format!("{}-{}", t.name, fp.partition), error = %e,
+                        "cluster: read failed");
+                    pd.error_code = ErrorCode::KafkaStorageError.code();
+                    has_error = true;
+                }
+            }
+            parts.push(pd);
+        }
+        topics.push(
+            FetchableTopicResponse::default()
+                .with_topic(ft.topic.clone())
+                .with_partitions(parts),
+        );
+    }
+    Round {
+        resp: FetchResponse::default().with_responses(topics),
+        bytes: total,
+        has_error,
+    }
+}
+
+async fn fetch(b: &Broker, front: &Front, req: FetchRequest, version: i16) -> FetchResponse {
+    let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT);
+    let deadline = Instant::now() + wait;
+    let min_bytes = req.min_bytes.max(1) as usize;
+    loop {
+        // Register for wake-ups before reading, so no commit slips between.
+        let notified = front.cluster.data_notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let round = fetch_once(b, front, &req, version).await;
+        if round.bytes >= min_bytes || round.has_error || Instant::now() >= deadline {
+            return round.resp;
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+async fn list_offsets(front: &Front, req: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
+    let read_committed = version >= 2 && req.isolation_level == 1;
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for lt in req.topics {
+        let topic = front.topic(lt.name.0.as_str()).await.ok().flatten();
+        let mut parts = Vec::with_capacity(lt.partitions.len());
+        for lp in lt.partitions {
+            let mut r = ListOffsetsPartitionResponse::default()
+                .with_partition_index(lp.partition_index)
+                .with_timestamp(-1)
+                .with_offset(-1);
+            let Some(t) = topic
+                .as_ref()
+                .filter(|t| lp.partition_index >= 0 && lp.partition_index < t.partitions)
+            else {
+                r.error_code = ErrorCode::UnknownTopicOrPartition.code();
+                parts.push(r);
+                continue;
+            };
+            if version >= 4 {
+                r.leader_epoch = 0;
+            }
+            match offset_for(
+                front,
+                &t.id,
+                lp.partition_index,
+                lp.timestamp,
+                read_committed,
+            )
+            .await
+            {
+                Ok(Some((off, ts))) => {
+                    r.offset = off;
+                    r.timestamp = ts;
+                }
+                Ok(None) => {}
+                Err(code) => r.error_code = code.code(),
+            }
+            parts.push(r);
+        }
+        topics.push(
+            ListOffsetsTopicResponse::default()
+                .with_name(lt.name)
+                .with_partitions(parts),
+        );
+    }
+    ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// ListOffsets for one partition: -1 latest (LSO for read_committed), -2
+/// earliest, -3 the batch with the largest timestamp, else the first batch
+/// whose largest timestamp reaches the one asked.
+async fn offset_for(
+    front: &Front,
+    topic_id: &uuid::Uuid,
+    partition: i32,
+    spec: i64,
+    read_committed: bool,
+) -> Result<Option<(i64, i64)>, ErrorCode> {
+    let storage = |e: ClusterError| {
+        tracing::warn!(error = %e, "cluster: offset lookup failed");
+        ErrorCode::KafkaStorageError
+    };
+    let Some(o) = reader::offsets(&front.cluster, topic_id, partition)
+        .await
+        .map_err(storage)?
+    else {
+        return Err(ErrorCode::UnknownTopicOrPartition);
+    };
+    let upper = if read_committed {
+        o.last_stable_offset
+    } else {
+        o.high_watermark
+    };
+    match spec {
+        -1 => return Ok(Some((upper, -1))),
+        -2 => return Ok(Some((o.log_start_offset, -1))),
+        s if s < -3 => return Err(ErrorCode::InvalidRequest),
+        _ => {}
+    }
+    let client = front
+        .cluster
+        .pool
+        .get()
+        .await
+        .map_err(|e| storage(e.into()))?;
+    let row = if spec == -3 {
+        client
+            .query_opt(
+                "SELECT base_offset, max_timestamp FROM batches WHERE topic_id = $1 \
+                 AND partition = $2 AND base_offset < $3 AND NOT control \
+                 ORDER BY max_timestamp DESC, base_offset LIMIT 1",
+                &[topic_id, &partition, &upper],
+            )
+            .await
+    } else {
+        client
+            .query_opt(
+                "SELECT base_offset, max_timestamp FROM batches WHERE topic_id = $1 \
+                 AND partition = $2 AND base_offset < $3 AND max_timestamp >= $4 \
+                 ORDER BY base_offset LIMIT 1",
+                &[topic_id, &partition, &upper, &spec],
+            )
+            .await
+    }
+    .map_err(|e| storage(e.into()))?;
+    Ok(row.map(|r| (r.get(0), r.get(1))))
+}

@@ -1,0 +1,119 @@
+"""Cluster mode's test harness: PostgreSQL and s3proxy (from the run's
+environment, or started here through scripts/services.sh), a fresh database
+per cluster, and N `oncelog serve --cluster` brokers over it."""
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import REPO_ROOT, Broker, free_port, oncelog_bin
+
+SERVICES = REPO_ROOT / "scripts" / "services.sh"
+
+
+def services_env(base_dir):
+    """ONCELOG_TEST_* from test.sh's run, or from services started now in
+    base_dir (stopped by the returned callback)."""
+    if os.environ.get("ONCELOG_TEST_PG") and os.environ.get("ONCELOG_TEST_S3_ENDPOINT"):
+        return dict(os.environ), lambda: None
+    out = subprocess.run(["bash", str(SERVICES), "start", str(base_dir)],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    env = dict(os.environ)
+    for line in out.splitlines():
+        for part in line.removeprefix("export ").split():
+            k, _, v = part.partition("=")
+            env[k] = v
+    return env, lambda: subprocess.run(["bash", str(SERVICES), "stop", str(base_dir)],
+                                       check=False, timeout=120)
+
+
+def fresh_database(env):
+    admin = env["ONCELOG_TEST_PG"]
+    name = f"c_{uuid.uuid4().hex}"
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    return admin.rsplit("/", 1)[0] + "/" + name
+
+
+def s3_store(env):
+    return f"s3://{env['ONCELOG_TEST_S3_BUCKET']}/c-{uuid.uuid4().hex}"
+
+
+def s3_broker_env(env):
+    return {
+        "AWS_ENDPOINT": env["ONCELOG_TEST_S3_ENDPOINT"],
+        "AWS_ACCESS_KEY_ID": env["ONCELOG_TEST_S3_KEY"],
+        "AWS_SECRET_ACCESS_KEY": env["ONCELOG_TEST_S3_SECRET"],
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
+
+
+class Cluster:
+    """N brokers (node ids 1..N) over one database and one object store."""
+
+    def __init__(self, base_dir, env, db, store, n=3, overrides=None):
+        self.db = db
+        self.store = store
+        self.env = env
+        self.brokers = []
+        for i in range(1, n + 1):
+            root = Path(base_dir) / f"cbroker{i}"
+            opts = {"node.id": i, "cluster.postgres": db, "cluster.object.store": store}
+            opts.update(overrides or {})
+            b = Broker(oncelog_bin(), root / "data", free_port(), root / "broker.log", opts)
+            if store.startswith("s3://"):
+                b.env.update(s3_broker_env(env))
+            self.brokers.append(b)
+
+    @property
+    def bootstrap(self):
+        return ",".join(b.bootstrap for b in self.brokers)
+
+    def start(self):
+        for b in self.brokers:
+            b.start()
+        return self
+
+    def by_id(self, node_id):
+        return self.brokers[node_id - 1]
+
+    def sql(self, query, *args):
+        with psycopg.connect(self.db, autocommit=True) as c:
+            return c.execute(query, args).fetchall()
+
+    def cleanup(self):
+        for b in self.brokers:
+            if b.proc is not None and b.proc.poll() is None:
+                b.kill9()
+        for b in self.brokers:
+            if b.starts:
+                print(f"---- {b} log tail ----\n{b.log_tail(30)}")
+
+
+@pytest.fixture(scope="session")
+def cluster_services(tmp_path_factory):
+    env, stop = services_env(tmp_path_factory.mktemp("services"))
+    yield env
+    stop()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path, cluster_services):
+    made = []
+
+    def make(store="s3", n=3, overrides=None, start=True):
+        url = s3_store(cluster_services) if store == "s3" else \
+            f"file://{tmp_path / 'objects'}"
+        c = Cluster(tmp_path / f"cluster{len(made)}", cluster_services,
+                    fresh_database(cluster_services), url, n, overrides)
+        made.append(c)
+        return c.start() if start else c
+
+    yield make
+    for c in made:
+        c.cleanup()

@@ -1,0 +1,213 @@
+"""Cluster mode (docs/cluster.md): three `oncelog serve --cluster` brokers over
+one real PostgreSQL server and one object store (s3proxy, a real S3 server,
+or a shared directory), driven by third-party clients with the bootstrap list
+of all three.
+
+What is checked: every broker serves every partition and lists the live
+brokers; librdkafka's idempotent producer and kafka-python see one log; a
+broker killed with SIGKILL mid-stream loses nothing acknowledged and its
+clients' retries on other brokers are not duplicated (producer state is in
+PostgreSQL rows); a broker paused past its lease gets nothing committed; a
+restart of PostgreSQL is survived by retries.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTopicPartition
+
+from clients import OP_TIMEOUT_S, admin, consumer_config, producer_config
+from cluster_env import cluster_factory, cluster_services  # noqa: F401 (fixtures)
+from confluent_kafka.admin import NewTopic
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def create(bootstrap, topic, partitions):
+    a = admin(bootstrap)  # kept alive until the answer is in
+    fs = a.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+        operation_timeout=OP_TIMEOUT_S)
+    fs[topic].result(OP_TIMEOUT_S)
+
+
+def read_partitions(bootstrap, topic, partitions, want, timeout=60):
+    """Every record of the partitions (from offset 0) until `want` are read."""
+    c = Consumer(consumer_config(bootstrap))
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        got = []
+        deadline = time.monotonic() + timeout
+        while len(got) < want and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append((m.partition(), m.offset(), m.value()))
+        # a little longer: nothing more may come (no duplicates past `want`)
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append((m.partition(), m.offset(), m.value()))
+        return got
+    finally:
+        c.close()
+
+
+class Acks:
+    def __init__(self):
+        self.acked = []
+        self.failed = []
+        self.lock = threading.Lock()
+
+    def __call__(self, err, msg):
+        with self.lock:
+            if err is not None:
+                self.failed.append((err, msg.value()))
+            else:
+                self.acked.append((msg.partition(), msg.offset(), msg.value()))
+
+
+def check_log_is_exactly(acked, got):
+    """The log holds each acknowledged record once, at its acknowledged offset."""
+    assert len(set(acked)) == len(acked)
+    values = [v for (_, _, v) in got]
+    dups = {v for v in values if values.count(v) > 1} if len(values) != len(set(values)) else set()
+    assert not dups, f"{len(dups)} records are in the log twice, e.g. {sorted(dups)[:3]}"
+    assert sorted(got) == sorted(acked), \
+        f"log has {len(got)} records, {len(acked)} were acknowledged; " \
+        f"missing {sorted(set(acked) - set(got))[:5]}"
+
+
+@pytest.mark.parametrize("store", ["s3", "file"])
+def test_three_brokers_serve_one_log(cluster_factory, store):
+    cl = cluster_factory(store=store)
+    create(cl.by_id(1).bootstrap, "fares", 6)
+    md = admin(cl.by_id(3).bootstrap).list_topics(timeout=OP_TIMEOUT_S)
+    assert sorted(md.brokers) == [1, 2, 3]
+    leaders = {p.leader for p in md.topics["fares"].partitions.values()}
+    assert len(leaders) >= 2, f"six partitions all led by {leaders}: no spread"
+
+    acks = Acks()
+    p = Producer(producer_config(cl.bootstrap, enable_idempotence=True, linger_ms=2))
+    for i in range(3000):
+        p.produce("fares", key=str(i % 97).encode(), value=f"fare-{i}".encode(), on_delivery=acks)
+        p.poll(0)
+    assert p.flush(60) == 0
+    assert not acks.failed, acks.failed[:3]
+    assert len(acks.acked) == 3000
+    # every broker serves every partition: read through each one alone
+    for b in cl.brokers:
+        check_log_is_exactly(acks.acked, read_partitions(b.bootstrap, "fares", 6, 3000))
+
+    # kafka-python, another client, writes and reads the same log
+    kp = KafkaProducer(bootstrap_servers=cl.bootstrap, acks="all")
+    futs = [kp.send("fares", value=f"kp-{i}".encode(), partition=i % 6) for i in range(60)]
+    kmeta = [f.get(timeout=30) for f in futs]
+    kp.close()
+    kc = KafkaConsumer(bootstrap_servers=cl.by_id(2).bootstrap, enable_auto_commit=False,
+                       consumer_timeout_ms=3000)
+    kc.assign([KTopicPartition("fares", q) for q in range(6)])
+    for q in range(6):
+        kc.seek(KTopicPartition("fares", q), 0)
+    seen = {(r.partition, r.offset): r.value for r in kc}
+    kc.close()
+    assert len(seen) == 3060
+    for m, i in zip(kmeta, range(60)):
+        assert seen[(m.partition, m.offset)] == f"kp-{i}".encode()
+    # the rows say what the clients saw
+    rows = cl.sql("SELECT sum(next_offset) FROM partitions")
+    assert rows[0][0] == 3060
+
+
+def test_kill9_of_a_broker_loses_nothing_and_retries_are_not_duplicated(cluster_factory):
+    cl = cluster_factory(store="s3", overrides={"cluster.lease.ms": 2000})
+    create(cl.by_id(1).bootstrap, "rides", 6)
+    md = admin(cl.bootstrap).list_topics(timeout=OP_TIMEOUT_S)
+    by_leader = {}
+    for pid, pm in md.topics["rides"].partitions.items():
+        by_leader.setdefault(pm.leader, []).append(pid)
+    victim = max(by_leader, key=lambda k: len(by_leader[k]))
+
+    acks = Acks()
+    p = Producer(producer_config(cl.bootstrap, enable_idempotence=True, linger_ms=5,
+                                 message_timeout_ms=60000, retry_backoff_ms=100))
+    stop = threading.Event()
+    sent = [0]
+
+    def produce():
+        i = 0
+        while not stop.is_set() and i < 40000:
+            try:
+                p.produce("rides", value=f"ride-{i}".encode(), partition=i % 6, on_delivery=acks)
+                i += 1
+            except BufferError:
+                p.poll(0.05)
+            if i % 100 == 0:
+                p.poll(0)
+                time.sleep(0.01)
+        sent[0] = i
+
+    t = threading.Thread(target=produce)
+    t.start()
+    time.sleep(2.0)
+    cl.by_id(victim).kill9()
+    time.sleep(2.5)
+    cl.by_id(victim).start()
+    time.sleep(2.0)
+    stop.set()
+    t.join(30)
+    assert p.flush(90) == 0
+    assert not acks.failed, f"{len(acks.failed)} failed, e.g. {acks.failed[:3]}"
+    assert len(acks.acked) == sent[0] > 1000
+    check_log_is_exactly(acks.acked, read_partitions(cl.bootstrap, "rides", 6, sent[0]))
+    log = cl.by_id(victim).log_text()
+    assert "cluster mode: registered" in log and log.count("==== test harness: start") == 2
+    # the restarted broker is a new session of its id
+    assert cl.sql("SELECT session FROM brokers WHERE id = %s", victim)[0][0] == 2
+
+
+def test_a_broker_paused_past_its_lease_commits_nothing_late(cluster_factory):
+    cl = cluster_factory(store="file", n=2, overrides={"cluster.lease.ms": 1200})
+    create(cl.by_id(1).bootstrap, "zombies", 1)
+    paused = cl.by_id(1)
+    # A producer that talks to the paused broker only.
+    acks = Acks()
+    p = Producer(producer_config(paused.bootstrap, enable_idempotence=True, linger_ms=1,
+                                 message_timeout_ms=30000))
+    for i in range(50):
+        p.produce("zombies", value=f"early-{i}".encode(), on_delivery=acks)
+    assert p.flush(30) == 0
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        for i in range(50):
+            p.produce("zombies", value=f"paused-{i}".encode(), on_delivery=acks)
+        p.poll(0.2)
+        time.sleep(3.0)  # past the lease, by PostgreSQL's clock
+        lease = cl.sql("SELECT lease_expires_at < clock_timestamp() FROM brokers WHERE id = 1")
+        assert lease[0][0], "the paused broker's lease did not end"
+        # the other broker goes on alone
+        other = Producer(producer_config(cl.by_id(2).bootstrap, linger_ms=1))
+        other.produce("zombies", value=b"other")
+        assert other.flush(30) == 0
+        md = admin(cl.by_id(2).bootstrap).list_topics(timeout=OP_TIMEOUT_S)
+        assert sorted(md.brokers) == [2], "a broker past its lease is still listed"
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    assert p.flush(60) == 0
+    assert not acks.failed, acks.failed[:3]
+    got = read_partitions(cl.by_id(2).bootstrap, "zombies", 1, 101)
+    # everything acknowledged is there once; the broker re-registered before
+    # it acknowledged anything more (a new session)
+    values = [v for (_, _, v) in got]
+    assert len(values) == len(set(values)) == 101
+    assert sorted(acks.acked) == sorted(g for g in got if g[2] != b"other")
+    log = paused.log_text()
+    assert "lease ended before it was renewed" in log or "is fenced" in log, \
+        "the paused broker never noticed that its session ended"
+    assert cl.sql("SELECT session FROM brokers WHERE id = 1")[0][0] >= 2

@@ -211,3 +211,101 @@ def test_a_broker_paused_past_its_lease_commits_nothing_late(cluster_factory):
     assert "lease ended before it was renewed" in log or "is fenced" in log, \
         "the paused broker never noticed that its session ended"
     assert cl.sql("SELECT session FROM brokers WHERE id = 1")[0][0] >= 2
+
+
+def read_values(bootstrap, topic, partitions, isolation, settle=2.0):
+    """Every value readable from the partitions under an isolation level,
+    reading until nothing new came for `settle` seconds."""
+    c = Consumer(consumer_config(bootstrap, isolation_level=isolation))
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        got = []
+        quiet_since = time.monotonic()
+        deadline = time.monotonic() + 60
+        while time.monotonic() - quiet_since < settle and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append(m.value())
+            quiet_since = time.monotonic()
+        return got
+    finally:
+        c.close()
+
+
+def txn_producer(bootstrap, tid, **extra):
+    conf = producer_config(bootstrap, transactional_id=tid, linger_ms=2, **extra)
+    conf["enable.idempotence"] = True
+    return Producer(conf)
+
+
+def test_transactions_commit_abort_and_fence_a_zombie_across_brokers(cluster_factory):
+    cl = cluster_factory(store="s3")
+    create(cl.by_id(1).bootstrap, "fares-txn", 3)
+    a = txn_producer(cl.bootstrap, "fare-writer")
+    a.init_transactions(30)
+    a.begin_transaction()
+    for i in range(30):
+        a.produce("fares-txn", value=f"c1-{i}".encode(), partition=i % 3)
+    a.commit_transaction(30)
+    a.begin_transaction()
+    for i in range(10):
+        a.produce("fares-txn", value=f"ab-{i}".encode(), partition=i % 3)
+    a.flush(30)
+    a.abort_transaction(30)
+
+    # The zombie: A opens a transaction and writes; B, the same id, starts.
+    a.begin_transaction()
+    for i in range(5):
+        a.produce("fares-txn", value=f"zombie-{i}".encode(), partition=i % 3)
+    a.flush(30)
+    b = txn_producer(cl.bootstrap, "fare-writer")
+    b.init_transactions(30)  # fences A and aborts its open transaction
+    b.begin_transaction()
+    for i in range(7):
+        b.produce("fares-txn", value=f"b-{i}".encode(), partition=i % 3)
+    b.commit_transaction(30)
+    with pytest.raises(Exception) as fenced:
+        a.produce("fares-txn", value=b"zombie-late", partition=0)
+        a.commit_transaction(15)
+    assert "fenced" in str(fenced.value).lower() or "epoch" in str(fenced.value).lower(), \
+        fenced.value
+
+    committed = sorted(read_values(cl.by_id(2).bootstrap, "fares-txn", 3, "read_committed"))
+    assert committed == sorted([f"c1-{i}".encode() for i in range(30)]
+                               + [f"b-{i}".encode() for i in range(7)])
+    everything = read_values(cl.by_id(3).bootstrap, "fares-txn", 3, "read_uncommitted")
+    assert len(everything) == 30 + 10 + 5 + 7
+    # each ended transaction left one marker per partition: no PREPARE state,
+    # all markers of a transaction from one PostgreSQL transaction
+    markers = cl.sql("SELECT count(*) FROM batches WHERE control")[0][0]
+    assert markers == 4 * 3
+    assert cl.sql("SELECT count(*) FROM producers WHERE txn_first_offset IS NOT NULL")[0][0] == 0
+    state = cl.sql("SELECT meta->>'state', (meta->>'epoch')::int FROM transactions")
+    assert state == [("CompleteCommit", 1)]
+
+
+def test_a_transaction_past_its_timeout_is_aborted_and_the_lso_moves(cluster_factory):
+    cl = cluster_factory(store="file", n=2)
+    create(cl.by_id(1).bootstrap, "slow", 1)
+    stuck = txn_producer(cl.by_id(1).bootstrap, "stuck-writer", transaction_timeout_ms=2000,
+                         message_timeout_ms=2000)
+    stuck.init_transactions(30)
+    stuck.begin_transaction()
+    stuck.produce("slow", value=b"never", partition=0)
+    stuck.flush(30)
+    later = Producer(producer_config(cl.by_id(2).bootstrap, enable_idempotence=True))
+    later.produce("slow", value=b"after", partition=0)
+    assert later.flush(30) == 0
+    # Pinned by the open transaction, then freed by the timeout abort (run by
+    # whichever broker looks first).
+    assert read_values(cl.by_id(2).bootstrap, "slow", 1, "read_committed", settle=0.5) == []
+    deadline = time.monotonic() + 20
+    got = []
+    while time.monotonic() < deadline and got != [b"after"]:
+        got = read_values(cl.by_id(2).bootstrap, "slow", 1, "read_committed", settle=0.5)
+    assert got == [b"after"]
+    assert cl.sql("SELECT count(*) FROM aborted_txns")[0][0] == 1
+    logs = cl.by_id(1).log_text() + cl.by_id(2).log_text()
+    assert "transaction timed out; aborted" in logs

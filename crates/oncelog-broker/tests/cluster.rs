@@ -166,7 +166,7 @@ async fn round_trip(store: String) {
             let f = f.clone();
             let id = topic.id;
             tasks.push(tokio::spawn(async move {
-                f.produce(id, p, batch(&format!("p{p}b{i}"), 3, -1, -1, 0))
+                f.produce(id, "t", p, batch(&format!("p{p}b{i}"), 3, -1, -1, 0))
                     .await
             }));
         }
@@ -182,18 +182,18 @@ async fn round_trip(store: String) {
     // An idempotent producer: in order, a retry, a gap, an old epoch.
     let pid = 4242;
     let a = appended(
-        &f.produce(topic.id, 0, batch("idem0", 2, pid, 3, 0))
+        &f.produce(topic.id, "t", 0, batch("idem0", 2, pid, 3, 0))
             .await
             .unwrap(),
     );
     let b = appended(
-        &f.produce(topic.id, 0, batch("idem1", 2, pid, 3, 2))
+        &f.produce(topic.id, "t", 0, batch("idem1", 2, pid, 3, 2))
             .await
             .unwrap(),
     );
     assert_eq!(b, a + 2);
     match f
-        .produce(topic.id, 0, batch("idem0", 2, pid, 3, 0))
+        .produce(topic.id, "t", 0, batch("idem0", 2, pid, 3, 0))
         .await
         .unwrap()
     {
@@ -201,7 +201,7 @@ async fn round_trip(store: String) {
         o => panic!("a retry must be answered as a duplicate, got {o:?}"),
     }
     match f
-        .produce(topic.id, 0, batch("gap", 1, pid, 3, 9))
+        .produce(topic.id, "t", 0, batch("gap", 1, pid, 3, 9))
         .await
         .unwrap()
     {
@@ -212,7 +212,7 @@ async fn round_trip(store: String) {
         o => panic!("a sequence gap must be refused, got {o:?}"),
     }
     match f
-        .produce(topic.id, 0, batch("zombie", 1, pid, 2, 4))
+        .produce(topic.id, "t", 0, batch("zombie", 1, pid, 2, 4))
         .await
         .unwrap()
     {
@@ -221,7 +221,7 @@ async fn round_trip(store: String) {
     }
     // Unknown partition: refused, nothing else disturbed.
     assert_eq!(
-        f.produce(topic.id, 7, batch("nowhere", 1, -1, -1, 0))
+        f.produce(topic.id, "t", 7, batch("nowhere", 1, -1, -1, 0))
             .await
             .unwrap(),
         BatchOutcome::UnknownPartition
@@ -291,7 +291,7 @@ async fn two_brokers_racing_on_one_partition_never_ack_the_same_offset() {
             let id = topic.id;
             tasks.push(tokio::spawn(async move {
                 let tag = format!("b{bi}-{i}");
-                let o = f.produce(id, 0, batch(&tag, 2, -1, -1, 0)).await;
+                let o = f.produce(id, "t", 0, batch(&tag, 2, -1, -1, 0)).await;
                 (tag, o)
             }));
         }
@@ -332,7 +332,7 @@ async fn a_broker_past_its_lease_or_session_is_fenced() {
         .unwrap();
     let f = Flusher::start(paused.clone());
     appended(
-        &f.produce(topic.id, 0, batch("before", 1, -1, -1, 0))
+        &f.produce(topic.id, "t", 0, batch("before", 1, -1, -1, 0))
             .await
             .unwrap(),
     );
@@ -343,7 +343,10 @@ async fn a_broker_past_its_lease_or_session_is_fenced() {
         paused.session.is_live(),
         "the broker itself has not noticed"
     );
-    match f.produce(topic.id, 0, batch("late", 1, -1, -1, 0)).await {
+    match f
+        .produce(topic.id, "t", 0, batch("late", 1, -1, -1, 0))
+        .await
+    {
         Err(e) => assert!(matches!(*e, ClusterError::Fenced { .. }), "{e}"),
         Ok(o) => panic!("a write past the lease was committed: {o:?}"),
     }
@@ -361,7 +364,7 @@ async fn a_broker_past_its_lease_or_session_is_fenced() {
     assert!(matches!(fenced, Err(ClusterError::Fenced { .. })));
     let g = Flusher::start(again.clone());
     appended(
-        &g.produce(topic.id, 0, batch("after", 1, -1, -1, 0))
+        &g.produce(topic.id, "t", 0, batch("after", 1, -1, -1, 0))
             .await
             .unwrap(),
     );
@@ -388,7 +391,7 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
         .unwrap();
     let f = Flusher::start(b.clone());
     appended(
-        &f.produce(topic.id, 0, batch("kept", 1, -1, -1, 0))
+        &f.produce(topic.id, "t", 0, batch("kept", 1, -1, -1, 0))
             .await
             .unwrap(),
     );
@@ -417,6 +420,7 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
         data.len() as u64,
         &[sequencer::FlushBatch {
             topic_id: topic.id,
+            topic: Arc::from("gc"),
             partition: 0,
             position: 0,
             length: data.len() as u32,

@@ -28,6 +28,7 @@ pub type ProduceResult = Result<BatchOutcome, Arc<ClusterError>>;
 
 struct Submit {
     topic_id: Uuid,
+    topic: Arc<str>,
     partition: i32,
     data: Bytes,
     reply: oneshot::Sender<ProduceResult>,
@@ -91,6 +92,7 @@ impl Flusher {
     pub async fn submit(
         &self,
         topic_id: Uuid,
+        topic: &str,
         partition: i32,
         data: Bytes,
     ) -> Result<oneshot::Receiver<ProduceResult>, Arc<ClusterError>> {
@@ -98,6 +100,7 @@ impl Flusher {
         self.tx
             .send(Submit {
                 topic_id,
+                topic: Arc::from(topic),
                 partition,
                 data,
                 reply,
@@ -109,8 +112,14 @@ impl Flusher {
     }
 
     /// [`Self::submit`] and wait for the answer.
-    pub async fn produce(&self, topic_id: Uuid, partition: i32, data: Bytes) -> ProduceResult {
-        let rx = self.submit(topic_id, partition, data).await?;
+    pub async fn produce(
+        &self,
+        topic_id: Uuid,
+        topic: &str,
+        partition: i32,
+        data: Bytes,
+    ) -> ProduceResult {
+        let rx = self.submit(topic_id, topic, partition, data).await?;
         rx.await.map_err(|_| stopped())?
     }
 }
@@ -168,6 +177,7 @@ fn assemble(cluster: &Arc<Cluster>, seq: &AtomicU64, subs: Vec<Submit>) -> Fligh
         let producer = (h.producer_id() >= 0).then(|| producer_batch(&h));
         batches.push(FlushBatch {
             topic_id: s.topic_id,
+            topic: s.topic.clone(),
             partition: s.partition,
             position,
             length: s.data.len() as u32,

@@ -15,6 +15,8 @@ use super::{collector, reader, Cluster, ClusterConfig, ClusterError};
 
 /// How often the copies of the live brokers and the topics are refreshed.
 const REFRESH: Duration = Duration::from_millis(500);
+/// How often transactions past their timeout are looked for.
+const TIMEOUTS_EVERY: Duration = Duration::from_secs(1);
 /// How often the collector runs.
 const COLLECT_EVERY: Duration = Duration::from_secs(60);
 
@@ -52,6 +54,17 @@ impl Front {
                     tokio::time::sleep(REFRESH).await;
                     if let Err(e) = f.refresh().await {
                         tracing::warn!(error = %e, "cluster: refreshing brokers and topics failed");
+                    }
+                }
+            });
+        }
+        {
+            let c = cluster.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(TIMEOUTS_EVERY).await;
+                    if let Err(e) = super::txn::abort_expired(&c).await {
+                        tracing::warn!(error = %e, "cluster: the transaction timeout check failed");
                     }
                 }
             });

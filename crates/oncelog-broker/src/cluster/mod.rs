@@ -20,6 +20,7 @@ pub mod reader;
 pub mod schema;
 pub mod sequencer;
 pub mod session;
+pub mod txn;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -188,6 +189,13 @@ pub fn preferred_broker(topic_id: &uuid::Uuid, partition: i32, live: &[i32]) -> 
     live.iter()
         .copied()
         .max_by_key(|b| rendezvous_weight(topic_id.as_bytes(), partition, *b))
+}
+
+/// The live broker rendezvous hashing picks for `key` (a transactional id).
+pub fn rendezvous(key: &[u8], live: &[i32]) -> Option<i32> {
+    live.iter()
+        .copied()
+        .max_by_key(|b| rendezvous_weight(key, -1, *b))
 }
 
 fn rendezvous_weight(key: &[u8], partition: i32, broker: i32) -> u64 {

@@ -94,6 +94,13 @@ CREATE TABLE IF NOT EXISTS aborted_txns (
     FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE
 );
 CREATE SEQUENCE IF NOT EXISTS producer_ids START 1000;
+CREATE TABLE IF NOT EXISTS transactions (
+    transactional_id text PRIMARY KEY,
+    producer_id      bigint NOT NULL,
+    meta             jsonb NOT NULL,
+    updated_at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS transactions_by_producer ON transactions (producer_id);
 "#;
 
 /// Creates the tables if they are missing and checks the stored version.

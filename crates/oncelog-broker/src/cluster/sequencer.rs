@@ -18,11 +18,14 @@ use uuid::Uuid;
 use super::session::check_fence;
 use super::ClusterError;
 use crate::producer_state::{ProduceReject, ProducerBatch, ProducerEntry, ProducerState, Verdict};
+use crate::txn_coordinator::{verify_write, VerifyError};
 
 /// One client batch of a flushed object.
 #[derive(Debug, Clone)]
 pub struct FlushBatch {
     pub topic_id: Uuid,
+    /// The topic's name (transactions name their partitions by it).
+    pub topic: std::sync::Arc<str>,
     pub partition: i32,
     /// Where the batch starts in the object, and its length.
     pub position: u64,
@@ -48,9 +51,9 @@ pub enum BatchOutcome {
     Rejected(ProduceReject),
     /// No such partition (the topic was deleted, or never existed).
     UnknownPartition,
-    /// A transactional batch: cluster mode has no transaction coordinator yet
-    /// (docs/cluster.md, Status), so none is taken.
-    TransactionsUnsupported,
+    /// A transactional batch its producer's open transaction does not hold
+    /// (not added, ended, or the producer was fenced).
+    Unverified(VerifyError),
 }
 
 /// A partition's high watermark after a commit.
@@ -107,6 +110,24 @@ pub async fn commit_flush(
         &[&key, &(size as i64), &broker_id],
     )
     .await?;
+
+    // Transactional producers' coordinator rows, FOR SHARE (before the
+    // partitions, the order EndTxn takes them in too).
+    let mut txn_pids: Vec<i64> = batches
+        .iter()
+        .filter_map(|b| {
+            b.producer
+                .filter(|p| p.transactional)
+                .map(|p| p.producer_id)
+        })
+        .collect();
+    txn_pids.sort();
+    txn_pids.dedup();
+    let views = if txn_pids.is_empty() {
+        Default::default()
+    } else {
+        super::txn::views_for_produce(&tx, &txn_pids).await?
+    };
 
     // Lock every partition of the flush, in order.
     let mut parts: Vec<(Uuid, i32)> = batches.iter().map(|b| (b.topic_id, b.partition)).collect();
@@ -175,8 +196,12 @@ pub async fn commit_flush(
         let log_start_offset = *log_start;
         if let Some(p) = &b.producer {
             if p.transactional {
-                outcomes.push(BatchOutcome::TransactionsUnsupported);
-                continue;
+                if let Err(e) =
+                    verify_write(views.get(&p.producer_id), p.epoch, &b.topic, b.partition)
+                {
+                    outcomes.push(BatchOutcome::Unverified(e));
+                    continue;
+                }
             }
             let state = states.entry(k).or_default();
             match state.check(p) {

@@ -1,8 +1,10 @@
 //! The requests a broker in cluster mode serves, over the cluster backend
 //! (docs/cluster.md): ApiVersions, Metadata, CreateTopics, DeleteTopics,
-//! Produce, Fetch, ListOffsets and InitProducerId for idempotent producers.
-//! Transactions and consumer groups are not served in cluster mode yet: their
-//! APIs are not advertised, and a request for one closes the connection
+//! Produce, Fetch, ListOffsets, FindCoordinator, and transactions
+//! (InitProducerId, AddPartitionsToTxn, EndTxn; transaction version 1).
+//! Consumer groups and transactional offsets are not served in cluster mode
+//! yet: their APIs are not advertised (FindCoordinator for a group answers
+//! COORDINATOR_NOT_AVAILABLE), and a request for one closes the connection
 //! with a log line, as any unsupported API does.
 
 use std::collections::BTreeMap;
@@ -10,6 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnRequest;
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResponse, AddPartitionsToTxnTopicResult,
+};
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 use kafka_protocol::messages::create_topics_request::CreateTopicsRequest;
 use kafka_protocol::messages::create_topics_response::{
@@ -19,10 +25,14 @@ use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
 use kafka_protocol::messages::delete_topics_response::{
     DeletableTopicResult, DeleteTopicsResponse,
 };
+use kafka_protocol::messages::end_txn_request::EndTxnRequest;
+use kafka_protocol::messages::end_txn_response::EndTxnResponse;
 use kafka_protocol::messages::fetch_request::FetchRequest;
 use kafka_protocol::messages::fetch_response::{
     AbortedTransaction, FetchResponse, FetchableTopicResponse, PartitionData,
 };
+use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
+use kafka_protocol::messages::find_coordinator_response::{Coordinator, FindCoordinatorResponse};
 use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
 use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
 use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
@@ -55,6 +65,7 @@ use crate::cluster::{preferred_broker, ClusterError};
 use crate::error::{ErrorCode, TopicError};
 use crate::producer_state::ProduceReject;
 use crate::topics::TopicMeta;
+use crate::txn_coordinator::{self as tc, CoordError, TxnMeta, VerifyError};
 use crate::Broker;
 
 /// What cluster mode serves, and the versions.
@@ -67,6 +78,9 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::InitProducerId, 0, 5),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
 ];
 
 /// Longest long poll honoured.
@@ -110,9 +124,24 @@ pub async fn handle(
         }),
         RequestKind::InitProducerId(r) => Box::pin(async move {
             respond(ResponseKind::InitProducerId(
-                init_producer_id(&front, r).await,
+                init_producer_id(&b, &front, r, version).await,
             ))
         }),
+        RequestKind::FindCoordinator(r) => Box::pin(async move {
+            respond(ResponseKind::FindCoordinator(
+                find_coordinator(&front, r, version).await,
+            ))
+        }),
+        RequestKind::AddPartitionsToTxn(r) => Box::pin(async move {
+            respond(ResponseKind::AddPartitionsToTxn(
+                add_partitions_to_txn(&front, r, version).await,
+            ))
+        }),
+        RequestKind::EndTxn(r) => {
+            Box::pin(
+                async move { respond(ResponseKind::EndTxn(end_txn(&front, r, version).await)) },
+            )
+        }
         RequestKind::Produce(r) => {
             // Queued now, in arrival order; answered after the commit.
             let wait = produce(&b, &front, r, version).await;
@@ -404,13 +433,69 @@ async fn delete_topics(
     DeleteTopicsResponse::default().with_responses(out)
 }
 
-async fn init_producer_id(front: &Front, req: InitProducerIdRequest) -> InitProducerIdResponse {
+/// The wire code of a coordinator refusal; PRODUCER_FENCED only where the
+/// request version knows it (as local mode).
+fn coord_code(e: CoordError, fenced_known: bool) -> ErrorCode {
+    match e {
+        CoordError::ConcurrentTransactions => ErrorCode::ConcurrentTransactions,
+        CoordError::ProducerFenced if fenced_known => ErrorCode::ProducerFenced,
+        CoordError::ProducerFenced => ErrorCode::InvalidProducerEpoch,
+        CoordError::InvalidProducerIdMapping => ErrorCode::InvalidProducerIdMapping,
+        CoordError::InvalidTxnState => ErrorCode::InvalidTxnState,
+    }
+}
+
+/// Runs a coordinator decision; storage failures are retriable
+/// (COORDINATOR_NOT_AVAILABLE: the client looks the coordinator up again).
+async fn decide(
+    front: &Front,
+    id: &str,
+    f: Box<crate::cluster::txn::Decide<'_>>,
+    fenced_known: bool,
+) -> Result<(i64, i16), ErrorCode> {
+    match crate::cluster::txn::run(&front.cluster, id, f).await {
+        Ok(Ok(identity)) => Ok(identity),
+        Ok(Err(e)) => {
+            tracing::debug!(transactional_id = id, error = %e, "cluster: coordinator refused");
+            Err(coord_code(e, fenced_known))
+        }
+        Err(e) => {
+            tracing::warn!(transactional_id = id, error = %e, "cluster: coordinator decision not committed");
+            Err(ErrorCode::CoordinatorNotAvailable)
+        }
+    }
+}
+
+async fn init_producer_id(
+    b: &Broker,
+    front: &Front,
+    req: InitProducerIdRequest,
+    version: i16,
+) -> InitProducerIdResponse {
     let resp = InitProducerIdResponse::default()
         .with_producer_id(ProducerId(-1))
         .with_producer_epoch(-1);
-    if req.transactional_id.is_some() {
-        // Transactions are not served in cluster mode yet (docs/cluster.md).
-        return resp.with_error_code(ErrorCode::CoordinatorNotAvailable.code());
+    if let Some(id) = req.transactional_id.as_ref().map(|t| t.0.to_string()) {
+        let timeout = req.transaction_timeout_ms;
+        if timeout <= 0 || timeout > b.config.transaction_max_timeout_ms {
+            return resp.with_error_code(ErrorCode::InvalidTransactionTimeout.code());
+        }
+        let expected = (version >= 3 && req.producer_id.0 >= 0)
+            .then_some((req.producer_id.0, req.producer_epoch));
+        let tid = id.clone();
+        let f = Box::new(
+            move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+                tc::decide_init(m, &tid, timeout, expected, now, new_pid)
+            },
+        );
+        return match decide(front, &id, f, version >= 4).await {
+            Ok((pid, epoch)) => {
+                tracing::debug!(transactional_id = %id, producer_id = pid, epoch, "cluster: producer initialised");
+                resp.with_producer_id(ProducerId(pid))
+                    .with_producer_epoch(epoch)
+            }
+            Err(code) => resp.with_error_code(code.code()),
+        };
     }
     let next = async {
         let client = front.cluster.pool.get().await.map_err(ClusterError::from)?;
@@ -429,6 +514,167 @@ async fn init_producer_id(front: &Front, req: InitProducerIdRequest) -> InitProd
             resp.with_error_code(ErrorCode::CoordinatorNotAvailable.code())
         }
     }
+}
+
+/// What FindCoordinator says of one key.
+struct CoordAnswer {
+    code: ErrorCode,
+    message: Option<String>,
+    node: i32,
+    host: String,
+    port: i32,
+}
+
+impl CoordAnswer {
+    fn none(code: ErrorCode, message: String) -> Self {
+        Self {
+            code,
+            message: Some(message),
+            node: -1,
+            host: String::new(),
+            port: -1,
+        }
+    }
+}
+
+/// FindCoordinator: a transactional id's coordinator is the live broker
+/// rendezvous hashing picks (any broker could decide for it; this spreads
+/// the load). Groups are not served in cluster mode yet.
+async fn find_coordinator(
+    front: &Front,
+    req: FindCoordinatorRequest,
+    version: i16,
+) -> FindCoordinatorResponse {
+    let live = front.live_now().await;
+    let ids: Vec<i32> = live.iter().map(|x| x.id).collect();
+    let answer = |key: &str| match req.key_type {
+        1 => match crate::cluster::rendezvous(key.as_bytes(), &ids)
+            .and_then(|id| live.iter().find(|x| x.id == id))
+        {
+            Some(x) => CoordAnswer {
+                code: ErrorCode::None,
+                message: None,
+                node: x.id,
+                host: x.host.clone(),
+                port: x.port,
+            },
+            None => CoordAnswer::none(ErrorCode::CoordinatorNotAvailable, "no live broker".into()),
+        },
+        0 => CoordAnswer::none(
+            ErrorCode::CoordinatorNotAvailable,
+            "consumer groups are not served in cluster mode yet".into(),
+        ),
+        k => CoordAnswer::none(ErrorCode::InvalidRequest, format!("unknown key type {k}")),
+    };
+    let mut resp = FindCoordinatorResponse::default();
+    if version >= 4 {
+        resp.coordinators = req
+            .coordinator_keys
+            .iter()
+            .map(|key| {
+                let a = answer(key.as_str());
+                Coordinator::default()
+                    .with_key(key.clone())
+                    .with_error_code(a.code.code())
+                    .with_error_message(a.message.map(s))
+                    .with_node_id(BrokerId(a.node))
+                    .with_host(s(a.host))
+                    .with_port(a.port)
+            })
+            .collect();
+    } else {
+        let a = answer(req.key.as_str());
+        resp.error_code = a.code.code();
+        if version >= 1 {
+            resp.error_message = a.message.map(s);
+        }
+        resp.node_id = BrokerId(a.node);
+        resp.host = s(a.host);
+        resp.port = a.port;
+    }
+    resp
+}
+
+async fn add_partitions_to_txn(
+    front: &Front,
+    req: AddPartitionsToTxnRequest,
+    version: i16,
+) -> AddPartitionsToTxnResponse {
+    let id = req.v3_and_below_transactional_id.0.to_string();
+    let (pid, epoch) = (
+        req.v3_and_below_producer_id.0,
+        req.v3_and_below_producer_epoch,
+    );
+    let topics = &req.v3_and_below_topics;
+    // Unknown partitions fail the whole set (they get UNKNOWN_TOPIC_OR_PARTITION,
+    // the others OPERATION_NOT_ATTEMPTED), as local mode.
+    let mut known: BTreeMap<String, i32> = BTreeMap::new();
+    for t in topics {
+        if let Ok(Some(row)) = front.topic(t.name.0.as_str()).await {
+            known.insert(row.name.clone(), row.partitions);
+        }
+    }
+    let exists = |t: &str, p: i32| known.get(t).is_some_and(|n| p >= 0 && p < *n);
+    let unknown = topics
+        .iter()
+        .any(|t| t.partitions.iter().any(|p| !exists(t.name.0.as_str(), *p)));
+    let shared = if unknown {
+        None
+    } else {
+        let parts: Vec<(String, i32)> = topics
+            .iter()
+            .flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), *p)))
+            .collect();
+        let f = Box::new(
+            move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64| {
+                tc::decide_add_partitions(m, pid, epoch, &parts, now)
+            },
+        );
+        decide(front, &id, f, version >= 2).await.err()
+    };
+    let results = topics
+        .iter()
+        .map(|t| {
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let code = if unknown {
+                        if exists(t.name.0.as_str(), *p) {
+                            ErrorCode::OperationNotAttempted
+                        } else {
+                            ErrorCode::UnknownTopicOrPartition
+                        }
+                    } else {
+                        shared.unwrap_or(ErrorCode::None)
+                    };
+                    AddPartitionsToTxnPartitionResult::default()
+                        .with_partition_index(*p)
+                        .with_partition_error_code(code.code())
+                })
+                .collect();
+            AddPartitionsToTxnTopicResult::default()
+                .with_name(t.name.clone())
+                .with_results_by_partition(parts)
+        })
+        .collect();
+    AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results)
+}
+
+async fn end_txn(front: &Front, req: EndTxnRequest, version: i16) -> EndTxnResponse {
+    let id = req.transactional_id.0.to_string();
+    let (pid, epoch, commit) = (req.producer_id.0, req.producer_epoch, req.committed);
+    let f = Box::new(
+        move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+            tc::decide_end(m, pid, epoch, commit, false, now, new_pid)
+        },
+    );
+    let mut resp = EndTxnResponse::default();
+    match decide(front, &id, f, version >= 2).await {
+        Ok(_) => tracing::debug!(transactional_id = %id, commit, "cluster: transaction ended"),
+        Err(code) => resp.error_code = code.code(),
+    }
+    resp
 }
 
 enum Queued {
@@ -487,10 +733,10 @@ async fn queue_one(
             "clients are not allowed to write control records".into(),
         );
     }
-    if h.is_transactional() {
+    if h.is_transactional() && h.producer_id() < 0 {
         return bad(
-            ErrorCode::InvalidTxnState,
-            "transactions are not served in cluster mode yet".into(),
+            ErrorCode::InvalidRecord,
+            "transactional batch without a producer id".into(),
         );
     }
     if h.producer_id() >= 0 && h.base_sequence() < 0 {
@@ -511,7 +757,7 @@ async fn queue_one(
     }
     // The stored bytes are the client's (offsets are patched when served).
     let data = Bytes::from(BytesMut::from(&records[..]));
-    match front.flusher.submit(t.id, index, data).await {
+    match front.flusher.submit(t.id, &t.name, index, data).await {
         Ok(rx) => Queued::Waiting(rx),
         Err(e) => bad(ErrorCode::KafkaStorageError, e.to_string()),
     }
@@ -544,11 +790,16 @@ fn outcome_code(
             -1,
             Some("the partition does not exist".into()),
         ),
-        Ok(BatchOutcome::TransactionsUnsupported) => (
-            ErrorCode::InvalidTxnState,
+        // as local mode: a fenced epoch is INVALID_PRODUCER_EPOCH in a
+        // produce answer, a partition outside the transaction INVALID_TXN_STATE
+        Ok(BatchOutcome::Unverified(v)) => (
+            match v {
+                VerifyError::StaleEpoch => ErrorCode::InvalidProducerEpoch,
+                VerifyError::NotInTransaction => ErrorCode::InvalidTxnState,
+            },
             -1,
             -1,
-            Some("transactions are not served in cluster mode yet".into()),
+            Some(v.to_string()),
         ),
         // Fenced: this broker's session ended; NOT_LEADER makes the client
         // refresh its metadata and retry (elsewhere, or here once re-registered).

@@ -1,0 +1,344 @@
+//! The transaction coordinator in cluster mode: the same decisions as local
+//! mode ([`crate::txn_coordinator`]'s `decide_*`, pure effect lists), run
+//! by a driver that executes *every* effect of a decision inside one
+//! PostgreSQL transaction holding the transactional id's row `FOR UPDATE`:
+//! the new coordinator state, the COMMIT/ABORT markers of every partition
+//! (with their LSO and aborted-index changes) and the reply's identity
+//! commit together or not at all. There is no PREPARE state anyone can see
+//! and no marker to re-drive after a crash.
+//!
+//! Any broker may run a decision for any id (PostgreSQL orders them);
+//! FindCoordinator spreads ids over the live brokers for load only.
+
+use std::collections::{BTreeMap, HashMap};
+
+use deadpool_postgres::Pool;
+use oncelog_log::batch;
+use uuid::Uuid;
+
+use super::sequencer::{notify_payload, Advanced, DATA_CHANNEL};
+use super::session::check_fence;
+use super::{Cluster, ClusterError};
+use crate::producer_state::{ProducerEntry, ProducerState};
+use crate::txn_coordinator::{CoordError, Effect, ProducerView, TxnMeta};
+
+/// Cluster mode has one coordinator epoch: PostgreSQL orders every marker.
+const COORDINATOR_EPOCH: i32 = 0;
+
+/// A decision: given the current state (if any), PostgreSQL's time in ms
+/// and a producer id allocator, the effects to run.
+pub type Decide<'a> = dyn FnOnce(Option<&TxnMeta>, i64, &mut dyn FnMut() -> i64) -> Result<Vec<Effect>, CoordError>
+    + Send
+    + 'a;
+
+/// Runs one decision for `id`; `Ok(Err(_))` is the coordinator's refusal
+/// (nothing written), `Ok(Ok(identity))` the reply after the commit.
+pub async fn run(
+    cluster: &Cluster,
+    id: &str,
+    decide: Box<Decide<'_>>,
+) -> Result<Result<(i64, i16), CoordError>, ClusterError> {
+    let mut client = cluster.pool.get().await?;
+    let tx = client.transaction().await?;
+    check_fence(&*tx, cluster.config.broker_id, cluster.session.session()).await?;
+    let row = tx
+        .query_opt(
+            "SELECT meta, (extract(epoch from clock_timestamp()) * 1000)::bigint \
+             FROM transactions WHERE transactional_id = $1 FOR UPDATE",
+            &[&id],
+        )
+        .await?;
+    let (existing, now) = match row {
+        Some(r) => {
+            let meta: serde_json::Value = r.get(0);
+            let meta: TxnMeta = serde_json::from_value(meta)
+                .map_err(|e| ClusterError::Invariant(format!("transactions row {id}: {e}")))?;
+            (Some(meta), r.get::<_, i64>(1))
+        }
+        None => {
+            let r = tx
+                .query_one(
+                    "SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint",
+                    &[],
+                )
+                .await?;
+            (None, r.get::<_, i64>(0))
+        }
+    };
+    // Producer ids a decision may need, drawn before it (an unused one is a
+    // harmless gap in the sequence).
+    let ids: Vec<i64> = tx
+        .query(
+            "SELECT nextval('producer_ids') FROM generate_series(1, 2)",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut drawn = ids.into_iter();
+    let mut spare = -1i64;
+    let mut new_pid = || {
+        drawn.next().unwrap_or_else(|| {
+            spare -= 1;
+            spare
+        })
+    };
+    let effects = match decide(existing.as_ref(), now, &mut new_pid) {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e)),
+    };
+    if spare < -1 {
+        return Err(ClusterError::Invariant(
+            "a decision needed more producer ids than were drawn".into(),
+        ));
+    }
+    let mut reply = None;
+    let mut moved = Vec::new();
+    for e in effects {
+        match e {
+            Effect::Persist(m) | Effect::PersistLater(m) => {
+                let meta = serde_json::to_value(&m)
+                    .map_err(|e| ClusterError::Invariant(format!("TxnMeta: {e}")))?;
+                tx.execute(
+                    "INSERT INTO transactions (transactional_id, producer_id, meta) \
+                     VALUES ($1, $2, $3) ON CONFLICT (transactional_id) DO UPDATE \
+                     SET producer_id = EXCLUDED.producer_id, meta = EXCLUDED.meta, \
+                         updated_at = clock_timestamp()",
+                    &[&id, &m.producer_id, &meta],
+                )
+                .await?;
+            }
+            Effect::WriteMarkers {
+                producer_id,
+                epoch,
+                commit,
+                partitions,
+            } => {
+                moved.extend(
+                    write_markers(&tx, producer_id, epoch, commit, &partitions, now).await?,
+                );
+            }
+            // Transactional offsets are not served in cluster mode yet:
+            // AddOffsetsToTxn is refused, so nothing is pending.
+            Effect::CompleteOffsets { .. } => {}
+            Effect::Reply { producer_id, epoch } => reply = Some((producer_id, epoch)),
+        }
+    }
+    if !moved.is_empty() {
+        tx.execute(
+            "SELECT pg_notify($1, $2)",
+            &[&DATA_CHANNEL, &notify_payload(&moved)],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    cluster.advanced(&moved);
+    Ok(Ok(reply.unwrap_or((-1, -1))))
+}
+
+/// Writes one marker per partition, in (topic id, partition) order, each
+/// under its partition's row lock, with the producer-state change (the LSO)
+/// and, for an abort, the aborted-index row.
+async fn write_markers(
+    tx: &tokio_postgres::Transaction<'_>,
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+    partitions: &[(String, i32)],
+    now: i64,
+) -> Result<Vec<Advanced>, ClusterError> {
+    let names: Vec<String> = partitions.iter().map(|(t, _)| t.clone()).collect();
+    let ids: HashMap<String, Uuid> = tx
+        .query(
+            "SELECT name, id FROM topics WHERE name = ANY($1)",
+            &[&names],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut targets: Vec<(Uuid, i32)> = partitions
+        .iter()
+        .filter_map(|(t, p)| ids.get(t).map(|id| (*id, *p)))
+        .collect();
+    targets.sort();
+    targets.dedup();
+    let mut moved = Vec::new();
+    for (topic_id, partition) in targets {
+        let Some(row) = tx
+            .query_opt(
+                "SELECT next_offset FROM partitions WHERE topic_id = $1 AND partition = $2 \
+                 FOR UPDATE",
+                &[&topic_id, &partition],
+            )
+            .await?
+        else {
+            continue; // the partition went with its topic
+        };
+        let offset: i64 = row.get(0);
+        let entry = tx
+            .query_opt(
+                "SELECT entry FROM producers WHERE topic_id = $1 AND partition = $2 \
+                 AND producer_id = $3",
+                &[&topic_id, &partition, &producer_id],
+            )
+            .await?;
+        let mut entries = BTreeMap::new();
+        if let Some(r) = entry {
+            let v: serde_json::Value = r.get(0);
+            let e: ProducerEntry = serde_json::from_value(v)
+                .map_err(|e| ClusterError::Invariant(format!("a producers row: {e}")))?;
+            entries.insert(producer_id, e);
+        }
+        let mut state = ProducerState::with_entries(entries);
+        if let Err(r) = state.check_marker(producer_id, epoch, COORDINATOR_EPOCH) {
+            tracing::warn!(producer_id, epoch, error = %r, "cluster: marker refused by the partition; skipped");
+            continue;
+        }
+        let data = batch::build_marker(producer_id, epoch, commit, COORDINATOR_EPOCH, now);
+        let done = state.apply_marker(producer_id, epoch, COORDINATOR_EPOCH, offset, !commit, now);
+        tx.execute(
+            "INSERT INTO batches (topic_id, partition, base_offset, last_offset, object_key, \
+               position, length, inline_data, max_timestamp, producer_id, control) \
+             VALUES ($1, $2, $3, $3, NULL, 0, $4, $5, $6, $7, true)",
+            &[
+                &topic_id,
+                &partition,
+                &offset,
+                &(data.len() as i32),
+                &data,
+                &now,
+                &producer_id,
+            ],
+        )
+        .await?;
+        let e = state
+            .get(producer_id)
+            .ok_or_else(|| ClusterError::Invariant("marker without producer state".into()))?;
+        let ev = serde_json::to_value(e)
+            .map_err(|e| ClusterError::Invariant(format!("a producer entry: {e}")))?;
+        tx.execute(
+            "INSERT INTO producers (topic_id, partition, producer_id, txn_first_offset, entry) \
+             VALUES ($1, $2, $3, NULL, $4) ON CONFLICT (topic_id, partition, producer_id) \
+             DO UPDATE SET txn_first_offset = NULL, entry = EXCLUDED.entry",
+            &[&topic_id, &partition, &producer_id, &ev],
+        )
+        .await?;
+        if let Some(t) = done.filter(|t| t.aborted) {
+            tx.execute(
+                "INSERT INTO aborted_txns (topic_id, partition, producer_id, first_offset, \
+                   last_offset) VALUES ($1, $2, $3, $4, $5)",
+                &[
+                    &topic_id,
+                    &partition,
+                    &producer_id,
+                    &t.first_offset,
+                    &t.last_offset,
+                ],
+            )
+            .await?;
+        }
+        tx.execute(
+            "UPDATE partitions SET next_offset = $3 WHERE topic_id = $1 AND partition = $2",
+            &[&topic_id, &partition, &(offset + 1)],
+        )
+        .await?;
+        moved.push(Advanced {
+            topic_id,
+            partition,
+            next_offset: offset + 1,
+        });
+    }
+    Ok(moved)
+}
+
+/// Inside a produce commit: the verification views of `producer_ids`, their
+/// transactions rows held `FOR SHARE` so no EndTxn of theirs can commit
+/// between the check and the batch (a batch after its marker would hang
+/// the partition).
+pub async fn views_for_produce(
+    tx: &tokio_postgres::Transaction<'_>,
+    producer_ids: &[i64],
+) -> Result<HashMap<i64, ProducerView>, ClusterError> {
+    let rows = tx
+        .query(
+            "SELECT meta FROM transactions WHERE producer_id = ANY($1) \
+             ORDER BY transactional_id FOR SHARE",
+            &[&producer_ids],
+        )
+        .await?;
+    let mut out = HashMap::new();
+    for r in rows {
+        let v: serde_json::Value = r.get(0);
+        let m: TxnMeta = serde_json::from_value(v)
+            .map_err(|e| ClusterError::Invariant(format!("a transactions row: {e}")))?;
+        out.insert(m.producer_id, ProducerView::of(&m));
+    }
+    Ok(out)
+}
+
+/// Transactional ids whose open transaction outlived its timeout (by
+/// PostgreSQL's clock).
+pub async fn expired(pool: &Pool) -> Result<Vec<String>, ClusterError> {
+    let client = pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT transactional_id FROM transactions WHERE meta->>'state' = 'Ongoing' \
+             AND (meta->>'start_ms')::bigint >= 0 \
+             AND (meta->>'start_ms')::bigint + (meta->>'timeout_ms')::bigint \
+                 < (extract(epoch from clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The state of one transactional id.
+pub async fn describe(pool: &Pool, id: &str) -> Result<Option<TxnMeta>, ClusterError> {
+    let client = pool.get().await?;
+    let row = client
+        .query_opt(
+            "SELECT meta FROM transactions WHERE transactional_id = $1",
+            &[&id],
+        )
+        .await?;
+    row.map(|r| {
+        serde_json::from_value(r.get::<_, serde_json::Value>(0))
+            .map_err(|e| ClusterError::Invariant(format!("a transactions row: {e}")))
+    })
+    .transpose()
+}
+
+/// Aborts (fencing their producers) the transactions that outlived their
+/// timeout, by PostgreSQL's clock. Safe on every broker at once: each abort
+/// is a decision under the id's row lock, and one that finds the
+/// transaction already ended does nothing.
+pub async fn abort_expired(cluster: &Cluster) -> Result<usize, ClusterError> {
+    let ids = expired(&cluster.pool).await?;
+    let mut n = 0;
+    for id in ids {
+        let f = Box::new(
+            |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+                Ok(m.map_or_else(Vec::new, |m| {
+                    crate::txn_coordinator::decide_timeout(
+                        m,
+                        now,
+                        crate::txn_coordinator::OnTimeout::Abort,
+                        new_pid,
+                    )
+                }))
+            },
+        );
+        match run(cluster, &id, f).await {
+            Ok(_) => {
+                tracing::info!(transactional_id = %id, "cluster: transaction timed out; aborted");
+                n += 1;
+            }
+            Err(e) => {
+                tracing::warn!(transactional_id = %id, error = %e, "cluster: timeout abort not committed")
+            }
+        }
+    }
+    Ok(n)
+}

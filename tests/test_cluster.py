@@ -309,3 +309,19 @@ def test_a_transaction_past_its_timeout_is_aborted_and_the_lso_moves(cluster_fac
     assert cl.sql("SELECT count(*) FROM aborted_txns")[0][0] == 1
     logs = cl.by_id(1).log_text() + cl.by_id(2).log_text()
     assert "transaction timed out; aborted" in logs
+
+
+def test_audit_under_cluster_faults(cluster_services, tmp_path):
+    """`oncelog audit` (zombie workload: transactional writers, worker kill -9,
+    paused workers whose successors must fence them) against three brokers
+    while PostgreSQL restarts, the S3 server stops for seconds, a broker is
+    killed with SIGKILL and another paused past its lease. The long run is
+    `tests/cluster_audit.py --duration 150` (README)."""
+    from cluster_audit import run_audit
+    faults = ("pg-restart", "store-outage", "broker-kill", "broker-pause")
+    rc, report, done, _ = run_audit(tmp_path, cluster_services, 40, tmp_path / "report.json",
+                                    faults=faults, seed=7)
+    assert rc == 0, report.get("_output", "")[-3000:]
+    assert set(done) == set(faults), f"only {done} were injected"
+    assert report["txns_committed"] >= 100, report
+    assert all(v == 0 for v in report["anomalies"].values()), report["anomalies"]

@@ -352,6 +352,9 @@ pub async fn render(b: &Arc<Broker>) -> String {
         }
     }
     render_cleaner(&mut out, b);
+    if let Some(front) = b.cluster.get() {
+        front.render_metrics(&mut out);
+    }
     out
 }
 

@@ -246,14 +246,9 @@ async fn commit_in_order(
         match result {
             Ok((outcomes, advanced)) => {
                 stats.commit_latency.observe_duration(t.elapsed());
-                let key: Arc<str> = Arc::from(f.key.as_str());
+                cluster.cache.insert(&f.key, f.data.clone());
                 for ((b, o), (reply, at)) in f.batches.iter().zip(outcomes).zip(f.replies) {
                     if matches!(o, BatchOutcome::Appended { .. }) {
-                        let (s, e) = (
-                            b.position as usize,
-                            (b.position + u64::from(b.length)) as usize,
-                        );
-                        cluster.cache.insert(&key, b.position, f.data.slice(s..e));
                         stats.batches.fetch_add(1, Ordering::Relaxed);
                         stats
                             .bytes

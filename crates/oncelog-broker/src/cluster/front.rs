@@ -173,3 +173,117 @@ impl Front {
             .remove(name);
     }
 }
+
+impl Front {
+    /// Cluster mode's part of /metrics: object PUT/GET counts, bytes and
+    /// latencies, produce-commit latency (the PostgreSQL transaction) and
+    /// ack latency, flushes, cache hits, and this broker's lease.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write;
+        use std::sync::atomic::Ordering::Relaxed;
+        let o = &self.cluster.objects.stats;
+        let f = &self.flusher.stats;
+        let c = &self.cluster.cache;
+        let counters: [(&str, &str, u64); 12] = [
+            (
+                "oncelog_cluster_object_puts_total",
+                "Objects written.",
+                o.puts.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_object_put_bytes_total",
+                "Bytes of objects written.",
+                o.put_bytes.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_object_put_errors_total",
+                "Object writes that failed.",
+                o.put_errors.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_object_gets_total",
+                "Ranged object reads.",
+                o.gets.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_object_get_bytes_total",
+                "Bytes read from objects.",
+                o.get_bytes.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_object_get_errors_total",
+                "Object reads that failed.",
+                o.get_errors.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_object_deletes_total",
+                "Objects removed by the collector.",
+                o.deletes.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_flushes_total",
+                "Flushes (one object and one produce commit each).",
+                f.flushes.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_failed_flushes_total",
+                "Flushes whose commit did not happen (their batches got retriable errors).",
+                f.failed_flushes.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_batches_total",
+                "Client batches committed by this broker.",
+                f.batches.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_cache_hits_total",
+                "Batches served from the cache.",
+                c.hits.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_cache_misses_total",
+                "Batches read from the object store.",
+                c.misses.load(Relaxed),
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        }
+        let hists = [
+            (
+                "oncelog_cluster_object_put_seconds",
+                "Duration of one object PUT.",
+                &o.put_latency,
+            ),
+            (
+                "oncelog_cluster_object_get_seconds",
+                "Duration of one ranged object GET.",
+                &o.get_latency,
+            ),
+            (
+                "oncelog_cluster_commit_seconds",
+                "Duration of one produce commit (its PostgreSQL transaction).",
+                &f.commit_latency,
+            ),
+            (
+                "oncelog_cluster_ack_seconds",
+                "A batch's wait from arrival to its answer.",
+                &f.ack_latency,
+            ),
+        ];
+        for (name, help, h) in hists {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            h.render(out, name, "");
+        }
+        let s = &self.cluster.session;
+        let _ = writeln!(
+            out,
+            "# HELP oncelog_cluster_session This broker's session number (0 while fenced).\n\
+             # TYPE oncelog_cluster_session gauge\noncelog_cluster_session {}",
+            if s.is_live() { s.session() } else { 0 }
+        );
+    }
+}

@@ -187,8 +187,10 @@ impl Objects {
     }
 }
 
-/// Batches kept in memory, keyed by (object key, position); the oldest
-/// inserted goes first when the cache is over its bound.
+/// Whole objects kept in memory, by key; the oldest inserted goes first
+/// when the cache is over its bound. An object is read whole once and then
+/// serves every partition's batches in it (a catching-up reader of several
+/// partitions reads each object once, not once per batch).
 pub struct BatchCache {
     limit: usize,
     inner: Mutex<CacheInner>,
@@ -198,8 +200,8 @@ pub struct BatchCache {
 
 #[derive(Default)]
 struct CacheInner {
-    map: HashMap<(Arc<str>, u64), Bytes>,
-    order: VecDeque<(Arc<str>, u64)>,
+    map: HashMap<Arc<str>, Bytes>,
+    order: VecDeque<Arc<str>>,
     bytes: usize,
 }
 
@@ -213,15 +215,15 @@ impl BatchCache {
         }
     }
 
-    pub fn insert(&self, key: &Arc<str>, position: u64, data: Bytes) {
+    pub fn insert(&self, key: &str, data: Bytes) {
         if data.len() > self.limit {
             return;
         }
         let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let k = (key.clone(), position);
-        if c.map.contains_key(&k) {
+        if c.map.contains_key(key) {
             return;
         }
+        let k: Arc<str> = Arc::from(key);
         c.bytes += data.len();
         c.map.insert(k.clone(), data);
         c.order.push_back(k);
@@ -235,16 +237,21 @@ impl BatchCache {
         }
     }
 
-    pub fn get(&self, key: &str, position: u64) -> Option<Bytes> {
-        let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let k: (Arc<str>, u64) = (Arc::from(key), position);
-        let r = c.map.get(&k).cloned();
-        drop(c);
-        if r.is_some() {
-            self.hits.fetch_add(1, Ordering::Relaxed);
+    /// The object, if cached (counted as a hit or a miss).
+    pub fn get(&self, key: &str) -> Option<Bytes> {
+        let r = self
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .get(key)
+            .cloned();
+        let counter = if r.is_some() {
+            &self.hits
         } else {
-            self.misses.fetch_add(1, Ordering::Relaxed);
-        }
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         r
     }
 
@@ -260,17 +267,16 @@ mod tests {
     #[test]
     fn cache_stays_under_its_bound_dropping_the_oldest() {
         let c = BatchCache::new(100);
-        let k: Arc<str> = Arc::from("a");
         for i in 0..10u64 {
-            c.insert(&k, i, Bytes::from(vec![0u8; 30]));
+            c.insert(&format!("k{i}"), Bytes::from(vec![0u8; 30]));
             assert!(c.bytes() <= 100);
         }
-        assert!(c.get("a", 0).is_none());
-        assert!(c.get("a", 9).is_some());
-        c.insert(&k, 99, Bytes::from(vec![0u8; 101]));
+        assert!(c.get("k0").is_none());
+        assert!(c.get("k9").is_some());
+        c.insert("big", Bytes::from(vec![0u8; 101]));
         assert!(
-            c.get("a", 99).is_none(),
-            "a batch over the bound is not kept"
+            c.get("big").is_none(),
+            "an object over the bound is not kept"
         );
     }
 }

@@ -4,6 +4,7 @@
 //! the served copy (the stored bytes keep the client's; the CRC does not
 //! cover the offset). Long polls wait on [`listen`]'s wake-ups.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,9 +105,11 @@ pub async fn read(
     let client = cluster.pool.get().await?;
     let rows = client
         .query(
-            "SELECT base_offset, last_offset, object_key, position, length, inline_data \
-             FROM batches WHERE topic_id = $1 AND partition = $2 AND last_offset >= $3 \
-               AND base_offset < $4 ORDER BY last_offset LIMIT 1000",
+            "SELECT b.base_offset, b.last_offset, b.object_key, b.position, b.length, \
+               b.inline_data, o.size \
+             FROM batches b LEFT JOIN objects o ON o.key = b.object_key \
+             WHERE b.topic_id = $1 AND b.partition = $2 AND b.last_offset >= $3 \
+               AND b.base_offset < $4 ORDER BY b.last_offset LIMIT 1000",
             &[topic_id, &partition, &offset, &upper],
         )
         .await?;
@@ -127,49 +130,67 @@ pub async fn read(
             position: r.get::<_, i64>(3) as u64,
             length: length as u64,
             inline: r.get(5),
+            object_size: r.get::<_, Option<i64>>(6).unwrap_or(0) as u64,
         });
     }
+    // The objects they are in: from the cache, else read whole, several at
+    // once; each is cached for the next batches (of any partition) in it.
+    let mut objects: HashMap<String, Bytes> = HashMap::new();
+    let mut missing: Vec<(String, u64)> = Vec::new();
+    for b in &chosen {
+        let Some(key) = &b.key else { continue };
+        if objects.contains_key(key) || missing.iter().any(|(k, _)| k == key) {
+            continue;
+        }
+        match cluster.cache.get(key) {
+            Some(bytes) => {
+                objects.insert(key.clone(), bytes);
+            }
+            None => missing.push((key.clone(), b.object_size)),
+        }
+    }
+    let fetched: Vec<Result<(String, Bytes), ClusterError>> =
+        futures_util::stream::iter(missing.into_iter().map(|(key, size)| async move {
+            let bytes = cluster.objects.get_range(&key, 0, size).await?;
+            if bytes.len() as u64 != size {
+                return Err(ClusterError::Invariant(format!(
+                    "object {key} returned {} bytes, its row says {size}",
+                    bytes.len()
+                )));
+            }
+            Ok((key, bytes))
+        }))
+        .buffered(PARALLEL_GETS)
+        .collect()
+        .await;
+    for f in fetched {
+        let (key, bytes) = f?;
+        cluster.cache.insert(&key, bytes.clone());
+        objects.insert(key, bytes);
+    }
     let mut data = Vec::with_capacity(total);
-    let mut i = 0;
-    while i < chosen.len() {
-        // A run of batches contiguous in one object, none of them cached.
-        let b = &chosen[i];
-        if let Some(bytes) = b.inline.as_deref() {
-            push_patched(&mut data, bytes, b.base_offset);
-            i += 1;
-            continue;
-        }
-        let key = b.key.clone().unwrap_or_default();
-        if let Some(bytes) = cluster.cache.get(&key, b.position) {
-            push_patched(&mut data, &bytes, b.base_offset);
-            i += 1;
-            continue;
-        }
-        let mut j = i + 1;
-        while j < chosen.len()
-            && chosen[j].key.as_deref() == Some(key.as_str())
-            && chosen[j].position == chosen[j - 1].position + chosen[j - 1].length
-            && cluster.cache.get(&key, chosen[j].position).is_none()
-        {
-            j += 1;
-        }
-        let start = b.position;
-        let end = chosen[j - 1].position + chosen[j - 1].length;
-        let bytes = cluster.objects.get_range(&key, start, end).await?;
-        if bytes.len() as u64 != end - start {
-            return Err(ClusterError::Invariant(format!(
-                "object {key} returned {} bytes for range {start}..{end}",
-                bytes.len()
-            )));
-        }
-        let shared: Arc<str> = Arc::from(key.as_str());
-        for s in &chosen[i..j] {
-            let from = (s.position - start) as usize;
-            let piece: Bytes = bytes.slice(from..from + s.length as usize);
-            cluster.cache.insert(&shared, s.position, piece.clone());
-            push_patched(&mut data, &piece, s.base_offset);
-        }
-        i = j;
+    for b in &chosen {
+        let bytes: &[u8] = match (&b.inline, &b.key) {
+            (Some(inline), _) => inline,
+            (None, Some(key)) => {
+                let obj = objects
+                    .get(key)
+                    .ok_or_else(|| ClusterError::Invariant(format!("object {key} was not read")))?;
+                let (s, e) = (b.position as usize, (b.position + b.length) as usize);
+                obj.get(s..e).ok_or_else(|| {
+                    ClusterError::Invariant(format!(
+                        "batch at {s}..{e} is outside object {key} of {} bytes",
+                        obj.len()
+                    ))
+                })?
+            }
+            (None, None) => {
+                return Err(ClusterError::Invariant(
+                    "a batch row names neither an object nor inline bytes".into(),
+                ))
+            }
+        };
+        push_patched(&mut data, bytes, b.base_offset);
     }
     if read_committed && !chosen.is_empty() {
         let last = chosen.last().map(|c| c.last_offset).unwrap_or(offset);
@@ -201,7 +222,11 @@ struct Stored {
     position: u64,
     length: u64,
     inline: Option<Vec<u8>>,
+    object_size: u64,
 }
+
+/// Objects one fetch reads from the store at once.
+const PARALLEL_GETS: usize = 16;
 
 fn push_patched(out: &mut Vec<u8>, batch: &[u8], base_offset: i64) {
     let at = out.len();

@@ -63,18 +63,7 @@ impl Objects {
     pub fn from_url(url: &str) -> Result<Self, ClusterError> {
         let bad = |why: &str| ClusterError::Config(format!("object store {url}: {why}"));
         if let Some(rest) = url.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                return Err(bad("no bucket"));
-            }
-            let store = object_store::aws::AmazonS3Builder::from_env()
-                .with_bucket_name(bucket)
-                // one DELETE per object: every S3-compatible server has it
-                // (the bulk POST ?delete is not everywhere)
-                .with_disable_bulk_delete(true)
-                .build()
-                .map_err(|e| bad(&e.to_string()))?;
-            Ok(Self::new(Arc::new(store), prefix, url))
+            Self::s3(url, rest)
         } else if let Some(dir) = url.strip_prefix("file://") {
             if !dir.starts_with('/') {
                 return Err(bad("a file:// URL needs an absolute path (file:///dir)"));
@@ -86,6 +75,30 @@ impl Objects {
         } else {
             Err(bad("expected s3://bucket/prefix or file:///dir"))
         }
+    }
+
+    #[cfg(feature = "s3")]
+    fn s3(url: &str, rest: &str) -> Result<Self, ClusterError> {
+        let bad = |why: &str| ClusterError::Config(format!("object store {url}: {why}"));
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(bad("no bucket"));
+        }
+        let store = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            // one DELETE per object: every S3-compatible server has it
+            // (the bulk POST ?delete is not everywhere)
+            .with_disable_bulk_delete(true)
+            .build()
+            .map_err(|e| bad(&e.to_string()))?;
+        Ok(Self::new(Arc::new(store), prefix, url))
+    }
+
+    #[cfg(not(feature = "s3"))]
+    fn s3(url: &str, _rest: &str) -> Result<Self, ClusterError> {
+        Err(ClusterError::Config(format!(
+            "object store {url}: this build has no S3 client (feature `s3`); use file:///dir"
+        )))
     }
 
     pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, describe: &str) -> Self {

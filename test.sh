@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="$PWD"
 
-step() { printf '\n==> %s\n' "$*"; }
+# every step names the time since the start, so a slow step shows in the log
+step() { printf '\n==> [%ss] %s\n' "$SECONDS" "$*"; }
 
 SUDO=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -134,7 +135,7 @@ export ONCELOG_BIN="${ONCELOG_BIN:-$TARGET_DIR/release/oncelog}"
 step "pytest tests (broker: $ONCELOG_BIN)"
 PYTEST_LOG="$(mktemp)"
 set +e
-"$VENV/bin/pytest" -v tests 2>&1 | tee "$PYTEST_LOG"
+"$VENV/bin/pytest" -v --durations=25 tests 2>&1 | tee "$PYTEST_LOG"
 status=${PIPESTATUS[0]}
 set -e
 # Clients left behind by a test may log after pytest's summary; repeat the
@@ -146,6 +147,7 @@ passed="$(count passed)"
 failed=$(( $(count failed) + $(count "errors?") ))
 skipped="$(count skipped)"
 echo
+echo "test.sh ran ${SECONDS} s"
 if [ "$fuzz_status" -ne 0 ]; then
   echo "fuzz: a target failed (exit $fuzz_status); see fuzz/artifacts/"
   [ "$status" -eq 0 ] && status=$fuzz_status

@@ -1101,6 +1101,16 @@ fn final_read(
         }
     }
     c.assign(&tpl).context("assigning the final reader")?;
+    // High watermarks come from a client of their own: a broker answers a
+    // connection's requests in order, so on the reader's connections each
+    // ListOffsets would wait behind a long-poll Fetch (fetch.wait.max.ms) once
+    // the reader's fetchers are at the end of the log.
+    let marks: BaseConsumer = crate::rdkafka_config()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "oncelog-audit-final-read")
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("creating the final reader's watermark client")?;
     let start = Instant::now();
     let mut reads: BTreeMap<(String, i32), Vec<Read>> = BTreeMap::new();
     let mut done: BTreeMap<(String, i32), (u64, i64, i64)> = BTreeMap::new();
@@ -1110,7 +1120,6 @@ fn final_read(
         // Every partition whose read position reached its high watermark is
         // done; check on end-of-partition events and twice a second.
         if last_check.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
-            last_check = Some(Instant::now());
             if let Ok(pos) = c.position() {
                 for e in pos.elements() {
                     let key = (e.topic().to_string(), e.partition());
@@ -1121,7 +1130,7 @@ fn final_read(
                         continue;
                     };
                     if let Ok((_, hw)) =
-                        c.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(10))
+                        marks.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(10))
                     {
                         if at >= hw {
                             done.insert(key, (start.elapsed().as_millis() as u64, hw, at));
@@ -1129,6 +1138,9 @@ fn final_read(
                     }
                 }
             }
+            // From the check's end: a slow check must not leave the reader
+            // one message per check.
+            last_check = Some(Instant::now());
         }
         match c.poll(Duration::from_millis(200)) {
             None => {}
@@ -1159,7 +1171,7 @@ fn final_read(
             let (waited, hw, lso, reached) = match done.get(&key) {
                 Some((w, hw, at)) => (*w, *hw, *at, true),
                 None => {
-                    let hw = c
+                    let hw = marks
                         .fetch_watermarks(t, p, Duration::from_secs(10))
                         .map(|x| x.1)
                         .unwrap_or(-1);

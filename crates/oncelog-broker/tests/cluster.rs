@@ -378,6 +378,68 @@ async fn a_broker_past_its_lease_or_session_is_fenced() {
     assert_eq!(live.len(), 1);
 }
 
+/// A broker stopped inside a transaction (here: one that takes a partition's
+/// row lock and then does nothing, as SIGSTOP would leave it) does not block
+/// the other brokers' commits to that partition for longer than its lease:
+/// PostgreSQL ends the idle transaction, and the stopped broker's commit
+/// fails instead of landing late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_left_open_by_a_stopped_broker_ends_after_the_lease() {
+    let db = fresh_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_url(&dir);
+    let mut cfg = ClusterConfig::new(&db, &store, 1);
+    cfg.lease = Duration::from_millis(1000);
+    let stopped = Cluster::connect(cfg).await.unwrap();
+    let topic = catalogue::create_topic(&stopped.pool, "fares", 1, &BTreeMap::new())
+        .await
+        .unwrap();
+    let mut held = stopped.pool.get().await.unwrap();
+    let setting: String = held
+        .query_one("SHOW idle_in_transaction_session_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(setting, "1s", "the pool's sessions carry the lease");
+    let tx = held.transaction().await.unwrap();
+    tx.execute(
+        "SELECT next_offset FROM partitions WHERE topic_id = $1 AND partition = 0 FOR UPDATE",
+        &[&topic.id],
+    )
+    .await
+    .unwrap();
+
+    let other = broker(&db, &store, 2).await;
+    let f = Flusher::start(other.clone());
+    let started = std::time::Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        f.produce(topic.id, "fares", 0, batch("other", 1, -1, -1, 0)),
+    )
+    .await
+    .expect("the commit waited past three leases")
+    .unwrap();
+    appended(&out);
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the commit did not wait for the lock at all ({:?})",
+        started.elapsed()
+    );
+    // The stopped broker wakes up: its transaction is gone.
+    let late = tx
+        .execute(
+            "UPDATE partitions SET next_offset = next_offset + 100 \
+             WHERE topic_id = $1 AND partition = 0",
+            &[&topic.id],
+        )
+        .await;
+    assert!(late.is_err(), "an idle transaction outlived the lease");
+    drop(tx);
+    drop(held);
+    let log = read_all(&other, &topic.id, 0).await;
+    assert_eq!(log, vec![(0, "other-0".to_string())]);
+}
+
 /// The collector removes an object whose commit never happened (and then
 /// that commit cannot happen), keeps committed objects, and removes objects
 /// of a deleted topic once no batch row names them.

@@ -5,7 +5,9 @@
 //! listeners with `ssl.client.auth`. Set once per process ([`set`]) like
 //! SASL; every new connection then starts with a TLS handshake.
 
-use std::path::{Path, PathBuf};
+#[cfg(feature = "tls")]
+use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use crate::error::ClientError;

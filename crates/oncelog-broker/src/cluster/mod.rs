@@ -106,11 +106,19 @@ impl ClusterError {
     }
 }
 
-/// A connection pool to PostgreSQL.
-pub fn pool(url: &str, size: usize) -> Result<Pool, ClusterError> {
-    let pg: tokio_postgres::Config = url
+/// A connection pool to PostgreSQL. Every connection's session is bounded
+/// by the lease ([`session_options`]).
+pub fn pool(url: &str, size: usize, lease: Duration) -> Result<Pool, ClusterError> {
+    let mut pg: tokio_postgres::Config = url
         .parse()
         .map_err(|e| ClusterError::Config(format!("{url}: {e}")))?;
+    let options = match pg.get_options() {
+        Some(theirs) if !theirs.trim().is_empty() => {
+            format!("{theirs} {}", session_options(lease))
+        }
+        _ => session_options(lease),
+    };
+    pg.options(&options);
     let mgr = Manager::from_config(
         pg,
         NoTls,
@@ -125,6 +133,18 @@ pub fn pool(url: &str, size: usize) -> Result<Pool, ClusterError> {
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
         .map_err(|e| ClusterError::Config(format!("connection pool: {e}")))
+}
+
+/// The server settings of a broker's connections. A broker stopped (SIGSTOP,
+/// a long pause) inside a transaction holds row locks every other broker's
+/// commits to those partitions wait on: PostgreSQL ends such a transaction
+/// once it has been idle for the lease, when the broker's commits are fenced
+/// anyway. No statement runs longer than three leases (at least 30 s): a
+/// commit stuck behind a lock is answered with a retriable error instead.
+pub fn session_options(lease: Duration) -> String {
+    let idle = lease.as_millis().max(1000);
+    let statement = (lease.as_millis() * 3).max(30_000);
+    format!("-c idle_in_transaction_session_timeout={idle} -c statement_timeout={statement}")
 }
 
 /// One broker's handle on the cluster: its PostgreSQL pool, object store,
@@ -146,7 +166,7 @@ impl Cluster {
     /// Connects, creates the schema if it is missing, and registers this
     /// broker with a new session.
     pub async fn connect(config: ClusterConfig) -> Result<Arc<Self>, ClusterError> {
-        let pool = pool(&config.postgres_url, config.pool_size)?;
+        let pool = pool(&config.postgres_url, config.pool_size, config.lease)?;
         schema::migrate(&pool).await?;
         let objects = Objects::from_url(&config.object_store_url)?;
         let session = Session::register(&pool, &config).await?;

@@ -325,3 +325,101 @@ def test_audit_under_cluster_faults(cluster_services, tmp_path):
     assert set(done) == set(faults), f"only {done} were injected"
     assert report["txns_committed"] >= 100, report
     assert all(v == 0 for v in report["anomalies"].values()), report["anomalies"]
+
+
+def group_consumer(bootstrap, group, **extra):
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "broker.address.family": "v4",
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 500,
+        "fetch.wait.max.ms": 100,
+    }
+    conf.update(extra)
+    return Consumer(conf)
+
+
+def poll_until(consumers, want, timeout=60):
+    """Polls every consumer in turn until `want` records are read in all."""
+    got = {i: [] for i in range(len(consumers))}
+    deadline = time.monotonic() + timeout
+    while sum(len(v) for v in got.values()) < want and time.monotonic() < deadline:
+        for i, c in enumerate(consumers):
+            m = c.poll(0.1)
+            if m is not None and m.error() is None:
+                got[i].append((m.partition(), m.offset(), m.value()))
+    return got
+
+
+def test_a_consumer_group_moves_with_its_coordinator_and_keeps_its_offsets(cluster_factory):
+    """Two librdkafka consumers share a group through the broker coordinating
+    it (claimed in PostgreSQL); offsets they commit are rows. The
+    coordinator is killed with SIGKILL: a new member finds the group's new
+    coordinator and starts exactly after what was committed; kafka-python
+    reads the same committed offsets."""
+    cl = cluster_factory(store="s3", overrides={"cluster.lease.ms": 2000})
+    create(cl.by_id(1).bootstrap, "orders", 6)
+    p = Producer(producer_config(cl.bootstrap, enable_idempotence=True))
+    for i in range(600):
+        p.produce("orders", value=f"o-{i}".encode(), partition=i % 6)
+    assert p.flush(60) == 0
+
+    a = group_consumer(cl.bootstrap, "billing")
+    b = group_consumer(cl.bootstrap, "billing")
+    a.subscribe(["orders"])
+    b.subscribe(["orders"])
+    got = poll_until([a, b], 600)
+    values = [v for rs in got.values() for (_, _, v) in rs]
+    assert sorted(values) == sorted(f"o-{i}".encode() for i in range(600)), \
+        f"read {len(values)} of 600, {len(values) - len(set(values))} twice"
+    # both members had partitions, none shared by both
+    parts = [{p for (p, _, _) in got[i]} for i in (0, 1)]
+    assert parts[0] and parts[1] and not (parts[0] & parts[1]), parts
+    for c in (a, b):
+        c.commit(asynchronous=False)
+    owner = cl.sql("SELECT broker_id FROM group_owners WHERE group_id = 'billing'")
+    assert len(owner) == 1
+    coordinator = owner[0][0]
+    rows = cl.sql("SELECT partition, offset_value FROM group_offsets "
+                  "WHERE group_id = 'billing' AND topic = 'orders' ORDER BY partition")
+    assert rows == [(q, 100) for q in range(6)], rows
+    ad = admin(cl.by_id(coordinator).bootstrap)  # kept alive until the answer is in
+    g = ad.describe_consumer_groups(["billing"])["billing"].result(OP_TIMEOUT_S)
+    assert len(g.members) == 2 and g.coordinator.id == coordinator
+    a.close()
+    b.close()
+
+    cl.by_id(coordinator).kill9()
+    for i in range(600, 900):
+        p.produce("orders", value=f"o-{i}".encode(), partition=i % 6)
+    assert p.flush(60) == 0
+    c = group_consumer(cl.bootstrap, "billing")
+    c.subscribe(["orders"])
+    after = poll_until([c], 300)[0]
+    # a little longer: nothing before the committed offsets comes again
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        m = c.poll(0.1)
+        if m is not None and m.error() is None:
+            after.append((m.partition(), m.offset(), m.value()))
+    assert sorted(v for (_, _, v) in after) == sorted(f"o-{i}".encode() for i in range(600, 900))
+    c.commit(asynchronous=False)
+    c.close()
+    moved = cl.sql("SELECT broker_id FROM group_owners WHERE group_id = 'billing'")[0][0]
+    assert moved != coordinator
+    rows = cl.sql("SELECT partition, offset_value FROM group_offsets "
+                  "WHERE group_id = 'billing' AND topic = 'orders' ORDER BY partition")
+    assert rows == [(q, 150) for q in range(6)], rows
+
+    # kafka-python asks the new coordinator for the same offsets
+    live = [x for x in cl.brokers if x.proc is not None and x.proc.poll() is None]
+    kc = KafkaConsumer(bootstrap_servers=[x.bootstrap for x in live], group_id="billing",
+                       enable_auto_commit=False)
+    try:
+        for q in range(6):
+            assert kc.committed(KTopicPartition("orders", q)) == 150
+    finally:
+        kc.close()

@@ -15,9 +15,11 @@ use kafka_protocol::records::{
 };
 use oncelog_broker::cluster::collector::collect;
 use oncelog_broker::cluster::flusher::Flusher;
+use oncelog_broker::cluster::groups::{self as cluster_groups, Claim, Ownership};
 use oncelog_broker::cluster::reader::{read, ReadRefusal};
 use oncelog_broker::cluster::sequencer::{self, BatchOutcome};
 use oncelog_broker::cluster::{catalogue, session, Cluster, ClusterConfig, ClusterError};
+use oncelog_broker::groups::OffsetMeta;
 use oncelog_broker::producer_state::ProduceReject;
 
 fn env(k: &str) -> String {
@@ -438,6 +440,92 @@ async fn a_transaction_left_open_by_a_stopped_broker_ends_after_the_lease() {
     drop(held);
     let log = read_all(&other, &topic.id, 0).await;
     assert_eq!(log, vec![(0, "other-0".to_string())]);
+}
+
+/// A group has one live coordinator: a second broker is told where it is;
+/// two brokers claiming a new group at once get one owner; once the owner's
+/// lease ends another broker takes the group over, and the old owner's
+/// offset commits fail from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_has_one_live_coordinator_and_a_stopped_one_commits_nothing() {
+    let db = fresh_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_url(&dir);
+    let mut cfg = ClusterConfig::new(&db, &store, 1);
+    cfg.lease = Duration::from_millis(500);
+    let first = Cluster::connect(cfg).await.unwrap();
+    let second = broker(&db, &store, 2).await;
+    let (o1, o2) = (Ownership::default(), Ownership::default());
+    assert_eq!(o1.coordinate(&first, "g").await.unwrap(), Claim::Claimed);
+    assert_eq!(o1.coordinate(&first, "g").await.unwrap(), Claim::Held);
+    assert_eq!(
+        o2.coordinate(&second, "g").await.unwrap(),
+        Claim::Elsewhere(1)
+    );
+    assert_eq!(cluster_groups::owner(&second, "g").await.unwrap(), Some(1));
+    let meta = |offset| OffsetMeta {
+        offset,
+        leader_epoch: -1,
+        metadata: None,
+        commit_ms: 0,
+    };
+    cluster_groups::commit_offsets(&first, "g", &[("t".into(), 0, meta(5))])
+        .await
+        .unwrap();
+    // The second broker is not the coordinator: it commits nothing.
+    assert!(
+        cluster_groups::commit_offsets(&second, "g", &[("t".into(), 0, meta(6))])
+            .await
+            .is_err()
+    );
+
+    // The first broker stops renewing; past its lease the group moves.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(cluster_groups::owner(&second, "g").await.unwrap(), None);
+    assert_eq!(o2.coordinate(&second, "g").await.unwrap(), Claim::Claimed);
+    let late = cluster_groups::commit_offsets(&first, "g", &[("t".into(), 0, meta(99))]).await;
+    assert!(late.is_err(), "a former coordinator committed offsets");
+    cluster_groups::commit_offsets(
+        &second,
+        "g",
+        &[
+            ("t".into(), 0, meta(7)),
+            ("t".into(), 1, meta(3)),
+            ("t".into(), 0, meta(8)),
+        ],
+    )
+    .await
+    .unwrap();
+    let got = cluster_groups::fetch_offsets(&second, "g", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|f| (f.topic.as_str(), f.partition, f.offset))
+            .collect::<Vec<_>>(),
+        vec![("t", 0, 8), ("t", 1, 3)],
+        "the last of duplicates wins; the late commit left nothing"
+    );
+    let asked = cluster_groups::fetch_offsets(&second, "g", Some(vec![("t".into(), vec![1, 2])]))
+        .await
+        .unwrap();
+    assert_eq!(
+        asked.iter().map(|f| f.offset).collect::<Vec<_>>(),
+        vec![3, -1]
+    );
+
+    // Two brokers claiming one new group at the same moment: one owner.
+    let third = broker(&db, &store, 3).await;
+    let (o3, o4) = (Ownership::default(), Ownership::default());
+    let (a, b) = tokio::join!(o2.coordinate(&second, "h"), o3.coordinate(&third, "h"));
+    let mut claims = [a.unwrap(), b.unwrap()];
+    claims.sort_by_key(|c| matches!(c, Claim::Elsewhere(_)));
+    assert_eq!(claims[0], Claim::Claimed, "{claims:?}");
+    assert!(matches!(claims[1], Claim::Elsewhere(_)), "{claims:?}");
+    assert!(matches!(
+        o4.coordinate(&third, "h").await.unwrap(),
+        Claim::Held | Claim::Elsewhere(_)
+    ));
 }
 
 /// The collector removes an object whose commit never happened (and then

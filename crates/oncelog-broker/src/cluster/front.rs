@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::catalogue::{self, TopicRow};
 use super::flusher::Flusher;
+use super::groups::Ownership;
 use super::session::{self, BrokerRow};
 use super::{collector, reader, Cluster, ClusterConfig, ClusterError};
 
@@ -26,6 +27,8 @@ pub struct Front {
     live: RwLock<Vec<BrokerRow>>,
     topics: RwLock<HashMap<String, TopicRow>>,
     pub cluster_id: String,
+    /// The consumer groups this broker coordinates.
+    pub groups: Ownership,
 }
 
 impl Front {
@@ -40,6 +43,7 @@ impl Front {
             live: RwLock::new(Vec::new()),
             topics: RwLock::new(HashMap::new()),
             cluster_id,
+            groups: Ownership::default(),
         });
         front.refresh().await?;
         {

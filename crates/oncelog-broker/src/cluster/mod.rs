@@ -15,6 +15,7 @@ pub mod catalogue;
 pub mod collector;
 pub mod flusher;
 pub mod front;
+pub mod groups;
 pub mod objects;
 pub mod reader;
 pub mod schema;
@@ -92,6 +93,9 @@ pub enum ClusterError {
         "broker {broker_id} session {session} is fenced (lease ended or a newer session exists)"
     )]
     Fenced { broker_id: i32, session: i64 },
+    /// Another broker coordinates this group (or took it over).
+    #[error("group {0} is coordinated by another broker")]
+    NotCoordinator(String),
     /// The collector removed this object's intent: its commit must fail.
     #[error("object {0} was collected before its commit")]
     IntentGone(String),

@@ -101,6 +101,21 @@ CREATE TABLE IF NOT EXISTS transactions (
     updated_at       timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS transactions_by_producer ON transactions (producer_id);
+CREATE TABLE IF NOT EXISTS group_owners (
+    group_id  text PRIMARY KEY,
+    broker_id integer NOT NULL,
+    session   bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS group_offsets (
+    group_id     text NOT NULL,
+    topic        text NOT NULL,
+    partition    integer NOT NULL,
+    offset_value bigint NOT NULL,
+    leader_epoch integer NOT NULL,
+    metadata     text,
+    commit_ms    bigint NOT NULL,
+    PRIMARY KEY (group_id, topic, partition)
+);
 "#;
 
 /// Creates the tables if they are missing and checks the stored version.

@@ -523,6 +523,61 @@ impl Groups {
         }
     }
 
+    /// Whether (member, generation) may commit offsets for `group` now, as
+    /// OffsetCommit checks it; a member that may is seen alive. For a
+    /// coordinator whose offsets live elsewhere (cluster mode).
+    pub async fn check_member(
+        &self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+    ) -> ErrorCode {
+        let mut inner = self.state.lock().await;
+        let code = Self::check_commit(inner.groups.get(group), generation, member_id, instance_id);
+        if code == ErrorCode::None {
+            if let Some(m) = inner
+                .groups
+                .get_mut(group)
+                .and_then(|g| g.members.get_mut(member_id))
+            {
+                m.last_seen = Instant::now();
+            }
+        }
+        code
+    }
+
+    /// Forgets `group`'s membership (a coordinator that just took the group
+    /// over starts it afresh, as after a coordinator move in Kafka): waiting
+    /// JoinGroup and SyncGroup requests are answered `NOT_COORDINATOR`, and
+    /// the members rejoin. Only the memory: nothing is written.
+    pub async fn forget_membership(&self, group: &str) {
+        let mut inner = self.state.lock().await;
+        inner.groups.remove(group);
+        let joins: Vec<_> = inner
+            .joins
+            .keys()
+            .filter(|(g, _)| g == group)
+            .cloned()
+            .collect();
+        for key in joins {
+            if let Some(tx) = inner.joins.remove(&key) {
+                let _ = tx.send(join_error(ErrorCode::NotCoordinator, &key.1));
+            }
+        }
+        let syncs: Vec<_> = inner
+            .syncs
+            .keys()
+            .filter(|(g, _)| g == group)
+            .cloned()
+            .collect();
+        for key in syncs {
+            if let Some(tx) = inner.syncs.remove(&key) {
+                let _ = tx.send((ErrorCode::NotCoordinator, Bytes::new()));
+            }
+        }
+    }
+
     /// OffsetCommit: one code for the whole request (membership), or per-partition storage errors.
     pub async fn commit(
         &self,

@@ -55,7 +55,7 @@ use oncelog_log::batch;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{ready, FrameError, Pending};
+use super::{cluster_group, ready, FrameError, Pending};
 use crate::cluster::catalogue::{self, CatalogueError, TopicRow};
 use crate::cluster::flusher::{ProduceResult, PRODUCE_TIMEOUT};
 use crate::cluster::front::Front;
@@ -81,6 +81,14 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::FindCoordinator, 0, 4),
     (ApiKey::AddPartitionsToTxn, 0, 3),
     (ApiKey::EndTxn, 0, 3),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DescribeGroups, 0, 5),
 ];
 
 /// Longest long poll honoured.
@@ -91,12 +99,19 @@ fn s(x: impl Into<String>) -> StrBytes {
 }
 
 /// Runs one request in cluster mode.
+/// Who sent a request: its client id and address (JoinGroup keeps them).
+pub struct Sender {
+    pub client_id: String,
+    pub host: String,
+}
+
 pub async fn handle(
     b: Arc<Broker>,
     front: Arc<Front>,
     key: ApiKey,
     req: RequestKind,
     version: i16,
+    sender: Sender,
     respond: impl Fn(ResponseKind) -> Option<Bytes> + Send + Sync + 'static,
 ) -> Result<Pending, FrameError> {
     if !CLUSTER_SUPPORTED.iter().any(|(k, _, _)| *k == key) {
@@ -159,6 +174,40 @@ pub async fn handle(
             respond(ResponseKind::ListOffsets(
                 list_offsets(&front, r, version).await,
             ))
+        }),
+        RequestKind::JoinGroup(r) => Box::pin(async move {
+            let resp =
+                cluster_group::join_group(b, &front, r, version, sender.client_id, sender.host)
+                    .await;
+            respond(ResponseKind::JoinGroup(resp))
+        }),
+        RequestKind::SyncGroup(r) => Box::pin(async move {
+            let resp = cluster_group::sync_group(b, &front, r, version).await;
+            respond(ResponseKind::SyncGroup(resp))
+        }),
+        RequestKind::Heartbeat(r) => Box::pin(async move {
+            let resp = cluster_group::heartbeat(b, &front, r).await;
+            respond(ResponseKind::Heartbeat(resp))
+        }),
+        RequestKind::LeaveGroup(r) => Box::pin(async move {
+            let resp = cluster_group::leave_group(b, &front, r, version).await;
+            respond(ResponseKind::LeaveGroup(resp))
+        }),
+        RequestKind::OffsetCommit(r) => Box::pin(async move {
+            let resp = cluster_group::offset_commit(b, &front, r, version).await;
+            respond(ResponseKind::OffsetCommit(resp))
+        }),
+        RequestKind::OffsetFetch(r) => Box::pin(async move {
+            let resp = cluster_group::offset_fetch(b, &front, r, version).await;
+            respond(ResponseKind::OffsetFetch(resp))
+        }),
+        RequestKind::ListGroups(r) => Box::pin(async move {
+            let resp = cluster_group::list_groups(b, &front, r, version).await;
+            respond(ResponseKind::ListGroups(resp))
+        }),
+        RequestKind::DescribeGroups(r) => Box::pin(async move {
+            let resp = cluster_group::describe_groups(b, &front, r, version).await;
+            respond(ResponseKind::DescribeGroups(resp))
         }),
         _ => return Err(FrameError::UnsupportedApi(key)),
     })
@@ -547,34 +596,38 @@ async fn find_coordinator(
 ) -> FindCoordinatorResponse {
     let live = front.live_now().await;
     let ids: Vec<i32> = live.iter().map(|x| x.id).collect();
-    let answer = |key: &str| match req.key_type {
-        1 => match crate::cluster::rendezvous(key.as_bytes(), &ids)
-            .and_then(|id| live.iter().find(|x| x.id == id))
-        {
-            Some(x) => CoordAnswer {
-                code: ErrorCode::None,
-                message: None,
-                node: x.id,
-                host: x.host.clone(),
-                port: x.port,
-            },
-            None => CoordAnswer::none(ErrorCode::CoordinatorNotAvailable, "no live broker".into()),
+    let answer = |chosen: Option<i32>| match chosen.and_then(|id| live.iter().find(|x| x.id == id))
+    {
+        Some(x) => CoordAnswer {
+            code: ErrorCode::None,
+            message: None,
+            node: x.id,
+            host: x.host.clone(),
+            port: x.port,
         },
-        0 => CoordAnswer::none(
-            ErrorCode::CoordinatorNotAvailable,
-            "consumer groups are not served in cluster mode yet".into(),
-        ),
-        k => CoordAnswer::none(ErrorCode::InvalidRequest, format!("unknown key type {k}")),
+        None => CoordAnswer::none(ErrorCode::CoordinatorNotAvailable, "no live broker".into()),
     };
+    let keys: Vec<StrBytes> = if version >= 4 {
+        req.coordinator_keys.clone()
+    } else {
+        vec![req.key.clone()]
+    };
+    let mut answers = Vec::with_capacity(keys.len());
+    for key in &keys {
+        answers.push(match req.key_type {
+            0 => answer(cluster_group::group_coordinator(front, key.as_str(), &ids).await),
+            1 => answer(crate::cluster::rendezvous(key.as_bytes(), &ids)),
+            k => CoordAnswer::none(ErrorCode::InvalidRequest, format!("unknown key type {k}")),
+        });
+    }
     let mut resp = FindCoordinatorResponse::default();
     if version >= 4 {
-        resp.coordinators = req
-            .coordinator_keys
-            .iter()
-            .map(|key| {
-                let a = answer(key.as_str());
+        resp.coordinators = keys
+            .into_iter()
+            .zip(answers)
+            .map(|(key, a)| {
                 Coordinator::default()
-                    .with_key(key.clone())
+                    .with_key(key)
                     .with_error_code(a.code.code())
                     .with_error_message(a.message.map(s))
                     .with_node_id(BrokerId(a.node))
@@ -582,8 +635,7 @@ async fn find_coordinator(
                     .with_port(a.port)
             })
             .collect();
-    } else {
-        let a = answer(req.key.as_str());
+    } else if let Some(a) = answers.pop() {
         resp.error_code = a.code.code();
         if version >= 1 {
             resp.error_message = a.message.map(s);

@@ -41,7 +41,7 @@ use kafka_protocol::messages::{GroupId, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::error::ErrorCode;
-use crate::groups::{JoinRequest, OffsetMeta, OFFSETS_TOPIC};
+use crate::groups::{FetchedOffset, JoinRequest, OffsetMeta, OFFSETS_TOPIC};
 use crate::txn_coordinator::VerifyError;
 use crate::Broker;
 use oncelog_log::now_ms;
@@ -187,22 +187,18 @@ pub async fn leave_group(
     resp
 }
 
-pub async fn offset_commit(
-    b: Arc<Broker>,
-    req: OffsetCommitRequest,
+/// The offsets an OffsetCommit asks for, and the partitions of it that do
+/// not exist (`exists` says which do).
+pub fn commit_request_offsets(
+    req: &OffsetCommitRequest,
     version: i16,
-) -> OffsetCommitResponse {
-    let group = req.group_id.0.to_string();
+    exists: impl Fn(&str, i32) -> bool,
+) -> (Vec<(String, i32, OffsetMeta)>, Vec<(String, i32)>) {
     let mut offsets = Vec::new();
     let mut unknown = Vec::new();
     for t in &req.topics {
         for p in &t.partitions {
-            let exists = b
-                .topics
-                .get(t.name.0.as_str())
-                .and_then(|x| x.store(p.partition_index))
-                .is_some();
-            if !exists {
+            if !exists(t.name.0.as_str(), p.partition_index) {
                 unknown.push((t.name.0.to_string(), p.partition_index));
                 continue;
             }
@@ -222,24 +218,24 @@ pub async fn offset_commit(
             ));
         }
     }
-    let iid = if version >= 7 {
+    (offsets, unknown)
+}
+
+/// OffsetCommit's static member id (v7+).
+pub fn commit_instance_id(req: &OffsetCommitRequest, version: i16) -> Option<String> {
+    if version >= 7 {
         req.group_instance_id.as_ref().map(|x| x.to_string())
     } else {
         None
-    };
-    let code = if offsets.is_empty() {
-        ErrorCode::None
-    } else {
-        b.groups
-            .commit(
-                &group,
-                req.generation_id_or_member_epoch,
-                req.member_id.as_str(),
-                iid.as_deref(),
-                offsets,
-            )
-            .await
-    };
+    }
+}
+
+/// OffsetCommit's answer: `code` for every partition but the unknown ones.
+pub fn commit_response(
+    req: &OffsetCommitRequest,
+    unknown: &[(String, i32)],
+    code: ErrorCode,
+) -> OffsetCommitResponse {
     let topics = req
         .topics
         .iter()
@@ -266,21 +262,43 @@ pub async fn offset_commit(
     OffsetCommitResponse::default().with_topics(topics)
 }
 
-pub async fn offset_fetch(
+pub async fn offset_commit(
     b: Arc<Broker>,
-    req: OffsetFetchRequest,
+    req: OffsetCommitRequest,
     version: i16,
-) -> OffsetFetchResponse {
-    let topics = req.topics.as_ref().map(|ts| {
+) -> OffsetCommitResponse {
+    let group = req.group_id.0.to_string();
+    let (offsets, unknown) = commit_request_offsets(&req, version, |t, p| {
+        b.topics.get(t).and_then(|x| x.store(p)).is_some()
+    });
+    let iid = commit_instance_id(&req, version);
+    let code = if offsets.is_empty() {
+        ErrorCode::None
+    } else {
+        b.groups
+            .commit(
+                &group,
+                req.generation_id_or_member_epoch,
+                req.member_id.as_str(),
+                iid.as_deref(),
+                offsets,
+            )
+            .await
+    };
+    commit_response(&req, &unknown, code)
+}
+
+/// The partitions an OffsetFetch asks for (`None`: all the group has).
+pub fn fetch_request_topics(req: &OffsetFetchRequest) -> Option<Vec<(String, Vec<i32>)>> {
+    req.topics.as_ref().map(|ts| {
         ts.iter()
             .map(|t| (t.name.0.to_string(), t.partition_indexes.clone()))
             .collect::<Vec<_>>()
-    });
-    let require_stable = version >= 7 && req.require_stable;
-    let rows = b
-        .groups
-        .fetch_offsets(req.group_id.0.as_str(), topics, require_stable)
-        .await;
+    })
+}
+
+/// OffsetFetch's answer from its rows, grouped by topic in row order.
+pub fn fetch_response(rows: Vec<FetchedOffset>, version: i16) -> OffsetFetchResponse {
     let mut by_topic: Vec<(String, Vec<OffsetFetchResponsePartition>)> = Vec::new();
     for row in rows {
         let mut part = OffsetFetchResponsePartition::default()
@@ -308,16 +326,44 @@ pub async fn offset_fetch(
     )
 }
 
+pub async fn offset_fetch(
+    b: Arc<Broker>,
+    req: OffsetFetchRequest,
+    version: i16,
+) -> OffsetFetchResponse {
+    let require_stable = version >= 7 && req.require_stable;
+    let rows = b
+        .groups
+        .fetch_offsets(
+            req.group_id.0.as_str(),
+            fetch_request_topics(&req),
+            require_stable,
+        )
+        .await;
+    fetch_response(rows, version)
+}
+
 pub async fn list_groups(
     b: Arc<Broker>,
     req: ListGroupsRequest,
     version: i16,
+) -> ListGroupsResponse {
+    list_groups_where(b, req, version, |_| true).await
+}
+
+/// ListGroups of the groups `keep` names.
+pub async fn list_groups_where(
+    b: Arc<Broker>,
+    req: ListGroupsRequest,
+    version: i16,
+    keep: impl Fn(&str) -> bool,
 ) -> ListGroupsResponse {
     let groups = b
         .groups
         .list()
         .await
         .into_iter()
+        .filter(|(id, _, _)| keep(id))
         .filter(|(_, _, st)| {
             version < 4
                 || req.states_filter.is_empty()

@@ -5,6 +5,7 @@ mod admin;
 mod admin_txn;
 mod authz;
 mod cluster;
+mod cluster_group;
 mod fetch;
 mod group;
 mod meta;
@@ -375,7 +376,15 @@ async fn handle(
 ) -> Result<Pending, FrameError> {
     if let Some(front) = b.cluster.get() {
         let front = front.clone();
-        return cluster::handle(b, front, key, req, version, respond).await;
+        let sender = cluster::Sender {
+            client_id: header
+                .client_id
+                .as_ref()
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+            host: format!("/{}", conn.peer.ip()),
+        };
+        return cluster::handle(b, front, key, req, version, sender, respond).await;
     }
     let peer = conn.peer;
     Ok(match req {

@@ -1,0 +1,224 @@
+//! Consumer groups in cluster mode. The broker coordinating a group
+//! (`cluster::groups`, claimed in PostgreSQL) runs local mode's membership
+//! handlers on it; any other broker answers `NOT_COORDINATOR`, and clients
+//! look the coordinator up again. Committed offsets are PostgreSQL rows,
+//! written only while this broker's session is live and still coordinates
+//! the group.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
+use kafka_protocol::messages::describe_groups_response::{DescribeGroupsResponse, DescribedGroup};
+use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
+use kafka_protocol::messages::heartbeat_response::HeartbeatResponse;
+use kafka_protocol::messages::join_group_request::JoinGroupRequest;
+use kafka_protocol::messages::join_group_response::JoinGroupResponse;
+use kafka_protocol::messages::leave_group_request::LeaveGroupRequest;
+use kafka_protocol::messages::leave_group_response::LeaveGroupResponse;
+use kafka_protocol::messages::list_groups_request::ListGroupsRequest;
+use kafka_protocol::messages::list_groups_response::ListGroupsResponse;
+use kafka_protocol::messages::offset_commit_request::OffsetCommitRequest;
+use kafka_protocol::messages::offset_commit_response::OffsetCommitResponse;
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequest;
+use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponse;
+use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
+use kafka_protocol::messages::sync_group_response::SyncGroupResponse;
+use kafka_protocol::protocol::StrBytes;
+
+use super::group;
+use crate::cluster::front::Front;
+use crate::cluster::groups::{self as cg, Claim};
+use crate::cluster::ClusterError;
+use crate::error::ErrorCode;
+use crate::Broker;
+
+/// Whether this broker coordinates `group`: `Ok(())`, or the code to answer.
+/// A fresh claim starts the group's membership afresh.
+async fn coordinate(b: &Broker, front: &Front, group: &str) -> Result<(), ErrorCode> {
+    if group.is_empty() {
+        return Err(ErrorCode::InvalidGroupId);
+    }
+    match front.groups.coordinate(&front.cluster, group).await {
+        Ok(Claim::Held) => Ok(()),
+        Ok(Claim::Claimed) => {
+            b.groups.forget_membership(group).await;
+            Ok(())
+        }
+        Ok(Claim::Elsewhere(_)) => Err(ErrorCode::NotCoordinator),
+        Err(e) => Err(storage_code(group, &e)),
+    }
+}
+
+fn storage_code(group: &str, e: &ClusterError) -> ErrorCode {
+    match e {
+        ClusterError::NotCoordinator(_) | ClusterError::Fenced { .. } => ErrorCode::NotCoordinator,
+        e => {
+            tracing::warn!(group, error = %e, "cluster: group coordination failed");
+            ErrorCode::CoordinatorNotAvailable
+        }
+    }
+}
+
+pub async fn join_group(
+    b: Arc<Broker>,
+    front: &Front,
+    req: JoinGroupRequest,
+    version: i16,
+    client_id: String,
+    client_host: String,
+) -> JoinGroupResponse {
+    match coordinate(&b, front, req.group_id.0.as_str()).await {
+        Ok(()) => group::join_group(b, req, version, client_id, client_host).await,
+        Err(code) => JoinGroupResponse::default()
+            .with_error_code(code.code())
+            .with_generation_id(-1)
+            .with_member_id(req.member_id),
+    }
+}
+
+pub async fn sync_group(
+    b: Arc<Broker>,
+    front: &Front,
+    req: SyncGroupRequest,
+    version: i16,
+) -> SyncGroupResponse {
+    match coordinate(&b, front, req.group_id.0.as_str()).await {
+        Ok(()) => group::sync_group(b, req, version).await,
+        Err(code) => SyncGroupResponse::default().with_error_code(code.code()),
+    }
+}
+
+pub async fn heartbeat(b: Arc<Broker>, front: &Front, req: HeartbeatRequest) -> HeartbeatResponse {
+    match coordinate(&b, front, req.group_id.0.as_str()).await {
+        Ok(()) => group::heartbeat(b, req).await,
+        Err(code) => HeartbeatResponse::default().with_error_code(code.code()),
+    }
+}
+
+pub async fn leave_group(
+    b: Arc<Broker>,
+    front: &Front,
+    req: LeaveGroupRequest,
+    version: i16,
+) -> LeaveGroupResponse {
+    match coordinate(&b, front, req.group_id.0.as_str()).await {
+        Ok(()) => group::leave_group(b, req, version).await,
+        Err(code) => LeaveGroupResponse::default().with_error_code(code.code()),
+    }
+}
+
+pub async fn offset_commit(
+    b: Arc<Broker>,
+    front: &Front,
+    req: OffsetCommitRequest,
+    version: i16,
+) -> OffsetCommitResponse {
+    let group_id = req.group_id.0.to_string();
+    if let Err(code) = coordinate(&b, front, &group_id).await {
+        return group::commit_response(&req, &[], code);
+    }
+    let mut partitions: HashMap<String, i32> = HashMap::new();
+    for t in &req.topics {
+        if let Ok(Some(row)) = front.topic(t.name.0.as_str()).await {
+            partitions.insert(row.name.clone(), row.partitions);
+        }
+    }
+    let (offsets, unknown) = group::commit_request_offsets(&req, version, |t, p| {
+        partitions.get(t).is_some_and(|n| p >= 0 && p < *n)
+    });
+    let iid = group::commit_instance_id(&req, version);
+    let mut code = b
+        .groups
+        .check_member(
+            &group_id,
+            req.generation_id_or_member_epoch,
+            req.member_id.as_str(),
+            iid.as_deref(),
+        )
+        .await;
+    if code == ErrorCode::None && !offsets.is_empty() {
+        if let Err(e) = cg::commit_offsets(&front.cluster, &group_id, &offsets).await {
+            code = storage_code(&group_id, &e);
+        }
+    }
+    group::commit_response(&req, &unknown, code)
+}
+
+pub async fn offset_fetch(
+    b: Arc<Broker>,
+    front: &Front,
+    req: OffsetFetchRequest,
+    version: i16,
+) -> OffsetFetchResponse {
+    let group_id = req.group_id.0.to_string();
+    let answer = match coordinate(&b, front, &group_id).await {
+        Ok(()) => cg::fetch_offsets(&front.cluster, &group_id, group::fetch_request_topics(&req))
+            .await
+            .map_err(|e| storage_code(&group_id, &e)),
+        Err(code) => Err(code),
+    };
+    match answer {
+        Ok(rows) => group::fetch_response(rows, version),
+        Err(code) => {
+            let mut resp = OffsetFetchResponse::default();
+            if version >= 2 {
+                resp.error_code = code.code();
+            }
+            resp
+        }
+    }
+}
+
+/// ListGroups: the groups this broker coordinates (clients ask every broker).
+pub async fn list_groups(
+    b: Arc<Broker>,
+    front: &Front,
+    req: ListGroupsRequest,
+    version: i16,
+) -> ListGroupsResponse {
+    let held = front.groups.held(front.cluster.session.session());
+    group::list_groups_where(b, req, version, |g| held.contains(g)).await
+}
+
+pub async fn describe_groups(
+    b: Arc<Broker>,
+    front: &Front,
+    req: DescribeGroupsRequest,
+    version: i16,
+) -> DescribeGroupsResponse {
+    let mut out = Vec::with_capacity(req.groups.len());
+    for gid in &req.groups {
+        let one = match coordinate(&b, front, gid.0.as_str()).await {
+            Ok(()) => {
+                let mut single = req.clone();
+                single.groups = vec![gid.clone()];
+                group::describe_groups(b.clone(), single, version)
+                    .await
+                    .groups
+                    .pop()
+            }
+            Err(code) => Some(
+                DescribedGroup::default()
+                    .with_group_id(gid.clone())
+                    .with_error_code(code.code())
+                    .with_group_state(StrBytes::from_static_str("")),
+            ),
+        };
+        out.extend(one);
+    }
+    DescribeGroupsResponse::default().with_groups(out)
+}
+
+/// FindCoordinator for a group: its live coordinator, else the live broker
+/// rendezvous hashing picks (which claims it at the group's first request).
+pub async fn group_coordinator(front: &Front, group: &str, live: &[i32]) -> Option<i32> {
+    match cg::owner(&front.cluster, group).await {
+        Ok(Some(id)) if live.contains(&id) => Some(id),
+        Ok(_) => crate::cluster::rendezvous(group.as_bytes(), live),
+        Err(e) => {
+            tracing::warn!(group, error = %e, "cluster: looking up a group's coordinator failed");
+            None
+        }
+    }
+}

@@ -423,3 +423,125 @@ def test_a_consumer_group_moves_with_its_coordinator_and_keeps_its_offsets(clust
             assert kc.committed(KTopicPartition("orders", q)) == 150
     finally:
         kc.close()
+
+
+def test_read_process_write_with_transactional_offsets_across_brokers(cluster_factory):
+    """librdkafka's exactly-once copier against three brokers: a group
+    consumer (read_committed) and a transactional producer that sends the
+    consumer's offsets in each transaction. The offsets are pending rows
+    until EndTxn: an aborted transaction leaves the committed offsets and
+    the output as they were; while a transaction holds pending offsets a
+    read_committed consumer's OffsetFetch is UNSTABLE (KIP-447) and it
+    cannot start; a zombie with the old epoch cannot commit offsets."""
+    from confluent_kafka import KafkaException
+    cl = cluster_factory(store="s3")
+    create(cl.by_id(1).bootstrap, "in", 3)
+    create(cl.by_id(2).bootstrap, "out", 3)
+    p = Producer(producer_config(cl.bootstrap, enable_idempotence=True))
+    for i in range(300):
+        p.produce("in", value=f"v-{i}".encode(), partition=i % 3)
+    assert p.flush(60) == 0
+
+    def consumer():
+        c = group_consumer(cl.bootstrap, "copier", **{"isolation.level": "read_committed"})
+        c.subscribe(["in"])
+        return c
+
+    def txn_producer():
+        tp = Producer(producer_config(cl.bootstrap, transactional_id="copier-1",
+                                      enable_idempotence=True))
+        tp.init_transactions(OP_TIMEOUT_S)
+        return tp
+
+    c = consumer()
+    tp = txn_producer()
+    copied = 0
+    aborted_once = False
+    deadline = time.monotonic() + 90
+    while copied < 300 and time.monotonic() < deadline:
+        msgs = [m for m in c.consume(50, 0.5) if m.error() is None]
+        if not msgs:
+            continue
+        tp.begin_transaction()
+        for m in msgs:
+            tp.produce("out", value=b"copy-" + m.value(), partition=m.partition())
+        tp.send_offsets_to_transaction(c.position(c.assignment()),
+                                       c.consumer_group_metadata(), OP_TIMEOUT_S)
+        if not aborted_once:
+            aborted_once = True
+            tp.abort_transaction(OP_TIMEOUT_S)
+            assert cl.sql("SELECT count(*) FROM group_pending_offsets")[0][0] == 0
+            assert cl.sql("SELECT count(*) FROM group_offsets WHERE group_id = 'copier'")[0][0] == 0
+            # back to what is committed (nothing yet: the beginning)
+            for tpart in c.assignment():
+                c.seek(TopicPartition(tpart.topic, tpart.partition, 0))
+            continue
+        tp.commit_transaction(OP_TIMEOUT_S)
+        copied += len(msgs)
+    assert copied == 300, copied
+    rows = cl.sql("SELECT partition, offset_value FROM group_offsets "
+                  "WHERE group_id = 'copier' AND topic = 'in' ORDER BY partition")
+    assert rows == [(q, 100) for q in range(3)], rows
+    assert cl.sql("SELECT count(*) FROM group_pending_offsets")[0][0] == 0
+    out = read_partitions(cl.bootstrap, "out", 3, 300)
+    values = sorted(v for (_, _, v) in out)
+    assert values == sorted(f"copy-v-{i}".encode() for i in range(300)), \
+        f"{len(values)} copies, {len(values) - len(set(values))} twice"
+    c.close()
+
+    # An open transaction with pending offsets: a new member cannot start
+    # from the offset about to change (UNSTABLE_OFFSET_COMMIT until the end).
+    for i in range(300, 330):
+        p.produce("in", value=f"v-{i}".encode(), partition=i % 3)
+    assert p.flush(60) == 0
+    meta_c = consumer()
+    msgs = []
+    deadline = time.monotonic() + 30
+    while len(msgs) < 30 and time.monotonic() < deadline:
+        msgs += [m for m in meta_c.consume(30, 0.5) if m.error() is None]
+    assert len(msgs) == 30
+    tp.begin_transaction()
+    tp.send_offsets_to_transaction(meta_c.position(meta_c.assignment()),
+                                   meta_c.consumer_group_metadata(), OP_TIMEOUT_S)
+    assert cl.sql("SELECT count(*) FROM group_pending_offsets")[0][0] == 3
+    other = group_consumer(cl.bootstrap, "copier-watch", **{"isolation.level": "read_committed"})
+    with offsets_unstable(other, cl, "copier") as unstable:
+        assert unstable, "OffsetFetch answered while offsets were pending"
+    # A zombie: a new producer with the same id fences the open one; the
+    # transaction is aborted and its pending offsets dropped.
+    tp2 = txn_producer()
+    assert cl.sql("SELECT count(*) FROM group_pending_offsets")[0][0] == 0
+    with pytest.raises(KafkaException):
+        tp.commit_transaction(OP_TIMEOUT_S)
+    rows = cl.sql("SELECT partition, offset_value FROM group_offsets "
+                  "WHERE group_id = 'copier' AND topic = 'in' ORDER BY partition")
+    assert rows == [(q, 100) for q in range(3)], rows
+    with offsets_unstable(other, cl, "copier") as unstable:
+        assert not unstable, "OffsetFetch refused with nothing pending"
+    meta_c.close()
+    other.close()
+    del tp2
+
+
+class offsets_unstable:
+    """Whether `consumer` (read_committed) cannot fetch `group`'s committed
+    offsets while they are pending: asks with a short timeout."""
+
+    def __init__(self, consumer, cl, group):
+        self.consumer, self.cl, self.group = consumer, cl, group
+
+    def __enter__(self):
+        from confluent_kafka import Consumer as C, KafkaException
+        probe = C({"bootstrap.servers": self.cl.bootstrap, "broker.address.family": "v4",
+                   "group.id": self.group, "isolation.level": "read_committed",
+                   "enable.auto.commit": False})
+        try:
+            probe.committed([TopicPartition("in", 0)], timeout=3)
+            return False
+        except KafkaException:
+            return True
+        finally:
+            probe.close()
+
+    def __exit__(self, *exc):
+        return False

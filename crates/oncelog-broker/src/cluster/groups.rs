@@ -10,7 +10,9 @@
 //! coordinator move in Kafka). Offsets are rows: every commit holds the
 //! committing broker's row (its fencing token) and the group's owner row
 //! `FOR SHARE`, so a paused former coordinator commits nothing once the
-//! group moved.
+//! group moved. Transactional offsets (TxnOffsetCommit) are rows of their
+//! producer, pending until the transaction's end makes them the group's
+//! committed offsets or drops them, in the end's own PostgreSQL transaction.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
@@ -18,7 +20,8 @@ use std::sync::Mutex;
 use super::session::check_fence;
 use super::{Cluster, ClusterError};
 use crate::error::ErrorCode;
-use crate::groups::{FetchedOffset, OffsetMeta};
+use crate::groups::{FetchedOffset, OffsetMeta, OFFSETS_TOPIC};
+use crate::txn_coordinator::{verify_write, ProducerView, TxnMeta, VerifyError};
 
 /// Who coordinates a group, from this broker's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,37 +181,11 @@ pub async fn commit_offsets(
 ) -> Result<(), ClusterError> {
     let me = cluster.config.broker_id;
     let session = cluster.session.session();
-    let mut last: BTreeMap<(&str, i32), &OffsetMeta> = BTreeMap::new();
-    for (t, p, m) in offsets {
-        last.insert((t.as_str(), *p), m);
-    }
-    let mut topics = Vec::with_capacity(last.len());
-    let mut partitions = Vec::with_capacity(last.len());
-    let mut values = Vec::with_capacity(last.len());
-    let mut epochs = Vec::with_capacity(last.len());
-    let mut metadata: Vec<Option<String>> = Vec::with_capacity(last.len());
-    let mut times = Vec::with_capacity(last.len());
-    for ((t, p), m) in last {
-        topics.push(t.to_string());
-        partitions.push(p);
-        values.push(m.offset);
-        epochs.push(m.leader_epoch);
-        metadata.push(m.metadata.clone());
-        times.push(m.commit_ms);
-    }
     let mut client = cluster.pool.get().await?;
     let tx = client.transaction().await?;
     check_fence(&*tx, me, session).await?;
-    let owns = tx
-        .query_opt(
-            "SELECT 1 FROM group_owners WHERE group_id = $1 AND broker_id = $2 AND session = $3 \
-             FOR SHARE",
-            &[&group, &me, &session],
-        )
-        .await?;
-    if owns.is_none() {
-        return Err(ClusterError::NotCoordinator(group.to_string()));
-    }
+    check_owner(&tx, group, me, session).await?;
+    let rows = Columns::of(offsets);
     tx.execute(
         "INSERT INTO group_offsets \
            (group_id, topic, partition, offset_value, leader_epoch, metadata, commit_ms) \
@@ -219,16 +196,170 @@ pub async fn commit_offsets(
            metadata = EXCLUDED.metadata, commit_ms = EXCLUDED.commit_ms",
         &[
             &group,
-            &topics,
-            &partitions,
-            &values,
-            &epochs,
-            &metadata,
-            &times,
+            &rows.topics,
+            &rows.partitions,
+            &rows.values,
+            &rows.epochs,
+            &rows.metadata,
+            &rows.times,
         ],
     )
     .await?;
     tx.commit().await?;
+    Ok(())
+}
+
+/// Offsets as columns for `unnest`, the last of duplicates kept.
+struct Columns {
+    topics: Vec<String>,
+    partitions: Vec<i32>,
+    values: Vec<i64>,
+    epochs: Vec<i32>,
+    metadata: Vec<Option<String>>,
+    times: Vec<i64>,
+}
+
+impl Columns {
+    fn of(offsets: &[(String, i32, OffsetMeta)]) -> Self {
+        let mut last: BTreeMap<(&str, i32), &OffsetMeta> = BTreeMap::new();
+        for (t, p, m) in offsets {
+            last.insert((t.as_str(), *p), m);
+        }
+        let mut c = Columns {
+            topics: Vec::with_capacity(last.len()),
+            partitions: Vec::with_capacity(last.len()),
+            values: Vec::with_capacity(last.len()),
+            epochs: Vec::with_capacity(last.len()),
+            metadata: Vec::with_capacity(last.len()),
+            times: Vec::with_capacity(last.len()),
+        };
+        for ((t, p), m) in last {
+            c.topics.push(t.to_string());
+            c.partitions.push(p);
+            c.values.push(m.offset);
+            c.epochs.push(m.leader_epoch);
+            c.metadata.push(m.metadata.clone());
+            c.times.push(m.commit_ms);
+        }
+        c
+    }
+}
+
+/// Holds the group's owner row `FOR SHARE` if this broker's session (held by
+/// [`check_fence`] before) still coordinates it.
+async fn check_owner(
+    tx: &tokio_postgres::Transaction<'_>,
+    group: &str,
+    me: i32,
+    session: i64,
+) -> Result<(), ClusterError> {
+    let owns = tx
+        .query_opt(
+            "SELECT 1 FROM group_owners WHERE group_id = $1 AND broker_id = $2 AND session = $3 \
+             FOR SHARE",
+            &[&group, &me, &session],
+        )
+        .await?;
+    match owns {
+        Some(_) => Ok(()),
+        None => Err(ClusterError::NotCoordinator(group.to_string())),
+    }
+}
+
+/// TxnOffsetCommit: `offsets` become pending in the transaction of
+/// `transactional_id`, if (`producer_id`, `epoch`) is its current producer
+/// and the group's offsets were added to its ongoing transaction
+/// (AddOffsetsToTxn). The transactions row is held `FOR SHARE`, so the
+/// transaction's EndTxn (which holds it `FOR UPDATE`) either sees these
+/// offsets or comes first and refuses them.
+pub async fn txn_commit_offsets(
+    cluster: &Cluster,
+    group: &str,
+    transactional_id: &str,
+    producer_id: i64,
+    epoch: i16,
+    offsets: &[(String, i32, OffsetMeta)],
+) -> Result<Result<(), VerifyError>, ClusterError> {
+    let me = cluster.config.broker_id;
+    let session = cluster.session.session();
+    let mut client = cluster.pool.get().await?;
+    let tx = client.transaction().await?;
+    check_fence(&*tx, me, session).await?;
+    check_owner(&tx, group, me, session).await?;
+    let row = tx
+        .query_opt(
+            "SELECT meta FROM transactions WHERE transactional_id = $1 FOR SHARE",
+            &[&transactional_id],
+        )
+        .await?;
+    let meta: Option<TxnMeta> = row
+        .map(|r| {
+            serde_json::from_value(r.get::<_, serde_json::Value>(0))
+                .map_err(|e| ClusterError::Invariant(format!("a transactions row: {e}")))
+        })
+        .transpose()?;
+    let view = meta
+        .as_ref()
+        .filter(|m| m.producer_id == producer_id)
+        .map(ProducerView::of);
+    if meta.as_ref().is_some_and(|m| m.producer_id != producer_id) {
+        // The id has a newer producer: this one is fenced.
+        return Ok(Err(VerifyError::StaleEpoch));
+    }
+    if let Err(e) = verify_write(view.as_ref(), epoch, OFFSETS_TOPIC, 0) {
+        return Ok(Err(e));
+    }
+    let rows = Columns::of(offsets);
+    tx.execute(
+        "INSERT INTO group_pending_offsets (producer_id, group_id, topic, partition, \
+           offset_value, leader_epoch, metadata, commit_ms) \
+         SELECT $1, $2, u.t, u.p, u.o, u.e, u.m, u.c FROM unnest($3::text[], $4::integer[], \
+           $5::bigint[], $6::integer[], $7::text[], $8::bigint[]) AS u(t, p, o, e, m, c) \
+         ON CONFLICT (producer_id, group_id, topic, partition) DO UPDATE SET \
+           offset_value = EXCLUDED.offset_value, leader_epoch = EXCLUDED.leader_epoch, \
+           metadata = EXCLUDED.metadata, commit_ms = EXCLUDED.commit_ms",
+        &[
+            &producer_id,
+            &group,
+            &rows.topics,
+            &rows.partitions,
+            &rows.values,
+            &rows.epochs,
+            &rows.metadata,
+            &rows.times,
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Ok(()))
+}
+
+/// Inside an EndTxn's (or a timeout's, or an InitProducerId's abort)
+/// PostgreSQL transaction: the producer's pending offsets become the
+/// committed ones of their groups, or are dropped.
+pub async fn complete_offsets(
+    tx: &tokio_postgres::Transaction<'_>,
+    producer_id: i64,
+    commit: bool,
+) -> Result<(), ClusterError> {
+    if commit {
+        tx.execute(
+            "INSERT INTO group_offsets \
+               (group_id, topic, partition, offset_value, leader_epoch, metadata, commit_ms) \
+             SELECT group_id, topic, partition, offset_value, leader_epoch, metadata, commit_ms \
+             FROM group_pending_offsets WHERE producer_id = $1 \
+             ON CONFLICT (group_id, topic, partition) DO UPDATE SET \
+               offset_value = EXCLUDED.offset_value, leader_epoch = EXCLUDED.leader_epoch, \
+               metadata = EXCLUDED.metadata, commit_ms = EXCLUDED.commit_ms",
+            &[&producer_id],
+        )
+        .await?;
+    }
+    tx.execute(
+        "DELETE FROM group_pending_offsets WHERE producer_id = $1",
+        &[&producer_id],
+    )
+    .await?;
     Ok(())
 }
 
@@ -238,8 +369,25 @@ pub async fn fetch_offsets(
     cluster: &Cluster,
     group: &str,
     wanted: Option<Vec<(String, Vec<i32>)>>,
+    require_stable: bool,
 ) -> Result<Vec<FetchedOffset>, ClusterError> {
     let client = cluster.pool.get().await?;
+    // KIP-447: with `require_stable`, a partition with offsets pending in an
+    // open transaction is answered UNSTABLE_OFFSET_COMMIT (the client asks
+    // again), so a new owner never starts from an offset about to change.
+    let unstable: HashSet<(String, i32)> = if require_stable {
+        client
+            .query(
+                "SELECT DISTINCT topic, partition FROM group_pending_offsets WHERE group_id = $1",
+                &[&group],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    } else {
+        HashSet::new()
+    };
     let rows = client
         .query(
             "SELECT topic, partition, offset_value, leader_epoch, metadata FROM group_offsets \
@@ -262,12 +410,20 @@ pub async fn fetch_offsets(
             },
         );
     }
+    for ((topic, partition), f) in stored.iter_mut() {
+        if unstable.contains(&(topic.clone(), *partition)) {
+            *f = unstable_offset(topic, *partition);
+        }
+    }
     Ok(match wanted {
         None => stored.into_values().collect(),
         Some(ts) => ts
             .into_iter()
             .flat_map(|(t, ps)| ps.into_iter().map(move |p| (t.clone(), p)))
             .map(|(topic, partition)| {
+                if unstable.contains(&(topic.clone(), partition)) {
+                    return unstable_offset(&topic, partition);
+                }
                 stored
                     .get(&(topic.clone(), partition))
                     .cloned()
@@ -282,4 +438,15 @@ pub async fn fetch_offsets(
             })
             .collect(),
     })
+}
+
+fn unstable_offset(topic: &str, partition: i32) -> FetchedOffset {
+    FetchedOffset {
+        topic: topic.to_string(),
+        partition,
+        offset: -1,
+        leader_epoch: -1,
+        metadata: None,
+        error: ErrorCode::UnstableOffsetCommit,
+    }
 }

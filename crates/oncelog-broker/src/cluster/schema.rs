@@ -116,6 +116,19 @@ CREATE TABLE IF NOT EXISTS group_offsets (
     commit_ms    bigint NOT NULL,
     PRIMARY KEY (group_id, topic, partition)
 );
+CREATE TABLE IF NOT EXISTS group_pending_offsets (
+    producer_id  bigint NOT NULL,
+    group_id     text NOT NULL,
+    topic        text NOT NULL,
+    partition    integer NOT NULL,
+    offset_value bigint NOT NULL,
+    leader_epoch integer NOT NULL,
+    metadata     text,
+    commit_ms    bigint NOT NULL,
+    PRIMARY KEY (producer_id, group_id, topic, partition)
+);
+CREATE INDEX IF NOT EXISTS group_pending_offsets_by_group
+    ON group_pending_offsets (group_id, topic, partition);
 "#;
 
 /// Creates the tables if they are missing and checks the stored version.

@@ -3,7 +3,8 @@
 //! by a driver that executes *every* effect of a decision inside one
 //! PostgreSQL transaction holding the transactional id's row `FOR UPDATE`:
 //! the new coordinator state, the COMMIT/ABORT markers of every partition
-//! (with their LSO and aborted-index changes) and the reply's identity
+//! (with their LSO and aborted-index changes), the transaction's pending
+//! group offsets made committed or dropped, and the reply's identity
 //! commit together or not at all. There is no PREPARE state anyone can see
 //! and no marker to re-drive after a crash.
 //!
@@ -119,9 +120,10 @@ pub async fn run(
                     write_markers(&tx, producer_id, epoch, commit, &partitions, now).await?,
                 );
             }
-            // Transactional offsets are not served in cluster mode yet:
-            // AddOffsetsToTxn is refused, so nothing is pending.
-            Effect::CompleteOffsets { .. } => {}
+            Effect::CompleteOffsets {
+                producer_id,
+                commit,
+            } => super::groups::complete_offsets(&tx, producer_id, commit).await?,
             Effect::Reply { producer_id, epoch } => reply = Some((producer_id, epoch)),
         }
     }

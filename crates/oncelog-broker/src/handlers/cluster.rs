@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::add_offsets_to_txn_request::AddOffsetsToTxnRequest;
+use kafka_protocol::messages::add_offsets_to_txn_response::AddOffsetsToTxnResponse;
 use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnRequest;
 use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResponse, AddPartitionsToTxnTopicResult,
@@ -89,6 +91,8 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetFetch, 1, 7),
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::TxnOffsetCommit, 0, 4),
 ];
 
 /// Longest long poll honoured.
@@ -208,6 +212,14 @@ pub async fn handle(
         RequestKind::DescribeGroups(r) => Box::pin(async move {
             let resp = cluster_group::describe_groups(b, &front, r, version).await;
             respond(ResponseKind::DescribeGroups(resp))
+        }),
+        RequestKind::AddOffsetsToTxn(r) => Box::pin(async move {
+            let resp = add_offsets_to_txn(&front, r, version).await;
+            respond(ResponseKind::AddOffsetsToTxn(resp))
+        }),
+        RequestKind::TxnOffsetCommit(r) => Box::pin(async move {
+            let resp = cluster_group::txn_offset_commit(b, &front, r, version).await;
+            respond(ResponseKind::TxnOffsetCommit(resp))
         }),
         _ => return Err(FrameError::UnsupportedApi(key)),
     })
@@ -711,6 +723,30 @@ async fn add_partitions_to_txn(
         })
         .collect();
     AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results)
+}
+
+/// AddOffsetsToTxn: the group's offsets join the transaction (as local
+/// mode: the offsets partition is one of its partitions; EndTxn then
+/// completes the pending offsets instead of writing a marker there). Any
+/// broker runs it: the decision is the transactional id's, under its row.
+async fn add_offsets_to_txn(
+    front: &Front,
+    req: AddOffsetsToTxnRequest,
+    version: i16,
+) -> AddOffsetsToTxnResponse {
+    let id = req.transactional_id.0.to_string();
+    let (pid, epoch) = (req.producer_id.0, req.producer_epoch);
+    let parts = vec![(crate::groups::OFFSETS_TOPIC.to_string(), 0)];
+    let f = Box::new(
+        move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64| {
+            tc::decide_add_partitions(m, pid, epoch, &parts, now)
+        },
+    );
+    let code = match decide(front, &id, f, version >= 2).await {
+        Ok(_) => ErrorCode::None,
+        Err(code) => code,
+    };
+    AddOffsetsToTxnResponse::default().with_error_code(code.code())
 }
 
 async fn end_txn(front: &Front, req: EndTxnRequest, version: i16) -> EndTxnResponse {

@@ -3,7 +3,8 @@
 //! handlers on it; any other broker answers `NOT_COORDINATOR`, and clients
 //! look the coordinator up again. Committed offsets are PostgreSQL rows,
 //! written only while this broker's session is live and still coordinates
-//! the group.
+//! the group; transactional offsets are pending rows of their producer until
+//! the transaction's end.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,6 +25,8 @@ use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequest;
 use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponse;
 use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
 use kafka_protocol::messages::sync_group_response::SyncGroupResponse;
+use kafka_protocol::messages::txn_offset_commit_request::TxnOffsetCommitRequest;
+use kafka_protocol::messages::txn_offset_commit_response::TxnOffsetCommitResponse;
 use kafka_protocol::protocol::StrBytes;
 
 use super::group;
@@ -31,6 +34,7 @@ use crate::cluster::front::Front;
 use crate::cluster::groups::{self as cg, Claim};
 use crate::cluster::ClusterError;
 use crate::error::ErrorCode;
+use crate::txn_coordinator::VerifyError;
 use crate::Broker;
 
 /// Whether this broker coordinates `group`: `Ok(())`, or the code to answer.
@@ -153,9 +157,14 @@ pub async fn offset_fetch(
 ) -> OffsetFetchResponse {
     let group_id = req.group_id.0.to_string();
     let answer = match coordinate(&b, front, &group_id).await {
-        Ok(()) => cg::fetch_offsets(&front.cluster, &group_id, group::fetch_request_topics(&req))
-            .await
-            .map_err(|e| storage_code(&group_id, &e)),
+        Ok(()) => cg::fetch_offsets(
+            &front.cluster,
+            &group_id,
+            group::fetch_request_topics(&req),
+            version >= 7 && req.require_stable,
+        )
+        .await
+        .map_err(|e| storage_code(&group_id, &e)),
         Err(code) => Err(code),
     };
     match answer {
@@ -208,6 +217,57 @@ pub async fn describe_groups(
         out.extend(one);
     }
     DescribeGroupsResponse::default().with_groups(out)
+}
+
+/// TxnOffsetCommit, on the group's coordinator: the offsets are pending in
+/// the producer's transaction until its end.
+pub async fn txn_offset_commit(
+    b: Arc<Broker>,
+    front: &Front,
+    req: TxnOffsetCommitRequest,
+    version: i16,
+) -> TxnOffsetCommitResponse {
+    let group_id = req.group_id.0.to_string();
+    let (pid, epoch) = (req.producer_id.0, req.producer_epoch);
+    let mut code = match coordinate(&b, front, &group_id).await {
+        Ok(()) => ErrorCode::None,
+        Err(code) => code,
+    };
+    let (generation, member, iid) = group::txn_commit_member(&req, version);
+    if code == ErrorCode::None && !member.is_empty() {
+        // KIP-447: a member id must be of the group's current generation.
+        code = match b
+            .groups
+            .check_member(&group_id, generation, &member, iid.as_deref())
+            .await
+        {
+            ErrorCode::RebalanceInProgress => ErrorCode::None,
+            c => c,
+        };
+    }
+    if code == ErrorCode::None {
+        let offsets = group::txn_commit_offsets(&req, version);
+        code = match cg::txn_commit_offsets(
+            &front.cluster,
+            &group_id,
+            req.transactional_id.0.as_str(),
+            pid,
+            epoch,
+            &offsets,
+        )
+        .await
+        {
+            Ok(Ok(())) => ErrorCode::None,
+            Ok(Err(VerifyError::StaleEpoch)) => ErrorCode::InvalidProducerEpoch,
+            Ok(Err(VerifyError::NotInTransaction)) => ErrorCode::InvalidTxnState,
+            Err(e) => storage_code(&group_id, &e),
+        };
+    }
+    if code != ErrorCode::None {
+        tracing::warn!(group = %group_id, producer_id = pid, epoch, error = ?code,
+            "cluster: TxnOffsetCommit refused");
+    }
+    group::txn_commit_response(&req, code)
 }
 
 /// FindCoordinator for a group: its live coordinator, else the live broker

@@ -507,37 +507,8 @@ pub async fn txn_offset_commit(
         };
     }
     if code == ErrorCode::None {
-        let offsets = req
-            .topics
-            .iter()
-            .flat_map(|t| {
-                t.partitions.iter().map(|p| {
-                    (
-                        t.name.0.to_string(),
-                        p.partition_index,
-                        OffsetMeta {
-                            offset: p.committed_offset,
-                            leader_epoch: if version >= 2 {
-                                p.committed_leader_epoch
-                            } else {
-                                -1
-                            },
-                            metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
-                            commit_ms: now_ms(),
-                        },
-                    )
-                })
-            })
-            .collect();
-        let (generation, member, iid) = if version >= 3 {
-            (
-                req.generation_id,
-                req.member_id.to_string(),
-                req.group_instance_id.as_ref().map(|x| x.to_string()),
-            )
-        } else {
-            (-1, String::new(), None)
-        };
+        let offsets = txn_commit_offsets(&req, version);
+        let (generation, member, iid) = txn_commit_member(&req, version);
         code = b
             .groups
             .txn_commit(&group, pid, generation, &member, iid.as_deref(), offsets)
@@ -546,6 +517,59 @@ pub async fn txn_offset_commit(
     if code != ErrorCode::None {
         tracing::warn!(group = %group, producer_id = pid, epoch, error = ?code, "TxnOffsetCommit refused");
     }
+    txn_commit_response(&req, code)
+}
+
+/// The offsets a TxnOffsetCommit asks for.
+pub fn txn_commit_offsets(
+    req: &TxnOffsetCommitRequest,
+    version: i16,
+) -> Vec<(String, i32, OffsetMeta)> {
+    req.topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().map(|p| {
+                (
+                    t.name.0.to_string(),
+                    p.partition_index,
+                    OffsetMeta {
+                        offset: p.committed_offset,
+                        leader_epoch: if version >= 2 {
+                            p.committed_leader_epoch
+                        } else {
+                            -1
+                        },
+                        metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
+                        commit_ms: now_ms(),
+                    },
+                )
+            })
+        })
+        .collect()
+}
+
+/// A TxnOffsetCommit's group member (KIP-447, v3+): generation, member id,
+/// static instance id.
+pub fn txn_commit_member(
+    req: &TxnOffsetCommitRequest,
+    version: i16,
+) -> (i32, String, Option<String>) {
+    if version >= 3 {
+        (
+            req.generation_id,
+            req.member_id.to_string(),
+            req.group_instance_id.as_ref().map(|x| x.to_string()),
+        )
+    } else {
+        (-1, String::new(), None)
+    }
+}
+
+/// TxnOffsetCommit's answer: `code` for every partition.
+pub fn txn_commit_response(
+    req: &TxnOffsetCommitRequest,
+    code: ErrorCode,
+) -> TxnOffsetCommitResponse {
     let topics = req
         .topics
         .iter()

@@ -8,7 +8,10 @@ brokers; librdkafka's idempotent producer and kafka-python see one log; a
 broker killed with SIGKILL mid-stream loses nothing acknowledged and its
 clients' retries on other brokers are not duplicated (producer state is in
 PostgreSQL rows); a broker paused past its lease gets nothing committed; a
-restart of PostgreSQL is survived by retries.
+restart of PostgreSQL is survived by retries; consumer groups move with
+their coordinator and keep their offsets; transactional offsets are pending
+until the transaction ends (librdkafka's exactly-once copier, and `oncelog
+audit`'s copier under cluster faults).
 """
 
 import os
@@ -324,6 +327,24 @@ def test_audit_under_cluster_faults(cluster_services, tmp_path):
     assert rc == 0, report.get("_output", "")[-3000:]
     assert set(done) == set(faults), f"only {done} were injected"
     assert report["txns_committed"] >= 100, report
+    assert all(v == 0 for v in report["anomalies"].values()), report["anomalies"]
+
+
+def test_exactly_once_copier_audit_under_cluster_faults(cluster_services, tmp_path):
+    """`oncelog audit --workload copier` (Kafka's transactional copier: group
+    members consuming read_committed, copying in transactions that carry
+    their offsets; worker kill -9 and zombies) against three brokers under
+    the same cluster faults: every input record is copied exactly once and
+    the group's offsets never run ahead of the copies, while groups move
+    between coordinators."""
+    from cluster_audit import run_audit
+    faults = ("pg-restart", "store-outage", "broker-kill", "broker-pause")
+    rc, report, done, _ = run_audit(tmp_path, cluster_services, 45, tmp_path / "report.json",
+                                    faults=faults, workload="copier", seed=3,
+                                    extra=("--records", "6000", "--quiet-ms", "2500,4500"))
+    assert rc == 0, report.get("_output", "")[-3000:]
+    assert set(done) == set(faults), f"only {done} were injected"
+    assert report["plain_writes"] == 6000 and report["txns_committed"] >= 40, report
     assert all(v == 0 for v in report["anomalies"].values()), report["anomalies"]
 
 

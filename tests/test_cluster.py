@@ -445,6 +445,49 @@ def test_a_consumer_group_moves_with_its_coordinator_and_keeps_its_offsets(clust
     finally:
         kc.close()
 
+    # `oncelog cluster info` from the database: the killed broker's lease is
+    # over, the group's coordinator is live, the store answers.
+    info = cluster_info(cl, "--object-store", cl.store)
+    by_id = {b["id"]: b for b in info["brokers"]}
+    assert not by_id[coordinator]["live"] and by_id[coordinator]["lease_left_ms"] < 0, by_id
+    assert all(b["live"] for i, b in by_id.items() if i != coordinator), by_id
+    assert info["groups"] == [{"group": "billing", "coordinator": moved,
+                               "session": by_id[moved]["session"], "live": True}]
+    assert info["topics"] == 1 and info["partitions"] == 6 and info["offsets"] == 900
+    assert info["object_store"]["ok"], info["object_store"]
+    assert info["open_transactions"] == 0 and info["pending_transactional_offsets"] == 0
+
+
+def cluster_info(cl, *args, db=None):
+    """`oncelog cluster info --postgres … --json`, with the S3 credentials."""
+    import json
+    import subprocess
+    from cluster_env import s3_broker_env
+    from conftest import oncelog_bin
+    env = {**os.environ, **s3_broker_env(cl.env)}
+    r = subprocess.run([str(oncelog_bin()), "cluster", "info", "--postgres", db or cl.db,
+                        "--json", *args], capture_output=True, text=True, timeout=60, env=env)
+    if db is not None:
+        return r
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_cluster_info_refuses_a_database_that_is_not_a_cluster_and_writes_nothing(
+        cluster_services):
+    import psycopg
+    from cluster_env import fresh_database
+    db = fresh_database(cluster_services)
+
+    class Bare:
+        env = cluster_services
+
+    r = cluster_info(Bare, db=db)
+    assert r.returncode == 1 and "is not an oncelog cluster's database" in r.stderr, r.stderr
+    with psycopg.connect(db) as c:
+        n = c.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0]
+    assert n == 0, "cluster info created tables"
+
 
 def test_read_process_write_with_transactional_offsets_across_brokers(cluster_factory):
     """librdkafka's exactly-once copier against three brokers: a group

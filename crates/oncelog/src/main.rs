@@ -304,8 +304,21 @@ impl Command {
 
 #[derive(Subcommand)]
 enum ClusterCmd {
-    /// Cluster id, controller, brokers and the API versions served.
-    Info,
+    /// Cluster id, controller, brokers and the API versions served (from a
+    /// broker); with --postgres, a cluster-mode cluster's brokers, leases,
+    /// groups, objects and the health of PostgreSQL and the object store,
+    /// read from its database (no broker needed; nothing is written).
+    Info(ClusterInfoArgs),
+}
+
+#[derive(clap::Args)]
+struct ClusterInfoArgs {
+    /// The cluster's PostgreSQL database (what brokers get as --cluster).
+    #[arg(long, env = "ONCELOG_CLUSTER_POSTGRES")]
+    postgres: Option<String>,
+    /// With --postgres: the object store to probe (a listing), as brokers get it.
+    #[arg(long, requires = "postgres")]
+    object_store: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -460,8 +473,11 @@ fn main() -> Result<()> {
         Command::User { conn, cmd } => client(|| cli::user(&conn.bootstrap, conn.json, cmd)),
         Command::Cluster {
             conn,
-            cmd: ClusterCmd::Info,
-        } => client(|| cli::cluster_info(&conn.bootstrap, conn.json)),
+            cmd: ClusterCmd::Info(args),
+        } => match args.postgres {
+            Some(pg) => client(|| cli::cluster_store_info(pg, args.object_store, conn.json)),
+            None => client(|| cli::cluster_info(&conn.bootstrap, conn.json)),
+        },
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "oncelog", &mut std::io::stdout());

@@ -16,6 +16,7 @@ pub mod collector;
 pub mod flusher;
 pub mod front;
 pub mod groups;
+pub mod info;
 pub mod objects;
 pub mod reader;
 pub mod schema;

@@ -50,3 +50,92 @@ pub async fn cluster_info(bootstrap: &str, json_out: bool) -> Result<()> {
     }
     Ok(())
 }
+
+/// `oncelog cluster info --postgres URL [--object-store URL]`: a cluster-mode
+/// cluster as its database says, read only.
+pub async fn cluster_store_info(
+    postgres: String,
+    object_store: Option<String>,
+    json_out: bool,
+) -> Result<()> {
+    let i = oncelog_broker::cluster::info::info(&postgres, object_store.as_deref()).await?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&i)?);
+        return Ok(());
+    }
+    println!("cluster id:   {}", i.cluster_id);
+    println!("schema:       {}", i.schema_version);
+    println!(
+        "postgresql:   {} (round trip {:.1} ms)",
+        i.postgres.server_version, i.postgres.round_trip_ms
+    );
+    if let Some(s) = &i.object_store {
+        match &s.error {
+            None => println!("object store: {} ok (list {:.1} ms)", s.store, s.list_ms),
+            Some(e) => println!("object store: {} FAILING: {e}", s.store),
+        }
+    }
+    println!(
+        "topics:       {} ({} partitions, {} offsets)",
+        i.topics, i.partitions, i.offsets
+    );
+    match i.oldest_open_transaction_ms {
+        Some(age) => println!(
+            "transactions: {} open, the oldest {} ms",
+            i.open_transactions, age
+        ),
+        None => println!("transactions: {} open", i.open_transactions),
+    }
+    println!(
+        "objects:      {} ({} bytes), {} not committed",
+        i.objects, i.object_bytes, i.uncommitted_objects
+    );
+    println!(
+        "groups:       {} ({} transactional offsets pending)",
+        i.groups.len(),
+        i.pending_transactional_offsets
+    );
+    println!();
+    let rows = i
+        .brokers
+        .iter()
+        .map(|b| {
+            vec![
+                b.id.to_string(),
+                b.session.to_string(),
+                b.address.clone(),
+                if b.live { "live" } else { "gone" }.to_string(),
+                b.lease_left_ms.to_string(),
+                b.renewed_ms_ago.to_string(),
+            ]
+        })
+        .collect::<Vec<_>>();
+    table(
+        &[
+            "BROKER",
+            "SESSION",
+            "ADDRESS",
+            "STATE",
+            "LEASE_LEFT_MS",
+            "RENEWED_MS_AGO",
+        ],
+        &rows,
+    );
+    if !i.groups.is_empty() {
+        println!();
+        let rows = i
+            .groups
+            .iter()
+            .map(|g| {
+                vec![
+                    g.group.clone(),
+                    g.coordinator.to_string(),
+                    g.session.to_string(),
+                    if g.live { "live" } else { "gone" }.to_string(),
+                ]
+            })
+            .collect::<Vec<_>>();
+        table(&["GROUP", "COORDINATOR", "SESSION", "STATE"], &rows);
+    }
+    Ok(())
+}

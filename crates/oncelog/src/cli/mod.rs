@@ -20,7 +20,7 @@ mod topic;
 mod txn;
 mod user;
 
-pub use cluster::cluster_info;
+pub use cluster::{cluster_info, cluster_store_info};
 pub use consume::{consume, ConsumeArgs};
 pub use cutover::{cutover, CutoverCmd};
 pub use diff::{diff, DiffArgs};

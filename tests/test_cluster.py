@@ -501,6 +501,18 @@ def test_read_process_write_with_transactional_offsets_across_brokers(cluster_fa
     cl = cluster_factory(store="s3")
     create(cl.by_id(1).bootstrap, "in", 3)
     create(cl.by_id(2).bootstrap, "out", 3)
+    # the broker's own names are not a client's: `__consumer_offsets` stands
+    # for a group's offsets inside transactions
+    from confluent_kafka import KafkaError
+    ad = admin(cl.by_id(3).bootstrap)
+    for internal in ("__consumer_offsets", "__transaction_state"):
+        fs = ad.create_topics([NewTopic(internal, num_partitions=1, replication_factor=1)],
+                              operation_timeout=OP_TIMEOUT_S)
+        with pytest.raises(KafkaException) as refused:
+            fs[internal].result(OP_TIMEOUT_S)
+        assert refused.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, refused.value
+    assert cl.sql("SELECT count(*) FROM topics WHERE name IN "
+                  "('__consumer_offsets', '__transaction_state')")[0][0] == 0
     p = Producer(producer_config(cl.bootstrap, enable_idempotence=True))
     for i in range(300):
         p.produce("in", value=f"v-{i}".encode(), partition=i % 3)

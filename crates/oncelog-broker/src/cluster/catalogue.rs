@@ -47,6 +47,15 @@ pub async fn create_topic(
     configs: &BTreeMap<String, String>,
 ) -> Result<TopicRow, CatalogueError> {
     validate_topic_name(name)?;
+    // The broker's own names: `__consumer_offsets` stands for a group's
+    // offsets inside a transaction, so no client topic may take it.
+    if crate::datadir::is_internal_topic(name) {
+        return Err(TopicError::Internal {
+            topic: name.into(),
+            action: "create",
+        }
+        .into());
+    }
     if partitions < 1 {
         return Err(TopicError::InvalidPartitions(partitions.to_string()).into());
     }
@@ -115,6 +124,13 @@ fn topic_row(r: &tokio_postgres::Row) -> TopicRow {
 /// same transaction; its objects are left to the collector, which removes an
 /// object once no batch row names it.
 pub async fn delete_topic(pool: &Pool, name: &str) -> Result<(), CatalogueError> {
+    if crate::datadir::is_internal_topic(name) {
+        return Err(TopicError::Internal {
+            topic: name.into(),
+            action: "delete",
+        }
+        .into());
+    }
     let client = pool.get().await?;
     let n = client
         .execute("DELETE FROM topics WHERE name = $1", &[&name])

@@ -378,6 +378,10 @@ fn catalogue_code(e: &CatalogueError) -> ErrorCode {
         CatalogueError::Topic(TopicError::InvalidName(..)) => ErrorCode::InvalidTopicException,
         CatalogueError::Topic(TopicError::InvalidPartitions(_)) => ErrorCode::InvalidPartitions,
         CatalogueError::Topic(TopicError::InvalidConfig(_)) => ErrorCode::InvalidConfig,
+        CatalogueError::Topic(TopicError::Internal {
+            action: "create", ..
+        }) => ErrorCode::InvalidTopicException,
+        CatalogueError::Topic(TopicError::Internal { .. }) => ErrorCode::TopicAuthorizationFailed,
         CatalogueError::Topic(_) | CatalogueError::Cluster(_) => ErrorCode::KafkaStorageError,
     }
 }
@@ -411,6 +415,12 @@ async fn create_topics(
                 Ok(Some(_)) => Err(CatalogueError::Topic(TopicError::AlreadyExists(
                     name.clone(),
                 ))),
+                Ok(None) if crate::datadir::is_internal_topic(&name) => {
+                    Err(CatalogueError::Topic(TopicError::Internal {
+                        topic: name.clone(),
+                        action: "create",
+                    }))
+                }
                 Ok(None) => crate::topics::validate_topic_name(&name)
                     .map_err(CatalogueError::Topic)
                     .map(|()| None),

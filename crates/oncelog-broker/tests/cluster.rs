@@ -496,7 +496,7 @@ async fn a_group_has_one_live_coordinator_and_a_stopped_one_commits_nothing() {
     )
     .await
     .unwrap();
-    let got = cluster_groups::fetch_offsets(&second, "g", None)
+    let got = cluster_groups::fetch_offsets(&second, "g", None, true)
         .await
         .unwrap();
     assert_eq!(
@@ -506,9 +506,10 @@ async fn a_group_has_one_live_coordinator_and_a_stopped_one_commits_nothing() {
         vec![("t", 0, 8), ("t", 1, 3)],
         "the last of duplicates wins; the late commit left nothing"
     );
-    let asked = cluster_groups::fetch_offsets(&second, "g", Some(vec![("t".into(), vec![1, 2])]))
-        .await
-        .unwrap();
+    let asked =
+        cluster_groups::fetch_offsets(&second, "g", Some(vec![("t".into(), vec![1, 2])]), false)
+            .await
+            .unwrap();
     assert_eq!(
         asked.iter().map(|f| f.offset).collect::<Vec<_>>(),
         vec![3, -1]

@@ -79,11 +79,11 @@ def wait_for_topic(bootstrap, topic, partitions, timeout=OP_TIMEOUT_S):
         md = topic_metadata(bootstrap)
         t = md.topics.get(topic)
         if t is not None and t.error is None and len(t.partitions) == partitions \
-                and all(p.leader == 0 for p in t.partitions.values()):
+                and all(p.leader in md.brokers for p in t.partitions.values()):
             return t
         last = t
         time.sleep(0.1)
-    pytest.fail(f"topic {topic} with {partitions} partitions led by node 0 never "
+    pytest.fail(f"topic {topic} with {partitions} partitions led by listed brokers never "
                 f"appeared in metadata; last seen: {last!r}")
 
 

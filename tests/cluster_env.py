@@ -54,18 +54,34 @@ def s3_broker_env(env):
 
 
 class Cluster:
-    """N brokers (node ids 1..N) over one database and one object store."""
+    """N brokers (node ids 1..N) over one database and one object store.
+    Answers the parts of `Broker`'s interface a test of either mode uses:
+    the bootstrap list of all brokers, host/port of the first, the logs of
+    all, and stop/start/kill of all."""
+
+    mode = "cluster"
 
     def __init__(self, base_dir, env, db, store, n=3, overrides=None):
         self.db = db
         self.store = store
         self.env = env
         self.brokers = []
+        # Every listener and metrics port distinct: they are all drawn before
+        # any broker binds, so the kernel may hand one out twice.
+        ports = set()
+
+        def port():
+            while (p := free_port()) in ports:
+                pass
+            ports.add(p)
+            return p
+
         for i in range(1, n + 1):
             root = Path(base_dir) / f"cbroker{i}"
-            opts = {"node.id": i, "cluster.postgres": db, "cluster.object.store": store}
+            opts = {"node.id": i, "cluster.postgres": db, "cluster.object.store": store,
+                    "metrics.listen": f"127.0.0.1:{port()}"}
             opts.update(overrides or {})
-            b = Broker(oncelog_bin(), root / "data", free_port(), root / "broker.log", opts)
+            b = Broker(oncelog_bin(), root / "data", port(), root / "broker.log", opts)
             if store.startswith("s3://"):
                 b.env.update(s3_broker_env(env))
             self.brokers.append(b)
@@ -76,11 +92,54 @@ class Cluster:
 
     def start(self):
         for b in self.brokers:
-            b.start()
+            if not b.alive:
+                b.start()
         return self
 
     def by_id(self, node_id):
         return self.brokers[node_id - 1]
+
+    @property
+    def host(self):
+        return self.brokers[0].host
+
+    @property
+    def port(self):
+        return self.brokers[0].port
+
+    @property
+    def address(self):
+        return (self.host, self.port)
+
+    @property
+    def alive(self):
+        return all(b.alive for b in self.brokers)
+
+    def stop(self):
+        for b in self.brokers:
+            if b.alive:
+                b.stop()
+
+    def kill9(self):
+        for b in self.brokers:
+            b.kill9()
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+    def stored_logs(self, topic, partition):
+        """The partition's batches as stored (in objects), as the brokers
+        serve them: read_uncommitted, markers included, base offsets set."""
+        import kafka_wire as kw
+        return [kw.fetch_raw(self.host, self.port, topic, partition)]
+
+    def log_text(self, since_last_start=False):
+        return "\n".join(b.log_text(since_last_start) for b in self.brokers)
+
+    def log_tail(self, lines=60):
+        return "\n".join(f"-- broker {i + 1}\n{b.log_tail(lines)}"
+                         for i, b in enumerate(self.brokers))
 
     def sql(self, query, *args):
         with psycopg.connect(self.db, autocommit=True) as c:

@@ -68,6 +68,8 @@ def wait_until(predicate, timeout, interval=0.05, what="condition", on_timeout=N
 class Broker:
     """One `oncelog serve` process; restartable on the same data dir and port."""
 
+    mode = "local"
+
     def __init__(self, binary, data_dir, port, log_path, overrides=None):
         self.binary = Path(binary)
         self.data_dir = Path(data_dir)
@@ -218,6 +220,10 @@ class Broker:
         files = [p for p in d.iterdir() if re.fullmatch(r"\d{20}\.log", p.name)]
         return sorted(files, key=lambda p: int(p.stem))
 
+    def stored_logs(self, topic, partition):
+        """The partition's batches as stored: one bytes chunk per segment file."""
+        return [seg.read_bytes() for seg in self.segment_files(topic, partition)]
+
     def __repr__(self):
         return f"Broker({self.bootstrap}, pid={self.pid}, dir={self.data_dir})"
 
@@ -251,16 +257,37 @@ class BrokerFactory:
                 print(f"---- {b} log tail ----\n{b.log_tail(40)}")
 
 
+def both_modes(fixture="broker"):
+    """Runs a test against local mode and against a cluster of three
+    `oncelog serve --cluster` brokers (over PostgreSQL and S3): the
+    `broker` (or `broker_factory`) fixture is then one or the other."""
+    return pytest.mark.parametrize(fixture, ["local", "cluster"], indirect=True)
+
+
+def _cluster_factory(request):
+    def make(overrides=None, start=True, **kw):
+        opts = dict(overrides or {})
+        for key, value in kw.items():
+            opts[key.replace("_", ".")] = value
+        return request.getfixturevalue("cluster_factory")(overrides=opts, start=start)
+    return make
+
+
 @pytest.fixture
-def broker_factory(tmp_path):
+def broker_factory(request, tmp_path):
+    if getattr(request, "param", "local") == "cluster":
+        yield _cluster_factory(request)
+        return
     factory = BrokerFactory(tmp_path)
     yield factory
     factory.cleanup()
 
 
 @pytest.fixture
-def broker(broker_factory):
-    return broker_factory()
+def broker(request, tmp_path):
+    if getattr(request, "param", "local") == "cluster":
+        return _cluster_factory(request)()
+    return request.getfixturevalue("broker_factory")()
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +295,7 @@ def module_broker_factory(tmp_path_factory):
     factory = BrokerFactory(tmp_path_factory.mktemp("brokers"))
     yield factory
     factory.cleanup()
+
+
+# Cluster mode's fixtures (PostgreSQL, S3, N brokers), for `both_modes`.
+pytest_plugins = ["cluster_env"]

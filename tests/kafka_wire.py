@@ -23,6 +23,7 @@ API_PRODUCE = 0
 API_FETCH = 1
 API_LIST_OFFSETS = 2
 API_METADATA = 3
+API_FIND_COORDINATOR = 10
 API_API_VERSIONS = 18
 
 BATCH_HEADER_LEN = 61
@@ -224,6 +225,15 @@ def api_versions_request(version, correlation_id):
     return frame(request_header_v1(API_API_VERSIONS, version, correlation_id))
 
 
+def fetch_v4_request(correlation_id, topic, partition, offset, max_bytes=1 << 20,
+                     isolation=0, max_wait_ms=100):
+    """Fetch v4 (non-flexible) of one partition from `offset`."""
+    body = (i32(-1) + i32(max_wait_ms) + i32(0) + i32(max_bytes) + i8(isolation)
+            + i32(1) + string(topic)
+            + i32(1) + i32(partition) + i64(offset) + i32(max_bytes))
+    return frame(request_header_v1(API_FETCH, 4, correlation_id) + body)
+
+
 # -------------------------------------------------------------- responses
 
 class Reader:
@@ -286,6 +296,63 @@ def parse_api_versions_v0_response(body):
     if r.remaining():
         raise ValueError(f"{r.remaining()} trailing bytes in ApiVersions v0 response")
     return err, apis
+
+
+def parse_fetch_v4_response(body):
+    """(error_code, high_watermark, last_stable_offset, records bytes) of the
+    one partition a fetch_v4_request asked for."""
+    r = Reader(body)
+    r.i32()                              # throttle_time_ms
+    assert r.i32() == 1
+    r.string()
+    assert r.i32() == 1
+    r.i32()                              # partition
+    code, hw, lso = r.i16(), r.i64(), r.i64()
+    n = r.i32()
+    for _ in range(max(n, 0)):           # aborted transactions
+        r.i64(), r.i64()
+    size = r.i32()
+    return code, hw, lso, (r.take(size) if size > 0 else b"")
+
+
+def fetch_raw(host, port, topic, partition, start=0, end=None):
+    """Every batch of a partition as the broker serves it (read_uncommitted,
+    markers included), from `start` up to the high watermark (or `end`)."""
+    out = bytearray()
+    offset, cid = start, 1
+    with Conn(host, port) as c:
+        while True:
+            c.send(fetch_v4_request(cid, topic, partition, offset))
+            code, hw, _, data = parse_fetch_v4_response(c.recv_response(cid))
+            cid += 1
+            if code != 0:
+                raise AssertionError(f"fetch {topic}-{partition}@{offset}: error {code}")
+            stop = hw if end is None else min(end, hw)
+            batches = list(walk_batches(data))
+            for b in batches:
+                if b.last_offset >= offset:
+                    out += data[b.pos:b.pos + b.size]
+            if batches:
+                offset = max(offset, batches[-1].last_offset + 1)
+            if offset >= stop or not batches:
+                return bytes(out)
+
+
+def find_coordinator(host, port, key, key_type=0):
+    """(host, port) of the coordinator of a group (key_type 0) or a
+    transactional id (1), by FindCoordinator v1 to host:port."""
+    cid = 77
+    with Conn(host, port) as c:
+        c.send(frame(request_header_v1(API_FIND_COORDINATOR, 1, cid) + string(key) + i8(key_type)))
+        r = Reader(c.recv_response(cid))
+    r.i32()                                  # throttle_time_ms
+    code = r.i16()
+    message = r.string()
+    r.i32()                                  # node id
+    chost, cport = r.string(), r.i32()
+    if code != 0:
+        raise AssertionError(f"FindCoordinator {key!r}: error {code} {message}")
+    return chost, cport
 
 
 # ------------------------------------------------------------------ socket

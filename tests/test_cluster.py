@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTopicPartition
 
 from clients import OP_TIMEOUT_S, admin, consumer_config, producer_config
-from cluster_env import cluster_factory, cluster_services  # noqa: F401 (fixtures)
+
 from confluent_kafka.admin import NewTopic
 
 pytestmark = pytest.mark.timeout(300)

@@ -27,7 +27,7 @@ from confluent_kafka import (Consumer, ConsumerGroupState, ConsumerGroupTopicPar
 import kafka_wire as kw
 from clients import (admin, consumer_config, create_topic, flush_all, producer_config,
                      unique_topic)
-from conftest import _die_with_parent
+from conftest import both_modes, _die_with_parent
 from test_java import java_classpath  # noqa: F401  (fixture)
 from test_transactions import read_partition, txn_producer
 from test_txn_scenarios import lso
@@ -448,7 +448,7 @@ def offset_fetch(broker, group, topic, partitions, require_stable):
             + kw.i8(1 if require_stable else 0)
             + kw.uvarint(0))                     # request tagged fields
     cid = 4242
-    with kw.Conn(broker.host, broker.port) as c:
+    with kw.Conn(*kw.find_coordinator(broker.host, broker.port, group)) as c:
         c.send(kw.frame(kw.request_header_v2(API_OFFSET_FETCH, 7, cid) + body))
         r = kw.Reader(c.recv_response(cid))
     _skip_tags(r)                                # response header v1
@@ -994,6 +994,7 @@ class OutputReader(threading.Thread):
 
 
 @pytest.mark.timeout(480)
+@both_modes("broker_factory")
 def test_s7_copier_killed_and_fenced_copies_exactly_once(broker_factory, registry, tmp_path):
     broker = broker_factory(GROUP_OVERRIDES)
     bs = broker.bootstrap

@@ -8,7 +8,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 import kafka_wire as kw
 from clients import DeliveryTracker, consumer_config, create_topic, flush_all, producer_config, unique_topic
-from conftest import wait_until
+from conftest import both_modes, wait_until
 
 API_INIT_PRODUCER_ID = 22
 
@@ -119,6 +119,7 @@ def test_duplicate_detection_survives_restarts_and_rolls(broker_factory):
     assert [o for o, _ in got] == list(range(seq + 1)), "no duplicate slipped in"
 
 
+@both_modes()
 def test_librdkafka_idempotent_producer_across_restart(broker):
     """librdkafka with enable.idempotence=true: InitProducerId, sequences,
     in-flight retries across a broker restart; every message exactly once."""

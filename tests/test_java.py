@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from clients import consume_confluent, create_topic, unique_topic
-from conftest import REPO_ROOT
+from conftest import both_modes, REPO_ROOT
 from jvm import compile_against
 
 JAVA_DIR = REPO_ROOT / "tests" / "java"
@@ -30,6 +30,7 @@ def java_classpath(tmp_path_factory):
     ("lz4", 2, 3000),
     ("zstd", 2, 3000),
 ])
+@both_modes()
 def test_java_client_produce_and_consume(broker, java_classpath, compression, partitions, n):
     topic = unique_topic(f"java-{compression}")
     create_topic(broker.bootstrap, topic, partitions=partitions)
@@ -55,6 +56,7 @@ def test_java_client_produce_and_consume(broker, java_classpath, compression, pa
 
 
 @pytest.mark.timeout(300)
+@both_modes()
 def test_java_client_transactions_and_fencing(broker, java_classpath):
     """The Java client (idempotence on by default) commits and aborts
     transactions across partitions, and a zombie with the same transactional

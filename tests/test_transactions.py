@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from clients import consumer_config, create_topic, flush_all, producer_config, unique_topic
-from conftest import wait_until
+from conftest import both_modes, wait_until
 
 
 def txn_producer(bootstrap, txn_id, **extra):
@@ -42,17 +42,18 @@ def read_partition(bootstrap, topic, partition, start, isolation, until_offset, 
 
 
 def segment_batches(broker, topic, partition):
-    """(base_offset, attributes, producer_id, producer_epoch) of every batch on disk."""
+    """(base_offset, attributes, producer_id, producer_epoch) of every
+    stored batch (segment files; a cluster's objects as served)."""
     import kafka_wire as kw
     out = []
-    for seg in broker.segment_files(topic, partition):
-        data = seg.read_bytes()
+    for data in broker.stored_logs(topic, partition):
         for b in kw.walk_batches(data):
             pid, epoch = struct.unpack_from(">qh", data, b.pos + 43)
             out.append((b.base_offset, b.attributes, pid, epoch))
     return out
 
 
+@both_modes()
 def test_commit_and_abort_read_committed(broker):
     topic = unique_topic("txn")
     create_topic(broker.bootstrap, topic, partitions=2)
@@ -82,6 +83,7 @@ def test_commit_and_abort_read_committed(broker):
         assert len(everything) == 30, "read_uncommitted sees aborted data, never markers"
 
 
+@both_modes()
 def test_open_transaction_holds_back_read_committed(broker):
     topic = unique_topic("lso")
     create_topic(broker.bootstrap, topic)
@@ -110,6 +112,7 @@ def test_open_transaction_holds_back_read_committed(broker):
         [b"plain-%d" % i for i in range(5, 8)]
 
 
+@both_modes()
 def test_s1_zombie_fare_writer_is_fenced(broker):
     topic = "fares"
     create_topic(broker.bootstrap, topic, partitions=3)
@@ -190,6 +193,7 @@ def test_s1_zombie_fare_writer_is_fenced(broker):
         admin.close()
 
 
+@both_modes()
 def test_transaction_timeout_aborts_and_fences(broker):
     topic = unique_topic("timeout")
     create_topic(broker.bootstrap, topic)
@@ -206,6 +210,7 @@ def test_transaction_timeout_aborts_and_fences(broker):
         p.commit_transaction(10)
 
 
+@both_modes()
 def test_transactions_survive_restart(broker):
     topic = unique_topic("txn-restart")
     create_topic(broker.bootstrap, topic)
@@ -234,6 +239,7 @@ def test_transactions_survive_restart(broker):
     assert [v for _, v in got] == [b"committed", b"after"]
 
 
+@both_modes()
 def test_kafka_python_transactions(broker):
     """A third client: kafka-python's transactional producer commits and aborts,
     is fenced by a newer instance, and its read_committed consumer sees only
@@ -279,6 +285,7 @@ def test_kafka_python_transactions(broker):
     assert got == sorted([b"commit-%d" % i for i in range(10)] + [b"fresh"])
 
 
+@both_modes()
 def test_list_and_describe_open_transactions_kafka_python_admin(broker):
     """KIP-664 ListTransactions filters (state, producer id, duration, id
     pattern) and DescribeTransactions of an open transaction."""
@@ -318,6 +325,7 @@ def test_list_and_describe_open_transactions_kafka_python_admin(broker):
         p.abort_transaction(30)
 
 
+@both_modes()
 def test_s4_through_admin_tools_abort_a_hanging_transaction(broker):
     """S4 seen through an operator's tools (kafka-python's KIP-664 calls):
     the abandoned transaction is found, with the partition it pins, and

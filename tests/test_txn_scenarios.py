@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from clients import consumer_config, create_topic, flush_all, producer_config, unique_topic
-from conftest import wait_until
+from conftest import both_modes, wait_until
 from test_transactions import read_partition, txn_producer
 
 
@@ -31,6 +31,7 @@ def read_all_committed(bootstrap, topic, partitions, timeout=60):
     return out
 
 
+@both_modes()
 def test_s3_one_id_per_shard_only_the_restarted_shard_is_fenced(broker):
     topic = unique_topic("s3")
     create_topic(broker.bootstrap, topic, partitions=12)
@@ -71,6 +72,7 @@ def test_s3_one_id_per_shard_only_the_restarted_shard_is_fenced(broker):
     assert fences and all("fare-writer-7" in line for line in fences), fences
 
 
+@both_modes()
 def test_s4_fresh_id_per_start_pins_lso_until_timeout(broker):
     topic = unique_topic("s4")
     create_topic(broker.bootstrap, topic)
@@ -107,6 +109,7 @@ def test_s4_fresh_id_per_start_pins_lso_until_timeout(broker):
     assert len(got) == 201 and len({v for _, v in got}) == 201
 
 
+@both_modes()
 def test_fencing_on_add_partitions(broker):
     topic = unique_topic("fence-add")
     create_topic(broker.bootstrap, topic, partitions=2)
@@ -131,6 +134,7 @@ def test_fencing_on_add_partitions(broker):
     assert "AddPartitionsToTxn from a fenced producer" in broker.log_text()
 
 
+@both_modes()
 def test_fencing_after_transaction_timeout(broker):
     topic = unique_topic("fence-timeout")
     create_topic(broker.bootstrap, topic)
@@ -155,6 +159,7 @@ def test_fencing_after_transaction_timeout(broker):
     assert "short-" + topic in line and "new_epoch=1" in line, line
 
 
+@both_modes()
 def test_markers_across_many_partitions(broker):
     topic = unique_topic("wide")
     create_topic(broker.bootstrap, topic, partitions=12)
@@ -175,6 +180,7 @@ def test_markers_across_many_partitions(broker):
         assert lso(broker.bootstrap, topic, part) == 1002, "500 + marker + 500 + marker"
 
 
+@both_modes()
 def test_long_poll_spanning_an_aborted_transaction(broker):
     """A read_committed consumer already waiting in a long poll sees only the
     committed transaction that follows an aborted one."""
@@ -211,6 +217,7 @@ def test_long_poll_spanning_an_aborted_transaction(broker):
     assert got == [b"committed-0", b"committed-1", b"committed-2"]
 
 
+@both_modes()
 def test_s2_one_id_eight_replicas_fence_each_other(broker):
     """Eight replicas share one transactional id and re-initialise whenever
     they are fenced. They keep fencing each other; every fence is a warning
@@ -261,6 +268,7 @@ def test_s2_one_id_eight_replicas_fence_each_other(broker):
     print(f"S2: {len(committed)} commits, {fenced_seen[0]} fenced replicas, {len(alarms)} fence warnings")
 
 
+@both_modes("broker_factory")
 def test_s5_blue_green_with_one_prefix_fences_in_a_loop_and_loses_nothing(broker_factory):
     """Job v1 and job v2 copy the same input with the same transactional id
     (one prefix). Each start fences the other; an orchestrator restarts
@@ -350,6 +358,7 @@ def test_s5_blue_green_with_one_prefix_fences_in_a_loop_and_loses_nothing(broker
     print(f"S5: fenced {fenced}, committed offsets {committed}, {len(out)} output records")
 
 
+@both_modes("broker_factory")
 def test_txn_offset_commit_with_stale_group_metadata_is_fenced(broker_factory):
     """KIP-447: offsets sent to a transaction carry the consumer's generation
     and member id; a stale generation is refused (ILLEGAL_GENERATION), the
@@ -396,6 +405,7 @@ def test_txn_offset_commit_with_stale_group_metadata_is_fenced(broker_factory):
     c2.close()
 
 
+@both_modes()
 def test_fencing_after_a_100ms_transaction_timeout_kafka_python(broker):
     """Kafka's case with its numbers (librdkafka refuses timeouts under 1 s,
     kafka-python does not): transaction.timeout.ms=100, sleep, the next send

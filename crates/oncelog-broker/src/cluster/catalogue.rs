@@ -40,6 +40,11 @@ impl From<deadpool_postgres::PoolError> for CatalogueError {
 /// Creates a topic with `partitions` partitions, each starting at offset 0.
 /// Creating a name that exists (by any broker, concurrently too) is
 /// `TopicError::Exists` and changes nothing.
+/// The channel a topic's creation or deletion is announced on (its name):
+/// every broker then reads the catalogue again, so a deleted and recreated
+/// topic is not served from a stale copy.
+pub const CATALOGUE_CHANNEL: &str = "oncelog_catalogue";
+
 pub async fn create_topic(
     pool: &Pool,
     name: &str,
@@ -78,6 +83,8 @@ pub async fn create_topic(
         &[&id, &partitions],
     )
     .await?;
+    tx.execute("SELECT pg_notify($1, $2)", &[&CATALOGUE_CHANNEL, &name])
+        .await?;
     tx.commit().await?;
     Ok(TopicRow {
         id,
@@ -131,12 +138,16 @@ pub async fn delete_topic(pool: &Pool, name: &str) -> Result<(), CatalogueError>
         }
         .into());
     }
-    let client = pool.get().await?;
-    let n = client
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let n = tx
         .execute("DELETE FROM topics WHERE name = $1", &[&name])
         .await?;
     if n == 0 {
         return Err(TopicError::Unknown(name.to_string()).into());
     }
+    tx.execute("SELECT pg_notify($1, $2)", &[&CATALOGUE_CHANNEL, &name])
+        .await?;
+    tx.commit().await?;
     Ok(())
 }

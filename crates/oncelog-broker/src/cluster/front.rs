@@ -55,7 +55,10 @@ impl Front {
             let f = front.clone();
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(REFRESH).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(REFRESH) => {}
+                        _ = f.cluster.catalogue_notify.notified() => {}
+                    }
                     if let Err(e) = f.refresh().await {
                         tracing::warn!(error = %e, "cluster: refreshing brokers and topics failed");
                     }

@@ -13,6 +13,7 @@
 
 pub mod catalogue;
 pub mod collector;
+pub mod describe;
 pub mod flusher;
 pub mod front;
 pub mod groups;
@@ -163,6 +164,10 @@ pub struct Cluster {
     /// Woken when a partition's high watermark moves (a commit of ours, or
     /// another broker's through NOTIFY), for long-poll fetches.
     pub data_notify: tokio::sync::Notify,
+    /// Woken when a topic is created or deleted (by any broker), or the
+    /// announcements may have been missed (one waiter: the catalogue copy's
+    /// refresh, woken with `notify_one` so a change during a refresh counts).
+    pub catalogue_notify: tokio::sync::Notify,
     /// The highest next offset seen per partition (from commits and NOTIFY).
     known: Mutex<HashMap<(uuid::Uuid, i32), i64>>,
 }
@@ -183,6 +188,7 @@ impl Cluster {
             session,
             cache,
             data_notify: tokio::sync::Notify::new(),
+            catalogue_notify: tokio::sync::Notify::new(),
             known: Mutex::new(HashMap::new()),
         }))
     }

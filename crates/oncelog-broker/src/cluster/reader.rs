@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
 use uuid::Uuid;
 
+use super::catalogue::CATALOGUE_CHANNEL;
 use super::sequencer::{parse_notify, DATA_CHANNEL};
 use super::{Cluster, ClusterError};
 use crate::producer_state::AbortedTxn;
@@ -243,19 +244,24 @@ pub async fn listen(cluster: Arc<Cluster>) {
             tracing::warn!(error = %e, "cluster: the LISTEN connection failed; reconnecting");
         }
         cluster.data_notify.notify_waiters();
+        cluster.catalogue_notify.notify_one();
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
 async fn listen_once(cluster: &Cluster) -> Result<(), ClusterError> {
     let (client, mut conn) = tokio_postgres::connect(&cluster.config.postgres_url, NoTls).await?;
-    let (ntx, mut nrx) = tokio::sync::mpsc::unbounded_channel::<Option<String>>();
+    let (ntx, mut nrx) = tokio::sync::mpsc::unbounded_channel::<Option<(bool, String)>>();
     let drive = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
         while let Some(m) = messages.next().await {
             match m {
                 Ok(AsyncMessage::Notification(n)) => {
-                    if ntx.send(Some(n.payload().to_string())).is_err() {
+                    let catalogue = n.channel() == CATALOGUE_CHANNEL;
+                    if ntx
+                        .send(Some((catalogue, n.payload().to_string())))
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -269,11 +275,18 @@ async fn listen_once(cluster: &Cluster) -> Result<(), ClusterError> {
         let _ = ntx.send(None);
     });
     client
-        .batch_execute(&format!("LISTEN {DATA_CHANNEL}"))
+        .batch_execute(&format!(
+            "LISTEN {DATA_CHANNEL}; LISTEN {CATALOGUE_CHANNEL}"
+        ))
         .await?;
     // Anything committed before LISTEN took effect was not announced to us.
     cluster.data_notify.notify_waiters();
-    while let Some(Some(payload)) = nrx.recv().await {
+    cluster.catalogue_notify.notify_one();
+    while let Some(Some((catalogue, payload))) = nrx.recv().await {
+        if catalogue {
+            cluster.catalogue_notify.notify_one();
+            continue;
+        }
         match parse_notify(&payload) {
             Some(moved) => cluster.advanced(&moved),
             None => cluster.data_notify.notify_waiters(),

@@ -320,22 +320,39 @@ pub async fn abort_expired(cluster: &Cluster) -> Result<usize, ClusterError> {
     let ids = expired(&cluster.pool).await?;
     let mut n = 0;
     for id in ids {
+        // (producer id, epoch, timeout) before, and the epoch after.
+        let fenced: std::sync::Mutex<Option<(i64, i16, i32, i16)>> = std::sync::Mutex::new(None);
+        let seen = &fenced;
         let f = Box::new(
-            |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
-                Ok(m.map_or_else(Vec::new, |m| {
+            move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+                let effects = m.map_or_else(Vec::new, |m| {
                     crate::txn_coordinator::decide_timeout(
                         m,
                         now,
                         crate::txn_coordinator::OnTimeout::Abort,
                         new_pid,
                     )
-                }))
+                });
+                let after = effects.iter().find_map(|e| match e {
+                    Effect::Persist(n) => Some(n.epoch),
+                    _ => None,
+                });
+                if let (Some(m), Some(after), Ok(mut f)) = (m, after, seen.lock()) {
+                    *f = Some((m.producer_id, m.epoch, m.timeout_ms, after));
+                }
+                Ok(effects)
             },
         );
         match run(cluster, &id, f).await {
             Ok(_) => {
-                tracing::info!(transactional_id = %id, "cluster: transaction timed out; aborted");
-                n += 1;
+                if let Some((pid, old, timeout_ms, new)) =
+                    fenced.into_inner().unwrap_or_else(|p| p.into_inner())
+                {
+                    tracing::warn!(transactional_id = %id, producer_id = pid, old_epoch = old,
+                        new_epoch = new, timeout_ms,
+                        "transaction timed out; aborting it and fencing its producer");
+                    n += 1;
+                }
             }
             Err(e) => {
                 tracing::warn!(transactional_id = %id, error = %e, "cluster: timeout abort not committed")
@@ -343,4 +360,60 @@ pub async fn abort_expired(cluster: &Cluster) -> Result<usize, ClusterError> {
         }
     }
     Ok(n)
+}
+
+/// What an operator's abort of a producer id found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAbort {
+    /// Its open transactions are aborted and the producer fenced (a
+    /// transaction already ended was left as it was).
+    Done,
+    /// No transactional id has this producer id.
+    NotKnown,
+}
+
+/// An operator's abort (WriteTxnMarkers ABORT from an admin tool) of the
+/// transactions of producer `pid`: each runs local mode's decision under
+/// its id's row lock, so the markers of every partition commit together.
+pub async fn admin_abort(cluster: &Cluster, pid: i64) -> Result<AdminAbort, ClusterError> {
+    let ids: Vec<String> = {
+        let client = cluster.pool.get().await?;
+        client
+            .query(
+                "SELECT transactional_id FROM transactions WHERE producer_id = $1",
+                &[&pid],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    if ids.is_empty() {
+        return Ok(AdminAbort::NotKnown);
+    }
+    for id in ids {
+        let acted = std::sync::atomic::AtomicBool::new(false);
+        let seen = &acted;
+        let f = Box::new(
+            move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+                let effects = m
+                    .filter(|m| m.producer_id == pid)
+                    .map_or_else(Vec::new, |m| {
+                        crate::txn_coordinator::decide_admin_abort(m, now, new_pid)
+                    });
+                seen.store(!effects.is_empty(), std::sync::atomic::Ordering::Relaxed);
+                Ok(effects)
+            },
+        );
+        if let Err(e) = run(cluster, &id, f).await? {
+            tracing::warn!(transactional_id = %id, producer_id = pid, error = %e,
+                "cluster: admin abort refused by the coordinator");
+            continue;
+        }
+        if acted.load(std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(transactional_id = %id, producer_id = pid,
+                "cluster: transaction aborted by an administrator");
+        }
+    }
+    Ok(AdminAbort::Done)
 }

@@ -25,7 +25,8 @@ use kafka_protocol::messages::{ProducerId, TopicName, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::error::ErrorCode;
-use crate::txn_coordinator::TxnState;
+use crate::producer_state::ProducerEntry;
+use crate::txn_coordinator::{TxnMeta, TxnState};
 use crate::txn_history::Requester;
 use crate::txn_service::{AdminAbort, TxnError};
 use crate::Broker;
@@ -39,22 +40,38 @@ pub fn describe_producers(
     b: &Arc<Broker>,
     req: DescribeProducersRequest,
 ) -> DescribeProducersResponse {
+    producers_response(req, |topic, i| {
+        b.topics
+            .get(topic)
+            .and_then(|x| x.store(i))
+            .map(|p| p.producers())
+            .ok_or(ErrorCode::UnknownTopicOrPartition)
+    })
+}
+
+/// DescribeProducers' answer from `producers(topic, partition)`, whose
+/// error is the partition's error code. Both modes shape their answer here.
+pub fn producers_response(
+    req: DescribeProducersRequest,
+    mut producers: impl FnMut(&str, i32) -> Result<Vec<(i64, ProducerEntry)>, ErrorCode>,
+) -> DescribeProducersResponse {
     let topics = req
         .topics
         .into_iter()
         .map(|t| {
-            let topic = b.topics.get(t.name.0.as_str());
             let partitions = t
                 .partition_indexes
                 .iter()
                 .map(|i| {
                     let mut pr = PartitionResponse::default().with_partition_index(*i);
-                    let Some(p) = topic.as_ref().and_then(|x| x.store(*i)) else {
-                        pr.error_code = ErrorCode::UnknownTopicOrPartition.code();
-                        return pr;
+                    let found = match producers(t.name.0.as_str(), *i) {
+                        Ok(found) => found,
+                        Err(code) => {
+                            pr.error_code = code.code();
+                            return pr;
+                        }
                     };
-                    let mut producers: Vec<WireProducer> = p
-                        .producers()
+                    let mut listed: Vec<WireProducer> = found
                         .into_iter()
                         .map(|(pid, e)| {
                             WireProducer::default()
@@ -68,8 +85,8 @@ pub fn describe_producers(
                                 )
                         })
                         .collect();
-                    producers.sort_by_key(|x| x.producer_id.0);
-                    pr.active_producers = producers;
+                    listed.sort_by_key(|x| x.producer_id.0);
+                    pr.active_producers = listed;
                     pr
                 })
                 .collect();
@@ -87,37 +104,41 @@ pub async fn describe_transactions(
 ) -> DescribeTransactionsResponse {
     let mut out = Vec::new();
     for id in req.transactional_ids {
-        let mut d = DescribedTxn::default().with_transactional_id(id.clone());
-        match b.txn.describe(id.0.as_str()).await {
-            None => d.error_code = ErrorCode::TransactionalIdNotFound.code(),
-            Some(m) => {
-                let mut topics: Vec<TopicData> = Vec::new();
-                for (t, p) in &m.partitions {
-                    match topics.iter_mut().find(|x| x.topic.0.as_str() == t) {
-                        Some(x) => x.partitions.push(*p),
-                        None => topics.push(
-                            TopicData::default()
-                                .with_topic(TopicName(s(t.clone())))
-                                .with_partitions(vec![*p]),
-                        ),
-                    }
-                }
-                d = d
-                    .with_transaction_state(s(m.state.name()))
-                    .with_transaction_timeout_ms(m.timeout_ms)
-                    .with_transaction_start_time_ms(if m.state == TxnState::Ongoing {
-                        m.start_ms
-                    } else {
-                        -1
-                    })
-                    .with_producer_id(ProducerId(m.producer_id))
-                    .with_producer_epoch(m.epoch)
-                    .with_topics(topics);
-            }
-        }
-        out.push(d);
+        let meta = b.txn.describe(id.0.as_str()).await;
+        out.push(described(id, meta.as_ref()));
     }
     DescribeTransactionsResponse::default().with_transaction_states(out)
+}
+
+/// One id's DescribeTransactions entry; `None` is an id the coordinator
+/// does not know.
+pub fn described(id: TransactionalId, meta: Option<&TxnMeta>) -> DescribedTxn {
+    let mut d = DescribedTxn::default().with_transactional_id(id);
+    let Some(m) = meta else {
+        d.error_code = ErrorCode::TransactionalIdNotFound.code();
+        return d;
+    };
+    let mut topics: Vec<TopicData> = Vec::new();
+    for (t, p) in &m.partitions {
+        match topics.iter_mut().find(|x| x.topic.0.as_str() == t) {
+            Some(x) => x.partitions.push(*p),
+            None => topics.push(
+                TopicData::default()
+                    .with_topic(TopicName(s(t.clone())))
+                    .with_partitions(vec![*p]),
+            ),
+        }
+    }
+    d.with_transaction_state(s(m.state.name()))
+        .with_transaction_timeout_ms(m.timeout_ms)
+        .with_transaction_start_time_ms(if m.state == TxnState::Ongoing {
+            m.start_ms
+        } else {
+            -1
+        })
+        .with_producer_id(ProducerId(m.producer_id))
+        .with_producer_epoch(m.epoch)
+        .with_topics(topics)
 }
 
 const STATES: &[&str] = &[
@@ -135,6 +156,19 @@ pub async fn list_transactions(
     b: Arc<Broker>,
     req: ListTransactionsRequest,
     version: i16,
+) -> ListTransactionsResponse {
+    let known = b.txn.list().await;
+    list_response(req, version, known, now_ms())
+}
+
+/// ListTransactions' answer over the coordinator's `known` transactions at
+/// `now` (ms): the request's state, producer, duration and (v2) id pattern
+/// filters, sorted by id.
+pub fn list_response(
+    req: ListTransactionsRequest,
+    version: i16,
+    known: Vec<TxnMeta>,
+    now: i64,
 ) -> ListTransactionsResponse {
     let mut resp = ListTransactionsResponse::default();
     resp.unknown_state_filters = req
@@ -158,16 +192,12 @@ pub async fn list_transactions(
         },
         _ => None,
     };
-    let now = now_ms();
     let min_duration = if version >= 1 {
         req.duration_filter
     } else {
         -1
     };
-    let mut listed: Vec<ListedTxn> = b
-        .txn
-        .list()
-        .await
+    let mut listed: Vec<ListedTxn> = known
         .into_iter()
         .filter(|m| {
             req.state_filters.is_empty()

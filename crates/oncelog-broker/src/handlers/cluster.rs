@@ -57,7 +57,7 @@ use oncelog_log::batch;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{cluster_group, ready, FrameError, Pending};
+use super::{cluster_admin, cluster_group, ready, FrameError, Pending};
 use crate::cluster::catalogue::{self, CatalogueError, TopicRow};
 use crate::cluster::flusher::{ProduceResult, PRODUCE_TIMEOUT};
 use crate::cluster::front::Front;
@@ -93,6 +93,10 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::AddOffsetsToTxn, 0, 3),
     (ApiKey::TxnOffsetCommit, 0, 4),
+    (ApiKey::DescribeProducers, 0, 0),
+    (ApiKey::DescribeTransactions, 0, 0),
+    (ApiKey::ListTransactions, 0, 2),
+    (ApiKey::WriteTxnMarkers, 1, 1),
 ];
 
 /// Longest long poll honoured.
@@ -143,7 +147,7 @@ pub async fn handle(
         }),
         RequestKind::InitProducerId(r) => Box::pin(async move {
             respond(ResponseKind::InitProducerId(
-                init_producer_id(&b, &front, r, version).await,
+                init_producer_id(&b, &front, r, version, sender).await,
             ))
         }),
         RequestKind::FindCoordinator(r) => Box::pin(async move {
@@ -220,6 +224,22 @@ pub async fn handle(
         RequestKind::TxnOffsetCommit(r) => Box::pin(async move {
             let resp = cluster_group::txn_offset_commit(b, &front, r, version).await;
             respond(ResponseKind::TxnOffsetCommit(resp))
+        }),
+        RequestKind::DescribeProducers(r) => Box::pin(async move {
+            let resp = cluster_admin::describe_producers(&front, r).await;
+            respond(ResponseKind::DescribeProducers(resp))
+        }),
+        RequestKind::DescribeTransactions(r) => Box::pin(async move {
+            let resp = cluster_admin::describe_transactions(&front, r).await;
+            respond(ResponseKind::DescribeTransactions(resp))
+        }),
+        RequestKind::ListTransactions(r) => Box::pin(async move {
+            let resp = cluster_admin::list_transactions(&front, r, version).await;
+            respond(ResponseKind::ListTransactions(resp))
+        }),
+        RequestKind::WriteTxnMarkers(r) => Box::pin(async move {
+            let resp = cluster_admin::write_txn_markers(&front, r).await;
+            respond(ResponseKind::WriteTxnMarkers(resp))
         }),
         _ => return Err(FrameError::UnsupportedApi(key)),
     })
@@ -518,14 +538,24 @@ fn coord_code(e: CoordError, fenced_known: bool) -> ErrorCode {
 
 /// Runs a coordinator decision; storage failures are retriable
 /// (COORDINATOR_NOT_AVAILABLE: the client looks the coordinator up again).
+/// `what` names the request in the log line of a fenced producer's request.
 async fn decide(
     front: &Front,
     id: &str,
+    what: &str,
     f: Box<crate::cluster::txn::Decide<'_>>,
     fenced_known: bool,
 ) -> Result<(i64, i16), ErrorCode> {
     match crate::cluster::txn::run(&front.cluster, id, f).await {
         Ok(Ok(identity)) => Ok(identity),
+        Ok(Err(CoordError::ProducerFenced)) => {
+            tracing::warn!(
+                transactional_id = id,
+                request = what,
+                "{what} from a fenced producer"
+            );
+            Err(coord_code(CoordError::ProducerFenced, fenced_known))
+        }
         Ok(Err(e)) => {
             tracing::debug!(transactional_id = id, error = %e, "cluster: coordinator refused");
             Err(coord_code(e, fenced_known))
@@ -537,11 +567,43 @@ async fn decide(
     }
 }
 
+/// Logs what an InitProducerId did to the id's previous producer, as local
+/// mode does: a newer producer fences the old epoch, and aborts the
+/// transaction it had open.
+fn log_fence(
+    id: &str,
+    before: Option<&TxnMeta>,
+    expected: Option<(i64, i16)>,
+    after: (i64, i16),
+    sender: &Sender,
+) {
+    let Some(b) = before else { return };
+    if expected == Some((b.producer_id, b.epoch)) || (b.producer_id, b.epoch) == after {
+        return;
+    }
+    if b.state == crate::txn_coordinator::TxnState::Ongoing {
+        let partitions: Vec<String> = b
+            .partitions
+            .iter()
+            .map(|(t, p)| format!("{t}-{p}"))
+            .collect();
+        tracing::warn!(transactional_id = %id, producer_id = b.producer_id, old_epoch = b.epoch,
+            new_epoch = after.1, client_id = %sender.client_id, peer = %sender.host,
+            aborted = %partitions.join(","),
+            "a newer producer took the transactional id; the previous epoch is fenced and its open transaction aborted");
+    } else {
+        tracing::info!(transactional_id = %id, producer_id = b.producer_id, old_epoch = b.epoch,
+            new_epoch = after.1, client_id = %sender.client_id, peer = %sender.host,
+            "a newer producer took the transactional id; the previous epoch is fenced");
+    }
+}
+
 async fn init_producer_id(
     b: &Broker,
     front: &Front,
     req: InitProducerIdRequest,
     version: i16,
+    sender: Sender,
 ) -> InitProducerIdResponse {
     let resp = InitProducerIdResponse::default()
         .with_producer_id(ProducerId(-1))
@@ -554,13 +616,20 @@ async fn init_producer_id(
         let expected = (version >= 3 && req.producer_id.0 >= 0)
             .then_some((req.producer_id.0, req.producer_epoch));
         let tid = id.clone();
+        let before: std::sync::Mutex<Option<TxnMeta>> = std::sync::Mutex::new(None);
+        let seen = &before;
         let f = Box::new(
             move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+                if let Ok(mut b) = seen.lock() {
+                    *b = m.cloned();
+                }
                 tc::decide_init(m, &tid, timeout, expected, now, new_pid)
             },
         );
-        return match decide(front, &id, f, version >= 4).await {
+        return match decide(front, &id, "InitProducerId", f, version >= 4).await {
             Ok((pid, epoch)) => {
+                let before = before.into_inner().unwrap_or_else(|p| p.into_inner());
+                log_fence(&id, before.as_ref(), expected, (pid, epoch), &sender);
                 tracing::debug!(transactional_id = %id, producer_id = pid, epoch, "cluster: producer initialised");
                 resp.with_producer_id(ProducerId(pid))
                     .with_producer_epoch(epoch)
@@ -704,7 +773,9 @@ async fn add_partitions_to_txn(
                 tc::decide_add_partitions(m, pid, epoch, &parts, now)
             },
         );
-        decide(front, &id, f, version >= 2).await.err()
+        decide(front, &id, "AddPartitionsToTxn", f, version >= 2)
+            .await
+            .err()
     };
     let results = topics
         .iter()
@@ -752,7 +823,7 @@ async fn add_offsets_to_txn(
             tc::decide_add_partitions(m, pid, epoch, &parts, now)
         },
     );
-    let code = match decide(front, &id, f, version >= 2).await {
+    let code = match decide(front, &id, "AddOffsetsToTxn", f, version >= 2).await {
         Ok(_) => ErrorCode::None,
         Err(code) => code,
     };
@@ -768,7 +839,7 @@ async fn end_txn(front: &Front, req: EndTxnRequest, version: i16) -> EndTxnRespo
         },
     );
     let mut resp = EndTxnResponse::default();
-    match decide(front, &id, f, version >= 2).await {
+    match decide(front, &id, "EndTxn", f, version >= 2).await {
         Ok(_) => tracing::debug!(transactional_id = %id, commit, "cluster: transaction ended"),
         Err(code) => resp.error_code = code.code(),
     }

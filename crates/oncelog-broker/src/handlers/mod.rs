@@ -5,6 +5,7 @@ mod admin;
 mod admin_txn;
 mod authz;
 mod cluster;
+mod cluster_admin;
 mod cluster_group;
 mod fetch;
 mod group;

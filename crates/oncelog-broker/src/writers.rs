@@ -108,12 +108,22 @@ impl Writers {
     /// Records a commit by `transactional_id` to `topic`; warns when another
     /// prefix committed to it within the window.
     pub fn record_commit(&self, topic: &str, transactional_id: &str, now: i64) {
-        let prefix = prefix_of(transactional_id);
+        self.observe(topic, prefix_of(transactional_id), now, now);
+    }
+
+    /// Records that `prefix` committed to `topic` at `at` (ms; `now` is the
+    /// clock the window is measured by); warns when another prefix committed
+    /// to it within the window. Cluster mode feeds it every broker's commits.
+    pub fn observe(&self, topic: &str, prefix: &str, at: i64, now: i64) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let t = seen.entry(topic.to_string()).or_default();
         t.retain(|_, last| now - *last <= WINDOW_MS);
+        if now - at > WINDOW_MS {
+            return;
+        }
         let new_prefix = !t.contains_key(prefix);
-        t.insert(prefix.to_string(), now);
+        let last = t.entry(prefix.to_string()).or_insert(at);
+        *last = (*last).max(at);
         if new_prefix && t.len() > 1 {
             let mut prefixes: Vec<&String> = t.keys().collect();
             prefixes.sort();

@@ -64,6 +64,9 @@ pub async fn create_topic(
     if partitions < 1 {
         return Err(TopicError::InvalidPartitions(partitions.to_string()).into());
     }
+    for (k, v) in configs {
+        crate::config::validate_topic_config(k, v).map_err(|e| TopicError::InvalidConfig(e.0))?;
+    }
     let id = Uuid::new_v4();
     let configs_json = serde_json::to_value(configs).unwrap_or_default();
     let mut client = pool.get().await?;

@@ -29,6 +29,8 @@ pub struct Front {
     pub cluster_id: String,
     /// The consumer groups this broker coordinates.
     pub groups: Ownership,
+    /// When this broker last recorded each topic's writers.
+    pub writers: super::writers::Recorded,
 }
 
 impl Front {
@@ -44,6 +46,7 @@ impl Front {
             topics: RwLock::new(HashMap::new()),
             cluster_id,
             groups: Ownership::default(),
+            writers: Default::default(),
         });
         front.refresh().await?;
         {

@@ -24,6 +24,7 @@ pub mod schema;
 pub mod sequencer;
 pub mod session;
 pub mod txn;
+pub mod writers;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -129,6 +129,12 @@ CREATE TABLE IF NOT EXISTS group_pending_offsets (
 );
 CREATE INDEX IF NOT EXISTS group_pending_offsets_by_group
     ON group_pending_offsets (group_id, topic, partition);
+CREATE TABLE IF NOT EXISTS topic_writers (
+    topic          text NOT NULL,
+    writer         text NOT NULL,
+    last_commit_ms bigint NOT NULL,
+    PRIMARY KEY (topic, writer)
+);
 "#;
 
 /// Creates the tables if they are missing and checks the stored version.

@@ -162,7 +162,7 @@ pub async fn handle(
         }),
         RequestKind::EndTxn(r) => {
             Box::pin(
-                async move { respond(ResponseKind::EndTxn(end_txn(&front, r, version).await)) },
+                async move { respond(ResponseKind::EndTxn(end_txn(&b, &front, r, version).await)) },
             )
         }
         RequestKind::Produce(r) => {
@@ -752,9 +752,17 @@ async fn add_partitions_to_txn(
     // Unknown partitions fail the whole set (they get UNKNOWN_TOPIC_OR_PARTITION,
     // the others OPERATION_NOT_ATTEMPTED), as local mode.
     let mut known: BTreeMap<String, i32> = BTreeMap::new();
+    // A topic reserved for one writer (writer.transactional.id.prefix)
+    // refuses every other writer's transactions (S6), as local mode.
+    let mut refused = false;
     for t in topics {
         if let Ok(Some(row)) = front.topic(t.name.0.as_str()).await {
             known.insert(row.name.clone(), row.partitions);
+            if let Err(why) = crate::writers::allowed(&row.configs, &id) {
+                tracing::warn!(transactional_id = %id, topic = %row.name, reason = %why,
+                    "second transactional writer refused");
+                refused = true;
+            }
         }
     }
     let exists = |t: &str, p: i32| known.get(t).is_some_and(|n| p >= 0 && p < *n);
@@ -763,6 +771,8 @@ async fn add_partitions_to_txn(
         .any(|t| t.partitions.iter().any(|p| !exists(t.name.0.as_str(), *p)));
     let shared = if unknown {
         None
+    } else if refused {
+        Some(ErrorCode::TransactionalIdAuthorizationFailed)
     } else {
         let parts: Vec<(String, i32)> = topics
             .iter()
@@ -830,17 +840,54 @@ async fn add_offsets_to_txn(
     AddOffsetsToTxnResponse::default().with_error_code(code.code())
 }
 
-async fn end_txn(front: &Front, req: EndTxnRequest, version: i16) -> EndTxnResponse {
+async fn end_txn(
+    b: &Arc<Broker>,
+    front: &Arc<Front>,
+    req: EndTxnRequest,
+    version: i16,
+) -> EndTxnResponse {
     let id = req.transactional_id.0.to_string();
     let (pid, epoch, commit) = (req.producer_id.0, req.producer_epoch, req.committed);
+    // The topics an open transaction commits to (for second-writer detection).
+    let committed: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let seen = &committed;
     let f = Box::new(
         move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+            if let (true, Some(m), Ok(mut c)) = (commit, m, seen.lock()) {
+                if m.state == crate::txn_coordinator::TxnState::Ongoing && m.producer_id == pid {
+                    *c = m.partitions.iter().map(|(t, _)| t.clone()).collect();
+                }
+            }
             tc::decide_end(m, pid, epoch, commit, false, now, new_pid)
         },
     );
     let mut resp = EndTxnResponse::default();
     match decide(front, &id, "EndTxn", f, version >= 2).await {
-        Ok(_) => tracing::debug!(transactional_id = %id, commit, "cluster: transaction ended"),
+        Ok(_) => {
+            tracing::debug!(transactional_id = %id, commit, "cluster: transaction ended");
+            let mut topics = committed.into_inner().unwrap_or_else(|p| p.into_inner());
+            topics.retain(|t| t != crate::groups::OFFSETS_TOPIC);
+            topics.sort();
+            topics.dedup();
+            if !topics.is_empty() {
+                let (b, front) = (b.clone(), front.clone());
+                let writer = crate::writers::prefix_of(&id).to_string();
+                tokio::spawn(async move {
+                    if let Err(e) = crate::cluster::writers::record_commit(
+                        &front.cluster,
+                        &front.writers,
+                        &b.writers,
+                        &topics,
+                        &writer,
+                        oncelog_log::now_ms(),
+                    )
+                    .await
+                    {
+                        tracing::debug!(error = %e, "cluster: recording a topic's writers failed");
+                    }
+                });
+            }
+        }
         Err(code) => resp.error_code = code.code(),
     }
     resp

@@ -878,3 +878,56 @@ def test_shadow_topic_diff(broker_factory, flink_jobs):
     assert out["extra"]["count"] == 1 and out["extra"]["examples"][0]["key"] == "o-999999", out
     assert out["mismatch"]["count"] == 1 and out["mismatch"]["examples"][0]["key"] == oid, out
     assert int(out["sums"]["amount"]["difference"]) == 123 + amount + 1, out
+
+
+# ------------------------------------------------- (f) on a 3-broker cluster
+
+F_ORDERS = 400
+F_FEED_SECONDS = 25
+
+
+@pytest.mark.timeout(360)
+def test_flink_exactly_once_on_a_cluster(cluster_factory, flink_jobs):
+    """(f) The job of (a) against three `oncelog serve --cluster` brokers
+    over PostgreSQL and S3 (bootstrap list of all three): one broker is
+    killed with -9 under the running job and restarted; then, right after a
+    checkpoint, the JVM is killed and the job restored from that checkpoint
+    (its committer commits the restored transactions again: an idempotent
+    re-commit). Downstream every order is counted exactly once."""
+    t0 = time.monotonic()
+    cl = cluster_factory()
+    bs = cl.bootstrap
+    make_topics(cl)
+    orders = make_orders(F_ORDERS)
+    job = flink_jobs("job", bs, BLUE)
+    feeder = OrderFeeder(bs, orders, F_FEED_SECONDS)
+    try:
+        feeder.start()
+        job.start()
+        job.wait_checkpoint(60, "the first checkpoint")
+        wait_output(bs, orders, F_ORDERS // 5, 60, "20% of the orders committed", [job])
+
+        victim = cl.by_id(2)
+        victim.kill9()
+        victim.start()
+        wait_output(bs, orders, F_ORDERS // 2, 90,
+                    "50% of the orders committed after a broker's kill -9", [job])
+
+        job.wait_checkpoint(30, "a checkpoint after the broker's restart")
+        time.sleep(0.3)
+        job.kill9("right after a checkpoint")
+        n, path = job.latest_checkpoint()
+        job.start(restore=str(path))
+        assert job.wait_line(r"^RESTORED (\d+)$", 60, "the restore").group(1) == str(n)
+
+        feeder.finish(F_FEED_SECONDS + 120)
+        t = settle(bs, orders, job, GROUP, 120)
+        print(f"(f) took {time.monotonic() - t0:.1f}s; restored from checkpoint {n}; output {t}")
+        assert t.exact, f"output is not the input exactly once: {t}\n{job.log_tail()}"
+        errors = [ln for ln in job.log_text().splitlines()
+                  if COMMITTER_ERROR.search(ln) or "already fenced" in ln]
+        assert not errors, "KafkaCommitter logged errors:\n" + "\n".join(errors[:10])
+        assert job.alive, job.log_tail()
+    finally:
+        feeder.stop.set()
+        job.kill9("end of scenario (f)")

@@ -20,6 +20,7 @@ pub mod groups;
 pub mod info;
 pub mod objects;
 pub mod reader;
+pub mod records;
 pub mod schema;
 pub mod sequencer;
 pub mod session;

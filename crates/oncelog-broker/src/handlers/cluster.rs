@@ -97,6 +97,7 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::ListTransactions, 0, 2),
     (ApiKey::WriteTxnMarkers, 1, 1),
+    (ApiKey::DeleteRecords, 0, 2),
 ];
 
 /// Longest long poll honoured.
@@ -236,6 +237,10 @@ pub async fn handle(
         RequestKind::ListTransactions(r) => Box::pin(async move {
             let resp = cluster_admin::list_transactions(&front, r, version).await;
             respond(ResponseKind::ListTransactions(resp))
+        }),
+        RequestKind::DeleteRecords(r) => Box::pin(async move {
+            let resp = cluster_admin::delete_records(&b, &front, r).await;
+            respond(ResponseKind::DeleteRecords(resp))
         }),
         RequestKind::WriteTxnMarkers(r) => Box::pin(async move {
             let resp = cluster_admin::write_txn_markers(&front, r).await;

@@ -3,10 +3,15 @@
 //! DescribeTransactions (the coordinator's rows), ListTransactions (the ids
 //! FindCoordinator names this broker for, so an admin client that asks
 //! every broker lists each id once) and an operator's abort through
-//! WriteTxnMarkers. Shaped by local mode's helpers in `admin_txn`.
+//! WriteTxnMarkers, shaped by local mode's helpers in `admin_txn`; and
+//! DeleteRecords.
 
 use std::collections::HashMap;
 
+use kafka_protocol::messages::delete_records_request::DeleteRecordsRequest;
+use kafka_protocol::messages::delete_records_response::{
+    DeleteRecordsPartitionResult, DeleteRecordsResponse, DeleteRecordsTopicResult,
+};
 use kafka_protocol::messages::describe_producers_request::DescribeProducersRequest;
 use kafka_protocol::messages::describe_producers_response::DescribeProducersResponse;
 use kafka_protocol::messages::describe_transactions_request::DescribeTransactionsRequest;
@@ -22,6 +27,7 @@ use kafka_protocol::messages::write_txn_markers_response::{
 use super::admin_txn;
 use crate::cluster::describe;
 use crate::cluster::front::Front;
+use crate::cluster::records::{self, Refused};
 use crate::cluster::txn::{admin_abort, AdminAbort};
 use crate::error::ErrorCode;
 
@@ -191,4 +197,76 @@ pub async fn write_txn_markers(
         );
     }
     WriteTxnMarkersResponse::default().with_markers(results)
+}
+
+/// DeleteRecords: as local mode, refused for a topic whose cleanup policy
+/// has no `delete` (POLICY_VIOLATION) and beyond the high watermark
+/// (OFFSET_OUT_OF_RANGE); -1 is the high watermark.
+pub async fn delete_records(
+    b: &crate::Broker,
+    front: &Front,
+    req: DeleteRecordsRequest,
+) -> DeleteRecordsResponse {
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let row = front.topic(&name).await;
+        let mut partitions = Vec::with_capacity(t.partitions.len());
+        for p in t.partitions {
+            let mut r = DeleteRecordsPartitionResult::default()
+                .with_partition_index(p.partition_index)
+                .with_low_watermark(-1);
+            let code = match &row {
+                _ if crate::datadir::is_internal_topic(&name) => ErrorCode::InvalidTopicException,
+                Err(e) => {
+                    tracing::warn!(topic = %name, error = %e, "cluster: DeleteRecords could not read the catalogue");
+                    ErrorCode::KafkaStorageError
+                }
+                Ok(None) => ErrorCode::UnknownTopicOrPartition,
+                Ok(Some(row)) if !(0..row.partitions).contains(&p.partition_index) => {
+                    ErrorCode::UnknownTopicOrPartition
+                }
+                Ok(Some(row)) => {
+                    let policy = crate::topics::CleanupPolicy::parse(
+                        row.configs
+                            .get("cleanup.policy")
+                            .unwrap_or(&b.config.cleanup_policy),
+                    );
+                    if !policy.delete {
+                        tracing::info!(topic = %name, "DeleteRecords refused: cleanup.policy has no delete");
+                        ErrorCode::PolicyViolation
+                    } else {
+                        match records::delete_records(
+                            &front.cluster,
+                            row.id,
+                            p.partition_index,
+                            p.offset,
+                        )
+                        .await
+                        {
+                            Ok(Ok(start)) => {
+                                r.low_watermark = start;
+                                ErrorCode::None
+                            }
+                            Ok(Err(Refused::OutOfRange { .. })) => ErrorCode::OffsetOutOfRange,
+                            Ok(Err(Refused::Unknown)) => ErrorCode::UnknownTopicOrPartition,
+                            Err(e) => {
+                                tracing::warn!(topic = %name, partition = p.partition_index, error = %e,
+                                    "cluster: DeleteRecords not committed");
+                                ErrorCode::KafkaStorageError
+                            }
+                        }
+                    }
+                }
+            };
+            r.error_code = code.code();
+            partitions.push(r);
+        }
+        topics.push(
+            DeleteRecordsTopicResult::default()
+                .with_name(t.name)
+                .with_partitions(partitions),
+        );
+    }
+    DeleteRecordsResponse::default().with_topics(topics)
 }

@@ -251,11 +251,16 @@ def log_start_offsets(bootstrap, topic, partitions):
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("which", ["oncelog", "kafka"])
+@pytest.mark.parametrize("which", ["oncelog", "kafka", "cluster"])
 def test_streams_exactly_once_v2_survives_kill9_and_state_loss(which, request, broker_factory,
                                                                  streams_classpath, tmp_path):
     t_start = time.monotonic()
-    if which == "oncelog":
+    if which == "cluster":
+        # Three `oncelog serve --cluster` brokers over PostgreSQL and S3.
+        cl = request.getfixturevalue("cluster_factory")(
+            overrides={"group.initial.rebalance.delay.ms": 0})
+        bootstrap = cl.bootstrap
+    elif which == "oncelog":
         b = broker_factory({"group.initial.rebalance.delay.ms": 0}, start=False)
         if os.environ.get("ONCELOG_STREAMS_DEBUG"):
             b.env["ONCELOG_LOG"] = "debug"

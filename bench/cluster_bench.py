@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Cluster mode against local mode (and Tansu on the same PostgreSQL), in one
+run: durable produce throughput and ack latency (acks=all, idempotent,
+closed loop, benchlib's load) for
+
+  local      `oncelog serve` on a local data dir (fsync before ack);
+  cluster-1  one `oncelog serve --cluster` broker over PostgreSQL and S3;
+  cluster-3  three of them (bootstrap list of all three);
+  cluster-N-file  the same over a shared directory (file://) instead of S3;
+  tansu      `tansu broker --storage-engine postgres://…` (with --tansu PATH),
+             on the same PostgreSQL server, its own database.
+
+Per load, from PostgreSQL's own counters (pg_stat_database.xact_commit of the
+load's database, deltas around the load) and the brokers' /metrics
+(oncelog_cluster_object_puts_total): PostgreSQL transactions and object PUTs
+per GB written — the cost drivers on a cloud bill — and the brokers' produce
+commit p99 (oncelog_cluster_commit_seconds, bucket bound) beside the ack p99
+to check the goal ack p99 <= cluster.flush.ms + 2 x commit p99.
+
+PostgreSQL and the S3 server (s3proxy) come from the ONCELOG_TEST_* environment
+of `scripts/services.sh start DIR`, or are started here and stopped at the end.
+Everything listens on 127.0.0.1; every broker is stopped by PID; each load is
+bounded by --warmup + --seconds plus a flush timeout. Medians of --runs runs.
+
+    .venv/bin/python bench/cluster_bench.py --runs 3 --seconds 8 --json /tmp/cluster-bench.json
+    .venv/bin/python bench/cluster_bench.py --tansu ~/.cargo/bin/tansu
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import GB  # noqa: E402
+from benchlib.brokers import Oncelog, TansuPeer, exit_on_signal, stop_live_brokers  # noqa: E402
+from benchlib.load import closed_loop_load  # noqa: E402
+from benchlib.brokers import hist_quantile  # noqa: E402
+from produce_bench import ROOT  # noqa: E402
+
+SERVICES = os.path.join(ROOT, "scripts", "services.sh")
+
+
+def services(base):
+    """ONCELOG_TEST_* settings, and a callback that stops what was started."""
+    if os.environ.get("ONCELOG_TEST_PG") and os.environ.get("ONCELOG_TEST_S3_ENDPOINT"):
+        return dict(os.environ), lambda: None
+    out = subprocess.run(["bash", SERVICES, "start", base], check=True, capture_output=True, text=True,
+                         timeout=180).stdout
+    env = dict(os.environ)
+    for line in out.splitlines():
+        for part in line.removeprefix("export ").split():
+            k, _, v = part.partition("=")
+            env[k] = v
+    return env, lambda: subprocess.run(["bash", SERVICES, "stop", base], check=False, timeout=120)
+
+
+def psql(url, query, *args):
+    import psycopg
+    with psycopg.connect(url, autocommit=True) as c:
+        cur = c.execute(query, args)
+        return cur.fetchall() if cur.description else []
+
+
+def fresh_db(env):
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    psql(env["ONCELOG_TEST_PG"], f"CREATE DATABASE {name}")
+    return name, env["ONCELOG_TEST_PG"].rsplit("/", 1)[0] + "/" + name
+
+
+def xact_commits(env, db):
+    return psql(env["ONCELOG_TEST_PG"], "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", db)[0][0]
+
+
+class Brokers:
+    """Several oncelog brokers seen as one by benchlib's load: the bootstrap
+    list of all, /metrics summed, CPU and RSS of the first."""
+
+    def __init__(self, members):
+        self.members = members
+        self.bootstrap = ",".join(m.bootstrap for m in members)
+
+    pid = property(lambda self: self.members[0].pid)
+
+    def metrics(self):
+        total = {}
+        for m in self.members:
+            for k, v in m.metrics().items():
+                total[k] = total.get(k, 0.0) + v
+        return total
+
+    def stop(self):
+        for m in self.members:
+            m.stop()
+
+
+def start_config(kind, a, env, tmp, run):
+    """Starts one configuration; returns (target, database name or None)."""
+    d = os.path.join(tmp, f"{kind}-r{run}")
+    os.makedirs(d, exist_ok=True)
+    if kind == "local":
+        b = Oncelog(a.binary, os.path.join(d, "data"), os.path.join(d, "broker.log"))
+        b.start()
+        return Brokers([b]), None
+    if kind == "tansu":
+        db, url = fresh_db(env)
+        t = TansuPeer(a.tansu, d, url)
+        t.start()
+        return t, db
+    n = int(kind.split("-")[1])
+    db, url = fresh_db(env)
+    store = f"s3://{env['ONCELOG_TEST_S3_BUCKET']}/bench-{uuid.uuid4().hex[:12]}"
+    if kind.endswith("-file"):  # a shared directory instead of S3
+        store = f"file://{d}/objects"
+        os.makedirs(f"{d}/objects", exist_ok=True)
+    os.environ.update({"AWS_ENDPOINT": env["ONCELOG_TEST_S3_ENDPOINT"],
+                       "AWS_ACCESS_KEY_ID": env["ONCELOG_TEST_S3_KEY"],
+                       "AWS_SECRET_ACCESS_KEY": env["ONCELOG_TEST_S3_SECRET"],
+                       "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"})
+    members = []
+    for i in range(1, n + 1):
+        b = Oncelog(a.binary, os.path.join(d, f"data{i}"), os.path.join(d, f"broker{i}.log"),
+                    settings=[f"node.id={i}", f"cluster.postgres={url}", f"cluster.object.store={store}",
+                              f"cluster.flush.ms={a.flush_ms}"])
+        b.start()
+        members.append(b)
+    return Brokers(members), db
+
+
+def one_run(kind, a, env, tmp, run):
+    target, db = start_config(kind, a, env, tmp, run)
+    try:
+        x0 = xact_commits(env, db) if db else None
+        m0 = target.metrics()
+        r = closed_loop_load(target, f"bench-{kind}-{run}", a.size, a.partitions, a)
+        m1 = target.metrics()
+        x1 = xact_commits(env, db) if db else None
+    finally:
+        target.stop()
+    gb = r["acked"] * a.size / GB
+    row = {"kind": kind, "run": run, "msgs_per_s": r["msgs_per_s"], "mb_per_s": r["mb_per_s"],
+           "ack_p50_ms": r["ack_p50_ms"], "ack_p99_ms": r["ack_p99_ms"], "acked": r["acked"],
+           "errors": r["errors"], "last_error": r["last_error"], "gb": gb}
+    if x0 is not None:
+        row["pg_xacts"] = x1 - x0
+        row["pg_xacts_per_gb"] = (x1 - x0) / gb if gb else None
+    puts = m1.get("oncelog_cluster_object_puts_total", 0) - m0.get("oncelog_cluster_object_puts_total", 0)
+    if kind.startswith("cluster"):
+        row["object_puts"] = puts
+        row["object_puts_per_gb"] = puts / gb if gb else None
+        for name, key in (("oncelog_cluster_commit_seconds", "pg_commit"),
+                          ("oncelog_cluster_object_put_seconds", "put")):
+            for qq in (0.5, 0.99):
+                q = hist_quantile(m0, m1, name, "", qq)
+                row[f"{key}_p{int(qq * 100)}_le_ms"] = q * 1000 if q is not None else None
+        row["flushes"] = (m1.get("oncelog_cluster_flushes_total", 0)
+                          - m0.get("oncelog_cluster_flushes_total", 0))
+    return row
+
+
+def med(rows, key):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default=os.environ.get("ONCELOG_BIN", os.path.join(ROOT, "target/release/oncelog")))
+    ap.add_argument("--tansu", default=None, metavar="PATH", help="also run Tansu on the same PostgreSQL")
+    ap.add_argument("--configs", default="local,cluster-1,cluster-3")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--warmup", type=float, default=2)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--producers", type=int, default=2)
+    ap.add_argument("--client", choices=("python", "native"), default="python")
+    ap.add_argument("--linger-ms", type=float, default=5)
+    ap.add_argument("--flush-ms", type=int, default=5, help="cluster.flush.ms of the cluster brokers")
+    ap.add_argument("--queue-msgs", type=int, default=200_000)
+    ap.add_argument("--queue-kb", type=int, default=16_384)
+    ap.add_argument("--flush-timeout", type=float, default=60)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    a.client_cpus = None
+    configs = [c for c in a.configs.split(",") if c]
+    if a.tansu:
+        if os.access(a.tansu, os.X_OK):
+            configs.append("tansu")
+        else:
+            print(f"Tansu: no executable at {a.tansu}; skipped", flush=True)
+    import signal
+    signal.signal(signal.SIGTERM, exit_on_signal)
+    tmp = tempfile.mkdtemp(dir=os.path.join(ROOT, "target"), prefix="cluster-bench-")
+    a.tmp = tmp
+    private = os.path.join(tmp, "oncelog-under-test")
+    shutil.copy2(a.binary, private)
+    a.binary = private
+    env, stop_services = services(os.path.join(tmp, "services"))
+    rows = []
+    try:
+        for run in range(a.runs):
+            for kind in configs:  # interleaved, so drift on the machine hits every config
+                row = one_run(kind, a, env, tmp, run)
+                rows.append(row)
+                print(f"  run {run} {kind:10} {row['msgs_per_s']:9.0f} msgs/s  ack p99 {row['ack_p99_ms']:7.1f} ms"
+                      + (f"  pg xacts/GB {row['pg_xacts_per_gb']:.0f}" if row.get("pg_xacts_per_gb") else "")
+                      + (f"  PUTs/GB {row['object_puts_per_gb']:.0f}" if row.get("object_puts_per_gb") else "")
+                      + (f"  PUT p50/p99 <= {row['put_p50_le_ms']}/{row['put_p99_le_ms']} ms, commit p50/p99 <= "
+                         f"{row['pg_commit_p50_le_ms']}/{row['pg_commit_p99_le_ms']} ms, {row['flushes']:.0f} flushes"
+                         if "flushes" in row else "")
+                      + (f"  errors {row['errors']}" if row["errors"] else ""), flush=True)
+    finally:
+        stop_live_brokers()
+        stop_services()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\ndurable produce, {a.size} B messages, {a.partitions} partitions, {a.producers} producers, "
+          f"median of {a.runs} runs")
+    print(f"{'config':10} {'msgs/s':>9} {'MB/s':>7} {'ack p50':>8} {'ack p99':>8} {'PG commit p99<=':>16} "
+          f"{'PG xacts/GB':>12} {'PUTs/GB':>8}")
+    summary = {}
+    for kind in configs:
+        rs = [r for r in rows if r["kind"] == kind]
+        s = {k: med(rs, k) for k in ("msgs_per_s", "mb_per_s", "ack_p50_ms", "ack_p99_ms", "pg_commit_p99_le_ms",
+                                       "pg_xacts_per_gb", "object_puts_per_gb")}
+        summary[kind] = s
+        print(f"{kind:10} {fmt(s['msgs_per_s'], '9.0f')} {fmt(s['mb_per_s'], '7.1f')} {fmt(s['ack_p50_ms'], '8.1f')} "
+              f"{fmt(s['ack_p99_ms'], '8.1f')} {fmt(s['pg_commit_p99_le_ms'], '16.1f')} "
+              f"{fmt(s['pg_xacts_per_gb'], '12.0f')} {fmt(s['object_puts_per_gb'], '8.0f')}")
+    if "tansu" in summary and summary["tansu"]["msgs_per_s"]:
+        for kind in configs:
+            if kind.startswith("cluster") and summary[kind]["msgs_per_s"]:
+                print(f"{kind} / tansu throughput: {summary[kind]['msgs_per_s'] / summary['tansu']['msgs_per_s']:.2f}x")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"settings": {k: v for k, v in vars(a).items()}, "runs": rows, "summary": summary}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

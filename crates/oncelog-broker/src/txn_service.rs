@@ -495,7 +495,8 @@ impl TxnService {
         }
     }
 
-    fn count_fence(&self, id: &str, cause: &'static str) {
+    /// Counts a fence of `id` (cause: newer_producer, timeout, …) for /metrics.
+    pub fn count_fence(&self, id: &str, cause: &'static str) {
         let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         let key = bounded_label(st.fences.keys().map(|(i, _)| i), id);
         *st.fences.entry((key, cause)).or_default() += 1;

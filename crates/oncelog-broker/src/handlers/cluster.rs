@@ -576,16 +576,21 @@ async fn decide(
 /// mode does: a newer producer fences the old epoch, and aborts the
 /// transaction it had open.
 fn log_fence(
+    b: &Broker,
     id: &str,
     before: Option<&TxnMeta>,
     expected: Option<(i64, i16)>,
     after: (i64, i16),
     sender: &Sender,
 ) {
-    let Some(b) = before else { return };
-    if expected == Some((b.producer_id, b.epoch)) || (b.producer_id, b.epoch) == after {
+    let Some(before) = before else { return };
+    if expected == Some((before.producer_id, before.epoch))
+        || (before.producer_id, before.epoch) == after
+    {
         return;
     }
+    b.txn.count_fence(id, "newer_producer");
+    let b = before;
     if b.state == crate::txn_coordinator::TxnState::Ongoing {
         let partitions: Vec<String> = b
             .partitions
@@ -634,7 +639,7 @@ async fn init_producer_id(
         return match decide(front, &id, "InitProducerId", f, version >= 4).await {
             Ok((pid, epoch)) => {
                 let before = before.into_inner().unwrap_or_else(|p| p.into_inner());
-                log_fence(&id, before.as_ref(), expected, (pid, epoch), &sender);
+                log_fence(b, &id, before.as_ref(), expected, (pid, epoch), &sender);
                 tracing::debug!(transactional_id = %id, producer_id = pid, epoch, "cluster: producer initialised");
                 resp.with_producer_id(ProducerId(pid))
                     .with_producer_epoch(epoch)

@@ -61,6 +61,13 @@ impl Ownership {
         }
     }
 
+    /// Stops holding `group` (it was deleted; the next request claims it).
+    pub fn release(&self, group: &str) {
+        if let Some((_, groups)) = &mut *self.held.lock().unwrap_or_else(|p| p.into_inner()) {
+            groups.remove(group);
+        }
+    }
+
     /// The groups held in `session`.
     pub fn held(&self, session: i64) -> HashSet<String> {
         match &*self.held.lock().unwrap_or_else(|p| p.into_inner()) {
@@ -247,6 +254,54 @@ impl Columns {
 
 /// Holds the group's owner row `FOR SHARE` if this broker's session (held by
 /// [`check_fence`] before) still coordinates it.
+/// Every group the cluster knows (an owner row or committed offsets), with
+/// its owner while the owner's session is live.
+pub async fn all_groups(cluster: &Cluster) -> Result<Vec<(String, Option<i32>)>, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT g.group_id, b.id FROM                (SELECT group_id FROM group_owners UNION SELECT group_id FROM group_offsets) g              LEFT JOIN group_owners o ON o.group_id = g.group_id              LEFT JOIN brokers b ON b.id = o.broker_id AND b.session = o.session                AND b.lease_expires_at > clock_timestamp()              ORDER BY g.group_id",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Whether `group` has committed offsets.
+pub async fn has_offsets(cluster: &Cluster, group: &str) -> Result<bool, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM group_offsets WHERE group_id = $1)",
+            &[&group],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// DeleteGroups' durable part: the group's committed offsets and then its
+/// owner row go, under this broker's fencing token and the owner row (so a
+/// broker that lost the group deletes nothing). Returns how many offsets
+/// went. The caller then [`Ownership::release`]s the group.
+pub async fn delete_offsets(cluster: &Cluster, group: &str) -> Result<u64, ClusterError> {
+    let me = cluster.config.broker_id;
+    let session = cluster.session.session();
+    let mut client = cluster.pool.get().await?;
+    let tx = client.transaction().await?;
+    check_fence(&*tx, me, session).await?;
+    check_owner(&tx, group, me, session).await?;
+    let n = tx
+        .execute("DELETE FROM group_offsets WHERE group_id = $1", &[&group])
+        .await?;
+    tx.execute(
+        "DELETE FROM group_owners WHERE group_id = $1 AND broker_id = $2 AND session = $3",
+        &[&group, &me, &session],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(n)
+}
+
 async fn check_owner(
     tx: &tokio_postgres::Transaction<'_>,
     group: &str,

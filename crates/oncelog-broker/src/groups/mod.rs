@@ -547,6 +547,12 @@ impl Groups {
         code
     }
 
+    /// How many members `group` has in memory (`None`: no such group here).
+    pub async fn member_count(&self, group: &str) -> Option<usize> {
+        let inner = self.state.lock().await;
+        inner.groups.get(group).map(|g| g.members.len())
+    }
+
     /// Forgets `group`'s membership (a coordinator that just took the group
     /// over starts it afresh, as after a coordinator move in Kafka): waiting
     /// JoinGroup and SyncGroup requests are answered `NOT_COORDINATOR`, and

@@ -98,6 +98,7 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListTransactions, 0, 2),
     (ApiKey::WriteTxnMarkers, 1, 1),
     (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::DeleteGroups, 0, 2),
 ];
 
 /// Longest long poll honoured.
@@ -237,6 +238,10 @@ pub async fn handle(
         RequestKind::ListTransactions(r) => Box::pin(async move {
             let resp = cluster_admin::list_transactions(&front, r, version).await;
             respond(ResponseKind::ListTransactions(resp))
+        }),
+        RequestKind::DeleteGroups(r) => Box::pin(async move {
+            let resp = cluster_group::delete_groups(b, &front, r).await;
+            respond(ResponseKind::DeleteGroups(resp))
         }),
         RequestKind::DeleteRecords(r) => Box::pin(async move {
             let resp = cluster_admin::delete_records(&b, &front, r).await;

@@ -9,6 +9,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use kafka_protocol::messages::delete_groups_request::DeleteGroupsRequest;
+use kafka_protocol::messages::delete_groups_response::{
+    DeletableGroupResult, DeleteGroupsResponse,
+};
 use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
 use kafka_protocol::messages::describe_groups_response::{DescribeGroupsResponse, DescribedGroup};
 use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
@@ -180,14 +184,92 @@ pub async fn offset_fetch(
 }
 
 /// ListGroups: the groups this broker coordinates (clients ask every broker).
+/// ListGroups: the groups FindCoordinator names this broker for (their
+/// live owner, else the rendezvous choice), so an admin client that asks
+/// every broker lists each group once. A group this broker coordinates
+/// with membership in memory shows its state; any other (only committed
+/// offsets, a simple consumer's) is Empty with no protocol type.
 pub async fn list_groups(
     b: Arc<Broker>,
     front: &Front,
     req: ListGroupsRequest,
     version: i16,
 ) -> ListGroupsResponse {
+    let me = front.cluster.config.broker_id;
+    let live: Vec<i32> = front.live_now().await.iter().map(|x| x.id).collect();
+    let all = match cg::all_groups(&front.cluster).await {
+        Ok(all) => all,
+        Err(e) => {
+            tracing::warn!(error = %e, "cluster: ListGroups could not read the groups");
+            return ListGroupsResponse::default()
+                .with_error_code(ErrorCode::CoordinatorNotAvailable.code());
+        }
+    };
     let held = front.groups.held(front.cluster.session.session());
-    group::list_groups_where(b, req, version, |g| held.contains(g)).await
+    let memory: HashMap<String, (String, &'static str)> = b
+        .groups
+        .list()
+        .await
+        .into_iter()
+        .map(|(id, ptype, st)| (id, (ptype, st)))
+        .collect();
+    let mine = all
+        .into_iter()
+        .filter(|(g, owner)| {
+            owner
+                .filter(|o| live.contains(o))
+                .or_else(|| crate::cluster::rendezvous(g.as_bytes(), &live))
+                == Some(me)
+        })
+        .map(
+            |(g, _)| match memory.get(&g).filter(|_| held.contains(&g)) {
+                Some((ptype, st)) => (g, ptype.clone(), *st),
+                None => (g, String::new(), "Empty"),
+            },
+        )
+        .collect();
+    group::list_groups_response(&req, version, mine)
+}
+
+/// DeleteGroups: on the coordinator, a group with members is refused
+/// (NON_EMPTY_GROUP, as local mode); otherwise its committed offsets are
+/// deleted in PostgreSQL and its membership forgotten. A group with neither
+/// members nor offsets is GROUP_ID_NOT_FOUND.
+pub async fn delete_groups(
+    b: Arc<Broker>,
+    front: &Front,
+    req: DeleteGroupsRequest,
+) -> DeleteGroupsResponse {
+    let mut results = Vec::with_capacity(req.groups_names.len());
+    for gid in req.groups_names {
+        let group = gid.0.to_string();
+        let code = match coordinate(&b, front, &group).await {
+            Err(code) => code,
+            Ok(()) => match b.groups.member_count(&group).await {
+                Some(n) if n > 0 => ErrorCode::NonEmptyGroup,
+                known => match cg::delete_offsets(&front.cluster, &group).await {
+                    Ok(n) => {
+                        // The owner row went too: the next request claims anew.
+                        front.groups.release(&group);
+                        b.groups.forget_membership(&group).await;
+                        if n == 0 && known.is_none() {
+                            ErrorCode::GroupIdNotFound
+                        } else {
+                            tracing::info!(group = %group, offsets = n, "group deleted");
+                            ErrorCode::None
+                        }
+                    }
+                    Err(e) => storage_code(&group, &e),
+                },
+            },
+        };
+        results.push(
+            DeletableGroupResult::default()
+                .with_group_id(gid)
+                .with_error_code(code.code()),
+        );
+    }
+    DeleteGroupsResponse::default().with_results(results)
 }
 
 pub async fn describe_groups(
@@ -202,10 +284,21 @@ pub async fn describe_groups(
             Ok(()) => {
                 let mut single = req.clone();
                 single.groups = vec![gid.clone()];
-                group::describe_groups(b.clone(), single, version)
+                let mut d = group::describe_groups(b.clone(), single, version)
                     .await
                     .groups
-                    .pop()
+                    .pop();
+                // Not in memory but with committed offsets (a simple
+                // consumer's, or members gone before a coordinator move):
+                // Empty, as Kafka's coordinator has it.
+                if let Some(g) = d.as_mut().filter(|g| g.group_state.as_str() == "Dead") {
+                    match cg::has_offsets(&front.cluster, gid.0.as_str()).await {
+                        Ok(true) => g.group_state = StrBytes::from_static_str("Empty"),
+                        Ok(false) => {}
+                        Err(e) => g.error_code = storage_code(gid.0.as_str(), &e).code(),
+                    }
+                }
+                d
             }
             Err(code) => Some(
                 DescribedGroup::default()

@@ -364,6 +364,19 @@ pub async fn list_groups_where(
         .await
         .into_iter()
         .filter(|(id, _, _)| keep(id))
+        .collect();
+    list_groups_response(&req, version, groups)
+}
+
+/// ListGroups' answer over `groups` (id, protocol type, state name), with
+/// the request's state filter (v4+).
+pub fn list_groups_response(
+    req: &ListGroupsRequest,
+    version: i16,
+    groups: Vec<(String, String, &'static str)>,
+) -> ListGroupsResponse {
+    let groups = groups
+        .into_iter()
         .filter(|(_, _, st)| {
             version < 4
                 || req.states_filter.is_empty()

@@ -311,7 +311,7 @@ def test_a_transaction_past_its_timeout_is_aborted_and_the_lso_moves(cluster_fac
     assert got == [b"after"]
     assert cl.sql("SELECT count(*) FROM aborted_txns")[0][0] == 1
     logs = cl.by_id(1).log_text() + cl.by_id(2).log_text()
-    assert "transaction timed out; aborted" in logs
+    assert "transaction timed out; aborting it and fencing its producer" in logs
 
 
 def test_audit_under_cluster_faults(cluster_services, tmp_path):

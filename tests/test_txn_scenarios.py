@@ -269,7 +269,7 @@ def test_s2_one_id_eight_replicas_fence_each_other(broker):
 
 
 @both_modes("broker_factory")
-def test_s5_blue_green_with_one_prefix_fences_in_a_loop_and_loses_nothing(broker_factory):
+def test_s5_blue_green_with_one_prefix_fences_in_a_loop_and_loses_nothing(broker_factory, tmp_path):
     """Job v1 and job v2 copy the same input with the same transactional id
     (one prefix). Each start fences the other; an orchestrator restarts
     whichever was fenced: a loop. Per job, read_committed output is exactly
@@ -302,12 +302,19 @@ def test_s5_blue_green_with_one_prefix_fences_in_a_loop_and_loses_nothing(broker
     feeder = threading.Thread(target=feed)
     feeder.start()
 
+    starts = [0]
+
     def start(tag):
-        return subprocess.Popen(
-            [_sys.executable, str(REPO_ROOT / "tests" / "copier.py"), "--bootstrap", b.bootstrap,
-             "--group", f"job-{tag}", "--txn-id", "orders-sink-0", "--input", src, "--output", dst,
-             "--tag", tag, "--max-batch", "50", "--txn-sleep-ms", "10"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        starts[0] += 1
+        log = tmp_path / f"job-{tag}-{starts[0]}.log"
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(
+                [_sys.executable, str(REPO_ROOT / "tests" / "copier.py"), "--bootstrap", b.bootstrap,
+                 "--group", f"job-{tag}", "--txn-id", "orders-sink-0", "--input", src, "--output", dst,
+                 "--tag", tag, "--max-batch", "50", "--txn-sleep-ms", "10"],
+                stdout=f, stderr=f)
+        proc.log = log
+        return proc
 
     jobs = {"v1": start("v1")}
     time.sleep(3)
@@ -320,7 +327,8 @@ def test_s5_blue_green_with_one_prefix_fences_in_a_loop_and_loses_nothing(broker
                 rc = proc.poll()
                 if rc is None:
                     continue
-                assert rc == 3, f"job {tag} exited with {rc}, not as fenced"
+                assert rc == 3, (f"job {tag} exited with {rc}, not as fenced; its log:\n"
+                                 + "\n".join(proc.log.read_text(errors="replace").splitlines()[-30:]))
                 fenced[tag] += 1
                 time.sleep(0.3)
                 jobs[tag] = start(tag)

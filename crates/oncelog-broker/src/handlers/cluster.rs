@@ -1,13 +1,13 @@
 //! The requests a broker in cluster mode serves, over the cluster backend
 //! (docs/cluster.md): ApiVersions, Metadata, CreateTopics, DeleteTopics,
 //! Produce, Fetch, ListOffsets, FindCoordinator, and transactions
-//! (InitProducerId, AddPartitionsToTxn, EndTxn; transaction version 1).
+//! (InitProducerId, AddPartitionsToTxn, EndTxn; transaction versions 1 and 2).
 //! Consumer groups and transactional offsets are not served in cluster mode
 //! yet: their APIs are not advertised (FindCoordinator for a group answers
 //! COORDINATOR_NOT_AVAILABLE), and a request for one closes the connection
 //! with a log line, as any unsupported API does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,7 +72,7 @@ use crate::Broker;
 
 /// What cluster mode serves, and the versions.
 pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
-    (ApiKey::Produce, 3, 11),
+    (ApiKey::Produce, 3, 12),
     (ApiKey::Fetch, 4, 12),
     (ApiKey::ListOffsets, 1, 8),
     (ApiKey::Metadata, 0, 12),
@@ -82,7 +82,7 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::InitProducerId, 0, 5),
     (ApiKey::FindCoordinator, 0, 4),
     (ApiKey::AddPartitionsToTxn, 0, 3),
-    (ApiKey::EndTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 5),
     (ApiKey::JoinGroup, 0, 9),
     (ApiKey::SyncGroup, 0, 5),
     (ApiKey::Heartbeat, 0, 4),
@@ -92,7 +92,7 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::AddOffsetsToTxn, 0, 3),
-    (ApiKey::TxnOffsetCommit, 0, 4),
+    (ApiKey::TxnOffsetCommit, 0, 5),
     (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::ListTransactions, 0, 2),
@@ -129,9 +129,13 @@ pub async fn handle(
         return Err(FrameError::UnsupportedApi(key));
     }
     Ok(match req {
-        RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(api_versions(
-            ErrorCode::None,
-        )))),
+        RequestKind::ApiVersions(_) => {
+            let mut resp = api_versions(ErrorCode::None);
+            if version >= 3 {
+                resp = super::meta::with_transaction_version(resp, b.config.transaction_version);
+            }
+            ready(respond(ResponseKind::ApiVersions(resp)))
+        }
         RequestKind::Metadata(r) => Box::pin(async move {
             respond(ResponseKind::Metadata(
                 metadata(&b, &front, r, version).await,
@@ -224,7 +228,18 @@ pub async fn handle(
             respond(ResponseKind::AddOffsetsToTxn(resp))
         }),
         RequestKind::TxnOffsetCommit(r) => Box::pin(async move {
-            let resp = cluster_group::txn_offset_commit(b, &front, r, version).await;
+            // Transaction version 2 (v5): the offsets join the transaction
+            // implicitly, by the decision AddOffsetsToTxn runs.
+            let added = if version >= 5 {
+                let id = r.transactional_id.0.to_string();
+                add_offsets(&front, &id, r.producer_id.0, r.producer_epoch, false).await
+            } else {
+                Ok(())
+            };
+            let resp = match added {
+                Ok(()) => cluster_group::txn_offset_commit(b, &front, r, version).await,
+                Err(code) => super::group::txn_commit_response(&r, code),
+            };
             respond(ResponseKind::TxnOffsetCommit(resp))
         }),
         RequestKind::DescribeProducers(r) => Box::pin(async move {
@@ -841,18 +856,39 @@ async fn add_offsets_to_txn(
     version: i16,
 ) -> AddOffsetsToTxnResponse {
     let id = req.transactional_id.0.to_string();
-    let (pid, epoch) = (req.producer_id.0, req.producer_epoch);
+    let code = match add_offsets(
+        front,
+        &id,
+        req.producer_id.0,
+        req.producer_epoch,
+        version >= 2,
+    )
+    .await
+    {
+        Ok(()) => ErrorCode::None,
+        Err(code) => code,
+    };
+    AddOffsetsToTxnResponse::default().with_error_code(code.code())
+}
+
+/// Adds the group offsets' partition to the transaction of `id`
+/// (AddOffsetsToTxn, and TxnOffsetCommit v5 implicitly).
+async fn add_offsets(
+    front: &Front,
+    id: &str,
+    pid: i64,
+    epoch: i16,
+    fenced_known: bool,
+) -> Result<(), ErrorCode> {
     let parts = vec![(crate::groups::OFFSETS_TOPIC.to_string(), 0)];
     let f = Box::new(
         move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64| {
             tc::decide_add_partitions(m, pid, epoch, &parts, now)
         },
     );
-    let code = match decide(front, &id, "AddOffsetsToTxn", f, version >= 2).await {
-        Ok(_) => ErrorCode::None,
-        Err(code) => code,
-    };
-    AddOffsetsToTxnResponse::default().with_error_code(code.code())
+    decide(front, id, "AddOffsetsToTxn", f, fenced_known)
+        .await
+        .map(|_| ())
 }
 
 async fn end_txn(
@@ -863,6 +899,8 @@ async fn end_txn(
 ) -> EndTxnResponse {
     let id = req.transactional_id.0.to_string();
     let (pid, epoch, commit) = (req.producer_id.0, req.producer_epoch, req.committed);
+    // KIP-890 transaction version 2: every end bumps the epoch.
+    let tv2 = version >= 5;
     // The topics an open transaction commits to (for second-writer detection).
     let committed: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let seen = &committed;
@@ -873,12 +911,17 @@ async fn end_txn(
                     *c = m.partitions.iter().map(|(t, _)| t.clone()).collect();
                 }
             }
-            tc::decide_end(m, pid, epoch, commit, false, now, new_pid)
+            tc::decide_end(m, pid, epoch, commit, tv2, now, new_pid)
         },
     );
     let mut resp = EndTxnResponse::default();
     match decide(front, &id, "EndTxn", f, version >= 2).await {
-        Ok(_) => {
+        Ok((new_pid, new_epoch)) => {
+            if tv2 {
+                // Transaction version 2: the identity the next transaction uses.
+                resp.producer_id = ProducerId(new_pid);
+                resp.producer_epoch = new_epoch;
+            }
             tracing::debug!(transactional_id = %id, commit, "cluster: transaction ended");
             let mut topics = committed.into_inner().unwrap_or_else(|p| p.into_inner());
             topics.retain(|t| t != crate::groups::OFFSETS_TOPIC);
@@ -903,7 +946,13 @@ async fn end_txn(
                 });
             }
         }
-        Err(code) => resp.error_code = code.code(),
+        Err(code) => {
+            resp.error_code = code.code();
+            if tv2 {
+                resp.producer_id = ProducerId(-1);
+                resp.producer_epoch = -1;
+            }
+        }
     }
     resp
 }
@@ -1044,9 +1093,94 @@ fn outcome_code(
 type ProduceWait =
     std::pin::Pin<Box<dyn std::future::Future<Output = Option<ProduceResponse>> + Send>>;
 
+/// Produce v12 (KIP-890 transaction version 2): a transactional batch adds
+/// its partition to its producer's transaction (the decision AddPartitionsToTxn
+/// runs, under the id's row) before it is queued, as local mode. Returns the
+/// partitions that could not be added, with the code and message to answer.
+async fn implicit_add(
+    front: &Front,
+    req: &ProduceRequest,
+    version: i16,
+) -> HashMap<(String, i32), (ErrorCode, String)> {
+    let mut refused = HashMap::new();
+    let Some(id) = req
+        .transactional_id
+        .as_ref()
+        .filter(|_| version >= 12)
+        .map(|t| t.0.to_string())
+    else {
+        return refused;
+    };
+    let mut ident = None;
+    let mut parts = Vec::new();
+    let mut gate = None;
+    for td in &req.topic_data {
+        let Ok(Some(row)) = front.topic(td.name.0.as_str()).await else {
+            continue;
+        };
+        for pd in &td.partition_data {
+            let Some(h) = pd
+                .records
+                .as_ref()
+                .and_then(|r| batch::BatchHeader::new(r).ok())
+            else {
+                continue;
+            };
+            if h.is_transactional()
+                && h.producer_id() >= 0
+                && (0..row.partitions).contains(&pd.index)
+            {
+                if let Err(why) = crate::writers::allowed(&row.configs, &id) {
+                    gate = Some(why.to_string());
+                }
+                ident = Some((h.producer_id(), h.producer_epoch()));
+                parts.push((row.name.clone(), pd.index));
+            }
+        }
+    }
+    let Some((pid, epoch)) = ident else {
+        return refused;
+    };
+    let failed = if let Some(why) = gate {
+        tracing::warn!(transactional_id = %id, reason = %why, "second transactional writer refused");
+        Some((ErrorCode::TransactionalIdAuthorizationFailed, why))
+    } else {
+        let add = parts.clone();
+        let f = Box::new(
+            move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64| {
+                tc::decide_add_partitions(m, pid, epoch, &add, now)
+            },
+        );
+        match decide(front, &id, "Produce", f, false).await {
+            Ok(_) => None,
+            // Never PRODUCER_FENCED in a produce answer; retriable states
+            // become NOT_ENOUGH_REPLICAS, which every client retries.
+            Err(code) => Some((
+                match code {
+                    ErrorCode::InvalidProducerEpoch | ErrorCode::ProducerFenced => {
+                        ErrorCode::InvalidProducerEpoch
+                    }
+                    ErrorCode::ConcurrentTransactions | ErrorCode::CoordinatorNotAvailable => {
+                        ErrorCode::NotEnoughReplicas
+                    }
+                    _ => ErrorCode::InvalidTxnState,
+                },
+                "the partition could not be added to the transaction".to_string(),
+            )),
+        }
+    };
+    if let Some(f) = failed {
+        for p in parts {
+            refused.insert(p, f.clone());
+        }
+    }
+    refused
+}
+
 async fn produce(b: &Broker, front: &Front, req: ProduceRequest, version: i16) -> ProduceWait {
     let acks = req.acks;
     let valid_acks = (-1..=1).contains(&acks);
+    let refused = implicit_add(front, &req, version).await;
     let mut queued: Vec<(TopicName, Vec<(i32, Queued)>)> = Vec::with_capacity(req.topic_data.len());
     for td in req.topic_data {
         let mut parts = Vec::with_capacity(td.partition_data.len());
@@ -1056,6 +1190,8 @@ async fn produce(b: &Broker, front: &Front, req: ProduceRequest, version: i16) -
                     ErrorCode::InvalidRequiredAcks,
                     Some(format!("acks={acks} is not 0, 1 or -1")),
                 )
+            } else if let Some((code, why)) = refused.get(&(td.name.0.to_string(), pd.index)) {
+                Queued::Done(*code, Some(why.clone()))
             } else {
                 queue_one(front, b, td.name.0.as_str(), pd.index, pd.records).await
             };

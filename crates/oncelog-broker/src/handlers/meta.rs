@@ -44,19 +44,24 @@ pub fn api_versions(b: &Broker, version: i16, unsupported: bool) -> ApiVersionsR
         .with_error_code(code.code())
         .with_api_keys(keys);
     if version >= 3 && !unsupported {
-        // KIP-890: the Java client uses transaction version 2 (EndTxn v5,
-        // Produce v12) only when the finalized `transaction.version` is 2.
-        let tv = b.config.transaction_version;
-        resp.supported_features = vec![SupportedFeatureKey::default()
-            .with_name(StrBytes::from_static_str("transaction.version"))
-            .with_min_version(0)
-            .with_max_version(2)];
-        resp.finalized_features_epoch = 1;
-        resp.finalized_features = vec![FinalizedFeatureKey::default()
-            .with_name(StrBytes::from_static_str("transaction.version"))
-            .with_min_version_level(tv)
-            .with_max_version_level(tv)];
+        resp = with_transaction_version(resp, b.config.transaction_version);
     }
+    resp
+}
+
+/// KIP-890: the Java client uses transaction version 2 (EndTxn v5, Produce
+/// v12) only when the finalized `transaction.version` feature is 2.
+/// ApiVersions v3+ carries the features (both modes).
+pub fn with_transaction_version(mut resp: ApiVersionsResponse, tv: i16) -> ApiVersionsResponse {
+    resp.supported_features = vec![SupportedFeatureKey::default()
+        .with_name(StrBytes::from_static_str("transaction.version"))
+        .with_min_version(0)
+        .with_max_version(2)];
+    resp.finalized_features_epoch = 1;
+    resp.finalized_features = vec![FinalizedFeatureKey::default()
+        .with_name(StrBytes::from_static_str("transaction.version"))
+        .with_min_version_level(tv)
+        .with_max_version_level(tv)];
     resp
 }
 

@@ -1119,21 +1119,14 @@ async fn implicit_add(
             continue;
         };
         for pd in &td.partition_data {
-            let Some(h) = pd
-                .records
-                .as_ref()
-                .and_then(|r| batch::BatchHeader::new(r).ok())
-            else {
+            let Some(who) = super::produce::transactional_identity(pd.records.as_deref()) else {
                 continue;
             };
-            if h.is_transactional()
-                && h.producer_id() >= 0
-                && (0..row.partitions).contains(&pd.index)
-            {
+            if (0..row.partitions).contains(&pd.index) {
                 if let Err(why) = crate::writers::allowed(&row.configs, &id) {
                     gate = Some(why.to_string());
                 }
-                ident = Some((h.producer_id(), h.producer_epoch()));
+                ident = Some(who);
                 parts.push((row.name.clone(), pd.index));
             }
         }

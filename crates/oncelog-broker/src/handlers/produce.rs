@@ -350,6 +350,13 @@ fn append_one(
     }
 }
 
+/// The (producer id, epoch) of a produce request's batch when it is a
+/// transactional one (both modes' implicit add reads it).
+pub(super) fn transactional_identity(records: Option<&[u8]>) -> Option<(i64, i16)> {
+    let h = batch::BatchHeader::new(records?).ok()?;
+    (h.is_transactional() && h.producer_id() >= 0).then(|| (h.producer_id(), h.producer_epoch()))
+}
+
 /// KIP-890 part 2 (Produce v12): a transactional batch adds its partition
 /// to its producer's transaction on the client's behalf. Returns the
 /// partitions that could not be added, with the code and message to answer.
@@ -366,11 +373,7 @@ async fn implicit_add(
     let mut parts = Vec::new();
     for td in &req.topic_data {
         for pd in &td.partition_data {
-            let Some(h) = pd
-                .records
-                .as_ref()
-                .and_then(|r| batch::BatchHeader::new(r).ok())
-            else {
+            let Some(who) = transactional_identity(pd.records.as_deref()) else {
                 continue;
             };
             let exists = b
@@ -378,8 +381,8 @@ async fn implicit_add(
                 .get(td.name.0.as_str())
                 .and_then(|t| t.store(pd.index))
                 .is_some();
-            if h.is_transactional() && h.producer_id() >= 0 && exists {
-                ident = Some((h.producer_id(), h.producer_epoch()));
+            if exists {
+                ident = Some(who);
                 parts.push((td.name.0.to_string(), pd.index));
             }
         }

@@ -186,12 +186,9 @@ pub async fn commit_offsets(
     group: &str,
     offsets: &[(String, i32, OffsetMeta)],
 ) -> Result<(), ClusterError> {
-    let me = cluster.config.broker_id;
-    let session = cluster.session.session();
     let mut client = cluster.pool.get().await?;
     let tx = client.transaction().await?;
-    check_fence(&*tx, me, session).await?;
-    check_owner(&tx, group, me, session).await?;
+    check_coordinator(&tx, cluster, group).await?;
     let rows = Columns::of(offsets);
     tx.execute(
         "INSERT INTO group_offsets \
@@ -284,12 +281,9 @@ pub async fn has_offsets(cluster: &Cluster, group: &str) -> Result<bool, Cluster
 /// broker that lost the group deletes nothing). Returns how many offsets
 /// went. The caller then [`Ownership::release`]s the group.
 pub async fn delete_offsets(cluster: &Cluster, group: &str) -> Result<u64, ClusterError> {
-    let me = cluster.config.broker_id;
-    let session = cluster.session.session();
     let mut client = cluster.pool.get().await?;
     let tx = client.transaction().await?;
-    check_fence(&*tx, me, session).await?;
-    check_owner(&tx, group, me, session).await?;
+    let (me, session) = check_coordinator(&tx, cluster, group).await?;
     let n = tx
         .execute("DELETE FROM group_offsets WHERE group_id = $1", &[&group])
         .await?;
@@ -300,6 +294,20 @@ pub async fn delete_offsets(cluster: &Cluster, group: &str) -> Result<u64, Clust
     .await?;
     tx.commit().await?;
     Ok(n)
+}
+
+/// Inside `tx`: this broker's session is live (its fencing token) and still
+/// owns `group` (the owner row, `FOR SHARE`). Returns (broker id, session).
+async fn check_coordinator(
+    tx: &tokio_postgres::Transaction<'_>,
+    cluster: &Cluster,
+    group: &str,
+) -> Result<(i32, i64), ClusterError> {
+    let me = cluster.config.broker_id;
+    let session = cluster.session.session();
+    check_fence(tx, me, session).await?;
+    check_owner(tx, group, me, session).await?;
+    Ok((me, session))
 }
 
 async fn check_owner(
@@ -335,12 +343,9 @@ pub async fn txn_commit_offsets(
     epoch: i16,
     offsets: &[(String, i32, OffsetMeta)],
 ) -> Result<Result<(), VerifyError>, ClusterError> {
-    let me = cluster.config.broker_id;
-    let session = cluster.session.session();
     let mut client = cluster.pool.get().await?;
     let tx = client.transaction().await?;
-    check_fence(&*tx, me, session).await?;
-    check_owner(&tx, group, me, session).await?;
+    check_coordinator(&tx, cluster, group).await?;
     let row = tx
         .query_opt(
             "SELECT meta FROM transactions WHERE transactional_id = $1 FOR SHARE",

@@ -151,6 +151,27 @@ impl Broker {
         cc.lease = std::time::Duration::from_millis(c.cluster_lease_ms.max(300));
         cc.cache_bytes = c.cluster_cache_bytes;
         let front = cluster::front::Front::start(cc).await?;
+        let defaults = self.config.clone();
+        cluster::jobs::spawn(
+            front.cluster.clone(),
+            cluster::jobs::JobSettings {
+                config_of: Arc::new(move |configs, key| {
+                    configs
+                        .get(key)
+                        .cloned()
+                        .or_else(|| defaults.topic_default(key))
+                }),
+                retention_every: std::time::Duration::from_millis(
+                    c.retention_check_interval_ms.max(100),
+                ),
+                compaction_every: c
+                    .cleaner_enable
+                    .then(|| std::time::Duration::from_millis(c.cleaner_backoff_ms.max(100))),
+                map_entries: (c.cleaner_dedupe_buffer_size as usize
+                    / oncelog_log::cleaner::MAP_ENTRY_BYTES)
+                    .max(1024),
+            },
+        );
         tracing::info!(
             broker = c.node_id,
             session = front.cluster.session.session(),

@@ -226,41 +226,118 @@ fn records_err(path: &Path, base: i64, e: records::RecordsError) -> LogError {
 fn build_map(
     dir: &Path,
     segs: &[SegmentInfo],
-    txn: &TxnFacts,
-    opts: &CleanOptions,
-    stats: &mut CleanStats,
+    pass: &mut Pass,
     throttle: &mut dyn FnMut(u64),
-) -> Result<(OffsetMap, i64), LogError> {
-    let mut map = OffsetMap::new(opts.map_entries);
+) -> Result<i64, LogError> {
     let mut buf = Vec::new();
-    let end = segs.last().map_or(opts.first_dirty, |s| s.next);
-    for seg in segs.iter().filter(|s| s.next > opts.first_dirty) {
+    let first_dirty = pass.first_dirty;
+    let end = segs.last().map_or(first_dirty, |s| s.next);
+    for seg in segs.iter().filter(|s| s.next > first_dirty) {
         let mut r = BatchReader::open(dir, seg)?;
         while r.next(&mut buf)? {
-            let h = BatchHeader::new(&buf)?;
             throttle(buf.len() as u64);
-            stats.bytes_read += buf.len() as u64;
-            if h.last_offset() < opts.first_dirty || h.is_control() {
-                continue;
-            }
-            if h.is_transactional() && txn.is_aborted(h.producer_id(), h.base_offset()) {
-                continue;
-            }
-            let n = h.records_count().max(0) as usize;
-            if !map.map.is_empty() && map.map.len() + n > map.cap {
-                return Ok((map, h.base_offset()));
-            }
-            let recs = records::batch_records(&buf)
-                .map_err(|e| records_err(&r.path, h.base_offset(), e))?;
-            for rec in &recs.records {
-                let off = h.base_offset() + rec.offset_delta;
-                if let (Some(k), true) = (recs.key(rec), off >= opts.first_dirty) {
-                    map.put(k, off);
-                }
+            pass.stats.bytes_read += buf.len() as u64;
+            if let Some(stop) = pass.map_batch(&buf, &r.path)? {
+                return Ok(stop);
             }
         }
     }
-    Ok((map, end))
+    Ok(end)
+}
+
+/// One cleaning pass's state, fed batch by batch in offset order: first
+/// every dirty batch to [`Pass::map_batch`] (the offset map), then every
+/// batch from the log start to where the map ended to [`Pass::copy_batch`].
+/// The file cleaner ([`clean`]) drives it over segments; cluster mode over
+/// the batches its index names.
+pub struct Pass {
+    map: OffsetMap,
+    txn: TxnFacts,
+    first_dirty: i64,
+    tracker: TxnTracker,
+    pub stats: CleanStats,
+    /// ABORT markers removed so far: (producer id, marker offset).
+    pub removed_aborts: Vec<(i64, i64)>,
+}
+
+impl Pass {
+    pub fn new(txn: TxnFacts, first_dirty: i64, map_entries: usize) -> Self {
+        Self {
+            map: OffsetMap::new(map_entries),
+            txn,
+            first_dirty,
+            tracker: TxnTracker::default(),
+            stats: CleanStats::default(),
+            removed_aborts: Vec::new(),
+        }
+    }
+
+    /// Keys in the offset map.
+    pub fn keys(&self) -> usize {
+        self.map.map.len()
+    }
+
+    /// Puts a batch's keys in the offset map. `Some(offset)` when the map
+    /// is full: this batch and everything after it stay dirty, and the map
+    /// ends at `offset`. `origin` names where the batch was read (errors).
+    pub fn map_batch(&mut self, b: &[u8], origin: &Path) -> Result<Option<i64>, LogError> {
+        let h = BatchHeader::new(b)?;
+        if h.last_offset() < self.first_dirty || h.is_control() {
+            return Ok(None);
+        }
+        if h.is_transactional() && self.txn.is_aborted(h.producer_id(), h.base_offset()) {
+            return Ok(None);
+        }
+        let n = h.records_count().max(0) as usize;
+        if !self.map.map.is_empty() && self.map.map.len() + n > self.map.cap {
+            return Ok(Some(h.base_offset()));
+        }
+        let recs =
+            records::batch_records(b).map_err(|e| records_err(origin, h.base_offset(), e))?;
+        for rec in &recs.records {
+            let off = h.base_offset() + rec.offset_delta;
+            if let (Some(k), true) = (recs.key(rec), off >= self.first_dirty) {
+                self.map.put(k, off);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Decides one batch of the copy: `None` drops it, else the bytes to
+    /// keep (the batch itself, or rebuilt with fewer records).
+    /// `past_horizon`: its tombstones and empty transactions' markers may go.
+    pub fn copy_batch(
+        &mut self,
+        b: &[u8],
+        origin: &Path,
+        past_horizon: bool,
+    ) -> Result<Option<Vec<u8>>, LogError> {
+        let h = BatchHeader::new(b)?;
+        let pid = h.producer_id();
+        if h.is_control() {
+            let kept_any = self.tracker.kept.remove(&pid).unwrap_or(false);
+            if kept_any || !past_horizon || pid < 0 {
+                return Ok(Some(b.to_vec()));
+            }
+            self.stats.markers_removed += 1;
+            if batch::control_record(b).map(|(ty, _)| ty) == Some(batch::CONTROL_ABORT) {
+                self.removed_aborts.push((pid, h.base_offset()));
+            }
+            return Ok(None);
+        }
+        let out = clean_batch(
+            b,
+            origin,
+            &self.map,
+            &self.txn,
+            past_horizon,
+            &mut self.stats,
+        )?;
+        if h.is_transactional() {
+            *self.tracker.kept.entry(pid).or_insert(false) |= out.is_some();
+        }
+        Ok(out)
+    }
 }
 
 /// Writes one group's cleaned segment, with its indexes.
@@ -453,65 +530,42 @@ pub fn clean(
     throttle: &mut dyn FnMut(u64),
     install: &mut dyn FnMut(CleanedGroup) -> Result<bool, LogError>,
 ) -> Result<CleanStats, LogError> {
-    let mut stats = CleanStats::default();
-    let (map, map_end) = build_map(dir, segs, txn, opts, &mut stats, throttle)?;
-    stats.map_end = map_end;
-    stats.keys_in_map = map.map.len();
+    let mut pass = Pass::new(txn.clone(), opts.first_dirty, opts.map_entries);
+    let map_end = build_map(dir, segs, &mut pass, throttle)?;
+    pass.stats.map_end = map_end;
+    pass.stats.keys_in_map = pass.keys();
     let to_clean: Vec<SegmentInfo> = segs.iter().filter(|s| s.base < map_end).cloned().collect();
-    let mut tracker = TxnTracker::default();
     let mut buf = Vec::new();
     for group in groups(&to_clean, opts.segment_bytes) {
         let base = group[0].base;
-        let mut removed_aborts = Vec::new();
+        let aborts_before = pass.removed_aborts.len();
         let mut w = GroupWriter::create(dir, base, opts.index_interval)?;
         for seg in group {
             let past_horizon = seg.last_modified_ms <= opts.delete_horizon_ms;
             let mut r = BatchReader::open(dir, seg)?;
             while r.next(&mut buf)? {
                 throttle(buf.len() as u64);
-                stats.bytes_read += buf.len() as u64;
-                let h = BatchHeader::new(&buf)?;
-                let pid = h.producer_id();
-                let out = if h.is_control() {
-                    let kept_any = tracker.kept.remove(&pid).unwrap_or(false);
-                    if kept_any || !past_horizon || pid < 0 {
-                        Some(buf.clone())
-                    } else {
-                        stats.markers_removed += 1;
-                        if batch::control_record(&buf).map(|(ty, _)| ty)
-                            == Some(batch::CONTROL_ABORT)
-                        {
-                            removed_aborts.push((pid, h.base_offset()));
-                        }
-                        None
-                    }
-                } else {
-                    let out = clean_batch(&buf, &r.path, &map, txn, past_horizon, &mut stats)?;
-                    if h.is_transactional() {
-                        *tracker.kept.entry(pid).or_insert(false) |= out.is_some();
-                    }
-                    out
-                };
-                if let Some(b) = out {
+                pass.stats.bytes_read += buf.len() as u64;
+                if let Some(b) = pass.copy_batch(&buf, &r.path, past_horizon)? {
                     throttle(b.len() as u64);
                     w.write(&b)?;
                 }
             }
         }
         let last_modified_ms = group.iter().map(|s| s.last_modified_ms).max().unwrap_or(0);
-        stats.bytes_written += w.finish(last_modified_ms)?;
-        stats.segments_in += group.len();
+        pass.stats.bytes_written += w.finish(last_modified_ms)?;
+        pass.stats.segments_in += group.len();
         let installed = install(CleanedGroup {
             base,
             replaces: group.iter().map(|s| s.base).collect(),
             last_modified_ms,
-            removed_aborts,
+            removed_aborts: pass.removed_aborts[aborts_before..].to_vec(),
         })?;
         if installed {
-            stats.segments_out += 1;
+            pass.stats.segments_out += 1;
         }
     }
-    Ok(stats)
+    Ok(pass.stats)
 }
 
 /// The producers' last batches and the aborted ranges, gathered for

@@ -25,6 +25,8 @@ pub struct ClusterInfo {
     /// Age of the oldest open transaction, by PostgreSQL's clock.
     pub oldest_open_transaction_ms: Option<i64>,
     pub groups: Vec<GroupInfo>,
+    /// The background jobs' leases (retention, compaction).
+    pub jobs: Vec<super::jobs::JobRow>,
     /// Offsets pending in open transactions (TxnOffsetCommit).
     pub pending_transactional_offsets: i64,
     pub objects: i64,
@@ -161,6 +163,7 @@ pub async fn info(
             live: r.get(3),
         })
         .collect();
+    let jobs = super::jobs::job_rows(&client).await?;
     drop(client);
     let _ = conn.await;
     let object_store = match store_url {
@@ -211,6 +214,7 @@ pub async fn info(
         open_transactions: counts.get(3),
         oldest_open_transaction_ms: counts.get(4),
         groups,
+        jobs,
         pending_transactional_offsets: counts.get(5),
         objects: counts.get(6),
         object_bytes: counts.get(7),

@@ -10,17 +10,22 @@
 //! * [`flusher`]: gathers produce requests into one object and one commit.
 //! * [`reader`]: fetch from the batch index and object byte ranges.
 //! * [`collector`]: removes objects that no committed row names.
+//! * [`jobs`]: background jobs one broker holds a lease for: [`retention`]
+//!   and [`compactor`].
 
 pub mod catalogue;
 pub mod collector;
+pub mod compactor;
 pub mod describe;
 pub mod flusher;
 pub mod front;
 pub mod groups;
 pub mod info;
+pub mod jobs;
 pub mod objects;
 pub mod reader;
 pub mod records;
+pub mod retention;
 pub mod schema;
 pub mod sequencer;
 pub mod session;

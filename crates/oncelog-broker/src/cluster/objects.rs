@@ -123,6 +123,14 @@ impl Objects {
         format!("{DATA_DIR}/{broker}-{session}-{seq:012}.batches")
     }
 
+    /// The key of a new object of rebuilt batches, written by compaction.
+    pub fn compacted_key(broker: i32, session: i64) -> String {
+        format!(
+            "{DATA_DIR}/{broker}-{session}-compacted-{}.batches",
+            uuid::Uuid::new_v4().simple()
+        )
+    }
+
     pub async fn put(&self, key: &str, data: Bytes) -> Result<(), ClusterError> {
         let t = Instant::now();
         let n = data.len() as u64;

@@ -106,11 +106,11 @@ pub async fn read(
     let client = cluster.pool.get().await?;
     let rows = client
         .query(
-            "SELECT b.base_offset, b.last_offset, b.object_key, b.position, b.length, \
-               b.inline_data, o.size \
-             FROM batches b LEFT JOIN objects o ON o.key = b.object_key \
+            &format!(
+                "SELECT {STORED_COLUMNS} FROM batches b LEFT JOIN objects o ON o.key = b.object_key \
              WHERE b.topic_id = $1 AND b.partition = $2 AND b.last_offset >= $3 \
-               AND b.base_offset < $4 ORDER BY b.last_offset LIMIT 1000",
+               AND b.base_offset < $4 ORDER BY b.last_offset LIMIT 1000"
+            ),
             &[topic_id, &partition, &offset, &upper],
         )
         .await?;
@@ -124,21 +124,104 @@ pub async fn read(
             break;
         }
         total += length;
-        chosen.push(Stored {
+        chosen.push(Stored::from_row(r));
+    }
+    let objects = load_objects(cluster, &chosen).await?;
+    let mut data = Vec::with_capacity(total);
+    for b in &chosen {
+        push_patched(&mut data, b.bytes(&objects)?, b.base_offset);
+    }
+    if read_committed && !chosen.is_empty() {
+        let last = chosen.last().map(|c| c.last_offset).unwrap_or(offset);
+        let rows = client
+            .query(
+                "SELECT producer_id, first_offset, last_offset FROM aborted_txns \
+                 WHERE topic_id = $1 AND partition = $2 AND last_offset >= $3 \
+                   AND first_offset <= $4 ORDER BY last_offset",
+                &[topic_id, &partition, &offset, &last],
+            )
+            .await?;
+        out.aborted = rows
+            .iter()
+            .map(|r| AbortedTxn {
+                producer_id: r.get(0),
+                first_offset: r.get(1),
+                last_offset: r.get(2),
+            })
+            .collect();
+    }
+    out.data = Ok(data);
+    Ok(Some(out))
+}
+
+/// A batch row: where its bytes are.
+pub(super) struct Stored {
+    pub base_offset: i64,
+    pub last_offset: i64,
+    pub key: Option<String>,
+    pub position: u64,
+    pub length: u64,
+    pub inline: Option<Vec<u8>>,
+    pub object_size: u64,
+}
+
+/// The columns [`Stored::from_row`] reads, first in a query over
+/// `batches b LEFT JOIN objects o ON o.key = b.object_key`.
+pub(super) const STORED_COLUMNS: &str =
+    "b.base_offset, b.last_offset, b.object_key, b.position, b.length, b.inline_data, o.size";
+
+impl Stored {
+    pub fn from_row(r: &tokio_postgres::Row) -> Self {
+        Self {
             base_offset: r.get(0),
             last_offset: r.get(1),
             key: r.get(2),
             position: r.get::<_, i64>(3) as u64,
-            length: length as u64,
+            length: r.get::<_, i32>(4) as u64,
             inline: r.get(5),
             object_size: r.get::<_, Option<i64>>(6).unwrap_or(0) as u64,
-        });
+        }
     }
-    // The objects they are in: from the cache, else read whole, several at
-    // once; each is cached for the next batches (of any partition) in it.
+
+    /// The batch's stored bytes (base offset as the client sent it), from
+    /// its row or from `objects` ([`load_objects`]).
+    pub fn bytes<'a>(
+        &'a self,
+        objects: &'a HashMap<String, Bytes>,
+    ) -> Result<&'a [u8], ClusterError> {
+        match (&self.inline, &self.key) {
+            (Some(inline), _) => Ok(inline),
+            (None, Some(key)) => {
+                let obj = objects
+                    .get(key)
+                    .ok_or_else(|| ClusterError::Invariant(format!("object {key} was not read")))?;
+                let (s, e) = (
+                    self.position as usize,
+                    (self.position + self.length) as usize,
+                );
+                obj.get(s..e).ok_or_else(|| {
+                    ClusterError::Invariant(format!(
+                        "batch at {s}..{e} is outside object {key} of {} bytes",
+                        obj.len()
+                    ))
+                })
+            }
+            (None, None) => Err(ClusterError::Invariant(
+                "a batch row names neither an object nor inline bytes".into(),
+            )),
+        }
+    }
+}
+
+/// The objects `rows` are in: from the cache, else read whole, several at
+/// once; each is cached for the next batches (of any partition) in it.
+pub(super) async fn load_objects(
+    cluster: &Cluster,
+    rows: &[Stored],
+) -> Result<HashMap<String, Bytes>, ClusterError> {
     let mut objects: HashMap<String, Bytes> = HashMap::new();
     let mut missing: Vec<(String, u64)> = Vec::new();
-    for b in &chosen {
+    for b in rows {
         let Some(key) = &b.key else { continue };
         if objects.contains_key(key) || missing.iter().any(|(k, _)| k == key) {
             continue;
@@ -169,61 +252,7 @@ pub async fn read(
         cluster.cache.insert(&key, bytes.clone());
         objects.insert(key, bytes);
     }
-    let mut data = Vec::with_capacity(total);
-    for b in &chosen {
-        let bytes: &[u8] = match (&b.inline, &b.key) {
-            (Some(inline), _) => inline,
-            (None, Some(key)) => {
-                let obj = objects
-                    .get(key)
-                    .ok_or_else(|| ClusterError::Invariant(format!("object {key} was not read")))?;
-                let (s, e) = (b.position as usize, (b.position + b.length) as usize);
-                obj.get(s..e).ok_or_else(|| {
-                    ClusterError::Invariant(format!(
-                        "batch at {s}..{e} is outside object {key} of {} bytes",
-                        obj.len()
-                    ))
-                })?
-            }
-            (None, None) => {
-                return Err(ClusterError::Invariant(
-                    "a batch row names neither an object nor inline bytes".into(),
-                ))
-            }
-        };
-        push_patched(&mut data, bytes, b.base_offset);
-    }
-    if read_committed && !chosen.is_empty() {
-        let last = chosen.last().map(|c| c.last_offset).unwrap_or(offset);
-        let rows = client
-            .query(
-                "SELECT producer_id, first_offset, last_offset FROM aborted_txns \
-                 WHERE topic_id = $1 AND partition = $2 AND last_offset >= $3 \
-                   AND first_offset <= $4 ORDER BY last_offset",
-                &[topic_id, &partition, &offset, &last],
-            )
-            .await?;
-        out.aborted = rows
-            .iter()
-            .map(|r| AbortedTxn {
-                producer_id: r.get(0),
-                first_offset: r.get(1),
-                last_offset: r.get(2),
-            })
-            .collect();
-    }
-    out.data = Ok(data);
-    Ok(Some(out))
-}
-
-struct Stored {
-    base_offset: i64,
-    last_offset: i64,
-    key: Option<String>,
-    position: u64,
-    length: u64,
-    inline: Option<Vec<u8>>,
-    object_size: u64,
+    Ok(objects)
 }
 
 /// Objects one fetch reads from the store at once.

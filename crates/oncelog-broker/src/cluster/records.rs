@@ -51,21 +51,34 @@ pub async fn delete_records(
     if wanted <= start {
         return Ok(Ok(start));
     }
+    advance(&tx, topic_id, partition, wanted).await?;
+    tx.commit().await?;
+    Ok(Ok(wanted))
+}
+
+/// Sets a partition's log start to `to` (the caller holds its row lock and
+/// checked `to` is above the current start and at most the high watermark)
+/// and drops the batch-index and aborted-index rows wholly below it.
+pub(super) async fn advance(
+    tx: &tokio_postgres::Transaction<'_>,
+    topic_id: Uuid,
+    partition: i32,
+    to: i64,
+) -> Result<(), ClusterError> {
     tx.execute(
         "UPDATE partitions SET log_start_offset = $3 WHERE topic_id = $1 AND partition = $2",
-        &[&topic_id, &partition, &wanted],
+        &[&topic_id, &partition, &to],
     )
     .await?;
     tx.execute(
         "DELETE FROM batches WHERE topic_id = $1 AND partition = $2 AND last_offset < $3",
-        &[&topic_id, &partition, &wanted],
+        &[&topic_id, &partition, &to],
     )
     .await?;
     tx.execute(
         "DELETE FROM aborted_txns WHERE topic_id = $1 AND partition = $2 AND last_offset < $3",
-        &[&topic_id, &partition, &wanted],
+        &[&topic_id, &partition, &to],
     )
     .await?;
-    tx.commit().await?;
-    Ok(Ok(wanted))
+    Ok(())
 }

@@ -135,6 +135,29 @@ CREATE TABLE IF NOT EXISTS topic_writers (
     last_commit_ms bigint NOT NULL,
     PRIMARY KEY (topic, writer)
 );
+CREATE TABLE IF NOT EXISTS job_leases (
+    job         text PRIMARY KEY,
+    broker_id   integer NOT NULL,
+    session     bigint NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    runs        bigint NOT NULL DEFAULT 0,
+    last_run_at timestamptz,
+    last_error  text
+);
+CREATE TABLE IF NOT EXISTS compaction_state (
+    topic_id                uuid NOT NULL,
+    partition               integer NOT NULL,
+    first_dirty             bigint NOT NULL,
+    passes                  bigint NOT NULL DEFAULT 0,
+    last_pass_at            timestamptz,
+    records_read            bigint NOT NULL DEFAULT 0,
+    records_kept            bigint NOT NULL DEFAULT 0,
+    aborted_records_removed bigint NOT NULL DEFAULT 0,
+    bytes_read              bigint NOT NULL DEFAULT 0,
+    bytes_written           bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (topic_id, partition),
+    FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE
+);
 "#;
 
 /// Creates the tables if they are missing and checks the stored version.

@@ -1025,7 +1025,8 @@ async fn queue_one(
             "idempotent batch without a base sequence".into(),
         );
     }
-    let max = b.topics.max_message_bytes(&meta_of(&t));
+    let meta = meta_of(&t);
+    let max = b.topics.max_message_bytes(&meta);
     if records.len() as i64 > max {
         return bad(
             ErrorCode::MessageTooLarge,
@@ -1034,6 +1035,11 @@ async fn queue_one(
                 records.len()
             ),
         );
+    }
+    if b.topics.cleanup_policy(&meta).compact {
+        if let Err(r) = super::produce::check_keys(&records, &format!("{topic}-{index}")) {
+            return bad(r.code, r.message);
+        }
     }
     // The stored bytes are the client's (offsets are patched when served).
     let data = Bytes::from(BytesMut::from(&records[..]));

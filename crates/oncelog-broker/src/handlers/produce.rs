@@ -107,12 +107,24 @@ fn check_timestamps(
     })
 }
 
+/// Why a batch was refused for records without a key (KIP-467: each one's
+/// index and reason).
+pub(crate) struct KeyRefusal {
+    pub code: ErrorCode,
+    pub message: String,
+    pub record_errors: Vec<(i32, String)>,
+}
+
 /// A compacted topic keeps the last record per key, so a record without a
 /// key is refused (Kafka's rule): INVALID_RECORD naming each such record.
-fn check_keys(records: &[u8], name: &str) -> Result<(), Outcome> {
+pub(crate) fn check_keys(records: &[u8], name: &str) -> Result<(), KeyRefusal> {
     let recs = oncelog_log::records::batch_records(records).map_err(|e| {
         tracing::warn!(partition = name, error = %e, "rejected produce batch: records do not decode");
-        failed(ErrorCode::CorruptMessage, format!("records do not decode: {e}"))
+        KeyRefusal {
+            code: ErrorCode::CorruptMessage,
+            message: format!("records do not decode: {e}"),
+            record_errors: Vec::new(),
+        }
     })?;
     let why =
         format!("Compacted topic cannot accept message without key in topic partition {name}.");
@@ -131,12 +143,10 @@ fn check_keys(records: &[u8], name: &str) -> Result<(), Outcome> {
         records = missing.len(),
         "produce refused: records without a key in a compacted topic"
     );
-    Err(Outcome::Done {
+    Err(KeyRefusal {
         code: ErrorCode::InvalidRecord,
-        base_offset: -1,
-        message: Some(why),
+        message: why,
         record_errors: missing,
-        append_time: -1,
     })
 }
 
@@ -232,8 +242,14 @@ fn append_one(
         );
     }
     if b.topics.cleanup_policy(&meta).compact {
-        if let Err(refused) = check_keys(&records, &p.name()) {
-            return refused;
+        if let Err(r) = check_keys(&records, &p.name()) {
+            return Outcome::Done {
+                code: r.code,
+                base_offset: -1,
+                message: Some(r.message),
+                record_errors: r.record_errors,
+                append_time: -1,
+            };
         }
     }
     let pb = (h.producer_id() >= 0).then(|| producer_batch(&h));

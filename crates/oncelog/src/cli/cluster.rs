@@ -137,5 +137,33 @@ pub async fn cluster_store_info(
             .collect::<Vec<_>>();
         table(&["GROUP", "COORDINATOR", "SESSION", "STATE"], &rows);
     }
+    if !i.jobs.is_empty() {
+        println!();
+        let rows = i
+            .jobs
+            .iter()
+            .map(|j| {
+                vec![
+                    j.job.clone(),
+                    j.broker_id.to_string(),
+                    j.expires_in_ms.to_string(),
+                    j.runs.to_string(),
+                    j.last_run_ago_ms.map_or("-".into(), |v| v.to_string()),
+                    j.last_error.clone().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect::<Vec<_>>();
+        table(
+            &[
+                "JOB",
+                "HOLDER",
+                "LEASE_LEFT_MS",
+                "RUNS",
+                "LAST_RUN_MS_AGO",
+                "LAST_ERROR",
+            ],
+            &rows,
+        );
+    }
     Ok(())
 }

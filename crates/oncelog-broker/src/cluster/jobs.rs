@@ -1,0 +1,219 @@
+//! Background jobs that one broker runs at a time for the whole cluster:
+//! time/size retention and compaction. A job's `job_leases` row names the
+//! broker session holding it until `expires_at` (PostgreSQL's clock, so
+//! brokers' clocks do not matter); the holder renews it at each run, and
+//! any broker takes it over once it has expired.
+//!
+//! The lease saves work, it does not carry correctness: every change a job
+//! makes is one PostgreSQL transaction that checks the broker's fencing
+//! token and re-checks what it read (retention moves a log start only up,
+//! under the partition's row lock; a compaction chunk replaces batch rows
+//! only if they are still the ones it read). Two holders at once — a paused
+//! broker waking after its lease — waste a pass, never a record.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::catalogue::{self, TopicRow};
+use super::{compactor, retention, Cluster, ClusterError};
+
+pub const RETENTION: &str = "retention";
+pub const COMPACTION: &str = "compaction";
+
+/// A topic config's value: the topic's own, else the broker's default.
+pub type ConfigOf = Arc<dyn Fn(&BTreeMap<String, String>, &str) -> Option<String> + Send + Sync>;
+
+/// What the jobs need to know beyond the cluster.
+#[derive(Clone)]
+pub struct JobSettings {
+    pub config_of: ConfigOf,
+    /// How often retention runs (`log.retention.check.interval.ms`).
+    pub retention_every: Duration,
+    /// How often compaction looks for work (`log.cleaner.backoff.ms`);
+    /// `None` when the cleaner is disabled (`log.cleaner.enable=false`).
+    pub compaction_every: Option<Duration>,
+    /// Keys a compaction pass's offset map holds.
+    pub map_entries: usize,
+}
+
+impl JobSettings {
+    pub fn config_i64(&self, t: &TopicRow, key: &str) -> i64 {
+        (self.config_of)(&t.configs, key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1)
+    }
+
+    pub fn config_f64(&self, t: &TopicRow, key: &str) -> f64 {
+        (self.config_of)(&t.configs, key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.5)
+    }
+
+    pub fn policy(&self, t: &TopicRow) -> crate::topics::CleanupPolicy {
+        crate::topics::CleanupPolicy::parse(
+            &(self.config_of)(&t.configs, "cleanup.policy").unwrap_or_default(),
+        )
+    }
+}
+
+/// Takes or renews `job`'s lease for `ttl`: whether this broker's session
+/// holds it now.
+pub async fn hold(cluster: &Cluster, job: &str, ttl: Duration) -> Result<bool, ClusterError> {
+    if !cluster.session.is_live() {
+        return Ok(false);
+    }
+    let client = cluster.pool.get().await?;
+    let ttl_ms = ttl.as_millis() as f64;
+    let row = client
+        .query_opt(
+            "INSERT INTO job_leases (job, broker_id, session, expires_at) \
+             VALUES ($1, $2, $3, clock_timestamp() + $4 * interval '1 millisecond') \
+             ON CONFLICT (job) DO UPDATE SET broker_id = EXCLUDED.broker_id, \
+               session = EXCLUDED.session, expires_at = EXCLUDED.expires_at \
+             WHERE job_leases.expires_at < clock_timestamp() \
+                OR (job_leases.broker_id = EXCLUDED.broker_id \
+                    AND job_leases.session = EXCLUDED.session) \
+             RETURNING 1",
+            &[
+                &job,
+                &cluster.config.broker_id,
+                &cluster.session.session(),
+                &ttl_ms,
+            ],
+        )
+        .await?;
+    Ok(row.is_some())
+}
+
+/// Records that a run of `job` ended (with `error` if it failed).
+async fn ran(cluster: &Cluster, job: &str, error: Option<String>) -> Result<(), ClusterError> {
+    let client = cluster.pool.get().await?;
+    client
+        .execute(
+            "UPDATE job_leases SET runs = runs + 1, last_run_at = clock_timestamp(), \
+               last_error = $4 \
+             WHERE job = $1 AND broker_id = $2 AND session = $3",
+            &[
+                &job,
+                &cluster.config.broker_id,
+                &cluster.session.session(),
+                &error,
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// A job's lease row, for `oncelog cluster info`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JobRow {
+    pub job: String,
+    pub broker_id: i32,
+    pub expires_in_ms: i64,
+    pub runs: i64,
+    pub last_run_ago_ms: Option<i64>,
+    pub last_error: Option<String>,
+}
+
+/// Every job's lease (none on a database no broker of this version has
+/// migrated yet).
+pub async fn job_rows(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Vec<JobRow>, ClusterError> {
+    let rows = match client
+        .query(
+            "SELECT job, broker_id, \
+               (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint, runs, \
+               (extract(epoch FROM clock_timestamp() - last_run_at) * 1000)::bigint, last_error \
+             FROM job_leases ORDER BY job",
+            &[],
+        )
+        .await
+    {
+        Ok(rows) => rows,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            return Ok(Vec::new())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(rows
+        .iter()
+        .map(|r| JobRow {
+            job: r.get(0),
+            broker_id: r.get(1),
+            expires_in_ms: r.get(2),
+            runs: r.get(3),
+            last_run_ago_ms: r.get(4),
+            last_error: r.get(5),
+        })
+        .collect())
+}
+
+/// Starts the retention and compaction loops on this broker; each runs its
+/// job whenever it holds (or can take) the job's lease.
+pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
+    let lease = cluster.config.lease;
+    {
+        let (c, s) = (cluster.clone(), settings.clone());
+        let every = s.retention_every;
+        tokio::spawn(run_every(
+            c,
+            RETENTION,
+            every,
+            every + lease * 2,
+            move |c| {
+                let s = s.clone();
+                async move { retention::run(&c, &s).await.map(|_| ()) }
+            },
+        ));
+    }
+    if let Some(every) = settings.compaction_every {
+        let s = settings;
+        tokio::spawn(run_every(
+            cluster,
+            COMPACTION,
+            every,
+            every + lease * 2,
+            move |c| {
+                let s = s.clone();
+                async move { compactor::run(&c, &s).await.map(|_| ()) }
+            },
+        ));
+    }
+}
+
+async fn run_every<F, Fut>(
+    cluster: Arc<Cluster>,
+    job: &'static str,
+    every: Duration,
+    ttl: Duration,
+    f: F,
+) where
+    F: Fn(Arc<Cluster>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), ClusterError>>,
+{
+    loop {
+        tokio::time::sleep(every).await;
+        match hold(&cluster, job, ttl).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(job, error = %e, "cluster: taking a job's lease failed");
+                continue;
+            }
+        }
+        let r = f(cluster.clone()).await;
+        if let Err(e) = &r {
+            tracing::warn!(job, error = %e, "cluster: a background job failed; it runs again");
+        }
+        if let Err(e) = ran(&cluster, job, r.err().map(|e| e.to_string())).await {
+            tracing::debug!(job, error = %e, "cluster: recording a job's run failed");
+        }
+    }
+}
+
+/// Every topic, read now (the jobs never act on a stale catalogue).
+pub(super) async fn topics(cluster: &Cluster) -> Result<Vec<TopicRow>, ClusterError> {
+    catalogue::topics(&cluster.pool).await
+}

@@ -214,3 +214,91 @@ def test_time_retention_deletes_only_expired_segments(broker_factory):
     got = consume_confluent(b.bootstrap, topic, [0], start=lo)[0]
     assert [r.value for r in got] == (old_values + new_values)[lo:]
     expect_offset_out_of_range_confluent(b, topic, lo - 1)
+
+
+# Cluster mode: retention is a job one broker holds a lease for; batches go
+# from the index (their objects with the collector), never past the LSO.
+
+def stored_bytes(cl, topic):
+    return cl.sql("SELECT coalesce(sum(b.length), 0)::bigint, count(*) FROM batches b "
+                  "JOIN topics t ON t.id = b.topic_id WHERE t.name = %s", topic)[0]
+
+
+def job_holder(cl, job):
+    rows = cl.sql("SELECT broker_id, runs FROM job_leases WHERE job = %s "
+                  "AND expires_at > clock_timestamp()", job)
+    return rows[0] if rows else None
+
+
+@pytest.mark.timeout(300)
+def test_cluster_retention_by_time_and_size_and_its_lease_moves_on(cluster_factory):
+    cl = cluster_factory(store="s3", overrides={"log.retention.check.interval.ms": 300,
+                                                "cluster.lease.ms": 2000})
+    now_ms = int(time.time() * 1000)
+    # By time: 500 records two hours old, then 500 new; retention.ms one hour.
+    timed = unique_topic("cret-time")
+    create_topic(cl.bootstrap, timed, partitions=1, config={"retention.ms": str(3600 * 1000)})
+    old_values, _ = produce_timed(cl, timed, 500, now_ms - 2 * 3600 * 1000, tag=b"old")
+    new_values, offsets = produce_timed(cl, timed, 500, now_ms, tag=b"new")
+    assert offsets == list(range(500, 1000))
+    lo = wait_until(lambda: watermarks(cl.bootstrap, timed, 0)[0] or None, 60, interval=0.2,
+                    what="time retention to move the log start")
+    assert lo == 500, f"log start {lo}: only the old batches are past retention.ms"
+    got = consume_confluent(cl.bootstrap, timed, [0], start=lo)[0]
+    assert [r.value for r in got] == new_values
+    expect_offset_out_of_range_confluent(cl, timed, lo - 1)
+    assert cl.sql("SELECT count(*) FROM batches b JOIN topics t ON t.id = b.topic_id "
+                  "WHERE t.name = %s AND b.last_offset < %s", timed, lo)[0][0] == 0
+
+    # By size: ~2 MB against retention.bytes 200 kB.
+    sized = unique_topic("cret-size")
+    create_topic(cl.bootstrap, sized, partitions=1, config={"retention.bytes": str(RETENTION_BYTES)})
+    values, _ = produce_timed(cl, sized, 2000, now_ms)
+
+    def settled():
+        size, _ = stored_bytes(cl, sized)
+        lo = watermarks(cl.bootstrap, sized, 0)[0]
+        return (lo, size) if lo > 0 and size < RETENTION_BYTES + 20000 else None
+    lo, size = wait_until(settled, 60, interval=0.2, what="size retention to settle")
+    # At least retention.bytes of the newest data is kept (batches are <= 16 kB).
+    assert size >= RETENTION_BYTES, size
+    got = consume_confluent(cl.bootstrap, sized, [0], start=lo)[0]
+    assert [r.value for r in got] == values[lo:]
+
+    # One broker holds the job; killed, another takes it over and goes on.
+    holder, _ = wait_until(lambda: job_holder(cl, "retention"), 30, what="a retention holder")
+    cl.by_id(holder).kill9()
+    moved = wait_until(lambda: (job_holder(cl, "retention") or (holder,))[0] != holder or None,
+                       60, interval=0.3, what="another broker to take the retention job over")
+    assert moved
+    again = unique_topic("cret-after")
+    create_topic(cl.bootstrap, again, partitions=1, config={"retention.ms": str(3600 * 1000)})
+    produce_timed(cl, again, 100, now_ms - 2 * 3600 * 1000, tag=b"old")
+    produce_timed(cl, again, 10, int(time.time() * 1000), tag=b"new")
+    assert wait_until(lambda: watermarks(cl.bootstrap, again, 0)[0] == 100 or None, 60,
+                      interval=0.2, what="retention under the new holder")
+
+
+@pytest.mark.timeout(300)
+def test_cluster_retention_never_passes_an_open_transaction(cluster_factory):
+    from test_transactions import txn_producer
+    cl = cluster_factory(store="file", n=2, overrides={"log.retention.check.interval.ms": 200})
+    topic = unique_topic("cret-txn")
+    create_topic(cl.bootstrap, topic, partitions=1, config={"retention.ms": "1000"})
+    old = int(time.time() * 1000) - 3600 * 1000
+    produce_timed(cl, topic, 50, old, tag=b"before")
+    p = txn_producer(cl.bootstrap, f"{topic}-writer")
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(20):
+        p.produce(topic, value=b"open-%d" % i, partition=0, timestamp=old)
+    p.flush(30)
+    # Everything is past retention.ms, but the open transaction starts at 50.
+    assert wait_until(lambda: watermarks(cl.bootstrap, topic, 0)[0] == 50 or None, 60,
+                      interval=0.2, what="retention up to the open transaction")
+    time.sleep(1.5)
+    assert watermarks(cl.bootstrap, topic, 0)[0] == 50, "retention passed the LSO"
+    p.commit_transaction(30)
+    # Decided: the data goes too, up to the commit marker (its timestamp is now).
+    assert wait_until(lambda: watermarks(cl.bootstrap, topic, 0)[0] == 70 or None, 60,
+                      interval=0.2, what="retention after the commit")

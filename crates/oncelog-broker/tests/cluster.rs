@@ -97,6 +97,35 @@ fn batch(tag: &str, n: usize, pid: i64, epoch: i16, seq: i32) -> Bytes {
             headers: Default::default(),
         })
         .collect();
+    encode(&recs)
+}
+
+/// A batch without a producer of (key, value) records (None: a tombstone).
+fn keyed_batch(kvs: &[(String, Option<String>)]) -> Bytes {
+    let recs: Vec<Record> = kvs
+        .iter()
+        .enumerate()
+        .map(|(i, (k, v))| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            // as `batch` does: the encoder splits a batch where sequences break
+            sequence: i as i32 - 1,
+            timestamp: 1_700_000_000_000 + i as i64,
+            key: Some(Bytes::from(k.clone())),
+            value: v.clone().map(Bytes::from),
+            headers: Default::default(),
+        })
+        .collect();
+    encode(&recs)
+}
+
+fn encode(recs: &[Record]) -> Bytes {
     let mut buf = BytesMut::new();
     RecordBatchEncoder::encode(
         &mut buf,
@@ -110,8 +139,22 @@ fn batch(tag: &str, n: usize, pid: i64, epoch: i16, seq: i32) -> Bytes {
     buf.freeze()
 }
 
-/// Every (offset, value) of a partition from `from`, read through `c`.
+/// Every (offset, value) of a partition, read through `c`.
 async fn read_all(c: &Cluster, t: &uuid::Uuid, p: i32) -> Vec<(i64, String)> {
+    read_records(c, t, p)
+        .await
+        .into_iter()
+        .map(|(o, _, v)| (o, v.expect("a value")))
+        .collect()
+}
+
+/// Every (offset, key, value) of a partition, read through `c`.
+async fn read_records(
+    c: &Cluster,
+    t: &uuid::Uuid,
+    p: i32,
+) -> Vec<(i64, Option<String>, Option<String>)> {
+    let text = |b: Option<Bytes>| b.map(|b| String::from_utf8(b.to_vec()).unwrap());
     let mut out = Vec::new();
     let mut at = 0;
     loop {
@@ -119,6 +162,10 @@ async fn read_all(c: &Cluster, t: &uuid::Uuid, p: i32) -> Vec<(i64, String)> {
             .await
             .expect("read")
             .expect("partition exists");
+        if at < r.log_start_offset {
+            at = r.log_start_offset;
+            continue;
+        }
         let data = r.data.expect("in range");
         if data.is_empty() {
             assert_eq!(
@@ -128,15 +175,14 @@ async fn read_all(c: &Cluster, t: &uuid::Uuid, p: i32) -> Vec<(i64, String)> {
             return out;
         }
         let mut buf = Bytes::from(data);
+        let before = at;
         for set in RecordBatchDecoder::decode_all(&mut buf).expect("decode what was served") {
             for rec in set.records {
-                out.push((
-                    rec.offset,
-                    String::from_utf8(rec.value.unwrap().to_vec()).unwrap(),
-                ));
+                out.push((rec.offset, text(rec.key), text(rec.value)));
                 at = rec.offset + 1;
             }
         }
+        assert!(at > before, "a read at {before} served nothing past it");
     }
 }
 
@@ -592,4 +638,127 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
     let r = collect(&b, Duration::ZERO).await.unwrap();
     assert_eq!(r.removed_unreferenced, 1, "{r:?}");
     assert!(b.objects.list_data().await.unwrap().is_empty());
+}
+
+/// Two brokers compacting one partition at once, while a third writes on
+/// and DeleteRecords moves the log start: no pass ever drops a record that
+/// is some key's latest, every record keeps its offset, and once writing
+/// stops a last pass leaves exactly one record per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_compaction_passes_never_lose_a_keys_latest_record() {
+    use oncelog_broker::cluster::compactor::{compact, Settings};
+    let db = fresh_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_url(&dir);
+    let b1 = broker(&db, &store, 1).await;
+    let b2 = broker(&db, &store, 2).await;
+    let b3 = broker(&db, &store, 3).await;
+    let configs: BTreeMap<String, String> = [("cleanup.policy".into(), "compact".into())].into();
+    let topic = catalogue::create_topic(&b1.pool, "compact-race", 1, &configs)
+        .await
+        .unwrap();
+    let writer = Arc::new(Flusher::start(b3.clone()));
+    let s = Settings {
+        min_cleanable_ratio: 0.0,
+        delete_retention_ms: 0,
+        min_compaction_lag_ms: 0,
+        max_compaction_lag_ms: -1,
+        map_entries: 1 << 16,
+    };
+    let now = || oncelog_log::now_ms();
+    // offset → (key, value) as written
+    let mut written: BTreeMap<i64, (String, Option<String>)> = BTreeMap::new();
+    let write_round = |round: usize| {
+        let w = writer.clone();
+        let id = topic.id;
+        async move {
+            let kvs: Vec<(String, Option<String>)> = (0..10)
+                .map(|k| {
+                    let v = (round % 7 != 3 || k != 4).then(|| format!("r{round}-k{k}"));
+                    (format!("k{k}"), v)
+                })
+                .collect();
+            let o = w
+                .produce(id, "compact-race", 0, keyed_batch(&kvs))
+                .await
+                .expect("committed");
+            (appended(&o), kvs)
+        }
+    };
+    for round in 0..30 {
+        let (base, kvs) = write_round(round).await;
+        for (i, kv) in kvs.into_iter().enumerate() {
+            written.insert(base + i as i64, kv);
+        }
+    }
+    let mut passes = 0;
+    for round in 30..60 {
+        let (p1, p2, (base, kvs)) = tokio::join!(
+            compact(&b1, &topic, 0, s, now()),
+            compact(&b2, &topic, 0, s, now()),
+            write_round(round)
+        );
+        passes += p1.expect("pass on broker 1").is_some() as usize;
+        passes += p2.expect("pass on broker 2").is_some() as usize;
+        for (i, kv) in kvs.into_iter().enumerate() {
+            written.insert(base + i as i64, kv);
+        }
+        if round == 45 {
+            let r = oncelog_broker::cluster::records::delete_records(&b3, topic.id, 0, 100)
+                .await
+                .unwrap();
+            assert_eq!(r, Ok(100));
+        }
+        // What is served is always a subset of what was written, at the
+        // same offsets, holding every key's latest record.
+        let log = read_records(&b1, &topic.id, 0).await;
+        let mut latest: BTreeMap<String, i64> = BTreeMap::new();
+        for (off, (k, _)) in &written {
+            latest.insert(k.clone(), *off);
+        }
+        for (off, k, v) in &log {
+            assert_eq!(
+                written.get(off),
+                Some(&(k.clone().unwrap(), v.clone())),
+                "offset {off} serves what was not written there"
+            );
+        }
+        let served: BTreeSet<i64> = log.iter().map(|r| r.0).collect();
+        for (k, off) in &latest {
+            // A tombstone may go once past the horizon (0 ms here).
+            let tomb = written[off].1.is_none();
+            assert!(
+                served.contains(off) || tomb,
+                "key {k}'s latest record at {off} is gone (round {round})"
+            );
+            if tomb && !served.contains(off) {
+                assert!(
+                    log.iter().all(|r| r.1.as_deref() != Some(k.as_str())),
+                    "key {k} came back after its tombstone went (round {round})"
+                );
+            }
+        }
+    }
+    assert!(passes > 0, "no compaction pass ran");
+    // Writing stopped: passes until there is nothing left to clean.
+    while compact(&b1, &topic, 0, s, now()).await.unwrap().is_some() {}
+    let log = read_records(&b1, &topic.id, 0).await;
+    let mut expect: BTreeMap<String, (i64, Option<String>)> = BTreeMap::new();
+    for (off, (k, v)) in &written {
+        expect.insert(k.clone(), (*off, v.clone()));
+    }
+    let got: BTreeMap<String, (i64, Option<String>)> = log
+        .iter()
+        .map(|(o, k, v)| (k.clone().unwrap(), (*o, v.clone())))
+        .collect();
+    assert_eq!(
+        got.len(),
+        log.len(),
+        "one record per key after the last pass"
+    );
+    for (k, (off, v)) in &expect {
+        if v.is_some() {
+            assert_eq!(got.get(k), Some(&(*off, v.clone())), "key {k}");
+        }
+    }
 }

@@ -21,7 +21,7 @@ use super::jobs::{self, JobSettings};
 use super::session::check_fence;
 use super::{Cluster, ClusterError};
 
-/// One partition's retention limits; -1 (or any negative) is no limit.
+/// One partition's retention limits; 0 or -1 is no limit (as in local mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub retention_ms: i64,
@@ -51,7 +51,7 @@ pub async fn run(
             retention_ms: settings.config_i64(&t, "retention.ms"),
             retention_bytes: settings.config_i64(&t, "retention.bytes"),
         };
-        if limits.retention_ms < 0 && limits.retention_bytes < 0 {
+        if limits.retention_ms <= 0 && limits.retention_bytes <= 0 {
             continue;
         }
         for p in 0..t.partitions {
@@ -100,7 +100,7 @@ pub async fn retain(
     let (hw, start): (i64, i64) = (row.get(0), row.get(1));
     let stable = row.get::<_, Option<i64>>(2).map_or(hw, |f| f.min(hw));
     let mut wanted = start;
-    if limits.retention_ms >= 0 {
+    if limits.retention_ms > 0 {
         let cutoff = now_ms.saturating_sub(limits.retention_ms);
         let first_kept: Option<i64> = tx
             .query_one(
@@ -112,7 +112,7 @@ pub async fn retain(
             .get(0);
         wanted = wanted.max(first_kept.unwrap_or(hw));
     }
-    if limits.retention_bytes >= 0 {
+    if limits.retention_bytes > 0 {
         // A batch is kept when the bytes after it are under the limit.
         let first_kept: Option<i64> = tx
             .query_one(

@@ -26,10 +26,10 @@
 //!
 //! Offsets never change: a rebuilt batch keeps its base offset and last
 //! offset delta, so consumers read a log with gaps, as from Kafka. Old
-//! objects go with the collector once no row names them. The tombstone and
-//! marker horizon is a batch's newest timestamp older than now −
-//! `delete.retention.ms` (local mode uses its segment's modification time;
-//! objects have no such time per partition). The last batch of a producer
+//! objects go with the collector once no row names them. A batch is past
+//! the tombstone and marker horizon when its object was committed more than
+//! `delete.retention.ms` ago (local mode uses its segment's modification
+//! time; never the client's timestamps, which may be anything). The last batch of a producer
 //! is not kept for its sequence numbers as local mode does: producer state
 //! lives in the `producers` rows, not in the log.
 
@@ -195,10 +195,14 @@ pub async fn compact(
     let origin = Path::new(&origin);
 
     // 1. The offset map over the dirty batches.
+    let horizon = Horizon {
+        delete_retention_ms: s.delete_retention_ms,
+        horizon_ms: now_ms.saturating_sub(s.delete_retention_ms),
+    };
     let mut map_end = ext.end;
     let mut from = ext.first_dirty;
     'map: loop {
-        let rows = page(cluster, t.id, partition, from, ext.end).await?;
+        let rows = page(cluster, t.id, partition, from, ext.end, horizon).await?;
         let Some(last) = rows.last() else { break };
         from = last.0.last_offset + 1;
         let objects = load_objects(cluster, &stored(&rows)).await?;
@@ -215,10 +219,9 @@ pub async fn compact(
     pass.stats.keys_in_map = pass.keys();
 
     // 2. The copy, from the log start to where the map ended.
-    let horizon = now_ms.saturating_sub(s.delete_retention_ms);
     let mut from = ext.log_start;
     loop {
-        let rows = page(cluster, t.id, partition, from, map_end).await?;
+        let rows = page(cluster, t.id, partition, from, map_end, horizon).await?;
         let rows: Vec<_> = rows
             .into_iter()
             .filter(|(r, _)| r.base_offset < map_end)
@@ -228,11 +231,11 @@ pub async fn compact(
         let objects = load_objects(cluster, &stored(&rows)).await?;
         let mut changes = Chunk::default();
         let aborts_before = pass.removed_aborts.len();
-        for (row, max_ts) in &rows {
+        for (row, past_horizon) in &rows {
             let b = patched(row, &objects)?;
             pass.stats.bytes_read += b.len() as u64;
             match pass
-                .copy_batch(&b, origin, *max_ts <= horizon)
+                .copy_batch(&b, origin, *past_horizon)
                 .map_err(log_err)?
             {
                 Some(out) if out == b => {}
@@ -282,24 +285,40 @@ async fn txn_facts(
 }
 
 /// Up to [`CHUNK_ROWS`] batch rows ending at or after `from` and before
-/// `end`, in offset order, with their newest timestamps.
+/// `end`, in offset order, each with whether it is past the delete
+/// horizon: its object was committed more than `delete_retention_ms` ago
+/// by PostgreSQL's clock (a rebuilt batch dates from its new object, as
+/// Kafka dates the horizon from a cleaning), or, for a marker (inline, no
+/// object), its timestamp, which the coordinator set, is older than `horizon_ms`.
 async fn page(
     cluster: &Cluster,
     topic_id: Uuid,
     partition: i32,
     from: i64,
     end: i64,
-) -> Result<Vec<(Stored, i64)>, ClusterError> {
+    horizon: Horizon,
+) -> Result<Vec<(Stored, bool)>, ClusterError> {
     let client = cluster.pool.get().await?;
+    let retention_ms = horizon.delete_retention_ms as f64;
     let rows = client
         .query(
             &format!(
-                "SELECT {STORED_COLUMNS}, b.max_timestamp \
+                "SELECT {STORED_COLUMNS}, CASE WHEN o.created_at IS NULL \
+                   THEN b.max_timestamp <= $6 \
+                   ELSE o.created_at <= clock_timestamp() - $7 * interval '1 millisecond' END \
                  FROM batches b LEFT JOIN objects o ON o.key = b.object_key \
                  WHERE b.topic_id = $1 AND b.partition = $2 AND b.last_offset >= $3 \
                    AND b.last_offset < $4 ORDER BY b.base_offset LIMIT $5"
             ),
-            &[&topic_id, &partition, &from, &end, &CHUNK_ROWS],
+            &[
+                &topic_id,
+                &partition,
+                &from,
+                &end,
+                &CHUNK_ROWS,
+                &horizon.horizon_ms,
+                &retention_ms,
+            ],
         )
         .await?;
     Ok(rows
@@ -308,7 +327,14 @@ async fn page(
         .collect())
 }
 
-fn stored(rows: &[(Stored, i64)]) -> Vec<Stored> {
+#[derive(Debug, Clone, Copy)]
+struct Horizon {
+    delete_retention_ms: i64,
+    /// now − `delete.retention.ms` by this broker's clock (for markers).
+    horizon_ms: i64,
+}
+
+fn stored(rows: &[(Stored, bool)]) -> Vec<Stored> {
     rows.iter()
         .map(|(r, _)| Stored {
             base_offset: r.base_offset,

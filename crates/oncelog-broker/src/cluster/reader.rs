@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::{AsyncMessage, GenericClient, NoTls};
 use uuid::Uuid;
 
 use super::catalogue::CATALOGUE_CHANNEL;
@@ -103,37 +103,79 @@ pub async fn read(
     if offset >= upper {
         return Ok(Some(out));
     }
-    let client = cluster.pool.get().await?;
-    let rows = client
+    let mut client = cluster.pool.get().await?;
+    let (chosen, total, aborted) = if read_committed {
+        // The batch rows and the aborted index from one snapshot, so a
+        // compaction, retention or DeleteRecords commit between the two
+        // reads cannot drop an aborted transaction's index row (with its
+        // marker and data) yet leave its data in what this fetch serves.
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let r = index_rows(
+            &*tx, topic_id, partition, offset, upper, max_bytes, min_one, true,
+        )
+        .await?;
+        tx.commit().await?;
+        r
+    } else {
+        index_rows(
+            &**client, topic_id, partition, offset, upper, max_bytes, min_one, false,
+        )
+        .await?
+    };
+    drop(client);
+    out.aborted = aborted;
+    let objects = load_objects(cluster, &chosen).await?;
+    let mut data = Vec::with_capacity(total);
+    for b in &chosen {
+        push_patched(&mut data, b.bytes(&objects)?, b.base_offset);
+    }
+    out.data = Ok(data);
+    Ok(Some(out))
+}
+
+/// The batch rows from `offset` below `upper` that fit `max_bytes` (at
+/// least one if `min_one`), their bytes, and (`with_aborted`) the aborted
+/// transactions they overlap.
+#[allow(clippy::too_many_arguments)]
+async fn index_rows(
+    db: &impl GenericClient,
+    topic_id: &Uuid,
+    partition: i32,
+    offset: i64,
+    upper: i64,
+    max_bytes: usize,
+    min_one: bool,
+    with_aborted: bool,
+) -> Result<(Vec<Stored>, usize, Vec<AbortedTxn>), ClusterError> {
+    let rows = db
         .query(
             &format!(
                 "SELECT {STORED_COLUMNS} FROM batches b LEFT JOIN objects o ON o.key = b.object_key \
-             WHERE b.topic_id = $1 AND b.partition = $2 AND b.last_offset >= $3 \
-               AND b.base_offset < $4 ORDER BY b.last_offset LIMIT 1000"
+                 WHERE b.topic_id = $1 AND b.partition = $2 AND b.last_offset >= $3 \
+                   AND b.base_offset < $4 ORDER BY b.last_offset LIMIT 1000"
             ),
             &[topic_id, &partition, &offset, &upper],
         )
         .await?;
-    // Choose the batches that fit.
     let mut chosen = Vec::new();
     let mut total = 0usize;
     for r in &rows {
-        let length: i32 = r.get(4);
-        let length = length as usize;
+        let length = r.get::<_, i32>(4) as usize;
         if total + length > max_bytes && !(chosen.is_empty() && min_one) {
             break;
         }
         total += length;
         chosen.push(Stored::from_row(r));
     }
-    let objects = load_objects(cluster, &chosen).await?;
-    let mut data = Vec::with_capacity(total);
-    for b in &chosen {
-        push_patched(&mut data, b.bytes(&objects)?, b.base_offset);
-    }
-    if read_committed && !chosen.is_empty() {
+    let mut aborted = Vec::new();
+    if with_aborted && !chosen.is_empty() {
         let last = chosen.last().map(|c| c.last_offset).unwrap_or(offset);
-        let rows = client
+        let rows = db
             .query(
                 "SELECT producer_id, first_offset, last_offset FROM aborted_txns \
                  WHERE topic_id = $1 AND partition = $2 AND last_offset >= $3 \
@@ -141,7 +183,7 @@ pub async fn read(
                 &[topic_id, &partition, &offset, &last],
             )
             .await?;
-        out.aborted = rows
+        aborted = rows
             .iter()
             .map(|r| AbortedTxn {
                 producer_id: r.get(0),
@@ -150,8 +192,7 @@ pub async fn read(
             })
             .collect();
     }
-    out.data = Ok(data);
-    Ok(Some(out))
+    Ok((chosen, total, aborted))
 }
 
 /// A batch row: where its bytes are.

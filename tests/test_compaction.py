@@ -11,6 +11,7 @@ import json
 import random
 import subprocess
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -280,6 +281,37 @@ def test_tombstones_go_after_delete_retention(broker_factory):
     view = last_per_key(read_keyed(b.bootstrap, topic, "read_uncommitted"))
     assert b"k3" not in view, "the tombstone and every k3 record are gone"
     assert set(view) == {b"k%d" % k for k in range(10) if k != 3}
+
+
+@both_modes("broker_factory")
+def test_a_tombstone_with_an_old_timestamp_stays_for_delete_retention(broker_factory):
+    """The delete horizon is the broker's time of writing (or cleaning),
+    never the record's own timestamp: a tombstone stamped two days ago by
+    its producer still reaches readers for delete.retention.ms."""
+    b = broker_factory(FAST_CLEANER)
+    topic = unique_topic("oldtomb")
+    create_topic(b.bootstrap, topic, 1, config={**COMPACT, "delete.retention.ms": "3600000"})
+    p = Producer(producer_config(b.bootstrap, **{"linger.ms": 1}))
+    for _ in range(20):
+        for k in range(5):
+            p.produce(topic, key=b"k%d" % k, value=b"v" * 200, partition=0)
+        p.flush(30)
+    old = int(time.time() * 1000) - 2 * 86400 * 1000
+    p.produce(topic, key=b"k3", value=None, partition=0, timestamp=old)
+    p.flush(30)
+    passes = wait_for_pass(b, topic, 0)
+    for _ in range(3):
+        # Enough to close a segment in local mode, so a pass has more to do.
+        for _ in range(10):
+            for k in (0, 1, 2, 4):
+                p.produce(topic, key=b"k%d" % k, value=b"w" * 200, partition=0)
+            p.flush(30)
+        passes = wait_for_pass(b, topic, passes)
+    recs = read_keyed(b.bootstrap, topic, "read_uncommitted")
+    assert len(recs) < 40, "superseded records were removed"
+    view = last_per_key(recs)
+    assert b"k3" in view and view[b"k3"] is None, "the tombstone was removed before delete.retention.ms"
+    assert [v for _, k, v in recs if k == b"k3"] == [None], "older k3 values are gone"
 
 
 @both_modes()

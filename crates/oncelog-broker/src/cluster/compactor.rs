@@ -61,9 +61,20 @@ pub struct Settings {
 }
 
 /// One run over every compacted topic.
-pub async fn run(cluster: &Cluster, settings: &JobSettings) -> Result<usize, ClusterError> {
+pub async fn run(
+    cluster: &Cluster,
+    settings: &JobSettings,
+    held: jobs::Held,
+) -> Result<usize, ClusterError> {
     let mut passes = 0;
     for t in jobs::topics(cluster).await? {
+        if !held.renew(cluster).await? {
+            tracing::info!(
+                job = held.job,
+                "cluster: another broker holds the job now; this run stops"
+            );
+            break;
+        }
         if !settings.policy(&t).compact {
             continue;
         }

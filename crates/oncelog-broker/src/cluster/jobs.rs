@@ -86,6 +86,21 @@ pub async fn hold(cluster: &Cluster, job: &str, ttl: Duration) -> Result<bool, C
     Ok(row.is_some())
 }
 
+/// A job's lease as held by a run, renewed as the run goes on (a long run
+/// over many topics stops when another broker has the job).
+#[derive(Debug, Clone, Copy)]
+pub struct Held {
+    pub job: &'static str,
+    pub ttl: Duration,
+}
+
+impl Held {
+    /// Renews the lease: whether this broker still holds the job.
+    pub async fn renew(&self, cluster: &Cluster) -> Result<bool, ClusterError> {
+        hold(cluster, self.job, self.ttl).await
+    }
+}
+
 /// Records that a run of `job` ended (with `error` if it failed).
 async fn ran(cluster: &Cluster, job: &str, error: Option<String>) -> Result<(), ClusterError> {
     let client = cluster.pool.get().await?;
@@ -162,9 +177,9 @@ pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
             RETENTION,
             every,
             every + lease * 2,
-            move |c| {
+            move |c, held| {
                 let s = s.clone();
-                async move { retention::run(&c, &s).await.map(|_| ()) }
+                async move { retention::run(&c, &s, held).await.map(|_| ()) }
             },
         ));
     }
@@ -175,9 +190,9 @@ pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
             COMPACTION,
             every,
             every + lease * 2,
-            move |c| {
+            move |c, held| {
                 let s = s.clone();
-                async move { compactor::run(&c, &s).await.map(|_| ()) }
+                async move { compactor::run(&c, &s, held).await.map(|_| ()) }
             },
         ));
     }
@@ -190,7 +205,7 @@ async fn run_every<F, Fut>(
     ttl: Duration,
     f: F,
 ) where
-    F: Fn(Arc<Cluster>) -> Fut,
+    F: Fn(Arc<Cluster>, Held) -> Fut,
     Fut: std::future::Future<Output = Result<(), ClusterError>>,
 {
     loop {
@@ -203,7 +218,7 @@ async fn run_every<F, Fut>(
                 continue;
             }
         }
-        let r = f(cluster.clone()).await;
+        let r = f(cluster.clone(), Held { job, ttl }).await;
         if let Err(e) = &r {
             tracing::warn!(job, error = %e, "cluster: a background job failed; it runs again");
         }

@@ -40,10 +40,18 @@ pub struct RetentionReport {
 pub async fn run(
     cluster: &Cluster,
     settings: &JobSettings,
+    held: jobs::Held,
 ) -> Result<RetentionReport, ClusterError> {
     let mut report = RetentionReport::default();
     let now = oncelog_log::now_ms();
     for t in jobs::topics(cluster).await? {
+        if !held.renew(cluster).await? {
+            tracing::info!(
+                job = held.job,
+                "cluster: another broker holds the job now; this run stops"
+            );
+            break;
+        }
         if !settings.policy(&t).delete {
             continue;
         }

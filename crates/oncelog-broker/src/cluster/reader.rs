@@ -81,6 +81,38 @@ pub async fn read(
     read_committed: bool,
     min_one: bool,
 ) -> Result<Option<ClusterRead>, ClusterError> {
+    let once = || {
+        read_once(
+            cluster,
+            topic_id,
+            partition,
+            offset,
+            max_bytes,
+            read_committed,
+            min_one,
+        )
+    };
+    match once().await {
+        // Compaction, retention or DeleteRecords moved the rows read off an
+        // object and the collector removed it before its GET: the rows read
+        // again name where the batches are now.
+        Err(ClusterError::Objects(object_store::Error::NotFound { path, .. })) => {
+            tracing::debug!(%path, "cluster: an object named by the index was collected; reading the index again");
+            once().await
+        }
+        r => r,
+    }
+}
+
+async fn read_once(
+    cluster: &Cluster,
+    topic_id: &Uuid,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+    read_committed: bool,
+    min_one: bool,
+) -> Result<Option<ClusterRead>, ClusterError> {
     let Some(o) = offsets(cluster, topic_id, partition).await? else {
         return Ok(None);
     };

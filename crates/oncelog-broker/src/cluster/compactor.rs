@@ -68,15 +68,11 @@ pub async fn run(
 ) -> Result<usize, ClusterError> {
     let mut passes = 0;
     for t in jobs::topics(cluster).await? {
-        if !held.renew(cluster).await? {
-            tracing::info!(
-                job = held.job,
-                "cluster: another broker holds the job now; this run stops"
-            );
-            break;
-        }
         if !settings.policy(&t).compact {
             continue;
+        }
+        if !held.still_held(cluster).await? {
+            break;
         }
         let s = Settings {
             min_cleanable_ratio: settings.config_f64(&t, "min.cleanable.dirty.ratio"),

@@ -95,9 +95,17 @@ pub struct Held {
 }
 
 impl Held {
-    /// Renews the lease: whether this broker still holds the job.
-    pub async fn renew(&self, cluster: &Cluster) -> Result<bool, ClusterError> {
-        hold(cluster, self.job, self.ttl).await
+    /// Renews the lease: whether this broker still holds the job (if not,
+    /// the run stops; the holder goes on).
+    pub async fn still_held(&self, cluster: &Cluster) -> Result<bool, ClusterError> {
+        let held = hold(cluster, self.job, self.ttl).await?;
+        if !held {
+            tracing::info!(
+                job = self.job,
+                "cluster: another broker holds the job now; this run stops"
+            );
+        }
+        Ok(held)
     }
 }
 

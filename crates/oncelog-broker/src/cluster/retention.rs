@@ -45,15 +45,11 @@ pub async fn run(
     let mut report = RetentionReport::default();
     let now = oncelog_log::now_ms();
     for t in jobs::topics(cluster).await? {
-        if !held.renew(cluster).await? {
-            tracing::info!(
-                job = held.job,
-                "cluster: another broker holds the job now; this run stops"
-            );
-            break;
-        }
         if !settings.policy(&t).delete {
             continue;
+        }
+        if !held.still_held(cluster).await? {
+            break;
         }
         let limits = Limits {
             retention_ms: settings.config_i64(&t, "retention.ms"),

@@ -54,6 +54,7 @@ pub enum ErrorCode {
     UnknownProducerId = 59,
     NonEmptyGroup = 68,
     GroupIdNotFound = 69,
+    GroupSubscribedToTopic = 86,
     MemberIdRequired = 79,
     FencedInstanceId = 82,
     UnstableOffsetCommit = 88,

@@ -249,8 +249,6 @@ impl Columns {
     }
 }
 
-/// Holds the group's owner row `FOR SHARE` if this broker's session (held by
-/// [`check_fence`] before) still coordinates it.
 /// Every group the cluster knows (an owner row or committed offsets), with
 /// its owner while the owner's session is live.
 pub async fn all_groups(cluster: &Cluster) -> Result<Vec<(String, Option<i32>)>, ClusterError> {
@@ -296,6 +294,78 @@ pub async fn delete_offsets(cluster: &Cluster, group: &str) -> Result<u64, Clust
     Ok(n)
 }
 
+/// What [`delete_partition_offsets`] did.
+pub struct OffsetsDeleted {
+    /// The group had committed offsets before.
+    pub group_had_offsets: bool,
+    /// Committed and pending rows deleted.
+    pub deleted: u64,
+    /// The group had no members and is left without offsets: its owner
+    /// row went too. The caller then [`Ownership::release`]s the group.
+    pub group_gone: bool,
+}
+
+/// OffsetDelete's durable part: the committed offsets of `partitions` and
+/// any pending transactional offsets of them, under this broker's fencing
+/// token and the group's owner row. With `no_members`, a group left
+/// without offsets loses its owner row too.
+pub async fn delete_partition_offsets(
+    cluster: &Cluster,
+    group: &str,
+    partitions: &[(String, i32)],
+    no_members: bool,
+) -> Result<OffsetsDeleted, ClusterError> {
+    let mut client = cluster.pool.get().await?;
+    let tx = client.transaction().await?;
+    let (me, session) = check_coordinator(&tx, cluster, group).await?;
+    let had: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM group_offsets WHERE group_id = $1)",
+            &[&group],
+        )
+        .await?
+        .get(0);
+    let topics: Vec<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
+    let parts: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
+    let mut deleted = 0;
+    for table in ["group_offsets", "group_pending_offsets"] {
+        deleted += tx
+            .execute(
+                &format!(
+                    "DELETE FROM {table} WHERE group_id = $1 AND (topic, partition) IN \
+                     (SELECT * FROM unnest($2::text[], $3::integer[]))"
+                ),
+                &[&group, &topics, &parts],
+            )
+            .await?;
+    }
+    let mut gone = false;
+    if no_members {
+        let left: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM group_offsets WHERE group_id = $1) \
+                   OR EXISTS (SELECT 1 FROM group_pending_offsets WHERE group_id = $1)",
+                &[&group],
+            )
+            .await?
+            .get(0);
+        if !left {
+            tx.execute(
+                "DELETE FROM group_owners WHERE group_id = $1 AND broker_id = $2 AND session = $3",
+                &[&group, &me, &session],
+            )
+            .await?;
+            gone = true;
+        }
+    }
+    tx.commit().await?;
+    Ok(OffsetsDeleted {
+        group_had_offsets: had,
+        deleted,
+        group_gone: gone,
+    })
+}
+
 /// Inside `tx`: this broker's session is live (its fencing token) and still
 /// owns `group` (the owner row, `FOR SHARE`). Returns (broker id, session).
 async fn check_coordinator(
@@ -310,6 +380,8 @@ async fn check_coordinator(
     Ok((me, session))
 }
 
+/// Holds the group's owner row `FOR SHARE` if this broker's session (held by
+/// [`check_fence`] before) still coordinates it.
 async fn check_owner(
     tx: &tokio_postgres::Transaction<'_>,
     group: &str,

@@ -14,7 +14,7 @@
 //! leave or an expired session sends a Stable group back to
 //! PreparingRebalance; heartbeats then answer REBALANCE_IN_PROGRESS.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -277,6 +277,59 @@ impl Group {
     pub fn has_pending(&self, topic: &str, partition: i32) -> bool {
         let k = (topic.to_string(), partition);
         self.pending.values().any(|m| m.contains_key(&k))
+    }
+
+    /// The topics the members subscribe to: a consumer group's members'
+    /// subscriptions (ConsumerProtocolSubscription) for the group's
+    /// protocol. `None` when that cannot be known (another protocol type,
+    /// no protocol chosen yet, a subscription that does not decode): then
+    /// every topic counts as subscribed.
+    pub fn subscribed_topics(&self) -> Option<BTreeSet<String>> {
+        use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
+        use kafka_protocol::protocol::{Decodable, Message};
+        if self.protocol_type.as_deref() != Some("consumer") {
+            return None;
+        }
+        let protocol = self.protocol.as_deref()?;
+        let mut topics = BTreeSet::new();
+        for m in self.members.values() {
+            let mut buf = m.metadata_for(Some(protocol));
+            if buf.len() < 2 {
+                return None;
+            }
+            let version = i16::from_be_bytes([buf[0], buf[1]]);
+            let _ = bytes::Buf::get_i16(&mut buf);
+            let version = version.clamp(0, ConsumerProtocolSubscription::VERSIONS.max);
+            let sub = ConsumerProtocolSubscription::decode(&mut buf, version).ok()?;
+            topics.extend(sub.topics.into_iter().map(|t| t.to_string()));
+        }
+        Some(topics)
+    }
+
+    /// OffsetDelete's rule (as Kafka's): a group without members may lose
+    /// any partition's offset; a consumer group with members only those of
+    /// topics no member subscribes to (the others answer
+    /// GROUP_SUBSCRIBED_TO_TOPIC); a group of another protocol type with
+    /// members refuses the request (NON_EMPTY_GROUP). Returns one code per
+    /// partition, `None` where the offset may go.
+    pub fn offset_delete_codes(
+        &self,
+        partitions: &[(String, i32)],
+    ) -> Result<Vec<ErrorCode>, ErrorCode> {
+        if self.members.is_empty() {
+            return Ok(vec![ErrorCode::None; partitions.len()]);
+        }
+        if self.protocol_type.as_deref() != Some("consumer") {
+            return Err(ErrorCode::NonEmptyGroup);
+        }
+        let subscribed = self.subscribed_topics();
+        Ok(partitions
+            .iter()
+            .map(|(t, _)| match &subscribed {
+                Some(topics) if !topics.contains(t) => ErrorCode::None,
+                _ => ErrorCode::GroupSubscribedToTopic,
+            })
+            .collect())
     }
 
     /// Starts (or keeps) a rebalance.

@@ -192,9 +192,20 @@ fn apply(groups: &mut HashMap<String, Group>, rec: OffsetRecord) {
             topic,
             partition,
         } => match (topic, partition) {
+            // One partition's offset (OffsetDelete, offsets retention): its
+            // pending transactional offsets go too, and a group left with
+            // no members and no offsets is gone, as in Kafka.
             (Some(t), Some(p)) => {
                 if let Some(g) = groups.get_mut(&group) {
-                    g.offsets.remove(&(t, p));
+                    let k = (t, p);
+                    g.offsets.remove(&k);
+                    for offsets in g.pending.values_mut() {
+                        offsets.remove(&k);
+                    }
+                    g.pending.retain(|_, offsets| !offsets.is_empty());
+                    if g.members.is_empty() && g.offsets.is_empty() && g.pending.is_empty() {
+                        groups.remove(&group);
+                    }
                 }
             }
             _ => match groups.get_mut(&group) {
@@ -773,6 +784,46 @@ impl Groups {
             tracing::info!(group, "group deleted");
         }
         code
+    }
+
+    /// OffsetDelete: the committed offsets (and pending transactional
+    /// offsets) of `partitions` go where [`Group::offset_delete_codes`]
+    /// allows, durably before the answer. One code per partition, or one
+    /// for the whole request.
+    pub async fn delete_offsets(
+        &self,
+        group: &str,
+        partitions: &[(String, i32)],
+    ) -> Result<Vec<ErrorCode>, ErrorCode> {
+        let (codes, pending) = {
+            let inner = self.state.lock().await;
+            let Some(g) = inner.groups.get(group) else {
+                return Err(ErrorCode::GroupIdNotFound);
+            };
+            let codes = g.offset_delete_codes(partitions)?;
+            let records: Vec<_> = partitions
+                .iter()
+                .zip(&codes)
+                .filter(|(_, c)| **c == ErrorCode::None)
+                .map(|((t, p), _)| OffsetRecord::Delete {
+                    group: group.to_string(),
+                    topic: Some(t.clone()),
+                    partition: Some(*p),
+                })
+                .collect();
+            if records.is_empty() {
+                return Ok(codes);
+            }
+            (codes, self.submit(records))
+        };
+        match Self::answer(pending).await {
+            ErrorCode::None => {
+                let n = codes.iter().filter(|c| **c == ErrorCode::None).count();
+                tracing::info!(group, partitions = n, "committed offsets deleted");
+                Ok(codes)
+            }
+            code => Err(code),
+        }
     }
 
     /// Timers: ends join phases, expires sessions, drops old offsets of empty groups.

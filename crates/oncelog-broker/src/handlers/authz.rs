@@ -72,6 +72,7 @@ pub enum Fixup {
     ListGroups(Who),
     DescribeGroups(Vec<GroupId>),
     DeleteGroups(Vec<GroupId>),
+    OffsetDelete(Vec<(TopicName, Vec<i32>)>),
     CreateTopics(Vec<TopicName>),
     DeleteTopics(Vec<TopicName>),
     DeleteRecords(Vec<(TopicName, Vec<i32>)>),
@@ -475,6 +476,30 @@ pub fn guard(
             r.groups_names = ok;
             (R::DeleteGroups(r), Fixup::DeleteGroups(no))
         }
+        R::OffsetDelete(mut r) => {
+            // As Kafka: DELETE on the group, READ on each topic.
+            if !who.can(Op::Delete, Rt::Group, &r.group_id) {
+                denied("OffsetDelete", &r.group_id);
+                return Err(S::OffsetDelete(
+                    OffsetDeleteResponse::default().with_error_code(GROUP_DENIED),
+                ));
+            }
+            let (ok, no): (Vec<_>, Vec<_>) = r
+                .topics
+                .into_iter()
+                .partition(|t| who.can(Op::Read, Rt::Topic, &t.name));
+            r.topics = ok;
+            let gone = no
+                .into_iter()
+                .map(|t| {
+                    (
+                        t.name,
+                        t.partitions.iter().map(|p| p.partition_index).collect(),
+                    )
+                })
+                .collect();
+            (R::OffsetDelete(r), Fixup::OffsetDelete(gone))
+        }
         R::CreateTopics(mut r) => {
             let cluster = who.cluster(Op::Create);
             let (ok, no): (Vec<_>, Vec<_>) = r
@@ -859,6 +884,26 @@ impl Fixup {
                             .with_group_id(g.clone())
                             .with_error_code(GROUP_DENIED),
                     );
+                }
+            }
+            (Fixup::OffsetDelete(gone), S::OffsetDelete(r)) => {
+                if r.error_code == 0 {
+                    for (t, parts) in gone {
+                        r.topics.push(
+                            offset_delete_response::OffsetDeleteResponseTopic::default()
+                                .with_name(t.clone())
+                                .with_partitions(
+                                    parts
+                                        .iter()
+                                        .map(|p| {
+                                            offset_delete_response::OffsetDeleteResponsePartition::default()
+                                                .with_partition_index(*p)
+                                                .with_error_code(TOPIC_DENIED)
+                                        })
+                                        .collect(),
+                                ),
+                        );
+                    }
                 }
             }
             (Fixup::CreateTopics(gone), S::CreateTopics(r)) => {

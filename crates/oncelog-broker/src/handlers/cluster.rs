@@ -99,6 +99,7 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::WriteTxnMarkers, 1, 1),
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::OffsetDelete, 0, 0),
 ];
 
 /// Longest long poll honoured.
@@ -257,6 +258,10 @@ pub async fn handle(
         RequestKind::DeleteGroups(r) => Box::pin(async move {
             let resp = cluster_group::delete_groups(b, &front, r).await;
             respond(ResponseKind::DeleteGroups(resp))
+        }),
+        RequestKind::OffsetDelete(r) => Box::pin(async move {
+            let resp = cluster_group::offset_delete(b, &front, r).await;
+            respond(ResponseKind::OffsetDelete(resp))
         }),
         RequestKind::DeleteRecords(r) => Box::pin(async move {
             let resp = cluster_admin::delete_records(&b, &front, r).await;

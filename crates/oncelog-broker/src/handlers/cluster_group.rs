@@ -25,6 +25,8 @@ use kafka_protocol::messages::list_groups_request::ListGroupsRequest;
 use kafka_protocol::messages::list_groups_response::ListGroupsResponse;
 use kafka_protocol::messages::offset_commit_request::OffsetCommitRequest;
 use kafka_protocol::messages::offset_commit_response::OffsetCommitResponse;
+use kafka_protocol::messages::offset_delete_request::OffsetDeleteRequest;
+use kafka_protocol::messages::offset_delete_response::OffsetDeleteResponse;
 use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequest;
 use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponse;
 use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
@@ -270,6 +272,91 @@ pub async fn delete_groups(
         );
     }
     DeleteGroupsResponse::default().with_results(results)
+}
+
+/// OffsetDelete on the coordinator: the rule is local mode's
+/// ([`crate::groups::Group::offset_delete_codes`]) on the membership this
+/// broker holds; a group it knows no members of may lose any offset. The
+/// rows go in one PostgreSQL transaction under this broker's fencing token
+/// and the group's owner row, pending transactional offsets of the same
+/// partitions with them; a group left with no members and no offsets loses
+/// its owner row too (it is gone, as in Kafka). A group with neither
+/// members nor offsets is GROUP_ID_NOT_FOUND.
+pub async fn offset_delete(
+    b: Arc<Broker>,
+    front: &Front,
+    req: OffsetDeleteRequest,
+) -> OffsetDeleteResponse {
+    let group = req.group_id.0.to_string();
+    let mut exists = HashMap::new();
+    for t in &req.topics {
+        let name = t.name.0.to_string();
+        if exists.contains_key(&name) {
+            continue;
+        }
+        match front.topic(&name).await {
+            Ok(row) => exists.insert(name, row.map(|r| r.partitions).unwrap_or(0)),
+            Err(e) => {
+                let code = storage_code(&group, &e);
+                return OffsetDeleteResponse::default().with_error_code(code.code());
+            }
+        };
+    }
+    let parts = group::offset_delete_partitions(&req, |t, p| {
+        p >= 0 && exists.get(t).is_some_and(|n| p < *n)
+    });
+    let known = group::offset_delete_known(&parts);
+    let result = offset_delete_known(&b, front, &group, &known).await;
+    group::offset_delete_response(&parts, result)
+}
+
+async fn offset_delete_known(
+    b: &Broker,
+    front: &Front,
+    group: &str,
+    known: &[(String, i32)],
+) -> Result<Vec<ErrorCode>, ErrorCode> {
+    coordinate(b, front, group).await?;
+    let decided = b
+        .groups
+        .with_group(group, |g| {
+            (g.offset_delete_codes(known), g.members.is_empty())
+        })
+        .await;
+    let known_members = decided.is_some();
+    let (codes, no_members) = match decided {
+        Some((codes, no_members)) => (codes?, no_members),
+        None => (vec![ErrorCode::None; known.len()], true),
+    };
+    let eligible: Vec<(String, i32)> = known
+        .iter()
+        .zip(&codes)
+        .filter(|(_, c)| **c == ErrorCode::None)
+        .map(|(tp, _)| tp.clone())
+        .collect();
+    match cg::delete_partition_offsets(&front.cluster, group, &eligible, no_members).await {
+        Ok(cg::OffsetsDeleted {
+            group_had_offsets,
+            group_gone,
+            deleted,
+        }) => {
+            if !known_members && !group_had_offsets {
+                return Err(ErrorCode::GroupIdNotFound);
+            }
+            if group_gone {
+                front.groups.release(group);
+                b.groups.forget_membership(group).await;
+            }
+            tracing::info!(
+                group,
+                partitions = eligible.len(),
+                rows = deleted,
+                "committed offsets deleted"
+            );
+            Ok(codes)
+        }
+        Err(e) => Err(storage_code(group, &e)),
+    }
 }
 
 pub async fn describe_groups(

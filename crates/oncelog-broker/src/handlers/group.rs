@@ -1,7 +1,7 @@
 //! Consumer-group APIs (classic protocol) and the transactional offset
 //! commit APIs: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
-//! OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, AddOffsetsToTxn,
-//! TxnOffsetCommit.
+//! OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete,
+//! AddOffsetsToTxn, TxnOffsetCommit.
 
 use std::sync::Arc;
 
@@ -26,6 +26,10 @@ use kafka_protocol::messages::list_groups_response::{ListGroupsResponse, ListedG
 use kafka_protocol::messages::offset_commit_request::OffsetCommitRequest;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponse, OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_delete_request::OffsetDeleteRequest;
+use kafka_protocol::messages::offset_delete_response::{
+    OffsetDeleteResponse, OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
 };
 use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequest;
 use kafka_protocol::messages::offset_fetch_response::{
@@ -460,6 +464,87 @@ pub async fn delete_groups(b: Arc<Broker>, req: DeleteGroupsRequest) -> DeleteGr
         );
     }
     DeleteGroupsResponse::default().with_results(results)
+}
+
+/// OffsetDelete's partitions in request order, each with whether its
+/// topic has it (`exists`).
+pub fn offset_delete_partitions(
+    req: &OffsetDeleteRequest,
+    exists: impl Fn(&str, i32) -> bool,
+) -> Vec<(String, i32, bool)> {
+    req.topics
+        .iter()
+        .flat_map(|t| {
+            let name = t.name.0.to_string();
+            t.partitions
+                .iter()
+                .map(move |p| (name.clone(), p.partition_index))
+        })
+        .map(|(t, p)| {
+            let known = exists(&t, p);
+            (t, p, known)
+        })
+        .collect()
+}
+
+/// The partitions of existing topics, which go to the group's decision.
+pub fn offset_delete_known(parts: &[(String, i32, bool)]) -> Vec<(String, i32)> {
+    parts
+        .iter()
+        .filter(|(_, _, known)| *known)
+        .map(|(t, p, _)| (t.clone(), *p))
+        .collect()
+}
+
+/// OffsetDelete's answer: `Err(code)` for the whole request (GROUP_ID_NOT_FOUND,
+/// NON_EMPTY_GROUP, NOT_COORDINATOR, ...), else `codes` (one per known
+/// partition, in order) with UNKNOWN_TOPIC_OR_PARTITION for the others.
+pub fn offset_delete_response(
+    parts: &[(String, i32, bool)],
+    result: Result<Vec<ErrorCode>, ErrorCode>,
+) -> OffsetDeleteResponse {
+    let codes = match result {
+        Err(code) => return OffsetDeleteResponse::default().with_error_code(code.code()),
+        Ok(codes) => codes,
+    };
+    let mut codes = codes.into_iter();
+    let mut topics: Vec<OffsetDeleteResponseTopic> = Vec::new();
+    for (t, p, known) in parts {
+        let code = if *known {
+            codes.next().unwrap_or(ErrorCode::UnknownServerError)
+        } else {
+            ErrorCode::UnknownTopicOrPartition
+        };
+        let part = OffsetDeleteResponsePartition::default()
+            .with_partition_index(*p)
+            .with_error_code(code.code());
+        match topics.last_mut() {
+            Some(last) if last.name.0.as_str() == t => last.partitions.push(part),
+            _ => topics.push(
+                OffsetDeleteResponseTopic::default()
+                    .with_name(TopicName(s(t.clone())))
+                    .with_partitions(vec![part]),
+            ),
+        }
+    }
+    OffsetDeleteResponse::default().with_topics(topics)
+}
+
+/// OffsetDelete (what `kafka-consumer-groups --delete-offsets` sends): the
+/// group's committed offsets of the partitions asked for go, where the
+/// group's rule allows ([`crate::groups::Group::offset_delete_codes`]).
+pub async fn offset_delete(b: Arc<Broker>, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    let parts = offset_delete_partitions(&req, |t, p| {
+        b.topics
+            .get(t)
+            .is_some_and(|t| p >= 0 && p < t.partition_count())
+    });
+    let known = offset_delete_known(&parts);
+    let result = b
+        .groups
+        .delete_offsets(req.group_id.0.as_str(), &known)
+        .await;
+    offset_delete_response(&parts, result)
 }
 
 /// AddOffsetsToTxn: ties the group's offsets to the transaction, so its

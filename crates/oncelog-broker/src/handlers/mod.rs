@@ -55,6 +55,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::ListTransactions, 0, 2),
@@ -469,6 +470,10 @@ async fn handle(
         RequestKind::DeleteGroups(r) => Box::pin(async move {
             let resp = group::delete_groups(b, r).await;
             respond(ResponseKind::DeleteGroups(resp))
+        }),
+        RequestKind::OffsetDelete(r) => Box::pin(async move {
+            let resp = group::offset_delete(b, r).await;
+            respond(ResponseKind::OffsetDelete(resp))
         }),
         RequestKind::AddOffsetsToTxn(r) => Box::pin(async move {
             let resp = group::add_offsets_to_txn(b, r, version).await;

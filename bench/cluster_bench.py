@@ -17,6 +17,14 @@ per GB written — the cost drivers on a cloud bill — and the brokers' produce
 commit p99 (oncelog_cluster_commit_seconds, bucket bound) beside the ack p99
 to check the goal ack p99 <= cluster.flush.ms + 2 x commit p99.
 
+The closed loop measures the peak; its ack latency includes queueing in the
+client at saturation. So each run also starts every configuration afresh for
+two open-loop loads below the peaks: produce ack latency at --ack-rate (the
+wire generator, latency from when each request was due — the goal is checked
+on this one) and read_committed end-to-end latency at --e2e-rate
+(transactional producers committing every --e2e-commit-ms, one
+read_committed consumer, latency from the scheduled send to the read).
+
 PostgreSQL and the S3 server (s3proxy) come from the ONCELOG_TEST_* environment
 of `scripts/services.sh start DIR`, or are started here and stopped at the end.
 Everything listens on 127.0.0.1; every broker is stopped by PID; each load is
@@ -39,7 +47,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import GB  # noqa: E402
 from benchlib.brokers import Oncelog, TansuPeer, exit_on_signal, stop_live_brokers  # noqa: E402
-from benchlib.load import closed_loop_load  # noqa: E402
+from benchlib.load import closed_loop_load, e2e_load  # noqa: E402
 from benchlib.brokers import hist_quantile  # noqa: E402
 from produce_bench import ROOT  # noqa: E402
 
@@ -153,13 +161,58 @@ def one_run(kind, a, env, tmp, run):
     if kind.startswith("cluster"):
         row["object_puts"] = puts
         row["object_puts_per_gb"] = puts / gb if gb else None
-        for name, key in (("oncelog_cluster_commit_seconds", "pg_commit"),
-                          ("oncelog_cluster_object_put_seconds", "put")):
-            for qq in (0.5, 0.99):
-                q = hist_quantile(m0, m1, name, "", qq)
-                row[f"{key}_p{int(qq * 100)}_le_ms"] = q * 1000 if q is not None else None
-        row["flushes"] = (m1.get("oncelog_cluster_flushes_total", 0)
-                          - m0.get("oncelog_cluster_flushes_total", 0))
+        row.update(cluster_histograms(m0, m1))
+    return row
+
+
+def cluster_histograms(m0, m1):
+    """The brokers' PUT, produce-commit and ack latency over a load (bucket
+    upper bounds, ms) and their flush count."""
+    row = {}
+    for name, key in (("oncelog_cluster_commit_seconds", "pg_commit"),
+                      ("oncelog_cluster_object_put_seconds", "put"),
+                      ("oncelog_cluster_ack_seconds", "broker_ack")):
+        for qq in (0.5, 0.99):
+            q = hist_quantile(m0, m1, name, "", qq)
+            row[f"{key}_p{int(qq * 100)}_le_ms"] = q * 1000 if q is not None else None
+    row["flushes"] = (m1.get("oncelog_cluster_flushes_total", 0)
+                      - m0.get("oncelog_cluster_flushes_total", 0))
+    return row
+
+
+def latency_run(kind, a, env, tmp, run):
+    """Open loop, below every configuration's peak: produce ack latency at
+    --ack-rate (the wire generator, a request every --ack-linger-ms per
+    producer, latency from when each request was due), then read_committed
+    end-to-end latency at --e2e-rate (transactional producers committing
+    every --e2e-commit-ms and a read_committed consumer), on a fresh start of
+    the configuration."""
+    target, _db = start_config(kind, a, env, tmp, f"{run}-lat")
+    row = {"kind": kind, "run": run}
+    try:
+        if a.ack_rate:
+            m0 = target.metrics()
+            r = closed_loop_load(target, f"ack-{kind}-{run}", a.size, a.partitions, a, client="wire",
+                                 rate=a.ack_rate, linger_ms=a.ack_linger_ms)
+            m1 = target.metrics()
+            row.update({"ack_rate_msgs_per_s": r["msgs_per_s"], "ack_errors": r["errors"],
+                        "ack_last_error": r["last_error"]})
+            row.update({f"open_{k}": r[k] for k in ("ack_p50_ms", "ack_p99_ms", "ack_p999_ms")})
+            if kind.startswith("cluster"):
+                h = cluster_histograms(m0, m1)
+                row.update({f"open_{k}": v for k, v in h.items()})
+                c99 = h["pg_commit_p99_le_ms"]
+                row["goal_ms"] = a.flush_ms + 2 * c99 if c99 is not None else None
+        if a.e2e_rate:
+            r = e2e_load(target, f"e2e-{kind}-{run}", a.size, a.partitions, a, a.e2e_rate, a.e2e_commit_ms,
+                         a.e2e_linger_ms, f"bench-{uuid.uuid4().hex[:8]}")
+            row.update({"e2e_rate_msgs_per_s": r["achieved_msgs_per_s"], "e2e_errors": r["errors"],
+                        "e2e_consumed": r["consumed_window"], "e2e_produced": r["produced_window"],
+                        "e2e_last_error": r["last_error"]})
+            row.update({k: r[k] for k in ("e2e_p50_ms", "e2e_p99_ms", "e2e_p999_ms", "commit_p50_ms",
+                                          "commit_p99_ms")})
+    finally:
+        target.stop()
     return row
 
 
@@ -189,6 +242,14 @@ def main():
     ap.add_argument("--queue-msgs", type=int, default=200_000)
     ap.add_argument("--queue-kb", type=int, default=16_384)
     ap.add_argument("--flush-timeout", type=float, default=60)
+    ap.add_argument("--ack-rate", type=float, default=2000,
+                    help="msgs/s of the open-loop ack latency run (0: none)")
+    ap.add_argument("--ack-linger-ms", type=float, default=1.0,
+                    help="the wire generator's request interval per producer in the ack run")
+    ap.add_argument("--e2e-rate", type=float, default=1000,
+                    help="msgs/s of the read_committed end-to-end run (0: none)")
+    ap.add_argument("--e2e-commit-ms", type=float, default=100)
+    ap.add_argument("--e2e-linger-ms", type=float, default=5)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     a.client_cpus = None
@@ -206,7 +267,7 @@ def main():
     shutil.copy2(a.binary, private)
     a.binary = private
     env, stop_services = services(os.path.join(tmp, "services"))
-    rows = []
+    rows, lat_rows = [], []
     try:
         for run in range(a.runs):
             for kind in configs:  # interleaved, so drift on the machine hits every config
@@ -219,6 +280,21 @@ def main():
                          f"{row['pg_commit_p50_le_ms']}/{row['pg_commit_p99_le_ms']} ms, {row['flushes']:.0f} flushes"
                          if "flushes" in row else "")
                       + (f"  errors {row['errors']}" if row["errors"] else ""), flush=True)
+                if a.ack_rate or a.e2e_rate:
+                    lat = latency_run(kind, a, env, tmp, run)
+                    lat_rows.append(lat)
+                    print(f"  run {run} {kind:10} open loop:"
+                          + (f" ack at {lat['ack_rate_msgs_per_s']:.0f} msgs/s p50/p99/p99.9 "
+                             f"{lat['open_ack_p50_ms']:.1f}/{lat['open_ack_p99_ms']:.1f}/"
+                             f"{lat['open_ack_p999_ms']:.1f} ms" if a.ack_rate else "")
+                      + (f" (broker commit p99 <= {fmt(lat.get('open_pg_commit_p99_le_ms'), 'g')} ms, PUT p99 <= "
+                         f"{fmt(lat.get('open_put_p99_le_ms'), 'g')} ms, goal {fmt(lat.get('goal_ms'), '.1f')} ms)"
+                         if lat.get("open_flushes") is not None else "")
+                      + (f"; read_committed e2e at {lat['e2e_rate_msgs_per_s']:.0f} msgs/s p50/p99 "
+                         f"{lat['e2e_p50_ms']:.1f}/{lat['e2e_p99_ms']:.1f} ms, consumed "
+                         f"{lat['e2e_consumed']}/{lat['e2e_produced']}" if a.e2e_rate else "")
+                      + (f"  errors {lat.get('ack_errors', 0)}/{lat.get('e2e_errors', 0)}"
+                         if lat.get("ack_errors") or lat.get("e2e_errors") else ""), flush=True)
     finally:
         stop_live_brokers()
         stop_services()
@@ -240,10 +316,32 @@ def main():
         for kind in configs:
             if kind.startswith("cluster") and summary[kind]["msgs_per_s"]:
                 print(f"{kind} / tansu throughput: {summary[kind]['msgs_per_s'] / summary['tansu']['msgs_per_s']:.2f}x")
+    lat_summary = {}
+    if lat_rows:
+        print(f"\nopen loop, median of {a.runs} runs: ack at {a.ack_rate:g} msgs/s (wire generator, latency from "
+              f"when a request was due); read_committed end to end at {a.e2e_rate:g} msgs/s (commit every "
+              f"{a.e2e_commit_ms:g} ms)")
+        print(f"{'config':10} {'ack p50':>8} {'ack p99':>8} {'p99.9':>8} {'commit p99<=':>13} {'PUT p99<=':>10} "
+              f"{'goal':>7} {'e2e p50':>8} {'e2e p99':>8} {'txn commit p99':>15}")
+        for kind in configs:
+            rs = [r for r in lat_rows if r["kind"] == kind]
+            s = {k: med(rs, k) for k in ("open_ack_p50_ms", "open_ack_p99_ms", "open_ack_p999_ms",
+                                           "open_pg_commit_p99_le_ms", "open_put_p99_le_ms", "goal_ms",
+                                           "e2e_p50_ms", "e2e_p99_ms", "commit_p99_ms")}
+            lat_summary[kind] = s
+            met = ""
+            if s["goal_ms"] is not None and s["open_ack_p99_ms"] is not None:
+                met = " met" if s["open_ack_p99_ms"] <= s["goal_ms"] else " MISSED"
+            print(f"{kind:10} {fmt(s['open_ack_p50_ms'], '8.1f')} {fmt(s['open_ack_p99_ms'], '8.1f')} "
+                  f"{fmt(s['open_ack_p999_ms'], '8.1f')} {fmt(s['open_pg_commit_p99_le_ms'], '13g')} "
+                  f"{fmt(s['open_put_p99_le_ms'], '10g')} {fmt(s['goal_ms'], '7.1f')}{met:7} "
+                  f"{fmt(s['e2e_p50_ms'], '8.1f')} {fmt(s['e2e_p99_ms'], '8.1f')} {fmt(s['commit_p99_ms'], '15.1f')}")
+        print("ms; goal = cluster.flush.ms + 2 x the brokers' produce-commit p99 (its histogram's bucket bound); "
+              "PUT is not in the goal's budget")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"settings": {k: v for k, v in vars(a).items()}, "runs": rows, "summary": summary}, f,
-                      indent=1)
+            json.dump({"settings": {k: v for k, v in vars(a).items()}, "runs": rows, "summary": summary,
+                       "latency_runs": lat_rows, "latency_summary": lat_summary}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,10 @@ def native_producer_proc(cfg, ready_q, go, start_at, out_q):
             conf = cfg["conf"]
             if str(conf.get("acks")) not in ("all", "-1"):
                 raise RuntimeError("the wire generator only does acks=all produce")
-            cmd = [cfg["binary"], "bench-wire", "--bootstrap", conf["bootstrap.servers"],
+            # it speaks to one broker: with several (a cluster), producer i
+            # writes through the i-th of the bootstrap list
+            servers = conf["bootstrap.servers"].split(",")
+            cmd = [cfg["binary"], "bench-wire", "--bootstrap", servers[cfg["index"] % len(servers)],
                    "--request-bytes", str(conf.get("batch.size", 1_000_000)),
                    "--window", str(conf.get("max.in.flight.requests.per.connection", 5))] + common
             if not conf.get("enable.idempotence"):
@@ -415,3 +418,50 @@ def noise(s0, s1, broker_cpu, client_cpu):
     other = busy - (broker_cpu or 0) - (client_cpu or 0)
     return {"other_cpu_cores": max(other, 0.0) / el if el > 0 else None,
             "steal_cores": steal / el if el > 0 else None}
+
+
+def e2e_load(broker, topic, size, partitions, args, rate, commit_ms, linger_ms, txn_prefix):
+    """read_committed end to end at a fixed rate: args.producers open-loop
+    transactional producers (txn_producer_proc, committing every commit_ms)
+    and one read_committed consumer (consumer_proc) on `topic`, with the
+    broker-side deltas around the load. Returns one flat dict of figures:
+    ack_* (produce() -> delivery report), e2e_* (scheduled send -> read
+    committed), commit_* (commit_transaction calls)."""
+    create_topic(broker.bootstrap, topic, partitions)
+    pconf = producer_conf(broker.bootstrap, args, **{"transaction.timeout.ms": 60_000, "linger.ms": linger_ms})
+    common = {"topic": topic, "partitions": partitions, "size": size, "warmup": args.warmup,
+              "seconds": args.seconds, "cpus": args.client_cpus, "txn_prefix": txn_prefix}
+    specs = [(consumer_proc, dict(common, bootstrap=broker.bootstrap, drain_s=args.flush_timeout, idle_s=2.0))]
+    specs += [(txn_producer_proc, dict(common, conf=pconf, rate=rate / args.producers, commit_ms=commit_ms,
+                                       flush_timeout=args.flush_timeout, index=i)) for i in range(args.producers)]
+    foreign = foreign_processes()
+    s0 = {}
+    rs, _t0 = run_procs(specs, args.warmup, args.seconds, args.flush_timeout + 30,
+                        on_start=lambda: s0.update(broker_sample(broker)))
+    s1 = broker_sample(broker)
+    # Results arrive in completion order.
+    cons = next(x for x in rs if "consumed_all" in x)
+    prods = [x for x in rs if "commits" in x]
+    ack, e2e_l, commits = array.array("f"), array.array("f"), array.array("f")
+    for p in prods:
+        ack.frombytes(p["lat"])
+        commits.frombytes(p["commits"])
+    e2e_l.frombytes(cons["lat"])
+    produced_w = sum(p["acked_window"] for p in prods)
+    client_cpu = sum(p["cpu_s"] for p in prods) + cons["cpu_s"]
+    r = {"target_msgs_per_s": rate, "achieved_msgs_per_s": produced_w / args.seconds,
+         "produced_window": produced_w, "consumed_window": cons["consumed_window"],
+         "errors": sum(p["errors"] for p in prods) + cons["errors"],
+         "unflushed": sum(p["unflushed"] for p in prods),
+         "last_error": next((p["last_error"] for p in prods if p["last_error"]), cons["last_error"]),
+         "max_behind_s": max(p["max_behind_s"] for p in prods),
+         "client_cpu_s": client_cpu, "client_cpu_cores": client_cpu / (args.warmup + args.seconds),
+         "foreign_processes": foreign, "loadavg": loadavg()}
+    r.update(lat_summary(ack, "ack_"))
+    r.update(lat_summary(e2e_l, "e2e_"))
+    r.update(lat_summary(commits, "commit_"))
+    total = sum(p["acked_all"] for p in prods)
+    r.update(broker_delta(s0, s1, total * size, total))
+    r.update(noise(s0, s1, r.get("broker_cpu_s"), r["client_cpu_s"]))
+    r["broker_cpu_cores"] = r["broker_cpu_s"] / (s1["t"] - s0["t"]) if r.get("broker_cpu_s") else None
+    return r

@@ -2,15 +2,12 @@
 ack: produce ack latency (wire generator, open loop) against the disk's
 fdatasync latency; e2e: read_committed end-to-end latency with transactional
 producers and a consumer."""
-import array
 import os
 import uuid
 
 from .baselines import fdatasync_baseline
-from .brokers import broker_delta, broker_sample
-from .load import closed_loop_load, consumer_proc, create_topic, noise, producer_conf, run_procs, txn_producer_proc
-from .procstat import foreign_processes, loadavg
-from .report import f0, f1, f2, lat_summary, mark, summarize, table
+from .load import closed_loop_load, e2e_load
+from .report import f0, f1, f2, mark, summarize, table
 from .suite_base import SuiteBase
 
 
@@ -108,52 +105,14 @@ class LatencySections(SuiteBase):
             b = self.oncelog(f"e2e-r{run}")
             b.start()
             try:
-                topic = "e2e"
-                create_topic(b.bootstrap, topic, parts)
-                pconf = producer_conf(b.bootstrap, a, **{"transaction.timeout.ms": 60_000,
-                                                         "linger.ms": a.e2e_linger_ms})
-                common = {"topic": topic, "partitions": parts, "size": size, "warmup": a.warmup,
-                          "seconds": a.seconds, "cpus": a.client_cpus, "txn_prefix": f"suite-{uuid.uuid4().hex[:8]}"}
-                specs = [(consumer_proc, dict(common, bootstrap=b.bootstrap, drain_s=a.flush_timeout,
-                                              idle_s=2.0))]
-                specs += [(txn_producer_proc, dict(common, conf=pconf, rate=target / a.producers,
-                                                   commit_ms=a.e2e_commit_ms, flush_timeout=a.flush_timeout,
-                                                   index=i)) for i in range(a.producers)]
-                foreign = foreign_processes()
-                s0 = {}
-                rs, _t0 = run_procs(specs, a.warmup, a.seconds, a.flush_timeout + 30,
-                                    on_start=lambda: s0.update(broker_sample(b)))
-                s1 = broker_sample(b)
+                r = e2e_load(b, "e2e", size, parts, a, target, a.e2e_commit_ms, a.e2e_linger_ms,
+                             f"suite-{uuid.uuid4().hex[:8]}")
             finally:
                 self.finish(b, f"e2e run {run + 1}")
-            # Results arrive in completion order.
-            cons = next(x for x in rs if "consumed_all" in x)
-            prods = [x for x in rs if "commits" in x]
-            ack, e2e_l, commits = array.array("f"), array.array("f"), array.array("f")
-            for p in prods:
-                ack.frombytes(p["lat"])
-                commits.frombytes(p["commits"])
-            e2e_l.frombytes(cons["lat"])
-            produced_w = sum(p["acked_window"] for p in prods)
-            r = {"target_msgs_per_s": target, "achieved_msgs_per_s": produced_w / a.seconds,
-                 "produced_window": produced_w, "consumed_window": cons["consumed_window"],
-                 "errors": sum(p["errors"] for p in prods) + cons["errors"],
-                 "unflushed": sum(p["unflushed"] for p in prods),
-                 "last_error": next((p["last_error"] for p in prods if p["last_error"]), cons["last_error"]),
-                 "max_behind_s": max(p["max_behind_s"] for p in prods),
-                 "fdatasync_p50_ms": fs["sync_p50_ms"], "fdatasync_p99_ms": fs["sync_p99_ms"],
-                 "client_cpu_s": sum(p["cpu_s"] for p in prods) + cons["cpu_s"],
-                 "client_cpu_cores": (sum(p["cpu_s"] for p in prods) + cons["cpu_s"]) / (a.warmup + a.seconds),
-                 "foreign_processes": foreign, "loadavg": loadavg()}
-            r.update(lat_summary(ack, "ack_"))
-            r.update(lat_summary(e2e_l, "e2e_"))
-            r.update(lat_summary(commits, "commit_"))
+            produced_w = r["produced_window"]
+            r.update({"fdatasync_p50_ms": fs["sync_p50_ms"], "fdatasync_p99_ms": fs["sync_p99_ms"]})
             r["ack_p99_over_fdatasync_p99"] = (r["ack_p99_ms"] / r["fdatasync_p99_ms"]
                                                if r["fdatasync_p99_ms"] else None)
-            total = sum(p["acked_all"] for p in prods)
-            r.update(broker_delta(s0, s1, total * size, total))
-            r.update(noise(s0, s1, r.get("broker_cpu_s"), r["client_cpu_s"]))
-            r["broker_cpu_cores"] = r["broker_cpu_s"] / (s1["t"] - s0["t"]) if r.get("broker_cpu_s") else None
             runs.append(r)
             print(f"  run {run + 1}: {r['achieved_msgs_per_s']:,.0f} msgs/s, e2e p50 {r['e2e_p50_ms']:.1f} "
                   f"p99 {r['e2e_p99_ms']:.1f} p99.9 {r['e2e_p999_ms']:.1f} ms; ack p99 {r['ack_p99_ms']:.2f} ms vs "

@@ -31,7 +31,11 @@ Everything listens on 127.0.0.1; every broker is stopped by PID; each load is
 bounded by --warmup + --seconds plus a flush timeout. Medians of --runs runs.
 
     .venv/bin/python bench/cluster_bench.py --runs 3 --seconds 8 --json /tmp/cluster-bench.json
-    .venv/bin/python bench/cluster_bench.py --tansu ~/.cargo/bin/tansu
+    .venv/bin/python bench/cluster_bench.py --tansu ~/.cargo/bin/tansu --tansu-schema 010-schema.sql
+
+Tansu: `cargo install tansu --locked --features postgres` (0.6.0 measured);
+its schema is etc/initdb.d/010-schema.sql of Tansu's repository at the same
+tag (`git show v0.6.0:etc/initdb.d/010-schema.sql`).
 """
 import argparse
 import json
@@ -117,6 +121,11 @@ def start_config(kind, a, env, tmp, run):
         return Brokers([b]), None
     if kind == "tansu":
         db, url = fresh_db(env)
+        # Tansu's PostgreSQL engine expects its schema in place (its
+        # release ships it as an initdb script, not as a migration)
+        import psycopg
+        with open(a.tansu_schema) as f, psycopg.connect(url, autocommit=True) as c:
+            c.execute(f.read())
         t = TansuPeer(a.tansu, d, url)
         t.start()
         return t, db
@@ -203,9 +212,14 @@ def latency_run(kind, a, env, tmp, run):
                 row.update({f"open_{k}": v for k, v in h.items()})
                 c99 = h["pg_commit_p99_le_ms"]
                 row["goal_ms"] = a.flush_ms + 2 * c99 if c99 is not None else None
+        r = None
         if a.e2e_rate:
-            r = e2e_load(target, f"e2e-{kind}-{run}", a.size, a.partitions, a, a.e2e_rate, a.e2e_commit_ms,
-                         a.e2e_linger_ms, f"bench-{uuid.uuid4().hex[:8]}")
+            try:
+                r = e2e_load(target, f"e2e-{kind}-{run}", a.size, a.partitions, a, a.e2e_rate, a.e2e_commit_ms,
+                             a.e2e_linger_ms, f"bench-{uuid.uuid4().hex[:8]}")
+            except RuntimeError as e:  # a peer without transactions
+                row["e2e_failed"] = str(e)
+        if r is not None:
             row.update({"e2e_rate_msgs_per_s": r["achieved_msgs_per_s"], "e2e_errors": r["errors"],
                         "e2e_consumed": r["consumed_window"], "e2e_produced": r["produced_window"],
                         "e2e_last_error": r["last_error"]})
@@ -222,13 +236,20 @@ def med(rows, key):
 
 
 def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
+    """`v` in `spec`; a missing figure is a dash of the same width."""
+    if v is None:
+        width = "".join(ch for ch in spec.split(".")[0] if ch.isdigit())
+        return "-".rjust(int(width)) if width else "-"
+    return format(v, spec)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", default=os.environ.get("ONCELOG_BIN", os.path.join(ROOT, "target/release/oncelog")))
     ap.add_argument("--tansu", default=None, metavar="PATH", help="also run Tansu on the same PostgreSQL")
+    ap.add_argument("--tansu-schema", default=None, metavar="SQL",
+                    help="Tansu's PostgreSQL schema: etc/initdb.d/010-schema.sql of its repository at the tag of "
+                         "the installed version, applied to Tansu's fresh database")
     ap.add_argument("--configs", default="local,cluster-1,cluster-3")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=8)
@@ -244,8 +265,10 @@ def main():
     ap.add_argument("--flush-timeout", type=float, default=60)
     ap.add_argument("--ack-rate", type=float, default=2000,
                     help="msgs/s of the open-loop ack latency run (0: none)")
-    ap.add_argument("--ack-linger-ms", type=float, default=1.0,
-                    help="the wire generator's request interval per producer in the ack run")
+    ap.add_argument("--ack-linger-ms", type=float, default=10.0,
+                    help="the wire generator's request interval per producer in the ack run: an idempotent "
+                         "producer keeps at most 5 requests in flight, so 5 intervals must exceed the ack latency "
+                         "or requests wait in the client")
     ap.add_argument("--e2e-rate", type=float, default=1000,
                     help="msgs/s of the read_committed end-to-end run (0: none)")
     ap.add_argument("--e2e-commit-ms", type=float, default=100)
@@ -255,6 +278,8 @@ def main():
     a.client_cpus = None
     configs = [c for c in a.configs.split(",") if c]
     if a.tansu:
+        if not a.tansu_schema or not os.path.isfile(a.tansu_schema):
+            ap.error("--tansu needs --tansu-schema (Tansu's etc/initdb.d/010-schema.sql)")
         if os.access(a.tansu, os.X_OK):
             configs.append("tansu")
         else:
@@ -273,7 +298,7 @@ def main():
             for kind in configs:  # interleaved, so drift on the machine hits every config
                 row = one_run(kind, a, env, tmp, run)
                 rows.append(row)
-                print(f"  run {run} {kind:10} {row['msgs_per_s']:9.0f} msgs/s  ack p99 {row['ack_p99_ms']:7.1f} ms"
+                print(f"  run {run} {kind:14} {row['msgs_per_s']:9.0f} msgs/s  ack p99 {row['ack_p99_ms']:7.1f} ms"
                       + (f"  pg xacts/GB {row['pg_xacts_per_gb']:.0f}" if row.get("pg_xacts_per_gb") else "")
                       + (f"  PUTs/GB {row['object_puts_per_gb']:.0f}" if row.get("object_puts_per_gb") else "")
                       + (f"  PUT p50/p99 <= {row['put_p50_le_ms']}/{row['put_p99_le_ms']} ms, commit p50/p99 <= "
@@ -283,7 +308,7 @@ def main():
                 if a.ack_rate or a.e2e_rate:
                     lat = latency_run(kind, a, env, tmp, run)
                     lat_rows.append(lat)
-                    print(f"  run {run} {kind:10} open loop:"
+                    print(f"  run {run} {kind:14} open loop:"
                           + (f" ack at {lat['ack_rate_msgs_per_s']:.0f} msgs/s p50/p99/p99.9 "
                              f"{lat['open_ack_p50_ms']:.1f}/{lat['open_ack_p99_ms']:.1f}/"
                              f"{lat['open_ack_p999_ms']:.1f} ms" if a.ack_rate else "")
@@ -292,7 +317,8 @@ def main():
                          if lat.get("open_flushes") is not None else "")
                       + (f"; read_committed e2e at {lat['e2e_rate_msgs_per_s']:.0f} msgs/s p50/p99 "
                          f"{lat['e2e_p50_ms']:.1f}/{lat['e2e_p99_ms']:.1f} ms, consumed "
-                         f"{lat['e2e_consumed']}/{lat['e2e_produced']}" if a.e2e_rate else "")
+                         f"{lat['e2e_consumed']}/{lat['e2e_produced']}" if "e2e_p50_ms" in lat else "")
+                      + (f"; read_committed e2e failed: {lat['e2e_failed']}" if "e2e_failed" in lat else "")
                       + (f"  errors {lat.get('ack_errors', 0)}/{lat.get('e2e_errors', 0)}"
                          if lat.get("ack_errors") or lat.get("e2e_errors") else ""), flush=True)
     finally:
@@ -301,7 +327,7 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\ndurable produce, {a.size} B messages, {a.partitions} partitions, {a.producers} producers, "
           f"median of {a.runs} runs")
-    print(f"{'config':10} {'msgs/s':>9} {'MB/s':>7} {'ack p50':>8} {'ack p99':>8} {'PG commit p99<=':>16} "
+    print(f"{'config':14} {'msgs/s':>9} {'MB/s':>7} {'ack p50':>8} {'ack p99':>8} {'PG commit p99<=':>16} "
           f"{'PG xacts/GB':>12} {'PUTs/GB':>8}")
     summary = {}
     for kind in configs:
@@ -309,9 +335,9 @@ def main():
         s = {k: med(rs, k) for k in ("msgs_per_s", "mb_per_s", "ack_p50_ms", "ack_p99_ms", "pg_commit_p99_le_ms",
                                        "pg_xacts_per_gb", "object_puts_per_gb")}
         summary[kind] = s
-        print(f"{kind:10} {fmt(s['msgs_per_s'], '9.0f')} {fmt(s['mb_per_s'], '7.1f')} {fmt(s['ack_p50_ms'], '8.1f')} "
-              f"{fmt(s['ack_p99_ms'], '8.1f')} {fmt(s['pg_commit_p99_le_ms'], '16.1f')} "
-              f"{fmt(s['pg_xacts_per_gb'], '12.0f')} {fmt(s['object_puts_per_gb'], '8.0f')}")
+        print(f"{kind:14} {fmt(s['msgs_per_s'], '9.0f')} {fmt(s['mb_per_s'], '7.1f')} {fmt(s['ack_p50_ms'], '8.1f')} "
+              f"{fmt(s['ack_p99_ms'], '8.1f')} {fmt(s['pg_commit_p99_le_ms'], '>16.1f')} "
+              f"{fmt(s['pg_xacts_per_gb'], '>12.0f')} {fmt(s['object_puts_per_gb'], '>8.0f')}")
     if "tansu" in summary and summary["tansu"]["msgs_per_s"]:
         for kind in configs:
             if kind.startswith("cluster") and summary[kind]["msgs_per_s"]:
@@ -321,7 +347,7 @@ def main():
         print(f"\nopen loop, median of {a.runs} runs: ack at {a.ack_rate:g} msgs/s (wire generator, latency from "
               f"when a request was due); read_committed end to end at {a.e2e_rate:g} msgs/s (commit every "
               f"{a.e2e_commit_ms:g} ms)")
-        print(f"{'config':10} {'ack p50':>8} {'ack p99':>8} {'p99.9':>8} {'commit p99<=':>13} {'PUT p99<=':>10} "
+        print(f"{'config':14} {'ack p50':>8} {'ack p99':>8} {'p99.9':>8} {'commit p99<=':>13} {'PUT p99<=':>10} "
               f"{'goal':>7} {'e2e p50':>8} {'e2e p99':>8} {'txn commit p99':>15}")
         for kind in configs:
             rs = [r for r in lat_rows if r["kind"] == kind]
@@ -332,7 +358,7 @@ def main():
             met = ""
             if s["goal_ms"] is not None and s["open_ack_p99_ms"] is not None:
                 met = " met" if s["open_ack_p99_ms"] <= s["goal_ms"] else " MISSED"
-            print(f"{kind:10} {fmt(s['open_ack_p50_ms'], '8.1f')} {fmt(s['open_ack_p99_ms'], '8.1f')} "
+            print(f"{kind:14} {fmt(s['open_ack_p50_ms'], '8.1f')} {fmt(s['open_ack_p99_ms'], '8.1f')} "
                   f"{fmt(s['open_ack_p999_ms'], '8.1f')} {fmt(s['open_pg_commit_p99_le_ms'], '13g')} "
                   f"{fmt(s['open_put_p99_le_ms'], '10g')} {fmt(s['goal_ms'], '7.1f')}{met:7} "
                   f"{fmt(s['e2e_p50_ms'], '8.1f')} {fmt(s['e2e_p99_ms'], '8.1f')} {fmt(s['commit_p99_ms'], '15.1f')}")

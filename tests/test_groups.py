@@ -961,6 +961,118 @@ def test_admin_list_describe_alter_delete_groups(broker_factory, registry):
     assert e.value.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND, e.value
 
 
+def committed(bs, group, topic, partitions):
+    """{partition: committed offset} of `group` (absent: nothing committed)."""
+    ad = admin(bs)  # kept until the answer: a collected client cancels its futures
+    res = ad.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
+    )[group].result(30)
+    return {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0}
+
+
+@both_modes("broker_factory")
+def test_offset_delete_follows_kafkas_rule_and_survives_kill9(broker_factory, registry):
+    """OffsetDelete (kafka-python's delete_group_offsets, what
+    `kafka-consumer-groups --delete-offsets` sends): with a live member
+    subscribed to topic A, A's offsets stay (GROUP_SUBSCRIBED_TO_TOPIC) and
+    B's go; an unknown topic is UNKNOWN_TOPIC_OR_PARTITION; once the member
+    left, A's go; a group left with no offsets is gone (GROUP_ID_NOT_FOUND
+    after). Run twice, nothing else moves; after kill -9 the deletes hold."""
+    from kafka import TopicPartition as KTP
+    from kafka import errors as kerr
+    from kafka.admin import KafkaAdminClient
+    broker = broker_factory(GROUP_OVERRIDES)
+    bs = broker.bootstrap
+    a_topic, b_topic = unique_topic("odel-a"), unique_topic("odel-b")
+    create_topic(bs, a_topic, partitions=2)
+    create_topic(bs, b_topic, partitions=1)
+    seed(bs, a_topic, 2, 10)
+    seed(bs, b_topic, 1, 10)
+    group = "odel-" + a_topic
+    other = "odel-other-" + a_topic
+    s = Consumer(group_conf(bs, group))
+    s.commit(offsets=[TopicPartition(a_topic, 0, 3), TopicPartition(a_topic, 1, 4),
+                      TopicPartition(b_topic, 0, 5)], asynchronous=False)
+    s.close()
+    s = Consumer(group_conf(bs, other))
+    s.commit(offsets=[TopicPartition(b_topic, 0, 9)], asynchronous=False)
+    s.close()
+
+    m = Member("odel-m", bs, group, a_topic)
+    registry.append(m)
+    wait_balanced([m], 2, [2])
+    ka = KafkaAdminClient(bootstrap_servers=bs, request_timeout_ms=30000)
+    try:
+        res = ka.delete_group_offsets(group, [KTP(a_topic, 0), KTP(b_topic, 0), KTP("no-such-topic", 0),
+                                              KTP(b_topic, 7)])
+        assert res[KTP(a_topic, 0)] is kerr.GroupSubscribedToTopicError, res
+        assert res[KTP(b_topic, 0)] is kerr.NoError, res
+        assert res[KTP("no-such-topic", 0)] is kerr.UnknownTopicOrPartitionError, res
+        assert res[KTP(b_topic, 7)] is kerr.UnknownTopicOrPartitionError, res
+        assert committed(bs, group, a_topic, [0, 1]) == {0: 3, 1: 4}
+        assert committed(bs, group, b_topic, [0]) == {}
+        assert committed(bs, other, b_topic, [0]) == {0: 9}, "another group's offset moved"
+        # twice: the same answer, nothing else moves
+        assert ka.delete_group_offsets(group, [KTP(b_topic, 0)])[KTP(b_topic, 0)] is kerr.NoError
+        assert committed(bs, group, a_topic, [0, 1]) == {0: 3, 1: 4}
+
+        m.close()
+        ad = admin(bs)
+        wait_for(lambda: ad.describe_consumer_groups([group])[group].result(30).state
+                 == ConsumerGroupState.EMPTY, 20, "the group to become empty after its member left")
+        assert ka.delete_group_offsets(group, [KTP(a_topic, 0)])[KTP(a_topic, 0)] is kerr.NoError
+        assert committed(bs, group, a_topic, [0, 1]) == {1: 4}
+
+        broker.kill9()
+        broker.start()
+        assert committed(bs, group, a_topic, [0, 1]) == {1: 4}, "a deleted offset came back"
+        assert committed(bs, other, b_topic, [0]) == {0: 9}
+
+        assert ka.delete_group_offsets(group, [KTP(a_topic, 1)])[KTP(a_topic, 1)] is kerr.NoError
+        listing = ad.list_consumer_groups(request_timeout=15).result(30)
+        assert group not in {g.group_id for g in listing.valid}, "a group without offsets or members stayed"
+        assert other in {g.group_id for g in listing.valid}
+        with pytest.raises(kerr.GroupIdNotFoundError):
+            ka.delete_group_offsets(group, [KTP(a_topic, 1)])
+        with pytest.raises(kerr.GroupIdNotFoundError):
+            ka.delete_group_offsets("never-" + group, [KTP(a_topic, 0)])
+    finally:
+        ka.close()
+
+
+@both_modes("broker_factory")
+def test_offset_delete_drops_pending_transactional_offsets(broker_factory):
+    """A transaction's offsets for a partition are pending until its commit;
+    OffsetDelete of that partition drops them too (as Kafka), so the commit
+    that follows does not bring the offset back. The transaction's records
+    are unaffected."""
+    from kafka import TopicPartition as KTP
+    from kafka import errors as kerr
+    from kafka.admin import KafkaAdminClient
+    broker = broker_factory(GROUP_OVERRIDES)
+    bs = broker.bootstrap
+    topic = unique_topic("odel-txn")
+    create_topic(bs, topic, partitions=2)
+    group = "odel-txn-" + topic
+    p = txn_producer(bs, "odel-" + topic)
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"in-txn", partition=0)
+    c = Consumer(group_conf(bs, group))
+    p.send_offsets_to_transaction([TopicPartition(topic, 0, 11), TopicPartition(topic, 1, 12)],
+                                  c.consumer_group_metadata(), 30)
+    ka = KafkaAdminClient(bootstrap_servers=bs, request_timeout_ms=30000)
+    try:
+        res = ka.delete_group_offsets(group, [KTP(topic, 0)])
+        assert res[KTP(topic, 0)] is kerr.NoError, res
+        p.commit_transaction(30)
+    finally:
+        ka.close()
+        c.close()
+    assert committed(bs, group, topic, [0, 1]) == {1: 12}
+    assert [v for _, v in read_partition(bs, topic, 0, 0, "read_committed", 2)] == [b"in-txn"]
+
+
 # =================================================== 6. S7 copier loop
 
 class OutputReader(threading.Thread):

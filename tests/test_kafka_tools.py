@@ -26,7 +26,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from clients import create_topic, flush_all, producer_config, unique_topic
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, both_modes
 from test_cli import cli
 from test_transactions import read_partition, txn_producer
 from test_txn_scenarios import lso
@@ -249,3 +249,36 @@ def test_force_terminate_transaction(broker, tool):
     assert read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 2) == []
     with pytest.raises(KafkaException):
         p.commit_transaction(10)
+
+
+@both_modes()
+def test_kafka_consumer_groups_delete_offsets(broker, tmp_path):
+    """Kafka's own `kafka-consumer-groups --delete-offsets` (OffsetDelete
+    through the Java admin client): one partition's committed offset goes,
+    the other stays, and the tool reports a group that does not exist."""
+    from confluent_kafka import Consumer, TopicPartition
+    from test_groups import committed, group_conf
+    bs = broker.bootstrap
+    topic = unique_topic("kt-odel")
+    create_topic(bs, topic, partitions=2)
+    group = "kt-odel-" + topic
+    c = Consumer(group_conf(bs, group))
+    c.commit(offsets=[TopicPartition(topic, 0, 3), TopicPartition(topic, 1, 4)], asynchronous=False)
+    c.close()
+    config = tmp_path / "admin.properties"
+    config.write_text("default.api.timeout.ms=30000\nrequest.timeout.ms=10000\n")
+
+    def groups_tool(*args):
+        return subprocess.run(["java", "-Xmx256m", "-cp", f"{KAFKA_LIB}/*",
+                               "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                               "--bootstrap-server", bs, "--command-config", str(config), *args],
+                              capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+
+    p = groups_tool("--delete-offsets", "--group", group, "--topic", f"{topic}:0")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    lines = [line.split() for line in p.stdout.splitlines() if line.startswith(topic)]
+    assert lines == [[topic, "0", "Successful"]], p.stdout
+    assert committed(bs, group, topic, [0, 1]) == {1: 4}
+
+    p = groups_tool("--delete-offsets", "--group", "never-" + group, "--topic", topic)
+    assert "does not exist" in p.stdout + p.stderr, (p.stdout, p.stderr)

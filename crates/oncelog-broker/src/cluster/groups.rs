@@ -296,7 +296,7 @@ pub async fn delete_offsets(cluster: &Cluster, group: &str) -> Result<u64, Clust
 
 /// What [`delete_partition_offsets`] did.
 pub struct OffsetsDeleted {
-    /// The group had committed offsets before.
+    /// The group had committed or pending offsets before.
     pub group_had_offsets: bool,
     /// Committed and pending rows deleted.
     pub deleted: u64,
@@ -320,7 +320,8 @@ pub async fn delete_partition_offsets(
     let (me, session) = check_coordinator(&tx, cluster, group).await?;
     let had: bool = tx
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM group_offsets WHERE group_id = $1)",
+            "SELECT EXISTS (SELECT 1 FROM group_offsets WHERE group_id = $1) \
+               OR EXISTS (SELECT 1 FROM group_pending_offsets WHERE group_id = $1)",
             &[&group],
         )
         .await?

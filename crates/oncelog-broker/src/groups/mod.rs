@@ -910,6 +910,86 @@ mod tests {
         g
     }
 
+    /// OffsetDelete's rule: a consumer group's members keep the offsets of
+    /// the topics they subscribe to; unknown subscriptions keep everything;
+    /// another protocol type with members refuses; no members, all go.
+    #[test]
+    fn offset_delete_keeps_what_members_subscribe_to() {
+        use bytes::{BufMut, BytesMut};
+        use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
+        use kafka_protocol::protocol::{Encodable, StrBytes};
+        let mut g = stable_group();
+        let mut buf = BytesMut::new();
+        buf.put_i16(1);
+        ConsumerProtocolSubscription::default()
+            .with_topics(vec![StrBytes::from_static_str("a")])
+            .encode(&mut buf, 1)
+            .unwrap();
+        let sub = buf.freeze();
+        for m in g.members.values_mut() {
+            m.protocols = vec![("range".to_string(), sub.clone())];
+        }
+        let parts = vec![("a".to_string(), 0), ("b".to_string(), 3)];
+        use ErrorCode::{GroupSubscribedToTopic as Subscribed, None as Ok_};
+        assert_eq!(g.offset_delete_codes(&parts), Ok(vec![Subscribed, Ok_]));
+        // one member's subscription does not decode: nothing is known
+        g.members.get_mut("m2").unwrap().protocols =
+            vec![("range".to_string(), Bytes::from_static(b"\x00"))];
+        assert_eq!(
+            g.offset_delete_codes(&parts),
+            Ok(vec![Subscribed, Subscribed])
+        );
+        g.protocol_type = Some("connect".to_string());
+        assert_eq!(g.offset_delete_codes(&parts), Err(ErrorCode::NonEmptyGroup));
+        g.members.clear();
+        assert_eq!(g.offset_delete_codes(&parts), Ok(vec![Ok_, Ok_]));
+    }
+
+    /// Deleting a partition's offset drops its pending transactional
+    /// offsets too; a group left with nothing is gone.
+    #[test]
+    fn a_partition_delete_drops_pending_offsets_and_empties_the_group() {
+        let meta = OffsetMeta {
+            offset: 5,
+            leader_epoch: -1,
+            metadata: None,
+            commit_ms: 0,
+        };
+        let mut groups = HashMap::new();
+        for (pid, p) in [(None, 0), (Some(7), 0), (Some(7), 1)] {
+            let (topic, group) = ("t".to_string(), "g".to_string());
+            apply(
+                &mut groups,
+                match pid {
+                    None => OffsetRecord::Commit {
+                        group,
+                        topic,
+                        partition: p,
+                        meta: meta.clone(),
+                    },
+                    Some(pid) => OffsetRecord::TxnCommit {
+                        pid,
+                        group,
+                        topic,
+                        partition: p,
+                        meta: meta.clone(),
+                    },
+                },
+            );
+        }
+        let delete = |p| OffsetRecord::Delete {
+            group: "g".to_string(),
+            topic: Some("t".to_string()),
+            partition: Some(p),
+        };
+        apply(&mut groups, delete(0));
+        let g = &groups["g"];
+        assert!(g.offsets.is_empty());
+        assert!(!g.has_pending("t", 0) && g.has_pending("t", 1));
+        apply(&mut groups, delete(1));
+        assert!(!groups.contains_key("g"));
+    }
+
     /// What is written is what comes back at start: generation, leader,
     /// protocol, members with subscriptions and assignments; the group is
     /// Stable again.

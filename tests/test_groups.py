@@ -961,7 +961,7 @@ def test_admin_list_describe_alter_delete_groups(broker_factory, registry):
     assert e.value.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND, e.value
 
 
-def committed(bs, group, topic, partitions):
+def admin_committed(bs, group, topic, partitions):
     """{partition: committed offset} of `group` (absent: nothing committed)."""
     ad = admin(bs)  # kept until the answer: a collected client cancels its futures
     res = ad.list_consumer_group_offsets(
@@ -1009,24 +1009,24 @@ def test_offset_delete_follows_kafkas_rule_and_survives_kill9(broker_factory, re
         assert res[KTP(b_topic, 0)] is kerr.NoError, res
         assert res[KTP("no-such-topic", 0)] is kerr.UnknownTopicOrPartitionError, res
         assert res[KTP(b_topic, 7)] is kerr.UnknownTopicOrPartitionError, res
-        assert committed(bs, group, a_topic, [0, 1]) == {0: 3, 1: 4}
-        assert committed(bs, group, b_topic, [0]) == {}
-        assert committed(bs, other, b_topic, [0]) == {0: 9}, "another group's offset moved"
+        assert admin_committed(bs, group, a_topic, [0, 1]) == {0: 3, 1: 4}
+        assert admin_committed(bs, group, b_topic, [0]) == {}
+        assert admin_committed(bs, other, b_topic, [0]) == {0: 9}, "another group's offset moved"
         # twice: the same answer, nothing else moves
         assert ka.delete_group_offsets(group, [KTP(b_topic, 0)])[KTP(b_topic, 0)] is kerr.NoError
-        assert committed(bs, group, a_topic, [0, 1]) == {0: 3, 1: 4}
+        assert admin_committed(bs, group, a_topic, [0, 1]) == {0: 3, 1: 4}
 
         m.close()
         ad = admin(bs)
         wait_for(lambda: ad.describe_consumer_groups([group])[group].result(30).state
                  == ConsumerGroupState.EMPTY, 20, "the group to become empty after its member left")
         assert ka.delete_group_offsets(group, [KTP(a_topic, 0)])[KTP(a_topic, 0)] is kerr.NoError
-        assert committed(bs, group, a_topic, [0, 1]) == {1: 4}
+        assert admin_committed(bs, group, a_topic, [0, 1]) == {1: 4}
 
         broker.kill9()
         broker.start()
-        assert committed(bs, group, a_topic, [0, 1]) == {1: 4}, "a deleted offset came back"
-        assert committed(bs, other, b_topic, [0]) == {0: 9}
+        assert admin_committed(bs, group, a_topic, [0, 1]) == {1: 4}, "a deleted offset came back"
+        assert admin_committed(bs, other, b_topic, [0]) == {0: 9}
 
         assert ka.delete_group_offsets(group, [KTP(a_topic, 1)])[KTP(a_topic, 1)] is kerr.NoError
         listing = ad.list_consumer_groups(request_timeout=15).result(30)
@@ -1069,8 +1069,48 @@ def test_offset_delete_drops_pending_transactional_offsets(broker_factory):
     finally:
         ka.close()
         c.close()
-    assert committed(bs, group, topic, [0, 1]) == {1: 12}
+    assert admin_committed(bs, group, topic, [0, 1]) == {1: 12}
     assert [v for _, v in read_partition(bs, topic, 0, 0, "read_committed", 2)] == [b"in-txn"]
+
+
+@both_modes("broker_factory")
+def test_a_deleted_topics_offsets_go_and_its_successor_starts_afresh(broker_factory):
+    """DeleteTopics removes the groups' committed offsets of the topic (as
+    Kafka's coordinator does): a topic created again under the name is read
+    from auto.offset.reset, not from the old topic's offsets (which would
+    skip its first records). Other topics' offsets stay; a group left with
+    none is gone; kill -9 and restart change nothing."""
+    broker = broker_factory(GROUP_OVERRIDES)
+    bs = broker.bootstrap
+    topic, keep = unique_topic("gone"), unique_topic("kept")
+    create_topic(bs, topic, partitions=2)
+    create_topic(bs, keep, partitions=1)
+    only, both = "only-" + topic, "both-" + topic
+    for g, offsets in ((only, [TopicPartition(topic, 0, 5), TopicPartition(topic, 1, 6)]),
+                       (both, [TopicPartition(topic, 0, 7), TopicPartition(keep, 0, 2)])):
+        c = Consumer(group_conf(bs, g))
+        c.commit(offsets=offsets, asynchronous=False)
+        c.close()
+    ad = admin(bs)
+    ad.delete_topics([topic], operation_timeout=30)[topic].result(30)
+    wait_for(lambda: topic not in ad.list_topics(timeout=10).topics, 20, "the topic to be gone")
+
+    listing = {g.group_id for g in ad.list_consumer_groups(request_timeout=15).result(30).valid}
+    assert only not in listing, "a group whose only offsets were the deleted topic's stayed"
+    assert both in listing
+    assert admin_committed(bs, both, keep, [0]) == {0: 2}
+
+    create_topic(bs, topic, partitions=2)
+    seed(bs, topic, 2, 10)
+    broker.kill9()
+    broker.start()
+    assert admin_committed(bs, both, topic, [0, 1]) == {}
+    assert admin_committed(bs, both, keep, [0]) == {0: 2}
+    c = Consumer(group_conf(bs, only))
+    c.subscribe([topic])
+    got = consume_to_end(c, topic, {0: 10, 1: 10})
+    c.close()
+    assert {p: v[0] for p, v in got.items()} == {0: 0, 1: 0}, "the new topic was not read from its start"
 
 
 # =================================================== 6. S7 copier loop

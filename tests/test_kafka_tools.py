@@ -257,7 +257,7 @@ def test_kafka_consumer_groups_delete_offsets(broker, tmp_path):
     through the Java admin client): one partition's committed offset goes,
     the other stays, and the tool reports a group that does not exist."""
     from confluent_kafka import Consumer, TopicPartition
-    from test_groups import committed, group_conf
+    from test_groups import admin_committed, group_conf
     bs = broker.bootstrap
     topic = unique_topic("kt-odel")
     create_topic(bs, topic, partitions=2)
@@ -278,7 +278,7 @@ def test_kafka_consumer_groups_delete_offsets(broker, tmp_path):
     assert p.returncode == 0, (p.stdout, p.stderr)
     lines = [line.split() for line in p.stdout.splitlines() if line.startswith(topic)]
     assert lines == [[topic, "0", "Successful"]], p.stdout
-    assert committed(bs, group, topic, [0, 1]) == {1: 4}
+    assert admin_committed(bs, group, topic, [0, 1]) == {1: 4}
 
     p = groups_tool("--delete-offsets", "--group", "never-" + group, "--topic", topic)
     assert "does not exist" in p.stdout + p.stderr, (p.stdout, p.stderr)

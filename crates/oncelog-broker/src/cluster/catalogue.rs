@@ -130,8 +130,8 @@ fn topic_row(r: &tokio_postgres::Row) -> TopicRow {
     }
 }
 
-/// Deletes a topic: its partitions', batches' and producers' rows go in the
-/// same transaction; its objects are left to the collector, which removes an
+/// Deletes a topic: its partitions', batches' and producers' rows and the
+/// groups' offsets of it go in the same transaction; its objects are left to the collector, which removes an
 /// object once no batch row names it.
 pub async fn delete_topic(pool: &Pool, name: &str) -> Result<(), CatalogueError> {
     if crate::datadir::is_internal_topic(name) {
@@ -148,6 +148,12 @@ pub async fn delete_topic(pool: &Pool, name: &str) -> Result<(), CatalogueError>
         .await?;
     if n == 0 {
         return Err(TopicError::Unknown(name.to_string()).into());
+    }
+    // As Kafka's coordinator: the groups' committed (and pending) offsets of
+    // the topic go with it, so a topic created again starts afresh.
+    for table in ["group_offsets", "group_pending_offsets"] {
+        tx.execute(&format!("DELETE FROM {table} WHERE topic = $1"), &[&name])
+            .await?;
     }
     tx.execute("SELECT pg_notify($1, $2)", &[&CATALOGUE_CHANNEL, &name])
         .await?;

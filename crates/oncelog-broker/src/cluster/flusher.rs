@@ -136,6 +136,29 @@ async fn gather(
     let seq = AtomicU64::new(0);
     while let Some(first) = rx.recv().await {
         let deadline = tokio::time::Instant::now() + cluster.config.flush_interval;
+        // The object's key and its intent row are settled as the window
+        // opens, so the intent's round trip overlaps the gathering instead
+        // of delaying the PUT (the intent still precedes the PUT).
+        let session = cluster.session.session();
+        let key = Objects::data_key(
+            cluster.config.broker_id,
+            session,
+            seq.fetch_add(1, Ordering::Relaxed),
+        );
+        let intent = {
+            let cluster = cluster.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                if !cluster.session.is_live() {
+                    return Err(ClusterError::Fenced {
+                        broker_id: cluster.config.broker_id,
+                        session,
+                    });
+                }
+                sequencer::insert_intent(&cluster.pool, &key, cluster.config.broker_id, session)
+                    .await
+            })
+        };
         let mut subs = vec![first];
         let mut bytes = subs[0].data.len();
         while bytes < cluster.config.flush_bytes {
@@ -147,21 +170,21 @@ async fn gather(
                 Ok(None) | Err(_) => break,
             }
         }
-        let flight = assemble(&cluster, &seq, subs);
+        let flight = assemble(&cluster, key, intent, subs);
         if flights.send(flight).await.is_err() {
             return;
         }
     }
 }
 
-/// Lays the batches out in one object and starts its intent and PUT.
-fn assemble(cluster: &Arc<Cluster>, seq: &AtomicU64, subs: Vec<Submit>) -> Flight {
-    let session = cluster.session.session();
-    let key = Objects::data_key(
-        cluster.config.broker_id,
-        session,
-        seq.fetch_add(1, Ordering::Relaxed),
-    );
+/// Lays the batches out in one object (`key`) and starts its PUT once its
+/// intent row is written.
+fn assemble(
+    cluster: &Arc<Cluster>,
+    key: String,
+    intent: tokio::task::JoinHandle<Result<(), ClusterError>>,
+    subs: Vec<Submit>,
+) -> Flight {
     let total: usize = subs.iter().map(|s| s.data.len()).sum();
     let mut buf = BytesMut::with_capacity(total);
     let mut batches = Vec::with_capacity(subs.len());
@@ -195,14 +218,9 @@ fn assemble(cluster: &Arc<Cluster>, seq: &AtomicU64, subs: Vec<Submit>) -> Fligh
         let key = key.clone();
         let data = data.clone();
         tokio::spawn(async move {
-            if !cluster.session.is_live() {
-                return Err(ClusterError::Fenced {
-                    broker_id: cluster.config.broker_id,
-                    session,
-                });
-            }
-            sequencer::insert_intent(&cluster.pool, &key, cluster.config.broker_id, session)
-                .await?;
+            intent
+                .await
+                .map_err(|e| ClusterError::Invariant(format!("the intent task failed: {e}")))??;
             cluster.objects.put(&key, data).await
         })
     };

@@ -249,17 +249,31 @@ impl Columns {
     }
 }
 
-/// Every group the cluster knows (an owner row or committed offsets), with
-/// its owner while the owner's session is live.
-pub async fn all_groups(cluster: &Cluster) -> Result<Vec<(String, Option<i32>)>, ClusterError> {
+/// Every group the cluster knows (an owner row or offsets), with its owner
+/// while the owner's session is live and whether it has committed or
+/// pending offsets.
+pub async fn all_groups(
+    cluster: &Cluster,
+) -> Result<Vec<(String, Option<i32>, bool)>, ClusterError> {
     let client = cluster.pool.get().await?;
     let rows = client
         .query(
-            "SELECT g.group_id, b.id FROM                (SELECT group_id FROM group_owners UNION SELECT group_id FROM group_offsets) g              LEFT JOIN group_owners o ON o.group_id = g.group_id              LEFT JOIN brokers b ON b.id = o.broker_id AND b.session = o.session                AND b.lease_expires_at > clock_timestamp()              ORDER BY g.group_id",
+            "SELECT g.group_id, b.id, \
+               EXISTS (SELECT 1 FROM group_offsets x WHERE x.group_id = g.group_id) \
+               OR EXISTS (SELECT 1 FROM group_pending_offsets x WHERE x.group_id = g.group_id) \
+             FROM (SELECT group_id FROM group_owners UNION SELECT group_id FROM group_offsets \
+                   UNION SELECT group_id FROM group_pending_offsets) g \
+             LEFT JOIN group_owners o ON o.group_id = g.group_id \
+             LEFT JOIN brokers b ON b.id = o.broker_id AND b.session = o.session \
+               AND b.lease_expires_at > clock_timestamp() \
+             ORDER BY g.group_id",
             &[],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
 }
 
 /// Whether `group` has committed offsets.

@@ -32,7 +32,7 @@
 //! offsets log what must be durable. It never waits on the log while holding
 //! its lock: the log's writer applies each change once durable, in log order.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -823,6 +823,49 @@ impl Groups {
                 Ok(codes)
             }
             code => Err(code),
+        }
+    }
+
+    /// A deleted topic's committed and pending offsets go from every group
+    /// (a group left with no members and no offsets with them), durably
+    /// before this returns. A failure is logged: the offsets then stay,
+    /// as they would after a crash between the topic's deletion and this.
+    pub async fn topic_deleted(&self, topic: &str) {
+        let pending = {
+            let inner = self.state.lock().await;
+            let mut records = Vec::new();
+            for g in inner.groups.values() {
+                let partitions: BTreeSet<i32> = g
+                    .offsets
+                    .keys()
+                    .chain(g.pending.values().flat_map(|m| m.keys()))
+                    .filter(|(t, _)| t == topic)
+                    .map(|(_, p)| *p)
+                    .collect();
+                records.extend(partitions.into_iter().map(|p| OffsetRecord::Delete {
+                    group: g.id.clone(),
+                    topic: Some(topic.to_string()),
+                    partition: Some(p),
+                }));
+            }
+            if records.is_empty() {
+                return;
+            }
+            (records.len(), self.submit(records))
+        };
+        match Self::answer(pending.1).await {
+            ErrorCode::None => {
+                tracing::info!(
+                    topic,
+                    offsets = pending.0,
+                    "a deleted topic's committed offsets removed"
+                )
+            }
+            code => tracing::warn!(
+                topic,
+                ?code,
+                "a deleted topic's committed offsets could not be removed"
+            ),
         }
     }
 

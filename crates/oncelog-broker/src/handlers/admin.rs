@@ -203,11 +203,14 @@ pub fn create_topics(
     CreateTopicsResponse::default().with_topics(topics)
 }
 
+/// DeleteTopics; also returns the names of the topics deleted (whose
+/// committed offsets the caller then removes from the groups).
 pub fn delete_topics(
     b: &Arc<Broker>,
     req: DeleteTopicsRequest,
     version: i16,
-) -> DeleteTopicsResponse {
+) -> (DeleteTopicsResponse, Vec<String>) {
+    let mut deleted = Vec::new();
     let targets: Vec<(Option<String>, uuid::Uuid)> = if version >= 6 {
         req.topics
             .into_iter()
@@ -246,6 +249,9 @@ pub fn delete_topics(
                 None if id.is_nil() => Err(TopicError::Unknown(String::new())),
                 None => Err(TopicError::UnknownId(id)),
             };
+            if let (Ok(()), Some(n)) = (&res, &name) {
+                deleted.push(n.clone());
+            }
             r.name = name.map(|n| TopicName(s(n)));
             if let Err(e) = res {
                 r.error_code = topic_error_code(&e).code();
@@ -256,7 +262,10 @@ pub fn delete_topics(
             r
         })
         .collect();
-    DeleteTopicsResponse::default().with_responses(responses)
+    (
+        DeleteTopicsResponse::default().with_responses(responses),
+        deleted,
+    )
 }
 
 pub fn create_partitions(

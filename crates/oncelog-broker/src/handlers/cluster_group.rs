@@ -215,18 +215,22 @@ pub async fn list_groups(
         .into_iter()
         .map(|(id, ptype, st)| (id, (ptype, st)))
         .collect();
+    // A group with neither offsets nor members here is gone (its owner row
+    // outlived its last offsets, e.g. those of a deleted topic), as Kafka
+    // drops an empty group without offsets.
     let mine = all
         .into_iter()
-        .filter(|(g, owner)| {
+        .filter(|(g, owner, _)| {
             owner
                 .filter(|o| live.contains(o))
                 .or_else(|| crate::cluster::rendezvous(g.as_bytes(), &live))
                 == Some(me)
         })
-        .map(
-            |(g, _)| match memory.get(&g).filter(|_| held.contains(&g)) {
-                Some((ptype, st)) => (g, ptype.clone(), *st),
-                None => (g, String::new(), "Empty"),
+        .filter_map(
+            |(g, _, has_offsets)| match memory.get(&g).filter(|_| held.contains(&g)) {
+                Some((_, "Empty")) | None if !has_offsets => None,
+                Some((ptype, st)) => Some((g, ptype.clone(), *st)),
+                None => Some((g, String::new(), "Empty")),
             },
         )
         .collect();

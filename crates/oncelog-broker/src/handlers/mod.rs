@@ -502,11 +502,15 @@ async fn handle(
                 admin::create_topics(&b, r, version)
             }))))
         }
-        RequestKind::DeleteTopics(r) => {
-            ready(respond(ResponseKind::DeleteTopics(blocking(|| {
-                admin::delete_topics(&b, r, version)
-            }))))
-        }
+        RequestKind::DeleteTopics(r) => Box::pin(async move {
+            let (resp, deleted) = blocking(|| admin::delete_topics(&b, r, version));
+            // As Kafka's coordinator: a deleted topic's committed offsets
+            // go, so a topic created again under the name starts afresh.
+            for topic in deleted {
+                b.groups.topic_deleted(&topic).await;
+            }
+            respond(ResponseKind::DeleteTopics(resp))
+        }),
         RequestKind::DeleteRecords(r) => {
             ready(respond(ResponseKind::DeleteRecords(blocking(|| {
                 admin::delete_records(&b, r)

@@ -312,6 +312,16 @@ def test_a_transaction_past_its_timeout_is_aborted_and_the_lso_moves(cluster_fac
     assert cl.sql("SELECT count(*) FROM aborted_txns")[0][0] == 1
     logs = cl.by_id(1).log_text() + cl.by_id(2).log_text()
     assert "transaction timed out; aborting it and fencing its producer" in logs
+    # counted once, by the broker that aborted it, as local mode counts it
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    fences = 0
+    for b in cl.brokers:
+        with urllib.request.urlopen(b.metrics_url + "/metrics", timeout=10) as r:
+            for fam in text_string_to_metric_families(r.read().decode()):
+                fences += sum(x.value for x in fam.samples if x.name == "oncelog_transaction_fences_total"
+                              and x.labels == {"transactional_id": "stuck-writer", "cause": "timeout"})
+    assert fences == 1
 
 
 def test_audit_under_cluster_faults(cluster_services, tmp_path):

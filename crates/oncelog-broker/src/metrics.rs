@@ -160,6 +160,18 @@ pub async fn render(b: &Arc<Broker>) -> String {
         "Transactions whose markers have failed to be written several times in a row (retried until durable).",
     );
     let _ = writeln!(out, "oncelog_transactions_stuck {}", b.txn.stuck_count());
+    if let Some(front) = b.cluster.get() {
+        // Cluster mode's timeout aborts run outside the local coordinator.
+        let fenced = std::mem::take(
+            &mut *front
+                .timeout_fences
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for id in fenced {
+            b.txn.count_fence(&id, "timeout");
+        }
+    }
     let stats = b.txn.stats();
     family(
         &mut out,

@@ -31,6 +31,9 @@ pub struct Front {
     pub groups: Ownership,
     /// When this broker last recorded each topic's writers.
     pub writers: super::writers::Recorded,
+    /// Transactional ids this broker fenced by a timeout abort, not yet
+    /// counted in /metrics (which drains them into the fence counters).
+    pub timeout_fences: std::sync::Mutex<Vec<String>>,
 }
 
 impl Front {
@@ -47,6 +50,7 @@ impl Front {
             cluster_id,
             groups: Ownership::default(),
             writers: Default::default(),
+            timeout_fences: Default::default(),
         });
         front.refresh().await?;
         {
@@ -69,12 +73,20 @@ impl Front {
             });
         }
         {
-            let c = cluster.clone();
+            let f = front.clone();
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(TIMEOUTS_EVERY).await;
-                    if let Err(e) = super::txn::abort_expired(&c).await {
-                        tracing::warn!(error = %e, "cluster: the transaction timeout check failed");
+                    match super::txn::abort_expired(&f.cluster).await {
+                        Ok(fenced) if !fenced.is_empty() => f
+                            .timeout_fences
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .extend(fenced),
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cluster: the transaction timeout check failed")
+                        }
                     }
                 }
             });

@@ -315,10 +315,11 @@ pub async fn describe(pool: &Pool, id: &str) -> Result<Option<TxnMeta>, ClusterE
 /// Aborts (fencing their producers) the transactions that outlived their
 /// timeout, by PostgreSQL's clock. Safe on every broker at once: each abort
 /// is a decision under the id's row lock, and one that finds the
-/// transaction already ended does nothing.
-pub async fn abort_expired(cluster: &Cluster) -> Result<usize, ClusterError> {
+/// transaction already ended does nothing. Returns the ids this call
+/// fenced.
+pub async fn abort_expired(cluster: &Cluster) -> Result<Vec<String>, ClusterError> {
     let ids = expired(&cluster.pool).await?;
-    let mut n = 0;
+    let mut done = Vec::new();
     for id in ids {
         // (producer id, epoch, timeout) before, and the epoch after.
         let fenced: std::sync::Mutex<Option<(i64, i16, i32, i16)>> = std::sync::Mutex::new(None);
@@ -351,7 +352,7 @@ pub async fn abort_expired(cluster: &Cluster) -> Result<usize, ClusterError> {
                     tracing::warn!(transactional_id = %id, producer_id = pid, old_epoch = old,
                         new_epoch = new, timeout_ms,
                         "transaction timed out; aborting it and fencing its producer");
-                    n += 1;
+                    done.push(id.clone());
                 }
             }
             Err(e) => {
@@ -359,7 +360,7 @@ pub async fn abort_expired(cluster: &Cluster) -> Result<usize, ClusterError> {
             }
         }
     }
-    Ok(n)
+    Ok(done)
 }
 
 /// What an operator's abort of a producer id found.

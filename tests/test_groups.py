@@ -1113,6 +1113,46 @@ def test_a_deleted_topics_offsets_go_and_its_successor_starts_afresh(broker_fact
     assert {p: v[0] for p, v in got.items()} == {0: 0, 1: 0}, "the new topic was not read from its start"
 
 
+@pytest.mark.timeout(240)
+@both_modes("broker_factory")
+def test_offsets_of_groups_without_members_expire(broker_factory, registry):
+    """offsets.retention.minutes: a group without members loses its
+    committed offsets once they are older than that; a group with a live
+    member keeps them however old. In cluster mode also a group whose
+    coordinator was killed (nobody coordinates it: the leased job's case)."""
+    broker = broker_factory(dict(GROUP_OVERRIDES, **{"offsets.retention.minutes": 1,
+                                                     "offsets.retention.check.interval.ms": 1000}))
+    bs = broker.bootstrap
+    topic = unique_topic("expire")
+    create_topic(bs, topic, partitions=3)
+    seed(bs, topic, 3, 5)
+    idle, live, orphan = ("idle-" + topic, "live-" + topic, "orphan-" + topic)
+    for g, p in ((idle, 0), (live, 1), (orphan, 2)):
+        c = Consumer(group_conf(bs, g))
+        c.commit(offsets=[TopicPartition(topic, p, p + 1)], asynchronous=False)
+        c.close()
+    t0 = time.monotonic()
+    # the live group's offset is as old as the others; its member stays
+    m = Member("expire-m", bs, live, topic)
+    registry.append(m)
+    wait_balanced([m], 3, [3])
+    if broker.mode == "cluster":
+        host, port = kw.find_coordinator(broker.host, broker.port, orphan)
+        victim = next(b for b in broker.brokers if b.port == port)
+        victim.kill9()
+
+    wait_for(lambda: admin_committed(bs, idle, topic, [0]) == {}, 150,
+             "the idle group's offset to expire", interval=2)
+    assert time.monotonic() - t0 >= 50, "an offset expired before offsets.retention.minutes"
+    if broker.mode == "cluster":
+        wait_for(lambda: admin_committed(bs, orphan, topic, [2]) == {}, 90,
+                 "the offset of a group nobody coordinates to expire", interval=2)
+    assert admin_committed(bs, live, topic, [1]) == {1: 2}, "a live member's group lost its offset"
+    ad = admin(bs)
+    listing = {g.group_id for g in ad.list_consumer_groups(request_timeout=15).result(30).valid}
+    assert idle not in listing and live in listing, listing
+
+
 # =================================================== 6. S7 copier loop
 
 class OutputReader(threading.Thread):

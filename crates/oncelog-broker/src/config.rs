@@ -86,6 +86,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("group.max.session.timeout.ms", "1800000", "largest session.timeout.ms a consumer may ask for"),
     ("coordinator.log.compact.records", "10000", "the transaction and offsets logs are compacted (rewritten as their live state) once this many records, and at least as many as they held live, were appended since the last compaction; restart reads the live state, not the history"),
     ("offsets.retention.minutes", "10080", "committed offsets of a group without members are kept this long"),
+    ("offsets.retention.check.interval.ms", "600000", "how often cluster mode looks for expired committed offsets (local mode looks continuously)"),
     ("transaction.auto.heal", "false", "abort orphaned transactions (open at a partition, unknown to the coordinator) through the coordinator's marker path"),
     ("transaction.heal.check.interval.ms", "10000", "how often partitions' open transactions are reconciled with the coordinator; an orphan is one seen on two checks in a row"),
     ("producer.id.expiration.ms", "86400000", "partitions forget an idle producer id this long after its last write, never one with an open transaction"),
@@ -190,6 +191,7 @@ pub struct BrokerConfig {
     pub group_min_session_timeout_ms: i32,
     pub group_max_session_timeout_ms: i32,
     pub offsets_retention_minutes: i64,
+    pub offsets_retention_check_interval_ms: u64,
     pub coordinator_log_compact_records: usize,
     pub max_partitions_per_topic: i32,
     pub max_partitions: i64,
@@ -441,6 +443,10 @@ impl BrokerConfig {
                 "offsets.retention.minutes",
                 &get("offsets.retention.minutes"),
             )?,
+            offsets_retention_check_interval_ms: parse(
+                "offsets.retention.check.interval.ms",
+                &get("offsets.retention.check.interval.ms"),
+            )?,
             max_partitions_per_topic: parse(
                 "max.partitions.per.topic",
                 &get("max.partitions.per.topic"),
@@ -569,6 +575,10 @@ impl BrokerConfig {
         positive(
             "log.retention.check.interval.ms",
             c.retention_check_interval_ms as i64,
+        )?;
+        positive(
+            "offsets.retention.check.interval.ms",
+            c.offsets_retention_check_interval_ms as i64,
         )?;
         Ok(c)
     }

@@ -170,6 +170,10 @@ impl Broker {
                 map_entries: (c.cleaner_dedupe_buffer_size as usize
                     / oncelog_log::cleaner::MAP_ENTRY_BYTES)
                     .max(1024),
+                offsets_every: std::time::Duration::from_millis(
+                    c.offsets_retention_check_interval_ms.max(100),
+                ),
+                offsets_retention_ms: c.offsets_retention_minutes.saturating_mul(60_000),
             },
         );
         tracing::info!(
@@ -515,6 +519,40 @@ impl Broker {
                 b.groups.tick().await;
             }
         });
+        if let Some(front) = self.cluster.get().cloned() {
+            // Cluster mode: the offsets of the groups this broker coordinates
+            // and which have no members here expire on this broker (the
+            // leased `offsets` job takes the groups nobody coordinates).
+            let b = self.clone();
+            let every = std::time::Duration::from_millis(
+                self.config.offsets_retention_check_interval_ms.max(100),
+            );
+            let retention_ms = self.config.offsets_retention_minutes.saturating_mul(60_000);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let held = front.groups.held(front.cluster.session.session());
+                    let mut idle = Vec::new();
+                    for g in held {
+                        if b.groups.member_count(&g).await.unwrap_or(0) == 0 {
+                            idle.push(g);
+                        }
+                    }
+                    match cluster::groups::expire_owned_offsets(&front.cluster, &idle, retention_ms)
+                        .await
+                    {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(
+                            offsets = n,
+                            "cluster: expired committed offsets removed"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cluster: offsets retention failed; it runs again")
+                        }
+                    }
+                }
+            });
+        }
         let b = self.clone();
         tokio::spawn(async move {
             // Finish what a previous run left between Prepare and Complete,

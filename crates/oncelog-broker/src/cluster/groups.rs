@@ -381,6 +381,69 @@ pub async fn delete_partition_offsets(
     })
 }
 
+/// Offsets retention for groups no live broker coordinates (so none has
+/// members): their committed offsets older than `retention_ms` by
+/// PostgreSQL's clock go, except where a transaction's offsets for the
+/// same partition are pending. A broker claiming such a group meanwhile
+/// does not matter: its members' commits are new rows, which a
+/// re-checked old row no longer matches. Returns how many went.
+pub async fn expire_unowned_offsets(
+    cluster: &Cluster,
+    retention_ms: i64,
+) -> Result<u64, ClusterError> {
+    let mut client = cluster.pool.get().await?;
+    let tx = client.transaction().await?;
+    check_fence(&*tx, cluster.config.broker_id, cluster.session.session()).await?;
+    let n = tx
+        .execute(
+            "DELETE FROM group_offsets o \
+             WHERE o.commit_ms < (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $1 \
+               AND NOT EXISTS (SELECT 1 FROM group_owners g JOIN brokers b \
+                     ON b.id = g.broker_id AND b.session = g.session \
+                    AND b.lease_expires_at > clock_timestamp() \
+                   WHERE g.group_id = o.group_id) \
+               AND NOT EXISTS (SELECT 1 FROM group_pending_offsets p \
+                   WHERE p.group_id = o.group_id AND p.topic = o.topic \
+                     AND p.partition = o.partition)",
+            &[&retention_ms],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(n)
+}
+
+/// Offsets retention for `groups`, which this broker coordinates and which
+/// have no members here: as [`expire_unowned_offsets`], under this broker's
+/// fencing token and only while it still owns each group.
+pub async fn expire_owned_offsets(
+    cluster: &Cluster,
+    groups: &[String],
+    retention_ms: i64,
+) -> Result<u64, ClusterError> {
+    if groups.is_empty() {
+        return Ok(0);
+    }
+    let mut client = cluster.pool.get().await?;
+    let tx = client.transaction().await?;
+    let (me, session) = (cluster.config.broker_id, cluster.session.session());
+    check_fence(&*tx, me, session).await?;
+    let n = tx
+        .execute(
+            "DELETE FROM group_offsets o \
+             WHERE o.group_id = ANY($2) \
+               AND o.commit_ms < (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $1 \
+               AND EXISTS (SELECT 1 FROM group_owners g WHERE g.group_id = o.group_id \
+                   AND g.broker_id = $3 AND g.session = $4) \
+               AND NOT EXISTS (SELECT 1 FROM group_pending_offsets p \
+                   WHERE p.group_id = o.group_id AND p.topic = o.topic \
+                     AND p.partition = o.partition)",
+            &[&retention_ms, &groups, &me, &session],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(n)
+}
+
 /// Inside `tx`: this broker's session is live (its fencing token) and still
 /// owns `group` (the owner row, `FOR SHARE`). Returns (broker id, session).
 async fn check_coordinator(

@@ -1,5 +1,6 @@
 //! Background jobs that one broker runs at a time for the whole cluster:
-//! time/size retention and compaction. A job's `job_leases` row names the
+//! time/size retention, compaction, and the retention of committed offsets
+//! of groups no live broker coordinates. A job's `job_leases` row names the
 //! broker session holding it until `expires_at` (PostgreSQL's clock, so
 //! brokers' clocks do not matter); the holder renews it at each run, and
 //! any broker takes it over once it has expired.
@@ -20,6 +21,7 @@ use super::{compactor, retention, Cluster, ClusterError};
 
 pub const RETENTION: &str = "retention";
 pub const COMPACTION: &str = "compaction";
+pub const OFFSETS: &str = "offsets";
 
 /// A topic config's value: the topic's own, else the broker's default.
 pub type ConfigOf = Arc<dyn Fn(&BTreeMap<String, String>, &str) -> Option<String> + Send + Sync>;
@@ -35,6 +37,11 @@ pub struct JobSettings {
     pub compaction_every: Option<Duration>,
     /// Keys a compaction pass's offset map holds.
     pub map_entries: usize,
+    /// How often expired committed offsets are looked for
+    /// (`offsets.retention.check.interval.ms`), and how old they must be
+    /// (`offsets.retention.minutes`).
+    pub offsets_every: Duration,
+    pub offsets_retention_ms: i64,
 }
 
 impl JobSettings {
@@ -173,8 +180,8 @@ pub async fn job_rows(
         .collect())
 }
 
-/// Starts the retention and compaction loops on this broker; each runs its
-/// job whenever it holds (or can take) the job's lease.
+/// Starts the retention, offsets and compaction loops on this broker; each
+/// runs its job whenever it holds (or can take) the job's lease.
 pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
     let lease = cluster.config.lease;
     {
@@ -188,6 +195,23 @@ pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
             move |c, held| {
                 let s = s.clone();
                 async move { retention::run(&c, &s, held).await.map(|_| ()) }
+            },
+        ));
+    }
+    {
+        let every = settings.offsets_every;
+        let retention_ms = settings.offsets_retention_ms;
+        tokio::spawn(run_every(
+            cluster.clone(),
+            OFFSETS,
+            every,
+            every + lease * 2,
+            move |c, _held| async move {
+                let n = super::groups::expire_unowned_offsets(&c, retention_ms).await?;
+                if n > 0 {
+                    tracing::info!(offsets = n, "cluster: expired committed offsets removed");
+                }
+                Ok(())
             },
         ));
     }

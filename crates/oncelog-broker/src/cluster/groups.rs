@@ -332,14 +332,7 @@ pub async fn delete_partition_offsets(
     let mut client = cluster.pool.get().await?;
     let tx = client.transaction().await?;
     let (me, session) = check_coordinator(&tx, cluster, group).await?;
-    let had: bool = tx
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM group_offsets WHERE group_id = $1) \
-               OR EXISTS (SELECT 1 FROM group_pending_offsets WHERE group_id = $1)",
-            &[&group],
-        )
-        .await?
-        .get(0);
+    let had = has_any_offsets(&tx, group).await?;
     let topics: Vec<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
     let parts: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
     let mut deleted = 0;
@@ -356,14 +349,7 @@ pub async fn delete_partition_offsets(
     }
     let mut gone = false;
     if no_members {
-        let left: bool = tx
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM group_offsets WHERE group_id = $1) \
-                   OR EXISTS (SELECT 1 FROM group_pending_offsets WHERE group_id = $1)",
-                &[&group],
-            )
-            .await?
-            .get(0);
+        let left = has_any_offsets(&tx, group).await?;
         if !left {
             tx.execute(
                 "DELETE FROM group_owners WHERE group_id = $1 AND broker_id = $2 AND session = $3",
@@ -442,6 +428,21 @@ pub async fn expire_owned_offsets(
         .await?;
     tx.commit().await?;
     Ok(n)
+}
+
+/// Whether `group` has committed or pending offsets, inside `tx`.
+async fn has_any_offsets(
+    tx: &tokio_postgres::Transaction<'_>,
+    group: &str,
+) -> Result<bool, ClusterError> {
+    Ok(tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM group_offsets WHERE group_id = $1) \
+               OR EXISTS (SELECT 1 FROM group_pending_offsets WHERE group_id = $1)",
+            &[&group],
+        )
+        .await?
+        .get(0))
 }
 
 /// Inside `tx`: this broker's session is live (its fencing token) and still

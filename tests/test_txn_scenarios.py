@@ -268,6 +268,28 @@ def test_s2_one_id_eight_replicas_fence_each_other(broker):
     print(f"S2: {len(committed)} commits, {fenced_seen[0]} fenced replicas, {len(alarms)} fence warnings")
 
 
+def copy_difference(tag, upto, mine, want, out, broker):
+    """What a copy got wrong, in a few lines rather than two long lists: the
+    first index where it departs from the input, duplicates, the missing
+    range, where the job's records sit in the output, and the broker's log
+    lines about the copier's transactional id."""
+    first = next((i for i, (a, b) in enumerate(zip(mine, want)) if a != b), min(len(mine), len(want)))
+    seen, dups = set(), []
+    for v in mine:
+        if v in seen:
+            dups.append(v)
+        seen.add(v)
+    missing = [v for v in want if v not in seen]
+    extra = [v for v in seen if v not in set(want)]
+    offsets = [(o, v) for _, o, v in out if v.startswith(tag.encode() + b":")]
+    around = offsets[max(first - 3, 0):first + 3]
+    log = [x for x in broker.log_text().splitlines() if "orders-sink-0" in x or "job-" + tag in x][-40:]
+    return (f"job {tag}: committed offset {upto}, {len(mine)} records in the output; first departure at "
+            f"index {first}; {len(dups)} duplicates (first {dups[:5]}); {len(missing)} missing (first "
+            f"{missing[:5]}); {len(extra)} past the committed offset (first {sorted(extra)[:5]}); output "
+            f"offsets around the departure {around}; broker log:\n" + "\n".join(log))
+
+
 @both_modes("broker_factory")
 def test_s5_blue_green_with_one_prefix_fences_in_a_loop_and_loses_nothing(broker_factory, tmp_path):
     """Job v1 and job v2 copy the same input with the same transactional id
@@ -361,8 +383,8 @@ def test_s5_blue_green_with_one_prefix_fences_in_a_loop_and_loses_nothing(broker
     for tag in ("v1", "v2"):
         mine = [v for _, _, v in out if v.startswith(tag.encode() + b":")]
         upto = max(committed[tag], 0)
-        assert mine == [tag.encode() + b":order-%05d" % i for i in range(upto)], \
-            f"job {tag}: committed offset {upto}, {len(mine)} records in the output"
+        want = [tag.encode() + b":order-%05d" % i for i in range(upto)]
+        assert mine == want, copy_difference(tag, upto, mine, want, out, b)
     print(f"S5: fenced {fenced}, committed offsets {committed}, {len(out)} output records")
 
 

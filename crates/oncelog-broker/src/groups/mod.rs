@@ -643,6 +643,15 @@ impl Groups {
 
     /// TxnOffsetCommit: pending until the transaction's marker. KIP-447:
     /// a non-empty member id must belong to the group's current generation.
+    ///
+    /// `verify` (the producer's transaction still holds the offsets) runs
+    /// under the groups' lock, the lock [`Self::complete_txn`] takes to end
+    /// the transaction: a commit that passed it is in the log before the
+    /// transaction's end, and one that comes after the end fails it. Checked
+    /// before the lock, a fenced zombie's offsets could land after the
+    /// abort and be committed by the next transaction of the same producer
+    /// id.
+    #[allow(clippy::too_many_arguments)]
     pub async fn txn_commit(
         &self,
         group: &str,
@@ -651,8 +660,13 @@ impl Groups {
         member_id: &str,
         instance_id: Option<&str>,
         offsets: Vec<(String, i32, OffsetMeta)>,
+        verify: impl FnOnce() -> ErrorCode,
     ) -> ErrorCode {
         let inner = self.state.lock().await;
+        let code = verify();
+        if code != ErrorCode::None {
+            return code;
+        }
         if !member_id.is_empty() {
             let code =
                 Self::check_commit(inner.groups.get(group), generation, member_id, instance_id);
@@ -677,12 +691,13 @@ impl Groups {
 
     /// The transaction of `pid` ended: its pending offsets become committed
     /// (or are dropped). Durable before it returns.
+    ///
+    /// Always written, even when no pending offset of `pid` is applied yet:
+    /// a TxnOffsetCommit submitted but not yet durable is applied only when
+    /// it is, and this end must follow it in the log.
     pub async fn complete_txn(&self, pid: i64, commit: bool) -> Result<(), PersistError> {
         let pending = {
-            let inner = self.state.lock().await;
-            if !inner.groups.values().any(|g| g.pending.contains_key(&pid)) {
-                return Ok(());
-            }
+            let _inner = self.state.lock().await;
             self.submit(vec![OffsetRecord::TxnEnd { pid, commit }])?
         };
         pending.durable().await?;
@@ -1104,6 +1119,53 @@ mod tests {
         got[0].offset
     }
 
+    /// A transaction ends while its TxnOffsetCommit is still on its way to
+    /// the disk (a fencing abort racing a zombie's offsets): the end follows
+    /// the commit in the log, so the offsets are dropped, and the next
+    /// transaction of the same producer id does not commit them; a restart
+    /// replays the same. A commit whose verification fails writes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_end_racing_a_transactional_commit_follows_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let groups = Groups::open(dir.path(), settings()).unwrap();
+        let meta = |offset| OffsetMeta {
+            offset,
+            leader_epoch: -1,
+            metadata: None,
+            commit_ms: 1,
+        };
+        let commit = groups.txn_commit(
+            "g",
+            7,
+            -1,
+            "",
+            None,
+            vec![("t".into(), 0, meta(40))],
+            || ErrorCode::None,
+        );
+        let (code, ended) = tokio::join!(commit, groups.complete_txn(7, false));
+        assert_eq!(code, ErrorCode::None);
+        ended.unwrap();
+        let refused = groups
+            .txn_commit(
+                "g",
+                7,
+                -1,
+                "",
+                None,
+                vec![("t".into(), 0, meta(50))],
+                || ErrorCode::InvalidTxnState,
+            )
+            .await;
+        assert_eq!(refused, ErrorCode::InvalidTxnState);
+        groups.complete_txn(7, true).await.unwrap();
+        assert_eq!(committed(&groups, 0).await, -1);
+        drop(groups);
+        let reopened = Groups::open(dir.path(), settings()).unwrap();
+        reopened.complete_txn(7, true).await.unwrap();
+        assert_eq!(committed(&reopened, 0).await, -1);
+    }
+
     /// Commits are applied off the lock by the log's writer thread: what a
     /// fetch sees after many concurrent commits is what a restart replays
     /// (the log's order), and every commit is seen by a fetch after it.
@@ -1161,7 +1223,15 @@ mod tests {
             assert_eq!(code, ErrorCode::None);
         }
         let code = groups
-            .txn_commit("g", 7, -1, "", None, vec![("t".into(), 0, meta(5000))])
+            .txn_commit(
+                "g",
+                7,
+                -1,
+                "",
+                None,
+                vec![("t".into(), 0, meta(5000))],
+                || ErrorCode::None,
+            )
             .await;
         assert_eq!(code, ErrorCode::None);
         drop(groups);

@@ -598,18 +598,24 @@ pub async fn txn_offset_commit(
         }
     }
     if code == ErrorCode::None {
-        code = match b.txn.verify(pid, epoch, OFFSETS_TOPIC, 0) {
+        let offsets = txn_commit_offsets(&req, version);
+        let (generation, member, iid) = txn_commit_member(&req, version);
+        let verify = || match b.txn.verify(pid, epoch, OFFSETS_TOPIC, 0) {
             Ok(()) => ErrorCode::None,
             Err(VerifyError::StaleEpoch) => ErrorCode::InvalidProducerEpoch,
             Err(VerifyError::NotInTransaction) => ErrorCode::InvalidTxnState,
         };
-    }
-    if code == ErrorCode::None {
-        let offsets = txn_commit_offsets(&req, version);
-        let (generation, member, iid) = txn_commit_member(&req, version);
         code = b
             .groups
-            .txn_commit(&group, pid, generation, &member, iid.as_deref(), offsets)
+            .txn_commit(
+                &group,
+                pid,
+                generation,
+                &member,
+                iid.as_deref(),
+                offsets,
+                verify,
+            )
             .await;
     }
     if code != ErrorCode::None {

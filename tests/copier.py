@@ -17,6 +17,7 @@ moments and restarts it; every restart resumes from the committed offsets.
 """
 
 import argparse
+import os
 import random
 import signal
 import sys
@@ -186,7 +187,13 @@ def main():
             except KafkaException as e2:
                 log("abort failed:", e2)
         close_quietly(consumer)
-        sys.exit(EXIT_FENCED if fenced else EXIT_ERROR)
+        sys.stderr.flush()
+        # Out at once, past the producer's destructor: librdkafka tearing down
+        # a producer with batches in flight after a fatal fence has been seen
+        # to abort the process ("double free or corruption"), which would
+        # read as a crash rather than the fence it is. A fenced producer has
+        # nothing left to deliver.
+        os._exit(EXIT_FENCED if fenced else EXIT_ERROR)
     log(f"stopping after {txns} transactions, {copied} records")
     close_quietly(consumer)
     sys.exit(EXIT_OK)

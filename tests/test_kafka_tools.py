@@ -282,3 +282,55 @@ def test_kafka_consumer_groups_delete_offsets(broker, tmp_path):
 
     p = groups_tool("--delete-offsets", "--group", "never-" + group, "--topic", topic)
     assert "does not exist" in p.stdout + p.stderr, (p.stdout, p.stderr)
+
+
+@both_modes()
+def test_kafka_configs_describes_a_topic_and_the_broker(broker, tmp_path):
+    """Kafka's own `kafka-configs --describe` (DescribeConfigs through the
+    Java admin client): a topic's configs given at creation are its own,
+    the rest are the broker's defaults; the broker's settings are answered
+    for its id; the tool says a topic that does not exist does not."""
+    from clients import admin
+    from confluent_kafka.admin import NewTopic
+    bs = broker.bootstrap
+    topic = unique_topic("kt-configs")
+    a = admin(bs)
+    fs = a.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "compact",
+                                                        "retention.ms": "3600000"})])
+    [f.result(30) for f in fs.values()]
+    config = tmp_path / "admin.properties"
+    config.write_text("default.api.timeout.ms=30000\nrequest.timeout.ms=10000\n")
+
+    def configs_tool(*args):
+        return subprocess.run(["java", "-Xmx256m", "-cp", f"{KAFKA_LIB}/*", "org.apache.kafka.tools.ConfigCommand",
+                               "--bootstrap-server", bs, "--command-config", str(config), *args],
+                              capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+
+    p = configs_tool("--describe", "--all", "--entity-type", "topics", "--entity-name", topic)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    got = {}
+    for line in p.stdout.splitlines():
+        line = line.strip()
+        if "=" in line and " sensitive=" in line:
+            key, rest = line.split("=", 1)
+            got[key] = rest.split(" sensitive=")[0]
+    assert got.get("cleanup.policy") == "compact", p.stdout
+    assert got.get("retention.ms") == "3600000", p.stdout
+    assert "segment.bytes" in got and "max.message.bytes" in got, p.stdout
+
+    # Only the configs the topic was given (not the defaults).
+    p = configs_tool("--describe", "--entity-type", "topics", "--entity-name", topic)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    own = sorted(line.strip().split("=", 1)[0] for line in p.stdout.splitlines()
+                 if " sensitive=" in line)
+    assert own == ["cleanup.policy", "retention.ms"], p.stdout
+
+    # The admin client asks the broker named for its own settings: any of a cluster's.
+    info, _ = cli(broker, "cluster", "info")
+    some_broker = str(info["brokers"][-1]["node_id"])
+    p = configs_tool("--describe", "--all", "--entity-type", "brokers", "--entity-name", some_broker)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "log.retention.ms=" in p.stdout or "num.partitions=" in p.stdout, p.stdout
+
+    p = configs_tool("--describe", "--entity-type", "topics", "--entity-name", "never-" + topic)
+    assert "never-" + topic in p.stdout + p.stderr and "exist" in p.stdout + p.stderr, (p.stdout, p.stderr)

@@ -36,7 +36,7 @@ use crate::error::ErrorCode;
 use crate::error::TopicError;
 use crate::Broker;
 
-const RESOURCE_TOPIC: i8 = 2;
+pub(crate) const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
 const SOURCE_TOPIC: i8 = 1;
 const SOURCE_STATIC_BROKER: i8 = 4;
@@ -313,6 +313,20 @@ pub fn describe_configs(
     req: DescribeConfigsRequest,
     version: i16,
 ) -> DescribeConfigsResponse {
+    let topic = |name: &str| Ok(b.topics.get(name).map(|t| t.meta().configs));
+    describe_configs_with(b, req, version, b.config.node_id, topic)
+}
+
+/// DescribeConfigs, for either mode: `topic` gives a topic's own configs
+/// (`Ok(None)`: no such topic; `Err`: they could not be read), `node_id`
+/// is the broker resource this broker answers for.
+pub fn describe_configs_with(
+    b: &Broker,
+    req: DescribeConfigsRequest,
+    version: i16,
+    node_id: i32,
+    topic: impl Fn(&str) -> Result<Option<BTreeMap<String, String>>, String>,
+) -> DescribeConfigsResponse {
     let results = req
         .resources
         .into_iter()
@@ -336,19 +350,22 @@ pub fn describe_configs(
                 e
             };
             match res.resource_type {
-                RESOURCE_TOPIC => match b.topics.get(res.resource_name.as_str()) {
-                    Some(t) => {
-                        let meta = t.meta();
+                RESOURCE_TOPIC => match topic(res.resource_name.as_str()) {
+                    Ok(Some(configs)) => {
                         out.configs = BrokerConfig::TOPIC_CONFIGS
                             .iter()
                             .filter(|k| wanted(k))
-                            .map(|k| match meta.configs.get(*k) {
+                            .map(|k| match configs.get(*k) {
                                 Some(v) => entry(k, Some(v.clone()), SOURCE_TOPIC),
                                 None => entry(k, b.config.topic_default(k), SOURCE_DEFAULT),
                             })
                             .collect();
                     }
-                    None => {
+                    Err(e) => {
+                        out.error_code = ErrorCode::KafkaStorageError.code();
+                        out.error_message = Some(s(e));
+                    }
+                    Ok(None) => {
                         out.error_code = ErrorCode::UnknownTopicOrPartition.code();
                         out.error_message = Some(s(format!(
                             "topic {} does not exist",
@@ -358,7 +375,7 @@ pub fn describe_configs(
                 },
                 RESOURCE_BROKER
                     if res.resource_name.is_empty()
-                        || res.resource_name.as_str() == b.config.node_id.to_string() =>
+                        || res.resource_name.as_str() == node_id.to_string() =>
                 {
                     out.configs = SETTINGS
                         .iter()

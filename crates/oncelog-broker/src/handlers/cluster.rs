@@ -98,6 +98,7 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListTransactions, 0, 2),
     (ApiKey::WriteTxnMarkers, 1, 1),
     (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
 ];
@@ -266,6 +267,10 @@ pub async fn handle(
         RequestKind::DeleteRecords(r) => Box::pin(async move {
             let resp = cluster_admin::delete_records(&b, &front, r).await;
             respond(ResponseKind::DeleteRecords(resp))
+        }),
+        RequestKind::DescribeConfigs(r) => Box::pin(async move {
+            let resp = cluster_admin::describe_configs(&b, &front, r, version).await;
+            respond(ResponseKind::DescribeConfigs(resp))
         }),
         RequestKind::WriteTxnMarkers(r) => Box::pin(async move {
             let resp = cluster_admin::write_txn_markers(&front, r).await;

@@ -3,8 +3,8 @@
 //! DescribeTransactions (the coordinator's rows), ListTransactions (the ids
 //! FindCoordinator names this broker for, so an admin client that asks
 //! every broker lists each id once) and an operator's abort through
-//! WriteTxnMarkers, shaped by local mode's helpers in `admin_txn`; and
-//! DeleteRecords.
+//! WriteTxnMarkers, shaped by local mode's helpers in `admin_txn`;
+//! DeleteRecords; DescribeConfigs.
 
 use std::collections::HashMap;
 
@@ -12,6 +12,8 @@ use kafka_protocol::messages::delete_records_request::DeleteRecordsRequest;
 use kafka_protocol::messages::delete_records_response::{
     DeleteRecordsPartitionResult, DeleteRecordsResponse, DeleteRecordsTopicResult,
 };
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsRequest;
+use kafka_protocol::messages::describe_configs_response::DescribeConfigsResponse;
 use kafka_protocol::messages::describe_producers_request::DescribeProducersRequest;
 use kafka_protocol::messages::describe_producers_response::DescribeProducersResponse;
 use kafka_protocol::messages::describe_transactions_request::DescribeTransactionsRequest;
@@ -24,7 +26,8 @@ use kafka_protocol::messages::write_txn_markers_response::{
     WriteTxnMarkersResponse,
 };
 
-use super::admin_txn;
+use super::{admin, admin_txn};
+use crate::cluster::catalogue;
 use crate::cluster::describe;
 use crate::cluster::front::Front;
 use crate::cluster::records::{self, Refused};
@@ -269,4 +272,35 @@ pub async fn delete_records(
         );
     }
     DeleteRecordsResponse::default().with_topics(topics)
+}
+
+/// DescribeConfigs: a topic's configs from its catalogue row (read afresh,
+/// not from this broker's copy), the broker's from its own settings; the
+/// answer is shaped as local mode's.
+pub async fn describe_configs(
+    b: &crate::Broker,
+    front: &Front,
+    req: DescribeConfigsRequest,
+    version: i16,
+) -> DescribeConfigsResponse {
+    let mut rows: HashMap<
+        String,
+        Result<Option<std::collections::BTreeMap<String, String>>, String>,
+    > = HashMap::new();
+    for res in &req.resources {
+        let name = res.resource_name.to_string();
+        if res.resource_type != admin::RESOURCE_TOPIC || rows.contains_key(&name) {
+            continue;
+        }
+        let got = match catalogue::topic(&front.cluster.pool, &name).await {
+            Ok(row) => Ok(row.map(|t| t.configs)),
+            Err(e) => {
+                tracing::warn!(topic = %name, error = %e, "cluster: DescribeConfigs could not read the catalogue");
+                Err(format!("the catalogue could not be read: {e}"))
+            }
+        };
+        rows.insert(name, got);
+    }
+    let topic = |name: &str| rows.get(name).cloned().unwrap_or(Ok(None));
+    admin::describe_configs_with(b, req, version, front.cluster.config.broker_id, topic)
 }

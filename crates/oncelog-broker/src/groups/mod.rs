@@ -1112,6 +1112,16 @@ mod tests {
         }
     }
 
+    /// A committed offset with no leader epoch or metadata.
+    fn meta(offset: i64) -> OffsetMeta {
+        OffsetMeta {
+            offset,
+            leader_epoch: -1,
+            metadata: None,
+            commit_ms: 1,
+        }
+    }
+
     async fn committed(groups: &Groups, partition: i32) -> i64 {
         let got = groups
             .fetch_offsets("g", Some(vec![("t".to_string(), vec![partition])]), false)
@@ -1128,12 +1138,6 @@ mod tests {
     async fn an_end_racing_a_transactional_commit_follows_it() {
         let dir = tempfile::tempdir().unwrap();
         let groups = Groups::open(dir.path(), settings()).unwrap();
-        let meta = |offset| OffsetMeta {
-            offset,
-            leader_epoch: -1,
-            metadata: None,
-            commit_ms: 1,
-        };
         let commit = groups.txn_commit(
             "g",
             7,
@@ -1209,12 +1213,6 @@ mod tests {
     async fn compaction_keeps_committed_and_pending_offsets() {
         let dir = tempfile::tempdir().unwrap();
         let groups = Groups::open(dir.path(), settings()).unwrap();
-        let meta = |offset| OffsetMeta {
-            offset,
-            leader_epoch: -1,
-            metadata: None,
-            commit_ms: 1,
-        };
         for i in 0..999i64 {
             let p = (i % 3) as i32;
             let code = groups

@@ -9,7 +9,7 @@ import time
 from confluent_kafka import Consumer, TopicPartition
 
 from clients import consumer_config, unique_topic
-from conftest import oncelog_bin
+from conftest import both_modes, oncelog_bin
 from test_transactions import txn_producer
 
 
@@ -185,6 +185,7 @@ def test_transactional_produce_and_isolation(broker):
     assert desc["state"] == "CompleteCommit"
 
 
+@both_modes()
 def test_single_writer_refusal_surfaces_in_the_cli(broker):
     """S6 through the CLI: with writer.transactional.id.prefix set by
     `topic alter-config`, another prefix's transactional produce fails loudly

@@ -285,11 +285,12 @@ def test_kafka_consumer_groups_delete_offsets(broker, tmp_path):
 
 
 @both_modes()
-def test_kafka_configs_describes_a_topic_and_the_broker(broker, tmp_path):
-    """Kafka's own `kafka-configs --describe` (DescribeConfigs through the
-    Java admin client): a topic's configs given at creation are its own,
-    the rest are the broker's defaults; the broker's settings are answered
-    for its id; the tool says a topic that does not exist does not."""
+def test_kafka_configs_describes_and_alters_a_topic_and_describes_the_broker(broker, tmp_path):
+    """Kafka's own `kafka-configs` (DescribeConfigs and IncrementalAlterConfigs
+    through the Java admin client): a topic's configs given at creation are
+    its own, the rest are the broker's defaults; --alter adds and deletes
+    them; the broker's settings are answered for its id; the tool says a
+    topic that does not exist does not."""
     from clients import admin
     from confluent_kafka.admin import NewTopic
     bs = broker.bootstrap
@@ -324,6 +325,18 @@ def test_kafka_configs_describes_a_topic_and_the_broker(broker, tmp_path):
     own = sorted(line.strip().split("=", 1)[0] for line in p.stdout.splitlines()
                  if " sensitive=" in line)
     assert own == ["cleanup.policy", "retention.ms"], p.stdout
+
+    p = configs_tool("--alter", "--entity-type", "topics", "--entity-name", topic,
+                     "--add-config", "retention.ms=7200000,segment.ms=600000",
+                     "--delete-config", "cleanup.policy")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    p = configs_tool("--describe", "--entity-type", "topics", "--entity-name", topic)
+    own = sorted(line.strip().split(" sensitive=")[0] for line in p.stdout.splitlines()
+                 if " sensitive=" in line)
+    assert own == ["retention.ms=7200000", "segment.ms=600000"], p.stdout
+    p = configs_tool("--alter", "--entity-type", "topics", "--entity-name", topic,
+                     "--add-config", "retention.ms=soon")
+    assert p.returncode != 0 and "InvalidConfig" in p.stdout + p.stderr, (p.stdout, p.stderr)
 
     # The admin client asks the broker named for its own settings: any of a cluster's.
     info, _ = cli(broker, "cluster", "info")

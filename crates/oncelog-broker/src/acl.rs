@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kafka_protocol::messages::create_acls_request::{AclCreation, CreateAclsRequest};
 use kafka_protocol::messages::create_acls_response::{AclCreationResult, CreateAclsResponse};
@@ -249,7 +249,7 @@ pub struct Authorizer {
     super_users: Vec<String>,
     allow_if_no_acl: bool,
     dir: PathBuf,
-    acls: Mutex<Vec<Acl>>,
+    acls: Arc<Mutex<Vec<Acl>>>,
     pub denials: DenyStats,
 }
 
@@ -270,7 +270,7 @@ impl Authorizer {
                 .collect(),
             allow_if_no_acl,
             dir: data_dir.to_path_buf(),
-            acls: Mutex::new(acls),
+            acls: Arc::new(Mutex::new(acls)),
             denials: DenyStats::default(),
         })
     }
@@ -374,52 +374,31 @@ impl Authorizer {
     }
 
     pub fn create(&self, req: &CreateAclsRequest) -> CreateAclsResponse {
-        let disabled = || {
-            AclCreationResult::default()
-                .with_error_code(ErrorCode::SecurityDisabled.code())
-                .with_error_message(Some(StrBytes::from_static_str(
-                    "No Authorizer is configured (authorizer.class.name)",
-                )))
-        };
         if !self.enabled {
-            return CreateAclsResponse::default()
-                .with_results(req.creations.iter().map(|_| disabled()).collect());
+            return create_disabled(req);
         }
-        let parsed: Vec<Result<Acl, String>> = req.creations.iter().map(parse_creation).collect();
         let mut acls = self.lock();
-        let mut next = acls.clone();
-        for a in parsed.iter().flatten() {
-            if !next.contains(a) {
-                next.push(a.clone());
-            }
-        }
-        next.sort();
+        let (next, plan) = plan_create(&acls, req);
         let stored = if next != *acls {
             self.persist(&next)
         } else {
             Ok(())
         };
-        let results = parsed
-            .iter()
-            .map(|p| match (p, &stored) {
-                (Err(why), _) => AclCreationResult::default()
-                    .with_error_code(ErrorCode::InvalidRequest.code())
-                    .with_error_message(Some(StrBytes::from_string(why.clone()))),
-                (Ok(_), Err(e)) => AclCreationResult::default()
-                    .with_error_code(ErrorCode::KafkaStorageError.code())
-                    .with_error_message(Some(StrBytes::from_string(format!(
-                        "could not store the ACLs: {e}"
-                    )))),
-                (Ok(a), Ok(())) => {
-                    tracing::info!(acl = ?a, "ACL created");
-                    AclCreationResult::default()
-                }
-            })
-            .collect();
         if stored.is_ok() {
             *acls = next;
         }
-        CreateAclsResponse::default().with_results(results)
+        plan.answer(&stored)
+    }
+
+    /// The ACLs as they stand (cluster mode's copy is refreshed from
+    /// PostgreSQL through `shared`).
+    pub fn acls(&self) -> Vec<Acl> {
+        self.lock().clone()
+    }
+
+    /// The ACLs' cell, for cluster mode to replace with the cluster's.
+    pub fn shared(&self) -> Arc<Mutex<Vec<Acl>>> {
+        self.acls.clone()
     }
 
     pub fn describe(&self, r: &DescribeAclsRequest) -> DescribeAclsResponse {
@@ -467,58 +446,148 @@ impl Authorizer {
     }
 
     pub fn delete(&self, r: &DeleteAclsRequest) -> DeleteAclsResponse {
-        let fail = |code: ErrorCode, msg: String| {
-            DeleteAclsFilterResult::default()
-                .with_error_code(code.code())
-                .with_error_message(Some(StrBytes::from_string(msg)))
-        };
         if !self.enabled {
+            return delete_disabled(r);
+        }
+        let mut acls = self.lock();
+        let (next, plan) = plan_delete(&acls, r);
+        let stored = if next != *acls {
+            self.persist(&next)
+        } else {
+            Ok(())
+        };
+        if stored.is_ok() {
+            *acls = next;
+        }
+        plan.answer(&stored)
+    }
+}
+
+const NO_AUTHORIZER: &str = "No Authorizer is configured (authorizer.class.name)";
+
+/// CreateAcls' answer without an authorizer.
+pub fn create_disabled(req: &CreateAclsRequest) -> CreateAclsResponse {
+    CreateAclsResponse::default().with_results(
+        req.creations
+            .iter()
+            .map(|_| {
+                AclCreationResult::default()
+                    .with_error_code(ErrorCode::SecurityDisabled.code())
+                    .with_error_message(Some(StrBytes::from_static_str(NO_AUTHORIZER)))
+            })
+            .collect(),
+    )
+}
+
+/// DeleteAcls' answer without an authorizer.
+pub fn delete_disabled(r: &DeleteAclsRequest) -> DeleteAclsResponse {
+    DeleteAclsResponse::default().with_filter_results(
+        r.filters
+            .iter()
+            .map(|_| delete_failed(ErrorCode::SecurityDisabled, NO_AUTHORIZER.into()))
+            .collect(),
+    )
+}
+
+fn delete_failed(code: ErrorCode, msg: String) -> DeleteAclsFilterResult {
+    DeleteAclsFilterResult::default()
+        .with_error_code(code.code())
+        .with_error_message(Some(StrBytes::from_string(msg)))
+}
+
+/// What a CreateAcls makes of `current` (the ACLs after it, sorted), and
+/// its answer once their storing is known: both modes run it on the ACLs
+/// they hold under their lock (local mode's mutex, cluster mode's row).
+pub fn plan_create(current: &[Acl], req: &CreateAclsRequest) -> (Vec<Acl>, CreatePlan) {
+    let parsed: Vec<Result<Acl, String>> = req.creations.iter().map(parse_creation).collect();
+    let mut next = current.to_vec();
+    for a in parsed.iter().flatten() {
+        if !next.contains(a) {
+            next.push(a.clone());
+        }
+    }
+    next.sort();
+    (next, CreatePlan(parsed))
+}
+
+pub struct CreatePlan(Vec<Result<Acl, String>>);
+
+impl CreatePlan {
+    pub fn answer(self, stored: &Result<(), String>) -> CreateAclsResponse {
+        let results = self
+            .0
+            .iter()
+            .map(|p| match (p, stored) {
+                (Err(why), _) => AclCreationResult::default()
+                    .with_error_code(ErrorCode::InvalidRequest.code())
+                    .with_error_message(Some(StrBytes::from_string(why.clone()))),
+                (Ok(_), Err(e)) => AclCreationResult::default()
+                    .with_error_code(ErrorCode::KafkaStorageError.code())
+                    .with_error_message(Some(StrBytes::from_string(format!(
+                        "could not store the ACLs: {e}"
+                    )))),
+                (Ok(a), Ok(())) => {
+                    tracing::info!(acl = ?a, "ACL created");
+                    AclCreationResult::default()
+                }
+            })
+            .collect();
+        CreateAclsResponse::default().with_results(results)
+    }
+}
+
+/// What a DeleteAcls makes of `current`, and its answer once the storing
+/// is known (as `plan_create`).
+pub fn plan_delete(current: &[Acl], r: &DeleteAclsRequest) -> (Vec<Acl>, DeletePlan) {
+    let mut next = current.to_vec();
+    let mut results = Vec::new();
+    for df in &r.filters {
+        let f = filter_of(df);
+        if let Err(why) = f.validate() {
+            results.push(Err(why));
+            continue;
+        }
+        let (gone, kept): (Vec<Acl>, Vec<Acl>) = next.into_iter().partition(|a| f.matches(a));
+        next = kept;
+        results.push(Ok(gone));
+    }
+    let deleted = current.len() - next.len();
+    (next, DeletePlan { results, deleted })
+}
+
+pub struct DeletePlan {
+    results: Vec<Result<Vec<Acl>, String>>,
+    deleted: usize,
+}
+
+impl DeletePlan {
+    pub fn answer(self, stored: &Result<(), String>) -> DeleteAclsResponse {
+        if let Err(e) = stored {
             return DeleteAclsResponse::default().with_filter_results(
-                r.filters
+                self.results
                     .iter()
                     .map(|_| {
-                        fail(
-                            ErrorCode::SecurityDisabled,
-                            "No Authorizer is configured (authorizer.class.name)".into(),
+                        delete_failed(
+                            ErrorCode::KafkaStorageError,
+                            format!("could not store the ACLs: {e}"),
                         )
                     })
                     .collect(),
             );
         }
-        let mut acls = self.lock();
-        let mut next = acls.clone();
-        let mut results = Vec::new();
-        for df in &r.filters {
-            let f = filter_of(df);
-            if let Err(why) = f.validate() {
-                results.push(fail(ErrorCode::InvalidRequest, why));
-                continue;
-            }
-            let (gone, kept): (Vec<Acl>, Vec<Acl>) = next.into_iter().partition(|a| f.matches(a));
-            next = kept;
-            results.push(
-                DeleteAclsFilterResult::default()
-                    .with_matching_acls(gone.iter().map(matching).collect()),
-            );
+        if self.deleted > 0 {
+            tracing::info!(deleted = self.deleted, "ACLs deleted");
         }
-        if next != *acls {
-            if let Err(e) = self.persist(&next) {
-                return DeleteAclsResponse::default().with_filter_results(
-                    r.filters
-                        .iter()
-                        .map(|_| {
-                            fail(
-                                ErrorCode::KafkaStorageError,
-                                format!("could not store the ACLs: {e}"),
-                            )
-                        })
-                        .collect(),
-                );
-            }
-            tracing::info!(deleted = acls.len() - next.len(), "ACLs deleted");
-            *acls = next;
-        }
-        DeleteAclsResponse::default().with_filter_results(results)
+        DeleteAclsResponse::default().with_filter_results(
+            self.results
+                .into_iter()
+                .map(|r| match r {
+                    Err(why) => delete_failed(ErrorCode::InvalidRequest, why),
+                    Ok(gone) => DeleteAclsFilterResult::default()
+                        .with_matching_acls(gone.iter().map(matching).collect()),
+                })
+                .collect(),
+        )
     }
 }
 

@@ -150,7 +150,11 @@ impl Broker {
         cc.flush_bytes = c.cluster_flush_bytes;
         cc.lease = std::time::Duration::from_millis(c.cluster_lease_ms.max(300));
         cc.cache_bytes = c.cluster_cache_bytes;
-        let front = cluster::front::Front::start(cc).await?;
+        let security = cluster::security::Copies {
+            acls: self.authz.shared(),
+            users: self.users.shared(),
+        };
+        let front = cluster::front::Front::start(cc, security).await?;
         let defaults = self.config.clone();
         cluster::jobs::spawn(
             front.cluster.clone(),
@@ -675,24 +679,15 @@ impl cutover::Host for Broker {
     }
 
     fn set_writer_config(&self, topic: &str, writer: &str) -> Result<(), String> {
-        let t = self
-            .topics
-            .get(topic)
-            .ok_or_else(|| format!("unknown topic {topic}"))?;
-        let mut configs = t.meta().configs;
-        if configs
-            .get(writers::WRITER_PREFIX_CONFIG)
-            .map(String::as_str)
-            == Some(writer)
-        {
-            return Ok(());
-        }
-        configs.insert(
-            writers::WRITER_PREFIX_CONFIG.to_string(),
-            writer.to_string(),
-        );
         self.topics
-            .set_configs(topic, configs)
+            .update_configs(topic, |current| {
+                let mut configs = current.clone();
+                configs.insert(
+                    writers::WRITER_PREFIX_CONFIG.to_string(),
+                    writer.to_string(),
+                );
+                Ok(configs)
+            })
             .map_err(|e| e.to_string())
     }
 }

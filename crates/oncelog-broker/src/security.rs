@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -226,12 +226,12 @@ pub fn parse_listeners(
 
 // ------------------------------------------------------------ credentials
 
-type UserMap = BTreeMap<String, BTreeMap<Mechanism, Credential>>;
+pub type UserMap = BTreeMap<String, BTreeMap<Mechanism, Credential>>;
 
 /// Every user's SCRAM credentials, durable in the data dir.
 pub struct ScramUsers {
     dir: PathBuf,
-    state: Mutex<UserMap>,
+    state: Arc<Mutex<UserMap>>,
 }
 
 impl ScramUsers {
@@ -239,7 +239,7 @@ impl ScramUsers {
         let state = crate::datadir::read_json(data_dir, USERS_FILE)?;
         Ok(Self {
             dir: data_dir.to_path_buf(),
-            state: Mutex::new(state),
+            state: Arc::new(Mutex::new(state)),
         })
     }
 
@@ -319,124 +319,165 @@ impl ScramUsers {
         &self,
         req: &AlterUserScramCredentialsRequest,
     ) -> AlterUserScramCredentialsResponse {
-        enum Change {
-            Delete(Mechanism),
-            Upsert(Mechanism, Credential),
-        }
-        let mut per_user: BTreeMap<String, Vec<Result<Change, (ErrorCode, String)>>> =
-            BTreeMap::new();
-        for d in &req.deletions {
-            let r = match Mechanism::from_wire_id(d.mechanism) {
-                Some(m) => Ok(Change::Delete(m)),
-                None => Err((
-                    ErrorCode::UnsupportedSaslMechanism,
-                    "Unknown SCRAM mechanism".to_string(),
-                )),
-            };
-            per_user.entry(d.name.to_string()).or_default().push(r);
-        }
-        for u in &req.upsertions {
-            let r = match Mechanism::from_wire_id(u.mechanism) {
-                None => Err((
-                    ErrorCode::UnsupportedSaslMechanism,
-                    "Unknown SCRAM mechanism".to_string(),
-                )),
-                Some(_) if u.iterations < Mechanism::MIN_ITERATIONS => Err((
-                    ErrorCode::UnacceptableCredential,
-                    format!(
-                        "Too few iterations: at least {} are required",
-                        Mechanism::MIN_ITERATIONS
-                    ),
-                )),
-                Some(_) if u.iterations > Mechanism::MAX_ITERATIONS => Err((
-                    ErrorCode::UnacceptableCredential,
-                    format!(
-                        "Too many iterations: at most {} are allowed",
-                        Mechanism::MAX_ITERATIONS
-                    ),
-                )),
-                Some(m) if u.salt.is_empty() || u.salted_password.is_empty() => {
-                    let _ = m;
-                    Err((
-                        ErrorCode::UnacceptableCredential,
-                        "Salt and salted password must not be empty".to_string(),
-                    ))
-                }
-                Some(m) => Ok(Change::Upsert(
-                    m,
-                    Credential::from_salted(m, &u.salt, u.iterations as u32, &u.salted_password),
-                )),
-            };
-            per_user.entry(u.name.to_string()).or_default().push(r);
-        }
         let mut state = self.lock();
-        let mut next = state.clone();
-        let mut results = Vec::new();
-        for (user, changes) in per_user {
-            let outcome = (|| -> Result<(), (ErrorCode, String)> {
-                if user.is_empty() {
-                    return Err((
-                        ErrorCode::UnacceptableCredential,
-                        "Username must not be empty".into(),
-                    ));
-                }
-                let mut mechs: Vec<Mechanism> = Vec::new();
-                let mut ok = Vec::new();
-                for c in changes {
-                    let c = c?;
-                    let m = match &c {
-                        Change::Delete(m) | Change::Upsert(m, _) => *m,
-                    };
-                    if mechs.contains(&m) {
-                        return Err((
-                            ErrorCode::DuplicateResource,
-                            "A user credential cannot be altered twice in the same request".into(),
-                        ));
-                    }
-                    mechs.push(m);
-                    ok.push(c);
-                }
-                let mut creds = next.get(&user).cloned().unwrap_or_default();
-                for c in ok {
-                    match c {
-                        Change::Delete(m) => {
-                            if creds.remove(&m).is_none() {
-                                return Err((
-                                    ErrorCode::ResourceNotFound,
-                                    "Attempt to delete a user credential that does not exist"
-                                        .into(),
-                                ));
-                            }
-                        }
-                        Change::Upsert(m, cred) => {
-                            creds.insert(m, cred);
-                        }
-                    }
-                }
-                if creds.is_empty() {
-                    next.remove(&user);
-                } else {
-                    next.insert(user.clone(), creds);
-                }
-                Ok(())
-            })();
-            let mut r = AlterUserScramCredentialsResult::default()
-                .with_user(StrBytes::from_string(user.clone()));
-            if let Err((code, msg)) = outcome {
-                r = r
-                    .with_error_code(code.code())
-                    .with_error_message(Some(StrBytes::from_string(msg)));
-            }
-            results.push(r);
-        }
-        if next != *state {
-            let written = serde_json::to_vec_pretty(&next)
+        let (next, plan) = plan_alter(&state, req);
+        let stored = if next != *state {
+            serde_json::to_vec_pretty(&next)
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| {
                     crate::datadir::write_atomically(&self.dir, USERS_FILE, &bytes)
                         .map_err(|e| e.to_string())
-                });
-            if let Err(e) = written {
+                })
+        } else {
+            Ok(())
+        };
+        let resp = plan.answer(&stored, &next);
+        if stored.is_ok() {
+            *state = next;
+        }
+        resp
+    }
+
+    /// Every user's credentials as they stand.
+    pub fn users(&self) -> UserMap {
+        self.lock().clone()
+    }
+
+    /// The credentials' cell, for cluster mode to replace with the
+    /// cluster's.
+    pub fn shared(&self) -> Arc<Mutex<UserMap>> {
+        self.state.clone()
+    }
+}
+
+/// What an AlterUserScramCredentials makes of `current`, and its answer
+/// once the storing is known: both modes run it on the credentials they
+/// hold under their lock (local mode's mutex, cluster mode's row).
+pub fn plan_alter(
+    current: &UserMap,
+    req: &AlterUserScramCredentialsRequest,
+) -> (UserMap, AlterPlan) {
+    enum Change {
+        Delete(Mechanism),
+        Upsert(Mechanism, Credential),
+    }
+    let mut per_user: BTreeMap<String, Vec<Result<Change, (ErrorCode, String)>>> = BTreeMap::new();
+    for d in &req.deletions {
+        let r = match Mechanism::from_wire_id(d.mechanism) {
+            Some(m) => Ok(Change::Delete(m)),
+            None => Err((
+                ErrorCode::UnsupportedSaslMechanism,
+                "Unknown SCRAM mechanism".to_string(),
+            )),
+        };
+        per_user.entry(d.name.to_string()).or_default().push(r);
+    }
+    for u in &req.upsertions {
+        let r = match Mechanism::from_wire_id(u.mechanism) {
+            None => Err((
+                ErrorCode::UnsupportedSaslMechanism,
+                "Unknown SCRAM mechanism".to_string(),
+            )),
+            Some(_) if u.iterations < Mechanism::MIN_ITERATIONS => Err((
+                ErrorCode::UnacceptableCredential,
+                format!(
+                    "Too few iterations: at least {} are required",
+                    Mechanism::MIN_ITERATIONS
+                ),
+            )),
+            Some(_) if u.iterations > Mechanism::MAX_ITERATIONS => Err((
+                ErrorCode::UnacceptableCredential,
+                format!(
+                    "Too many iterations: at most {} are allowed",
+                    Mechanism::MAX_ITERATIONS
+                ),
+            )),
+            Some(m) if u.salt.is_empty() || u.salted_password.is_empty() => {
+                let _ = m;
+                Err((
+                    ErrorCode::UnacceptableCredential,
+                    "Salt and salted password must not be empty".to_string(),
+                ))
+            }
+            Some(m) => Ok(Change::Upsert(
+                m,
+                Credential::from_salted(m, &u.salt, u.iterations as u32, &u.salted_password),
+            )),
+        };
+        per_user.entry(u.name.to_string()).or_default().push(r);
+    }
+    let mut next = current.clone();
+    let mut results = Vec::new();
+    for (user, changes) in per_user {
+        let outcome = (|| -> Result<(), (ErrorCode, String)> {
+            if user.is_empty() {
+                return Err((
+                    ErrorCode::UnacceptableCredential,
+                    "Username must not be empty".into(),
+                ));
+            }
+            let mut mechs: Vec<Mechanism> = Vec::new();
+            let mut ok = Vec::new();
+            for c in changes {
+                let c = c?;
+                let m = match &c {
+                    Change::Delete(m) | Change::Upsert(m, _) => *m,
+                };
+                if mechs.contains(&m) {
+                    return Err((
+                        ErrorCode::DuplicateResource,
+                        "A user credential cannot be altered twice in the same request".into(),
+                    ));
+                }
+                mechs.push(m);
+                ok.push(c);
+            }
+            let mut creds = next.get(&user).cloned().unwrap_or_default();
+            for c in ok {
+                match c {
+                    Change::Delete(m) => {
+                        if creds.remove(&m).is_none() {
+                            return Err((
+                                ErrorCode::ResourceNotFound,
+                                "Attempt to delete a user credential that does not exist".into(),
+                            ));
+                        }
+                    }
+                    Change::Upsert(m, cred) => {
+                        creds.insert(m, cred);
+                    }
+                }
+            }
+            if creds.is_empty() {
+                next.remove(&user);
+            } else {
+                next.insert(user.clone(), creds);
+            }
+            Ok(())
+        })();
+        let mut r = AlterUserScramCredentialsResult::default()
+            .with_user(StrBytes::from_string(user.clone()));
+        if let Err((code, msg)) = outcome {
+            r = r
+                .with_error_code(code.code())
+                .with_error_message(Some(StrBytes::from_string(msg)));
+        }
+        results.push(r);
+    }
+    (next, AlterPlan(results))
+}
+
+pub struct AlterPlan(Vec<AlterUserScramCredentialsResult>);
+
+impl AlterPlan {
+    pub fn answer(
+        self,
+        stored: &Result<(), String>,
+        next: &UserMap,
+    ) -> AlterUserScramCredentialsResponse {
+        let mut results = self.0;
+        match stored {
+            Err(e) => {
                 tracing::error!(error = %e, "SCRAM credentials could not be written; nothing changed");
                 for r in &mut results {
                     if r.error_code == 0 {
@@ -446,17 +487,17 @@ impl ScramUsers {
                         )));
                     }
                 }
-                return AlterUserScramCredentialsResponse::default().with_results(results);
             }
-            for r in results.iter().filter(|r| r.error_code == 0) {
-                let user = r.user.as_str();
-                let now: Vec<&str> = next
-                    .get(user)
-                    .map(|m| m.keys().map(|k| k.name()).collect())
-                    .unwrap_or_default();
-                tracing::info!(user, mechanisms = ?now, "SCRAM credentials changed");
+            Ok(()) => {
+                for r in results.iter().filter(|r| r.error_code == 0) {
+                    let user = r.user.as_str();
+                    let now: Vec<&str> = next
+                        .get(user)
+                        .map(|m| m.keys().map(|k| k.name()).collect())
+                        .unwrap_or_default();
+                    tracing::info!(user, mechanisms = ?now, "SCRAM credentials changed");
+                }
             }
-            *state = next;
         }
         AlterUserScramCredentialsResponse::default().with_results(results)
     }

@@ -732,20 +732,35 @@ impl Topics {
         name: &str,
         configs: BTreeMap<String, String>,
     ) -> Result<(), TopicError> {
+        self.update_configs(name, |_| Ok(configs))
+    }
+
+    /// Replaces a topic's configs by what `change` makes of the current
+    /// ones, read and written under the catalogue's write lock: two
+    /// alterations at once each see the other's result, none is lost.
+    pub fn update_configs(
+        &self,
+        name: &str,
+        change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, TopicError>,
+    ) -> Result<(), TopicError> {
         if datadir::is_internal_topic(name) {
             return Err(TopicError::Internal {
                 topic: name.into(),
                 action: "alter",
             });
         }
-        for (k, v) in &configs {
-            crate::config::validate_topic_config(k, v)
-                .map_err(|e| TopicError::InvalidConfig(e.0))?;
-        }
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let t = self
             .get(name)
             .ok_or_else(|| TopicError::Unknown(name.into()))?;
+        let configs = change(&t.meta().configs)?;
+        for (k, v) in &configs {
+            crate::config::validate_topic_config(k, v)
+                .map_err(|e| TopicError::InvalidConfig(e.0))?;
+        }
+        if configs == t.meta().configs {
+            return Ok(());
+        }
         // Saved before it is acted on: a retention change must never delete
         // segments on the strength of a setting that was not kept.
         let mut meta = t.meta();

@@ -37,13 +37,14 @@ impl From<deadpool_postgres::PoolError> for CatalogueError {
     }
 }
 
+/// The channel a topic's creation, deletion or config change is announced
+/// on (its name): every broker then reads the catalogue again, so a deleted
+/// and recreated topic is not served from a stale copy.
+pub const CATALOGUE_CHANNEL: &str = "oncelog_catalogue";
+
 /// Creates a topic with `partitions` partitions, each starting at offset 0.
 /// Creating a name that exists (by any broker, concurrently too) is
 /// `TopicError::Exists` and changes nothing.
-/// The channel a topic's creation or deletion is announced on (its name):
-/// every broker then reads the catalogue again, so a deleted and recreated
-/// topic is not served from a stale copy.
-pub const CATALOGUE_CHANNEL: &str = "oncelog_catalogue";
 
 pub async fn create_topic(
     pool: &Pool,
@@ -118,6 +119,54 @@ pub async fn topic(pool: &Pool, name: &str) -> Result<Option<TopicRow>, ClusterE
         )
         .await?;
     Ok(row.as_ref().map(topic_row))
+}
+
+/// Replaces a topic's configs by what `change` makes of the current ones,
+/// in one PostgreSQL transaction that holds the topic's row: alterations
+/// through any brokers at once each see the one before, none is lost. The
+/// change is announced, so every broker's copy follows at once. With
+/// `validate_only` nothing is written. The topic's row after the change.
+pub async fn alter_topic_configs(
+    pool: &Pool,
+    name: &str,
+    validate_only: bool,
+    change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, TopicError>,
+) -> Result<TopicRow, CatalogueError> {
+    if crate::datadir::is_internal_topic(name) {
+        return Err(TopicError::Internal {
+            topic: name.into(),
+            action: "alter",
+        }
+        .into());
+    }
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let row = tx
+        .query_opt(
+            "SELECT id, name, partitions, configs FROM topics WHERE name = $1 FOR UPDATE",
+            &[&name],
+        )
+        .await?
+        .ok_or_else(|| TopicError::Unknown(name.to_string()))?;
+    let mut t = topic_row(&row);
+    let configs = change(&t.configs)?;
+    for (k, v) in &configs {
+        crate::config::validate_topic_config(k, v).map_err(|e| TopicError::InvalidConfig(e.0))?;
+    }
+    if validate_only || configs == t.configs {
+        return Ok(t);
+    }
+    let configs_json = serde_json::to_value(&configs).unwrap_or_default();
+    tx.execute(
+        "UPDATE topics SET configs = $2 WHERE id = $1",
+        &[&t.id, &configs_json],
+    )
+    .await?;
+    tx.execute("SELECT pg_notify($1, $2)", &[&CATALOGUE_CHANNEL, &name])
+        .await?;
+    tx.commit().await?;
+    t.configs = configs;
+    Ok(t)
 }
 
 fn topic_row(r: &tokio_postgres::Row) -> TopicRow {

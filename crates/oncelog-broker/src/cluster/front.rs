@@ -1,8 +1,8 @@
 //! What a broker in cluster mode runs beside its request handlers: the
 //! connection to the cluster, the flusher, the lease renewal, the LISTEN
-//! task, the object collector, and short-lived copies of the live brokers
-//! and the topic catalogue (for Metadata; every sequencing decision reads
-//! PostgreSQL itself, never these copies).
+//! task, the object collector, and short-lived copies of the live brokers,
+//! the topic catalogue (for Metadata; every sequencing decision reads
+//! PostgreSQL itself, never these copies), the ACLs and SCRAM credentials.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -34,11 +34,17 @@ pub struct Front {
     /// Transactional ids this broker fenced by a timeout abort, not yet
     /// counted in /metrics (which drains them into the fence counters).
     pub timeout_fences: std::sync::Mutex<Vec<String>>,
+    /// The authorizer's ACLs and the SASL listeners' credentials, replaced
+    /// from the cluster's rows at each refresh.
+    pub security: super::security::Copies,
 }
 
 impl Front {
     /// Connects, registers, and starts the background tasks.
-    pub async fn start(config: ClusterConfig) -> Result<Arc<Self>, ClusterError> {
+    pub async fn start(
+        config: ClusterConfig,
+        security: super::security::Copies,
+    ) -> Result<Arc<Self>, ClusterError> {
         let cluster = Cluster::connect(config).await?;
         let cluster_id = super::schema::cluster_id(&cluster.pool).await?;
         let flusher = Flusher::start(cluster.clone());
@@ -51,6 +57,7 @@ impl Front {
             groups: Ownership::default(),
             writers: Default::default(),
             timeout_fences: Default::default(),
+            security,
         });
         front.refresh().await?;
         {
@@ -112,6 +119,7 @@ impl Front {
     async fn refresh(&self) -> Result<(), ClusterError> {
         let live = session::live_brokers(&self.cluster.pool).await?;
         let topics = catalogue::topics(&self.cluster.pool).await?;
+        self.security.refresh(&self.cluster.pool).await?;
         *self.live.write().unwrap_or_else(|p| p.into_inner()) = live;
         *self.topics.write().unwrap_or_else(|p| p.into_inner()) =
             topics.into_iter().map(|t| (t.name.clone(), t)).collect();

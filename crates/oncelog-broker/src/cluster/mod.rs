@@ -27,6 +27,7 @@ pub mod reader;
 pub mod records;
 pub mod retention;
 pub mod schema;
+pub mod security;
 pub mod sequencer;
 pub mod session;
 pub mod txn;

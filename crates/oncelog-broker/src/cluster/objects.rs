@@ -69,8 +69,12 @@ impl Objects {
                 return Err(bad("a file:// URL needs an absolute path (file:///dir)"));
             }
             std::fs::create_dir_all(dir).map_err(|e| bad(&e.to_string()))?;
+            // A PUT returns once the file and the directory entries naming
+            // it are on stable storage, as an S3 PUT's answer promises: the
+            // commit that follows makes the object's batches acknowledged.
             let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
-                .map_err(|e| bad(&e.to_string()))?;
+                .map_err(|e| bad(&e.to_string()))?
+                .with_fsync(true);
             Ok(Self::new(Arc::new(store), "", url))
         } else {
             Err(bad("expected s3://bucket/prefix or file:///dir"))

@@ -158,6 +158,11 @@ CREATE TABLE IF NOT EXISTS compaction_state (
     PRIMARY KEY (topic_id, partition),
     FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE
 );
+CREATE TABLE IF NOT EXISTS security_docs (
+    name       text PRIMARY KEY,
+    doc        jsonb NOT NULL,
+    changed_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 "#;
 
 /// Creates the tables if they are missing and checks the stored version.

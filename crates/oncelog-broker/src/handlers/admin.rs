@@ -1,9 +1,13 @@
 //! CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs,
-//! IncrementalAlterConfigs, DeleteRecords.
+//! IncrementalAlterConfigs and AlterConfigs, DeleteRecords.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use kafka_protocol::messages::alter_configs_request::AlterConfigsRequest;
+use kafka_protocol::messages::alter_configs_response::{
+    AlterConfigsResourceResponse as LegacyAlterResult, AlterConfigsResponse,
+};
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsRequest;
 use kafka_protocol::messages::create_partitions_response::{
     CreatePartitionsResponse, CreatePartitionsTopicResult,
@@ -416,6 +420,199 @@ pub fn describe_configs_with(
     DescribeConfigsResponse::default().with_results(results)
 }
 
+/// One alteration of a topic's configs, as either AlterConfigs API asks it.
+pub(crate) enum ConfigChange {
+    /// IncrementalAlterConfigs: (name, operation, value), applied in order
+    /// (0 SET, 1 DELETE, 2 APPEND and 3 SUBTRACT for list configs).
+    Ops(Vec<(String, i8, Option<String>)>),
+    /// AlterConfigs (the older API): the topic's configs become exactly
+    /// these; what is not named returns to its default.
+    Replace(BTreeMap<String, String>),
+}
+
+impl ConfigChange {
+    pub(crate) fn incremental(
+        configs: &[kafka_protocol::messages::incremental_alter_configs_request::AlterableConfig],
+    ) -> Self {
+        ConfigChange::Ops(
+            configs
+                .iter()
+                .map(|c| {
+                    (
+                        c.name.to_string(),
+                        c.config_operation,
+                        c.value.as_ref().map(|v| v.to_string()),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    pub(crate) fn replace(
+        configs: &[kafka_protocol::messages::alter_configs_request::AlterableConfig],
+    ) -> Self {
+        ConfigChange::Replace(
+            configs
+                .iter()
+                .filter_map(|c| {
+                    c.value
+                        .as_ref()
+                        .map(|v| (c.name.to_string(), v.to_string()))
+                })
+                .collect(),
+        )
+    }
+
+    /// The topic's configs after this change of `current` (a list
+    /// operation starts from the broker's default when the topic has none),
+    /// each checked as CreateTopics checks them.
+    pub(crate) fn apply(
+        &self,
+        current: &BTreeMap<String, String>,
+        default: impl Fn(&str) -> Option<String>,
+    ) -> Result<BTreeMap<String, String>, TopicError> {
+        let list = |v: &str| -> Vec<String> {
+            v.split(',')
+                .map(|x| x.trim().to_string())
+                .filter(|x| !x.is_empty())
+                .collect()
+        };
+        let configs = match self {
+            ConfigChange::Replace(all) => all.clone(),
+            ConfigChange::Ops(ops) => {
+                let mut configs = current.clone();
+                for (key, op, value) in ops {
+                    let value = value.clone().unwrap_or_default();
+                    let now = configs
+                        .get(key)
+                        .cloned()
+                        .or_else(|| default(key))
+                        .unwrap_or_default();
+                    match op {
+                        0 => {
+                            configs.insert(key.clone(), value);
+                        }
+                        1 => {
+                            configs.remove(key);
+                        }
+                        2 if config_type(key) == 7 => {
+                            let mut items = list(&now);
+                            for v in list(&value) {
+                                if !items.contains(&v) {
+                                    items.push(v);
+                                }
+                            }
+                            configs.insert(key.clone(), items.join(","));
+                        }
+                        3 if config_type(key) == 7 => {
+                            let remove = list(&value);
+                            let items: Vec<String> = list(&now)
+                                .into_iter()
+                                .filter(|x| !remove.contains(x))
+                                .collect();
+                            configs.insert(key.clone(), items.join(","));
+                        }
+                        op => {
+                            return Err(TopicError::InvalidConfig(format!(
+                                "operation {op} is not valid for {key}"
+                            )))
+                        }
+                    }
+                }
+                configs
+            }
+        };
+        for (k, v) in &configs {
+            crate::config::validate_topic_config(k, v)
+                .map_err(|e| TopicError::InvalidConfig(e.0))?;
+        }
+        Ok(configs)
+    }
+}
+
+/// Whether a resource's configs may be altered at all: only a client
+/// topic's (broker settings are static; the internal topics are the
+/// broker's own).
+pub(crate) fn alterable_topic(resource_type: i8, name: &str) -> Result<(), (ErrorCode, String)> {
+    if resource_type != RESOURCE_TOPIC {
+        return Err((
+            ErrorCode::InvalidRequest,
+            "only topic configs can be altered; broker settings are static".into(),
+        ));
+    }
+    if crate::datadir::is_internal_topic(name) {
+        let e = TopicError::Internal {
+            topic: name.into(),
+            action: "alter",
+        };
+        return Err((topic_error_code(&e), e.to_string()));
+    }
+    Ok(())
+}
+
+pub(crate) fn alter_error(e: &TopicError) -> (ErrorCode, String) {
+    (topic_error_code(e), e.to_string())
+}
+
+/// One resource's answer, the same shape for both AlterConfigs APIs.
+pub(crate) fn alter_result(
+    resource_type: i8,
+    resource_name: StrBytes,
+    result: Result<(), (ErrorCode, String)>,
+) -> AlterConfigsResourceResponse {
+    let mut out = AlterConfigsResourceResponse::default()
+        .with_resource_type(resource_type)
+        .with_resource_name(resource_name);
+    if let Err((code, msg)) = result {
+        out.error_code = code.code();
+        out.error_message = Some(s(msg));
+    }
+    out
+}
+
+/// The older AlterConfigs' answer, from the same results.
+pub(crate) fn alter_configs_response(
+    results: Vec<AlterConfigsResourceResponse>,
+) -> AlterConfigsResponse {
+    AlterConfigsResponse::default().with_responses(
+        results
+            .into_iter()
+            .map(|r| {
+                LegacyAlterResult::default()
+                    .with_resource_type(r.resource_type)
+                    .with_resource_name(r.resource_name)
+                    .with_error_code(r.error_code)
+                    .with_error_message(r.error_message)
+            })
+            .collect(),
+    )
+}
+
+/// Alters one topic's configs in local mode.
+fn alter_local(
+    b: &Broker,
+    resource_type: i8,
+    name: &str,
+    change: &ConfigChange,
+    validate_only: bool,
+) -> Result<(), (ErrorCode, String)> {
+    alterable_topic(resource_type, name)?;
+    let default = |k: &str| b.config.topic_default(k);
+    if validate_only {
+        let t = b
+            .topics
+            .get(name)
+            .ok_or_else(|| alter_error(&TopicError::Unknown(name.into())))?;
+        change
+            .apply(&t.meta().configs, default)
+            .map_err(|e| alter_error(&e))?;
+        return Ok(());
+    }
+    b.topics
+        .update_configs(name, |current| change.apply(current, default))
+        .map_err(|e| alter_error(&e))
+}
+
 pub fn incremental_alter_configs(
     b: &Arc<Broker>,
     req: IncrementalAlterConfigsRequest,
@@ -424,99 +621,29 @@ pub fn incremental_alter_configs(
         .resources
         .into_iter()
         .map(|res| {
-            let mut out = AlterConfigsResourceResponse::default()
-                .with_resource_type(res.resource_type)
-                .with_resource_name(res.resource_name.clone());
-            let mut fail = |code: ErrorCode, msg: String| {
-                out.error_code = code.code();
-                out.error_message = Some(s(msg));
-            };
-            if res.resource_type != RESOURCE_TOPIC {
-                fail(
-                    ErrorCode::InvalidRequest,
-                    "only topic configs can be altered; broker settings are static".into(),
-                );
-                return out;
-            }
+            let change = ConfigChange::incremental(&res.configs);
             let name = res.resource_name.to_string();
-            if crate::datadir::is_internal_topic(&name) {
-                let e = TopicError::Internal {
-                    topic: name,
-                    action: "alter",
-                };
-                fail(topic_error_code(&e), e.to_string());
-                return out;
-            }
-            let Some(t) = b.topics.get(&name) else {
-                fail(
-                    ErrorCode::UnknownTopicOrPartition,
-                    format!("topic {name} does not exist"),
-                );
-                return out;
-            };
-            let mut configs = t.meta().configs;
-            for c in &res.configs {
-                let key = c.name.to_string();
-                let value = c.value.as_ref().map(|v| v.to_string()).unwrap_or_default();
-                let current = configs
-                    .get(&key)
-                    .cloned()
-                    .or_else(|| b.config.topic_default(&key))
-                    .unwrap_or_default();
-                let list = |v: &str| -> Vec<String> {
-                    v.split(',')
-                        .map(|x| x.trim().to_string())
-                        .filter(|x| !x.is_empty())
-                        .collect()
-                };
-                match c.config_operation {
-                    0 => {
-                        configs.insert(key, value);
-                    }
-                    1 => {
-                        configs.remove(&key);
-                    }
-                    2 if config_type(&key) == 7 => {
-                        let mut items = list(&current);
-                        for v in list(&value) {
-                            if !items.contains(&v) {
-                                items.push(v);
-                            }
-                        }
-                        configs.insert(key, items.join(","));
-                    }
-                    3 if config_type(&key) == 7 => {
-                        let remove = list(&value);
-                        let items: Vec<String> = list(&current)
-                            .into_iter()
-                            .filter(|x| !remove.contains(x))
-                            .collect();
-                        configs.insert(key, items.join(","));
-                    }
-                    op => {
-                        fail(
-                            ErrorCode::InvalidConfig,
-                            format!("operation {op} is not valid for {key}"),
-                        );
-                        return out;
-                    }
-                }
-            }
-            for (k, v) in &configs {
-                if let Err(e) = crate::config::validate_topic_config(k, v) {
-                    fail(ErrorCode::InvalidConfig, e.0);
-                    return out;
-                }
-            }
-            if !req.validate_only {
-                if let Err(e) = b.topics.set_configs(&name, configs) {
-                    fail(topic_error_code(&e), e.to_string());
-                }
-            }
-            out
+            let result = alter_local(b, res.resource_type, &name, &change, req.validate_only);
+            alter_result(res.resource_type, res.resource_name, result)
         })
         .collect();
     IncrementalAlterConfigsResponse::default().with_responses(responses)
+}
+
+/// AlterConfigs, the older API (kafka-python's `alter_configs`): each
+/// topic's configs are replaced by the ones given.
+pub fn alter_configs(b: &Arc<Broker>, req: AlterConfigsRequest) -> AlterConfigsResponse {
+    let results = req
+        .resources
+        .into_iter()
+        .map(|res| {
+            let change = ConfigChange::replace(&res.configs);
+            let name = res.resource_name.to_string();
+            let result = alter_local(b, res.resource_type, &name, &change, req.validate_only);
+            alter_result(res.resource_type, res.resource_name, result)
+        })
+        .collect();
+    alter_configs_response(results)
 }
 
 /// DeleteRecords (KIP-107): moves each partition's log start offset to the

@@ -593,6 +593,25 @@ pub fn guard(
             });
             (R::IncrementalAlterConfigs(r), Fixup::AlterConfigs(gone))
         }
+        R::AlterConfigs(mut r) => {
+            let mut gone = Vec::new();
+            r.resources.retain(|res| {
+                match config_check(
+                    &who,
+                    res.resource_type,
+                    &res.resource_name,
+                    Op::AlterConfigs,
+                ) {
+                    Some(code) => {
+                        denied("AlterConfigs", &res.resource_name);
+                        gone.push((res.resource_type, res.resource_name.clone(), code));
+                        false
+                    }
+                    None => true,
+                }
+            });
+            (R::AlterConfigs(r), Fixup::AlterConfigs(gone))
+        }
         R::DescribeProducers(mut r) => {
             let (ok, no): (Vec<_>, Vec<_>) = r
                 .topics
@@ -959,6 +978,17 @@ impl Fixup {
                 for (ty, n, code) in gone {
                     r.responses.push(
                         incremental_alter_configs_response::AlterConfigsResourceResponse::default()
+                            .with_resource_type(*ty)
+                            .with_resource_name(n.clone())
+                            .with_error_code(*code)
+                            .with_error_message(msg("not authorized")),
+                    );
+                }
+            }
+            (Fixup::AlterConfigs(gone), S::AlterConfigs(r)) => {
+                for (ty, n, code) in gone {
+                    r.responses.push(
+                        alter_configs_response::AlterConfigsResourceResponse::default()
                             .with_resource_type(*ty)
                             .with_resource_name(n.clone())
                             .with_error_code(*code)

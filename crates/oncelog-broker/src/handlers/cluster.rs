@@ -35,6 +35,7 @@ use kafka_protocol::messages::fetch_response::{
 };
 use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
 use kafka_protocol::messages::find_coordinator_response::{Coordinator, FindCoordinatorResponse};
+use kafka_protocol::messages::incremental_alter_configs_response::IncrementalAlterConfigsResponse;
 use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
 use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
 use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
@@ -99,8 +100,21 @@ pub const CLUSTER_SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::WriteTxnMarkers, 1, 1),
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::AlterConfigs, 0, 2),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
+    // Answered by the connection's security session (`crate::security`),
+    // against the cluster's credentials.
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
+    (ApiKey::DescribeUserScramCredentials, 0, 0),
+    (ApiKey::AlterUserScramCredentials, 0, 0),
+    // No client quotas are kept: always empty, as local mode.
+    (ApiKey::DescribeClientQuotas, 0, 1),
+    (ApiKey::CreateAcls, 1, 3),
+    (ApiKey::DescribeAcls, 1, 3),
+    (ApiKey::DeleteAcls, 1, 3),
 ];
 
 /// Longest long poll honoured.
@@ -271,6 +285,60 @@ pub async fn handle(
         RequestKind::DescribeConfigs(r) => Box::pin(async move {
             let resp = cluster_admin::describe_configs(&b, &front, r, version).await;
             respond(ResponseKind::DescribeConfigs(resp))
+        }),
+        RequestKind::IncrementalAlterConfigs(r) => Box::pin(async move {
+            let resources = r
+                .resources
+                .into_iter()
+                .map(|res| {
+                    let change = super::admin::ConfigChange::incremental(&res.configs);
+                    (res.resource_type, res.resource_name, change)
+                })
+                .collect();
+            let responses =
+                cluster_admin::alter_configs(&b, &front, resources, r.validate_only).await;
+            respond(ResponseKind::IncrementalAlterConfigs(
+                IncrementalAlterConfigsResponse::default().with_responses(responses),
+            ))
+        }),
+        RequestKind::AlterConfigs(r) => Box::pin(async move {
+            let resources = r
+                .resources
+                .into_iter()
+                .map(|res| {
+                    let change = super::admin::ConfigChange::replace(&res.configs);
+                    (res.resource_type, res.resource_name, change)
+                })
+                .collect();
+            let responses =
+                cluster_admin::alter_configs(&b, &front, resources, r.validate_only).await;
+            respond(ResponseKind::AlterConfigs(
+                super::admin::alter_configs_response(responses),
+            ))
+        }),
+        RequestKind::DescribeClientQuotas(_) => ready(respond(ResponseKind::DescribeClientQuotas(
+            kafka_protocol::messages::DescribeClientQuotasResponse::default()
+                .with_entries(Some(Vec::new())),
+        ))),
+        RequestKind::CreateAcls(r) => Box::pin(async move {
+            let resp = cluster_admin::create_acls(&b, &front, r).await;
+            respond(ResponseKind::CreateAcls(resp))
+        }),
+        RequestKind::DeleteAcls(r) => Box::pin(async move {
+            let resp = cluster_admin::delete_acls(&b, &front, r).await;
+            respond(ResponseKind::DeleteAcls(resp))
+        }),
+        RequestKind::DescribeAcls(r) => Box::pin(async move {
+            let resp = cluster_admin::describe_acls(&b, &front, r).await;
+            respond(ResponseKind::DescribeAcls(resp))
+        }),
+        RequestKind::AlterUserScramCredentials(r) => Box::pin(async move {
+            let resp = cluster_admin::alter_user_scram_credentials(&front, r).await;
+            respond(ResponseKind::AlterUserScramCredentials(resp))
+        }),
+        RequestKind::DescribeUserScramCredentials(r) => Box::pin(async move {
+            let resp = cluster_admin::describe_user_scram_credentials(&b, &front, r).await;
+            respond(ResponseKind::DescribeUserScramCredentials(resp))
         }),
         RequestKind::WriteTxnMarkers(r) => Box::pin(async move {
             let resp = cluster_admin::write_txn_markers(&front, r).await;
@@ -799,7 +867,7 @@ async fn add_partitions_to_txn(
         if let Ok(Some(row)) = front.topic(t.name.0.as_str()).await {
             known.insert(row.name.clone(), row.partitions);
             if let Err(why) = crate::writers::allowed(&row.configs, &id) {
-                tracing::warn!(transactional_id = %id, topic = %row.name, reason = %why,
+                tracing::warn!(transactional_id = id.as_str(), topic = %row.name, reason = %why,
                     "second transactional writer refused");
                 refused = true;
             }
@@ -1151,7 +1219,7 @@ async fn implicit_add(
         return refused;
     };
     let failed = if let Some(why) = gate {
-        tracing::warn!(transactional_id = %id, reason = %why, "second transactional writer refused");
+        tracing::warn!(transactional_id = id.as_str(), reason = %why, "second transactional writer refused");
         Some((ErrorCode::TransactionalIdAuthorizationFailed, why))
     } else {
         let add = parts.clone();

@@ -4,20 +4,34 @@
 //! FindCoordinator names this broker for, so an admin client that asks
 //! every broker lists each id once) and an operator's abort through
 //! WriteTxnMarkers, shaped by local mode's helpers in `admin_txn`;
-//! DeleteRecords; DescribeConfigs.
+//! DeleteRecords; DescribeConfigs; IncrementalAlterConfigs and AlterConfigs;
+//! the ACL and SCRAM credential APIs on the cluster's rows.
 
 use std::collections::HashMap;
 
+use kafka_protocol::protocol::StrBytes;
+
+use kafka_protocol::messages::alter_user_scram_credentials_request::AlterUserScramCredentialsRequest;
+use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserScramCredentialsResponse;
+use kafka_protocol::messages::create_acls_request::CreateAclsRequest;
+use kafka_protocol::messages::create_acls_response::CreateAclsResponse;
+use kafka_protocol::messages::delete_acls_request::DeleteAclsRequest;
+use kafka_protocol::messages::delete_acls_response::DeleteAclsResponse;
 use kafka_protocol::messages::delete_records_request::DeleteRecordsRequest;
 use kafka_protocol::messages::delete_records_response::{
     DeleteRecordsPartitionResult, DeleteRecordsResponse, DeleteRecordsTopicResult,
 };
+use kafka_protocol::messages::describe_acls_request::DescribeAclsRequest;
+use kafka_protocol::messages::describe_acls_response::DescribeAclsResponse;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsRequest;
 use kafka_protocol::messages::describe_configs_response::DescribeConfigsResponse;
 use kafka_protocol::messages::describe_producers_request::DescribeProducersRequest;
 use kafka_protocol::messages::describe_producers_response::DescribeProducersResponse;
 use kafka_protocol::messages::describe_transactions_request::DescribeTransactionsRequest;
 use kafka_protocol::messages::describe_transactions_response::DescribeTransactionsResponse;
+use kafka_protocol::messages::describe_user_scram_credentials_request::DescribeUserScramCredentialsRequest;
+use kafka_protocol::messages::describe_user_scram_credentials_response::DescribeUserScramCredentialsResponse;
+use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
 use kafka_protocol::messages::list_transactions_request::ListTransactionsRequest;
 use kafka_protocol::messages::list_transactions_response::ListTransactionsResponse;
 use kafka_protocol::messages::write_txn_markers_request::WriteTxnMarkersRequest;
@@ -27,12 +41,16 @@ use kafka_protocol::messages::write_txn_markers_response::{
 };
 
 use super::{admin, admin_txn};
-use crate::cluster::catalogue;
+use crate::acl::{self, Acl};
+use crate::cluster::catalogue::{self, CatalogueError};
 use crate::cluster::describe;
 use crate::cluster::front::Front;
 use crate::cluster::records::{self, Refused};
+use crate::cluster::security;
 use crate::cluster::txn::{admin_abort, AdminAbort};
+use crate::cluster::ClusterError;
 use crate::error::ErrorCode;
+use crate::security::{plan_alter, UserMap};
 
 pub async fn describe_producers(
     front: &Front,
@@ -303,4 +321,160 @@ pub async fn describe_configs(
     }
     let topic = |name: &str| rows.get(name).cloned().unwrap_or(Ok(None));
     admin::describe_configs_with(b, req, version, front.cluster.config.broker_id, topic)
+}
+
+/// IncrementalAlterConfigs and AlterConfigs: each topic's change is one
+/// PostgreSQL transaction on its catalogue row (local mode's rules and
+/// answers); every broker's copy follows through the catalogue channel.
+pub async fn alter_configs(
+    b: &crate::Broker,
+    front: &Front,
+    resources: Vec<(i8, StrBytes, admin::ConfigChange)>,
+    validate_only: bool,
+) -> Vec<AlterConfigsResourceResponse> {
+    let mut out = Vec::with_capacity(resources.len());
+    for (resource_type, resource_name, change) in resources {
+        let name = resource_name.to_string();
+        let result = match admin::alterable_topic(resource_type, &name) {
+            Err(e) => Err(e),
+            Ok(()) => {
+                let default = |k: &str| b.config.topic_default(k);
+                match catalogue::alter_topic_configs(
+                    &front.cluster.pool,
+                    &name,
+                    validate_only,
+                    |current| change.apply(current, default),
+                )
+                .await
+                {
+                    Ok(row) => {
+                        if !validate_only {
+                            front.remember(row);
+                        }
+                        Ok(())
+                    }
+                    Err(CatalogueError::Topic(e)) => Err(admin::alter_error(&e)),
+                    Err(CatalogueError::Cluster(e)) => {
+                        tracing::warn!(topic = %name, error = %e, "cluster: altering a topic's configs failed");
+                        Err((
+                            ErrorCode::KafkaStorageError,
+                            format!("the catalogue could not be changed: {e}"),
+                        ))
+                    }
+                }
+            }
+        };
+        out.push(admin::alter_result(resource_type, resource_name, result));
+    }
+    out
+}
+
+/// CreateAcls, DeleteAcls and AlterUserScramCredentials change the
+/// cluster's row (local mode's rules and answers, one transaction holding
+/// the row); this broker's copy takes the result at once, the others at
+/// their next refresh. A failure to reach PostgreSQL is KAFKA_STORAGE_ERROR
+/// for every valid change, and nothing changed.
+fn security_failed(what: &str, e: &ClusterError) -> String {
+    tracing::warn!(error = %e, "cluster: changing the {what} failed; nothing changed");
+    format!("the cluster's {what} could not be changed: {e}")
+}
+
+pub async fn create_acls(
+    b: &crate::Broker,
+    front: &Front,
+    req: CreateAclsRequest,
+) -> CreateAclsResponse {
+    if !b.authz.enabled {
+        return acl::create_disabled(&req);
+    }
+    let pool = &front.cluster.pool;
+    match security::change(pool, security::ACLS, |cur: &Vec<Acl>| {
+        acl::plan_create(cur, &req)
+    })
+    .await
+    {
+        Ok((next, plan)) => {
+            front.security.set_acls(next);
+            plan.answer(&Ok(()))
+        }
+        Err(e) => acl::plan_create(&[], &req)
+            .1
+            .answer(&Err(security_failed("ACLs", &e))),
+    }
+}
+
+pub async fn delete_acls(
+    b: &crate::Broker,
+    front: &Front,
+    req: DeleteAclsRequest,
+) -> DeleteAclsResponse {
+    if !b.authz.enabled {
+        return acl::delete_disabled(&req);
+    }
+    let pool = &front.cluster.pool;
+    match security::change(pool, security::ACLS, |cur: &Vec<Acl>| {
+        acl::plan_delete(cur, &req)
+    })
+    .await
+    {
+        Ok((next, plan)) => {
+            front.security.set_acls(next);
+            plan.answer(&Ok(()))
+        }
+        Err(e) => acl::plan_delete(&[], &req)
+            .1
+            .answer(&Err(security_failed("ACLs", &e))),
+    }
+}
+
+/// DescribeAcls from the cluster's row, read now (the copy if PostgreSQL
+/// cannot be reached).
+pub async fn describe_acls(
+    b: &crate::Broker,
+    front: &Front,
+    req: DescribeAclsRequest,
+) -> DescribeAclsResponse {
+    match security::load(&front.cluster.pool, security::ACLS).await {
+        Ok(acls) => front.security.set_acls(acls),
+        Err(e) => {
+            tracing::warn!(error = %e, "cluster: reading the ACLs failed; answering from the copy")
+        }
+    }
+    b.authz.describe(&req)
+}
+
+pub async fn alter_user_scram_credentials(
+    front: &Front,
+    req: AlterUserScramCredentialsRequest,
+) -> AlterUserScramCredentialsResponse {
+    let pool = &front.cluster.pool;
+    match security::change(pool, security::USERS, |cur: &UserMap| plan_alter(cur, &req)).await {
+        Ok((next, plan)) => {
+            let resp = plan.answer(&Ok(()), &next);
+            front.security.set_users(next);
+            resp
+        }
+        Err(e) => {
+            let empty = UserMap::default();
+            plan_alter(&empty, &req)
+                .1
+                .answer(&Err(security_failed("SCRAM credentials", &e)), &empty)
+        }
+    }
+}
+
+/// DescribeUserScramCredentials from the cluster's row, read now (the copy
+/// if PostgreSQL cannot be reached).
+pub async fn describe_user_scram_credentials(
+    b: &crate::Broker,
+    front: &Front,
+    req: DescribeUserScramCredentialsRequest,
+) -> DescribeUserScramCredentialsResponse {
+    match security::load(&front.cluster.pool, security::USERS).await {
+        Ok(users) => front.security.set_users(users),
+        Err(e) => {
+            tracing::warn!(error = %e, "cluster: reading the SCRAM credentials failed; answering from the copy")
+        }
+    }
+    b.users.describe(&req)
 }

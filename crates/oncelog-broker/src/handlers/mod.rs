@@ -40,6 +40,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::AlterConfigs, 0, 2),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     // v6 (KIP-939) is decoded always, advertised only when enabled (meta.rs).
     (ApiKey::InitProducerId, 0, 6),
@@ -527,6 +528,9 @@ async fn handle(
         RequestKind::IncrementalAlterConfigs(r) => ready(respond(
             ResponseKind::IncrementalAlterConfigs(admin::incremental_alter_configs(&b, r)),
         )),
+        RequestKind::AlterConfigs(r) => ready(respond(ResponseKind::AlterConfigs(
+            admin::alter_configs(&b, r),
+        ))),
         RequestKind::ListOffsets(r) => ready(respond(ResponseKind::ListOffsets(
             fetch::list_offsets(&b, r, version),
         ))),

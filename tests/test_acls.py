@@ -43,29 +43,46 @@ KAFKA_LIB = REPO_ROOT / ".tools" / "kafka-lib"
 ACL_TOOL = "org.apache.kafka.tools.AclCommand"
 WRITER = "writer.transactional.id.prefix"
 
-pytestmark = pytest.mark.timeout(240)
+# Every test runs against local mode and against three cluster brokers,
+# whose ACLs and credentials are the cluster's (PostgreSQL rows).
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.parametrize("broker_factory", ["local", "cluster"], indirect=True)]
 
 
 class AclBroker:
+    """One broker, or each broker of a cluster, with the two listeners."""
+
     def __init__(self, broker_factory, authorizer=True):
-        self.sasl_port = free_port()
         self.b = broker_factory(start=False)
-        self.b.overrides["listeners"] = (f"PLAINTEXT://127.0.0.1:{self.b.port},"
-                                         f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}")
-        if authorizer:
-            self.b.overrides["authorizer.class.name"] = \
-                "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
-            self.b.overrides["super.users"] = "User:ANONYMOUS"
+        self.nodes = getattr(self.b, "brokers", [self.b])
+        sasl = []
+        for n in self.nodes:
+            port = free_port()
+            sasl.append(f"127.0.0.1:{port}")
+            n.overrides["listeners"] = (f"PLAINTEXT://127.0.0.1:{n.port},"
+                                        f"SASL_PLAINTEXT://127.0.0.1:{port}")
+            if authorizer:
+                n.overrides["authorizer.class.name"] = \
+                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+                n.overrides["super.users"] = "User:ANONYMOUS"
         self.b.start()
         self.plain = self.b.bootstrap
-        self.sasl = f"127.0.0.1:{self.sasl_port}"
+        self.sasl = ",".join(sasl)
         self.admin = AdminClient({"bootstrap.servers": self.plain, "broker.address.family": "v4"})
+
+    def settle(self):
+        """A cluster's brokers take a change of the ACLs or credentials at
+        their next read of the cluster's rows (announced; at the latest
+        every 500 ms): wait that long, so the next client may reach any."""
+        if len(self.nodes) > 1:
+            time.sleep(0.6)
 
     def user(self, name):
         p = subprocess.run([str(oncelog_bin()), "user", "create", name, "--password", f"{name}-pw",
                             "--mechanism", "SCRAM-SHA-256", "--bootstrap", self.plain],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
+        self.settle()
         return name
 
     def conf(self, user, **extra):
@@ -78,6 +95,7 @@ class AclBroker:
         b = AclBinding(rtype, name, pattern, f"User:{user}", "*", op, perm)
         for f in self.admin.create_acls([b]).values():
             f.result(30)
+        self.settle()
 
     def acl_tool(self, *args, check=True):
         if shutil.which("java") is None:
@@ -90,8 +108,13 @@ class AclBroker:
         return p
 
     def denials(self, rtype):
-        port = int(self.b.overrides["metrics.listen"].rsplit(":", 1)[1])
-        return value(scrape(port), "oncelog_authorization_denials_total", resource_type=rtype) or 0
+        """Denials of `rtype` counted by every broker."""
+        total = 0
+        for n in self.nodes:
+            port = int(n.overrides["metrics.listen"].rsplit(":", 1)[1])
+            total += value(scrape(port), "oncelog_authorization_denials_total",
+                           resource_type=rtype) or 0
+        return total
 
 
 @pytest.fixture
@@ -198,6 +221,7 @@ def test_transactional_write_needs_the_transactional_id_acl(ab):
                         f"{WRITER}=orders-sink", "--bootstrap", ab.plain],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
+    ab.settle()
     txn_write(ab.conf(alice), "orders-sink-0-8", topic, ["blue-2"])
     err = kafka_error(lambda: txn_write(ab.conf(alice), "orders-sink-v2-0-8", topic, ["green-2"]))
     assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err

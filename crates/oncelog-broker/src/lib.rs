@@ -146,6 +146,11 @@ impl Broker {
             cluster::ClusterConfig::new(&c.cluster_postgres, &c.cluster_object_store, c.node_id);
         cc.advertised_host = c.advertised_host.clone();
         cc.advertised_port = c.advertised_port;
+        cc.listeners = c
+            .listeners
+            .iter()
+            .map(|l| (l.name.clone(), l.advertised_host.clone(), l.advertised_port))
+            .collect();
         cc.flush_interval = std::time::Duration::from_millis(c.cluster_flush_ms);
         cc.flush_bytes = c.cluster_flush_bytes;
         cc.lease = std::time::Duration::from_millis(c.cluster_lease_ms.max(300));

@@ -138,6 +138,13 @@ impl Front {
                 host: self.cluster.config.advertised_host.clone(),
                 port: self.cluster.config.advertised_port,
                 lease_left_ms: 1,
+                listeners: self
+                    .cluster
+                    .config
+                    .listeners
+                    .iter()
+                    .map(|(n, h, p)| (n.clone(), (h.clone(), *p)))
+                    .collect(),
             });
             v.sort_by_key(|b| b.id);
         }

@@ -54,6 +54,9 @@ pub struct ClusterConfig {
     /// Where clients reach this broker (Metadata).
     pub advertised_host: String,
     pub advertised_port: i32,
+    /// Every listener's name and advertised address (Metadata answers a
+    /// client with the addresses of the listener it came on).
+    pub listeners: Vec<(String, String, i32)>,
     /// How long a broker's lease lasts without renewal (PostgreSQL's clock).
     pub lease: Duration,
     /// How long the flusher gathers produce requests (`cluster.flush.ms`).
@@ -77,6 +80,7 @@ impl ClusterConfig {
             broker_id,
             advertised_host: "127.0.0.1".to_string(),
             advertised_port: 9092,
+            listeners: Vec::new(),
             lease: Duration::from_secs(10),
             flush_interval: Duration::from_millis(5),
             flush_bytes: 4 << 20,

@@ -158,6 +158,7 @@ CREATE TABLE IF NOT EXISTS compaction_state (
     PRIMARY KEY (topic_id, partition),
     FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE
 );
+ALTER TABLE brokers ADD COLUMN IF NOT EXISTS listeners jsonb NOT NULL DEFAULT '{}';
 CREATE TABLE IF NOT EXISTS security_docs (
     name       text PRIMARY KEY,
     doc        jsonb NOT NULL,

@@ -2,6 +2,7 @@
 //! lease in PostgreSQL's clock. `(broker id, session)` is the fencing token
 //! that every commit checks ([`check_fence`]).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -20,6 +21,8 @@ pub struct Session {
     lease_ms: i64,
     host: String,
     port: i32,
+    /// Every listener's advertised address, by listener name.
+    listeners: serde_json::Value,
 }
 
 /// A registered broker, as `brokers` says.
@@ -31,6 +34,21 @@ pub struct BrokerRow {
     pub port: i32,
     /// Milliseconds until the lease ends (negative: ended that long ago).
     pub lease_left_ms: i64,
+    /// Each listener's advertised address, by listener name (empty for a
+    /// broker that registered none: `host` and `port` then stand for all).
+    pub listeners: BTreeMap<String, (String, i32)>,
+}
+
+impl BrokerRow {
+    /// The address a client on the listener `name` reaches this broker at:
+    /// its listener of that name, as Kafka answers each listener with its
+    /// own addresses (the first listener's if it has none of that name).
+    pub fn address(&self, name: &str) -> (String, i32) {
+        self.listeners
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| (self.host.clone(), self.port))
+    }
 }
 
 impl Session {
@@ -44,6 +62,14 @@ impl Session {
             lease_ms,
             host: config.advertised_host.clone(),
             port: config.advertised_port,
+            listeners: serde_json::to_value(
+                config
+                    .listeners
+                    .iter()
+                    .map(|(n, h, p)| (n.clone(), (h.clone(), *p)))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+            .unwrap_or_default(),
         };
         s.reregister(pool).await?;
         Ok(s)
@@ -54,14 +80,22 @@ impl Session {
         let client = pool.get().await?;
         let row = client
             .query_one(
-                "INSERT INTO brokers (id, session, host, port, lease_expires_at, registered_at, renewed_at) \
+                "INSERT INTO brokers (id, session, host, port, lease_expires_at, registered_at, renewed_at, \
+                   listeners) \
                  VALUES ($1, 1, $2, $3, clock_timestamp() + $4 * interval '1 millisecond', \
-                         clock_timestamp(), clock_timestamp()) \
+                         clock_timestamp(), clock_timestamp(), $5) \
                  ON CONFLICT (id) DO UPDATE SET session = brokers.session + 1, host = EXCLUDED.host, \
                    port = EXCLUDED.port, lease_expires_at = EXCLUDED.lease_expires_at, \
+                   listeners = EXCLUDED.listeners, \
                    registered_at = EXCLUDED.registered_at, renewed_at = EXCLUDED.renewed_at \
                  RETURNING session",
-                &[&self.broker_id, &self.host, &self.port, &(self.lease_ms as f64)],
+                &[
+                    &self.broker_id,
+                    &self.host,
+                    &self.port,
+                    &(self.lease_ms as f64),
+                    &self.listeners,
+                ],
             )
             .await?;
         let session: i64 = row.get(0);
@@ -157,7 +191,8 @@ pub async fn brokers(pool: &Pool) -> Result<Vec<BrokerRow>, ClusterError> {
     let rows = client
         .query(
             "SELECT id, session, host, port, \
-               (extract(epoch from (lease_expires_at - clock_timestamp())) * 1000)::bigint \
+               (extract(epoch from (lease_expires_at - clock_timestamp())) * 1000)::bigint, \
+               listeners \
              FROM brokers ORDER BY id",
             &[],
         )
@@ -170,6 +205,7 @@ pub async fn brokers(pool: &Pool) -> Result<Vec<BrokerRow>, ClusterError> {
             host: r.get(2),
             port: r.get(3),
             lease_left_ms: r.get(4),
+            listeners: serde_json::from_value(r.get(5)).unwrap_or_default(),
         })
         .collect())
 }

@@ -129,6 +129,9 @@ fn s(x: impl Into<String>) -> StrBytes {
 pub struct Sender {
     pub client_id: String,
     pub host: String,
+    /// The name of the listener the request came on (Metadata and
+    /// FindCoordinator answer with that listener's addresses).
+    pub listener: String,
 }
 
 pub async fn handle(
@@ -154,7 +157,7 @@ pub async fn handle(
         }
         RequestKind::Metadata(r) => Box::pin(async move {
             respond(ResponseKind::Metadata(
-                metadata(&b, &front, r, version).await,
+                metadata(&b, &front, r, version, &sender.listener).await,
             ))
         }),
         RequestKind::CreateTopics(r) => Box::pin(async move {
@@ -174,7 +177,7 @@ pub async fn handle(
         }),
         RequestKind::FindCoordinator(r) => Box::pin(async move {
             respond(ResponseKind::FindCoordinator(
-                find_coordinator(&front, r, version).await,
+                find_coordinator(&front, r, version, &sender.listener).await,
             ))
         }),
         RequestKind::AddPartitionsToTxn(r) => Box::pin(async move {
@@ -378,16 +381,18 @@ async fn metadata(
     front: &Front,
     req: MetadataRequest,
     version: i16,
+    listener: &str,
 ) -> MetadataResponse {
     let live = front.live_now().await;
     let ids: Vec<i32> = live.iter().map(|x| x.id).collect();
     let brokers = live
         .iter()
         .map(|x| {
+            let (host, port) = x.address(listener);
             MetadataResponseBroker::default()
                 .with_node_id(BrokerId(x.id))
-                .with_host(s(x.host.clone()))
-                .with_port(x.port)
+                .with_host(s(host))
+                .with_port(port)
         })
         .collect();
     let mut resp = MetadataResponse::default().with_brokers(brokers);
@@ -792,18 +797,22 @@ async fn find_coordinator(
     front: &Front,
     req: FindCoordinatorRequest,
     version: i16,
+    listener: &str,
 ) -> FindCoordinatorResponse {
     let live = front.live_now().await;
     let ids: Vec<i32> = live.iter().map(|x| x.id).collect();
     let answer = |chosen: Option<i32>| match chosen.and_then(|id| live.iter().find(|x| x.id == id))
     {
-        Some(x) => CoordAnswer {
-            code: ErrorCode::None,
-            message: None,
-            node: x.id,
-            host: x.host.clone(),
-            port: x.port,
-        },
+        Some(x) => {
+            let (host, port) = x.address(listener);
+            CoordAnswer {
+                code: ErrorCode::None,
+                message: None,
+                node: x.id,
+                host,
+                port,
+            }
+        }
         None => CoordAnswer::none(ErrorCode::CoordinatorNotAvailable, "no live broker".into()),
     };
     let keys: Vec<StrBytes> = if version >= 4 {

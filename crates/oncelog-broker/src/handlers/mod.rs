@@ -386,6 +386,12 @@ async fn handle(
                 .map(|c| c.to_string())
                 .unwrap_or_default(),
             host: format!("/{}", conn.peer.ip()),
+            listener: b
+                .config
+                .listeners
+                .get(conn.listener)
+                .map(|l| l.name.clone())
+                .unwrap_or_default(),
         };
         return cluster::handle(b, front, key, req, version, sender, respond).await;
     }

@@ -39,7 +39,7 @@ from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechan
                                    UserScramCredentialDeletion, UserScramCredentialUpsertion)
 
 from clients import create_topic, unique_topic
-from conftest import REPO_ROOT, free_port, oncelog_bin, wait_until
+from conftest import REPO_ROOT, both_modes, free_port, oncelog_bin, wait_until
 from kafka_wire import Conn, api_versions_request, frame, i16, nullable_string, request_header_v1
 from test_metrics import scrape, value
 
@@ -53,14 +53,20 @@ class SaslBroker:
     """A broker with PLAINTEXT on `plain` and SASL_PLAINTEXT on `sasl`."""
 
     def __init__(self, broker_factory, **overrides):
-        self.sasl_port = free_port()
         self.b = broker_factory(start=False)
-        self.b.overrides["listeners"] = (f"PLAINTEXT://127.0.0.1:{self.b.port},"
-                                         f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}")
-        self.b.overrides.update(overrides)
+        # one broker, or each of a cluster's (whose credentials are the
+        # cluster's rows)
+        self.nodes = getattr(self.b, "brokers", [self.b])
+        ports = []
+        for n in self.nodes:
+            ports.append(free_port())
+            n.overrides["listeners"] = (f"PLAINTEXT://127.0.0.1:{n.port},"
+                                        f"SASL_PLAINTEXT://127.0.0.1:{ports[-1]}")
+            n.overrides.update(overrides)
         self.b.start()
+        self.sasl_port = ports[0]
         self.plain = self.b.bootstrap
-        self.sasl = f"127.0.0.1:{self.sasl_port}"
+        self.sasl = ",".join(f"127.0.0.1:{p}" for p in ports)
 
     def cli(self, *args, sasl=None, check=True):
         argv = [str(oncelog_bin()), *args]
@@ -80,9 +86,21 @@ class SaslBroker:
         if mechanism:
             args += ["--mechanism", mechanism]
         self.cli(*args)
+        self.settle()
 
-    def metrics(self):
-        return scrape(int(self.b.overrides["metrics.listen"].rsplit(":", 1)[1]))
+    def settle(self):
+        """A cluster's brokers take a change of the credentials at their
+        next read of the cluster's rows (announced; at the latest every
+        500 ms): wait that long, so the next client may reach any."""
+        if len(self.nodes) > 1:
+            time.sleep(0.6)
+
+    def metrics(self, node=0):
+        return scrape(int(self.nodes[node].overrides["metrics.listen"].rsplit(":", 1)[1]))
+
+    def total(self, name, **labels):
+        """A counter summed over every broker."""
+        return sum(value(self.metrics(i), name, **labels) or 0 for i in range(len(self.nodes)))
 
 
 @pytest.fixture
@@ -118,6 +136,7 @@ def auth_error(conf, topic):
 
 # ------------------------------------------------------------ librdkafka
 
+@both_modes("broker_factory")
 def test_scram_sha512_transactions_read_committed_and_offsets(sb):
     sb.add_user("alice", "alice-secret")
     topic = unique_topic("sasl-txn")
@@ -156,11 +175,11 @@ def test_scram_sha512_transactions_read_committed_and_offsets(sb):
     assert got == [f"committed-{i}" for i in range(5)]
     assert committed == high_watermark(sb.plain, topic)
 
-    m = sb.metrics()
-    assert value(m, "oncelog_authentications_total", listener="SASL_PLAINTEXT",
-                 mechanism="SCRAM-SHA-512", result="success") >= 2
+    assert sb.total("oncelog_authentications_total", listener="SASL_PLAINTEXT",
+                    mechanism="SCRAM-SHA-512", result="success") >= 2
 
 
+@both_modes("broker_factory")
 def test_wrong_credentials_fail_and_write_nothing(sb):
     sb.add_user("alice", "alice-secret")
     sb.add_user("bob", "bob-secret", mechanism="SCRAM-SHA-256")
@@ -177,13 +196,14 @@ def test_wrong_credentials_fail_and_write_nothing(sb):
     assert high_watermark(sb.plain, topic) == 0
     log = sb.b.log_text()
     assert "authentication failed" in log and "Wr0ng-pass-9x" not in log and "alice-secret" not in log
-    failures = value(sb.metrics(), "oncelog_authentications_total", listener="SASL_PLAINTEXT",
-                     mechanism="SCRAM-SHA-512", result="failure")
+    failures = sb.total("oncelog_authentications_total", listener="SASL_PLAINTEXT",
+                        mechanism="SCRAM-SHA-512", result="failure")
     assert failures >= 3
 
 
 # ------------------------------------------------------------ kafka-python
 
+@both_modes("broker_factory")
 def test_plain_with_kafka_python(sb):
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.errors import KafkaError as KPError
@@ -210,6 +230,7 @@ def test_plain_with_kafka_python(sb):
 
 # ------------------------------------------------------------ Kafka's tool
 
+@both_modes("broker_factory")
 @pytest.mark.skipif(not sorted(KAFKA_LIB.glob("kafka-tools-[0-9]*.jar")),
                     reason="no kafka-tools jar (test.sh fetches it)")
 def test_kafka_configs_manages_scram_users(sb, tmp_path):
@@ -345,6 +366,7 @@ def test_session_lifetime_and_reauthentication(broker_factory):
 
 # ------------------------------------------------------------ credentials
 
+@both_modes("broker_factory")
 def test_credentials_are_durable_and_alter_is_validated(sb):
     a = AdminClient({"bootstrap.servers": sb.plain, "broker.address.family": "v4"})
 

@@ -711,3 +711,71 @@ pub fn delete_records(b: &Arc<Broker>, req: DeleteRecordsRequest) -> DeleteRecor
     resp.topics = topics;
     resp
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configs(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn op(key: &str, op: i8, value: Option<&str>) -> (String, i8, Option<String>) {
+        (key.to_string(), op, value.map(str::to_string))
+    }
+
+    #[test]
+    fn incremental_operations_apply_in_order_and_lists_start_from_the_default() {
+        let default = |k: &str| (k == "cleanup.policy").then(|| "delete".to_string());
+        let current = configs(&[("retention.ms", "1000")]);
+        let change = ConfigChange::Ops(vec![
+            op("retention.ms", 1, None),
+            op("segment.ms", 0, Some("60000")),
+            op("cleanup.policy", 2, Some("compact,delete")),
+        ]);
+        assert_eq!(
+            change.apply(&current, default).unwrap(),
+            configs(&[
+                ("cleanup.policy", "delete,compact"),
+                ("segment.ms", "60000")
+            ])
+        );
+        let current = configs(&[("cleanup.policy", "delete,compact")]);
+        let change = ConfigChange::Ops(vec![op("cleanup.policy", 3, Some("compact"))]);
+        assert_eq!(
+            change.apply(&current, default).unwrap(),
+            configs(&[("cleanup.policy", "delete")])
+        );
+    }
+
+    #[test]
+    fn a_bad_operation_or_value_refuses_the_whole_change() {
+        let none = |_: &str| None;
+        let current = configs(&[("retention.ms", "1000")]);
+        for ops in [
+            vec![
+                op("segment.ms", 0, Some("1")),
+                op("retention.ms", 0, Some("soon")),
+            ],
+            vec![op("retention.ms", 2, Some("1"))],
+            vec![op("no.such.config", 0, Some("1"))],
+        ] {
+            let e = ConfigChange::Ops(ops).apply(&current, none).unwrap_err();
+            assert!(matches!(e, TopicError::InvalidConfig(_)), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_replacement_is_the_whole_set() {
+        let none = |_: &str| None;
+        let current = configs(&[("retention.ms", "1000"), ("cleanup.policy", "compact")]);
+        let change = ConfigChange::Replace(configs(&[("segment.ms", "60000")]));
+        assert_eq!(
+            change.apply(&current, none).unwrap(),
+            configs(&[("segment.ms", "60000")])
+        );
+    }
+}

@@ -77,6 +77,17 @@ pub async fn route(b: &Arc<Broker>, req: &Request) -> Option<Reply> {
             "the console is off (console.enable=false)\n",
         ));
     }
+    // Its views and actions are built from local mode's structures, which
+    // hold nothing in cluster mode: an empty picture would mislead, and an
+    // action would act on the wrong state.
+    if b.cluster.get().is_some() {
+        return Some(Reply::error(
+            "501 Not Implemented",
+            "the console is not served in cluster mode yet; `oncelog cluster info`, \
+             `kafka-transactions` and `oncelog txn` show the cluster's state"
+                .into(),
+        ));
+    }
     if !host_allowed(req, &b.config.console_allowed_hosts) {
         tracing::warn!(host = req.header("host").unwrap_or(""), peer = ?req.peer,
             "console request refused: its Host is not an IP address, localhost or in console.allowed.hosts");

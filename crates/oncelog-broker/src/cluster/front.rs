@@ -119,7 +119,11 @@ impl Front {
     async fn refresh(&self) -> Result<(), ClusterError> {
         let live = session::live_brokers(&self.cluster.pool).await?;
         let topics = catalogue::topics(&self.cluster.pool).await?;
-        self.security.refresh(&self.cluster.pool).await?;
+        // The copies of the brokers and topics are taken even when the
+        // security rows cannot be read (the old copy of those stays).
+        if let Err(e) = self.security.refresh(&self.cluster.pool).await {
+            tracing::warn!(error = %e, "cluster: reading the ACLs and SCRAM credentials failed; keeping the copy");
+        }
         *self.live.write().unwrap_or_else(|p| p.into_inner()) = live;
         *self.topics.write().unwrap_or_else(|p| p.into_inner()) =
             topics.into_iter().map(|t| (t.name.clone(), t)).collect();

@@ -60,6 +60,9 @@ impl Front {
             security,
         });
         front.refresh().await?;
+        // Never serve on the data directory's own users and ACLs: a broker
+        // that cannot read the cluster's does not start.
+        front.security.refresh(&cluster.pool).await?;
         {
             let c = cluster.clone();
             tokio::spawn(async move { c.session.keep_alive(&c.pool).await });

@@ -49,6 +49,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("cluster.flush.bytes", "4194304", "cluster mode: a flush starts early once it holds this many bytes"),
     ("cluster.lease.ms", "10000", "cluster mode: a broker's lease (PostgreSQL's clock); a broker that does not renew it in time is fenced"),
     ("cluster.cache.bytes", "268435456", "cluster mode: bytes of batches kept in memory for fetches"),
+    ("cluster.intent.grace.ms", "120000", "cluster mode: how long the collector leaves an uncommitted object, and a committed one no batch names any more, before removing it"),
     ("socket.request.max.bytes", "104857600", "largest request frame accepted; bigger frames close the connection"),
     ("auto.create.topics.enable", "true", "create unknown topics on Metadata requests"),
     ("num.partitions", "1", "partitions of an auto-created topic or of CreateTopics with -1"),
@@ -155,6 +156,7 @@ pub struct BrokerConfig {
     pub cluster_flush_bytes: usize,
     pub cluster_lease_ms: u64,
     pub cluster_cache_bytes: usize,
+    pub cluster_intent_grace_ms: u64,
     pub max_frame_bytes: usize,
     pub auto_create_topics: bool,
     pub num_partitions: i32,
@@ -353,6 +355,10 @@ impl BrokerConfig {
             cluster_flush_bytes: parse("cluster.flush.bytes", &get("cluster.flush.bytes"))?,
             cluster_lease_ms: parse("cluster.lease.ms", &get("cluster.lease.ms"))?,
             cluster_cache_bytes: parse("cluster.cache.bytes", &get("cluster.cache.bytes"))?,
+            cluster_intent_grace_ms: parse(
+                "cluster.intent.grace.ms",
+                &get("cluster.intent.grace.ms"),
+            )?,
             max_frame_bytes: parse("socket.request.max.bytes", &get("socket.request.max.bytes"))?,
             auto_create_topics: parse(
                 "auto.create.topics.enable",

@@ -155,6 +155,7 @@ impl Broker {
         cc.flush_bytes = c.cluster_flush_bytes;
         cc.lease = std::time::Duration::from_millis(c.cluster_lease_ms.max(300));
         cc.cache_bytes = c.cluster_cache_bytes;
+        cc.intent_grace = std::time::Duration::from_millis(c.cluster_intent_grace_ms);
         let security = cluster::security::Copies {
             acls: self.authz.shared(),
             users: self.users.shared(),

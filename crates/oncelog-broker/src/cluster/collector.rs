@@ -6,9 +6,12 @@
 //! * an object with neither an intent nor an `objects` row (its intent was
 //!   collected before and the delete did not happen);
 //! * a committed object that no batch row names any more (its topic was
-//!   deleted, or retention removed its batches): its `objects` row goes
-//!   first, and only when no batch row names it (the foreign key refuses
-//!   otherwise).
+//!   deleted, retention or compaction removed its batches), once it has
+//!   been so for the grace period: the first pass that finds it marks it
+//!   (`unreferenced_since`), a pass after the grace removes its `objects`
+//!   row, and only when no batch row names it (the foreign key refuses
+//!   otherwise). A fetch that read the index just before the commit that
+//!   dropped the object's batches still finds the object.
 //!
 //! Every decision is taken from one snapshot read after the listing, so an
 //! object listed is either still an intent (left alone inside the grace
@@ -23,7 +26,7 @@ use super::{Cluster, ClusterError};
 pub struct CollectReport {
     pub listed: usize,
     pub kept: usize,
-    /// Intents still inside the grace period.
+    /// Intents, and objects no batch names, still inside the grace period.
     pub waiting: usize,
     pub removed_uncommitted: usize,
     pub removed_unreferenced: usize,
@@ -63,15 +66,26 @@ pub async fn collect(cluster: &Cluster, grace: Duration) -> Result<CollectReport
                 false
             }
             (true, false, _) => {
-                let n = client
+                client
                     .execute(
-                        "DELETE FROM objects WHERE key = $1 AND NOT EXISTS \
+                        "UPDATE objects SET unreferenced_since = clock_timestamp() \
+                         WHERE key = $1 AND unreferenced_since IS NULL AND NOT EXISTS \
                            (SELECT 1 FROM batches WHERE object_key = $1)",
                         &[&key],
                     )
                     .await?;
+                let n = client
+                    .execute(
+                        "DELETE FROM objects WHERE key = $1 \
+                           AND unreferenced_since <= clock_timestamp() - $2 * interval '1 millisecond' \
+                           AND NOT EXISTS (SELECT 1 FROM batches WHERE object_key = $1)",
+                        &[&key, &grace_ms],
+                    )
+                    .await?;
                 if n == 1 {
                     report.removed_unreferenced += 1;
+                } else {
+                    report.waiting += 1;
                 }
                 n == 1
             }

@@ -159,6 +159,7 @@ CREATE TABLE IF NOT EXISTS compaction_state (
     FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE
 );
 ALTER TABLE brokers ADD COLUMN IF NOT EXISTS listeners jsonb NOT NULL DEFAULT '{}';
+ALTER TABLE objects ADD COLUMN IF NOT EXISTS unreferenced_since timestamptz;
 CREATE TABLE IF NOT EXISTS security_docs (
     name       text PRIMARY KEY,
     doc        jsonb NOT NULL,

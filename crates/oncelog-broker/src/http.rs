@@ -23,6 +23,17 @@ use crate::Broker;
 async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
     let path = req.path.as_str();
     if path.starts_with("/v1/cutover") {
+        // A cut-over moves a topic's writer fence, which in cluster mode is
+        // the catalogue row's, not this broker's data directory's: acting
+        // here would answer success and change nothing.
+        if b.cluster.get().is_some() {
+            return Reply::error(
+                "501 Not Implemented",
+                "cut-overs are not served in cluster mode yet; move the writer fence with \
+                 `oncelog topic alter-config TOPIC --set writer.transactional.id.prefix=NEW`"
+                    .into(),
+            );
+        }
         if req.method == "POST" {
             if let Err(why) = browser_guard(req) {
                 tracing::warn!(path, peer = ?req.peer, "{why}");

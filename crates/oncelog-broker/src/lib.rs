@@ -156,10 +156,7 @@ impl Broker {
         cc.lease = std::time::Duration::from_millis(c.cluster_lease_ms.max(300));
         cc.cache_bytes = c.cluster_cache_bytes;
         cc.intent_grace = std::time::Duration::from_millis(c.cluster_intent_grace_ms);
-        let security = cluster::security::Copies {
-            acls: self.authz.shared(),
-            users: self.users.shared(),
-        };
+        let security = cluster::security::Copies::new(self.authz.shared(), self.users.shared());
         let front = cluster::front::Front::start(cc, security).await?;
         let defaults = self.config.clone();
         cluster::jobs::spawn(

@@ -767,3 +767,71 @@ async fn concurrent_compaction_passes_never_lose_a_keys_latest_record() {
         }
     }
 }
+
+/// A database of schema version 1 is brought up to date by the next
+/// broker (its added columns only when missing, twice is harmless); a
+/// database newer than this build is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_schema_is_upgraded_and_a_newer_one_refused() {
+    let db = fresh_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(&db, &file_url(&dir), 1).await;
+    // back to what a version-1 broker left
+    b.pool
+        .get()
+        .await
+        .unwrap()
+        .batch_execute(
+            "ALTER TABLE brokers DROP COLUMN listeners; \
+             ALTER TABLE objects DROP COLUMN unreferenced_since; \
+             DROP TABLE security_docs; \
+             UPDATE oncelog_meta SET value = '1' WHERE key = 'schema_version'",
+        )
+        .await
+        .unwrap();
+    let pool = b.pool.clone();
+    for _ in 0..2 {
+        oncelog_broker::cluster::schema::migrate(&pool)
+            .await
+            .unwrap();
+    }
+    let client = pool.get().await.unwrap();
+    let v: String = client
+        .query_one(
+            "SELECT value FROM oncelog_meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        v,
+        oncelog_broker::cluster::schema::SCHEMA_VERSION.to_string()
+    );
+    for (table, column) in [
+        ("brokers", "listeners"),
+        ("objects", "unreferenced_since"),
+        ("security_docs", "version"),
+    ] {
+        let n = client
+            .query(
+                "SELECT 1 FROM information_schema.columns WHERE table_name = $1 AND column_name = $2",
+                &[&table, &column],
+            )
+            .await
+            .unwrap()
+            .len();
+        assert_eq!(n, 1, "{table}.{column}");
+    }
+    client
+        .execute(
+            "UPDATE oncelog_meta SET value = '99' WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let e = oncelog_broker::cluster::schema::migrate(&pool)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("schema version 99"), "{e}");
+}

@@ -122,7 +122,8 @@ pub async fn topic(pool: &Pool, name: &str) -> Result<Option<TopicRow>, ClusterE
 }
 
 /// Replaces a topic's configs by what `change` makes of the current ones,
-/// in one PostgreSQL transaction that holds the topic's row: alterations
+/// in one PostgreSQL transaction that holds the topic's row (`FOR NO KEY
+/// UPDATE`: the partitions' foreign keys are not held up): alterations
 /// through any brokers at once each see the one before, none is lost. The
 /// change is announced, so every broker's copy follows at once. With
 /// `validate_only` nothing is written. The topic's row after the change.
@@ -143,7 +144,7 @@ pub async fn alter_topic_configs(
     let tx = client.transaction().await?;
     let row = tx
         .query_opt(
-            "SELECT id, name, partitions, configs FROM topics WHERE name = $1 FOR UPDATE",
+            "SELECT id, name, partitions, configs FROM topics WHERE name = $1 FOR NO KEY UPDATE",
             &[&name],
         )
         .await?

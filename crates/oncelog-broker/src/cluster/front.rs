@@ -120,13 +120,13 @@ impl Front {
     }
 
     async fn refresh(&self) -> Result<(), ClusterError> {
-        let live = session::live_brokers(&self.cluster.pool).await?;
-        let topics = catalogue::topics(&self.cluster.pool).await?;
-        // The copies of the brokers and topics are taken even when the
-        // security rows cannot be read (the old copy of those stays).
+        // Each copy is taken on its own: a failure to read one leaves that
+        // copy as it was and does not hold up the others.
         if let Err(e) = self.security.refresh(&self.cluster.pool).await {
             tracing::warn!(error = %e, "cluster: reading the ACLs and SCRAM credentials failed; keeping the copy");
         }
+        let live = session::live_brokers(&self.cluster.pool).await?;
+        let topics = catalogue::topics(&self.cluster.pool).await?;
         *self.live.write().unwrap_or_else(|p| p.into_inner()) = live;
         *self.topics.write().unwrap_or_else(|p| p.into_inner()) =
             topics.into_iter().map(|t| (t.name.clone(), t)).collect();

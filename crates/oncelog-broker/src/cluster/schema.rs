@@ -6,8 +6,12 @@ use deadpool_postgres::Pool;
 
 use super::ClusterError;
 
-/// Bumped when a table changes; stored in `oncelog_meta`.
-pub const SCHEMA_VERSION: i32 = 1;
+/// Bumped when a table changes; stored in `oncelog_meta`. A broker
+/// upgrades a database of an older version (version 2: the brokers'
+/// listener addresses, the collector's grace for unreferenced objects, the
+/// cluster's ACLs and credentials) and refuses a newer one, so a broker of
+/// an older build never runs on tables it does not know.
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Any number that no other user of the database takes as advisory lock.
 const MIGRATE_LOCK: i64 = 0x6f6e_6365_6c6f_6701;
@@ -158,14 +162,21 @@ CREATE TABLE IF NOT EXISTS compaction_state (
     PRIMARY KEY (topic_id, partition),
     FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE
 );
-ALTER TABLE brokers ADD COLUMN IF NOT EXISTS listeners jsonb NOT NULL DEFAULT '{}';
-ALTER TABLE objects ADD COLUMN IF NOT EXISTS unreferenced_since timestamptz;
 CREATE TABLE IF NOT EXISTS security_docs (
     name       text PRIMARY KEY,
     doc        jsonb NOT NULL,
+    version    bigint NOT NULL DEFAULT 0,
     changed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 "#;
+
+/// Columns added to existing tables since schema version 1: (table,
+/// column, definition). Each is added only when missing (an ALTER TABLE
+/// takes the table's strongest lock even when it would change nothing).
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    ("brokers", "listeners", "jsonb NOT NULL DEFAULT '{}'"),
+    ("objects", "unreferenced_since", "timestamptz"),
+];
 
 /// Creates the tables if they are missing and checks the stored version.
 pub async fn migrate(pool: &Pool) -> Result<(), ClusterError> {
@@ -178,6 +189,22 @@ pub async fn migrate(pool: &Pool) -> Result<(), ClusterError> {
     tx.batch_execute("SET LOCAL client_min_messages = warning")
         .await?;
     tx.batch_execute(DDL).await?;
+    for (table, column, definition) in ADDED_COLUMNS {
+        let present = tx
+            .query_opt(
+                "SELECT 1 FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2",
+                &[table, column],
+            )
+            .await?
+            .is_some();
+        if !present {
+            tx.batch_execute(&format!(
+                "ALTER TABLE {table} ADD COLUMN {column} {definition}"
+            ))
+            .await?;
+        }
+    }
     let stored = tx
         .query_opt(
             "SELECT value FROM oncelog_meta WHERE key = 'schema_version'",
@@ -198,10 +225,26 @@ pub async fn migrate(pool: &Pool) -> Result<(), ClusterError> {
         }
         Some(row) => {
             let v: String = row.get(0);
-            if v != SCHEMA_VERSION.to_string() {
-                return Err(ClusterError::Config(format!(
-                    "the database holds oncelog schema version {v}; this broker knows {SCHEMA_VERSION}"
-                )));
+            match v.parse::<i32>() {
+                Ok(n) if n == SCHEMA_VERSION => {}
+                // the tables and columns above brought it up to date
+                Ok(n) if (1..SCHEMA_VERSION).contains(&n) => {
+                    tx.execute(
+                        "UPDATE oncelog_meta SET value = $1 WHERE key = 'schema_version'",
+                        &[&SCHEMA_VERSION.to_string()],
+                    )
+                    .await?;
+                    tracing::info!(
+                        from = n,
+                        to = SCHEMA_VERSION,
+                        "cluster: database schema upgraded"
+                    );
+                }
+                _ => {
+                    return Err(ClusterError::Config(format!(
+                        "the database holds oncelog schema version {v}; this broker knows {SCHEMA_VERSION}"
+                    )))
+                }
             }
         }
     }

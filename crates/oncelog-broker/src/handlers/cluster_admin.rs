@@ -393,8 +393,8 @@ pub async fn create_acls(
     })
     .await
     {
-        Ok((next, plan)) => {
-            front.security.set_acls(next);
+        Ok((next, version, plan)) => {
+            front.security.set_acls(next, version);
             plan.answer(&Ok(()))
         }
         Err(e) => acl::plan_create(&[], &req)
@@ -417,8 +417,8 @@ pub async fn delete_acls(
     })
     .await
     {
-        Ok((next, plan)) => {
-            front.security.set_acls(next);
+        Ok((next, version, plan)) => {
+            front.security.set_acls(next, version);
             plan.answer(&Ok(()))
         }
         Err(e) => acl::plan_delete(&[], &req)
@@ -435,7 +435,7 @@ pub async fn describe_acls(
     req: DescribeAclsRequest,
 ) -> DescribeAclsResponse {
     match security::load(&front.cluster.pool, security::ACLS).await {
-        Ok(acls) => front.security.set_acls(acls),
+        Ok((acls, version)) => front.security.set_acls(acls, version),
         Err(e) => {
             tracing::warn!(error = %e, "cluster: reading the ACLs failed; answering from the copy")
         }
@@ -449,9 +449,9 @@ pub async fn alter_user_scram_credentials(
 ) -> AlterUserScramCredentialsResponse {
     let pool = &front.cluster.pool;
     match security::change(pool, security::USERS, |cur: &UserMap| plan_alter(cur, &req)).await {
-        Ok((next, plan)) => {
+        Ok((next, version, plan)) => {
             let resp = plan.answer(&Ok(()), &next);
-            front.security.set_users(next);
+            front.security.set_users(next, version);
             resp
         }
         Err(e) => {
@@ -471,7 +471,7 @@ pub async fn describe_user_scram_credentials(
     req: DescribeUserScramCredentialsRequest,
 ) -> DescribeUserScramCredentialsResponse {
     match security::load(&front.cluster.pool, security::USERS).await {
-        Ok(users) => front.security.set_users(users),
+        Ok((users, version)) => front.security.set_users(users, version),
         Err(e) => {
             tracing::warn!(error = %e, "cluster: reading the SCRAM credentials failed; answering from the copy")
         }

@@ -33,7 +33,8 @@ import time
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType,
-                                   AdminClient, NewTopic, ResourcePatternType, ResourceType)
+                                   AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
+                                   NewTopic, ResourcePatternType, ResourceType)
 
 from clients import create_topic, unique_topic
 from conftest import REPO_ROOT, free_port, oncelog_bin, wait_until
@@ -289,6 +290,11 @@ def test_a_principal_with_one_acl(ab):
                    AclOperation.READ, AclPermissionType.ALLOW)
     err = kafka_error(lambda: [f.result(15) for f in a.create_acls([b]).values()])
     assert err.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED, err
+    # Altering the topic's configs needs ALTER_CONFIGS on it.
+    res = ConfigResource("topic", mine, incremental_configs=[
+        ConfigEntry("retention.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+    err = kafka_error(lambda: a.incremental_alter_configs([res])[res].result(15))
+    assert err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
     # DescribeAcls is refused too (CLUSTER_AUTHORIZATION_FAILED), but
     # librdkafka drops that response's error code and shows an empty list;
     # the super user sees the ACLs.

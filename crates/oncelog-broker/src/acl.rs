@@ -377,8 +377,15 @@ impl Authorizer {
         if !self.enabled {
             return create_disabled(req);
         }
+        let (stored, plan) = self.change(|acls| plan_create(acls, req));
+        plan.answer(&stored)
+    }
+
+    /// Runs `plan` on the ACLs under the lock and stores what it makes of
+    /// them (when that differs), taking it only once stored.
+    fn change<P>(&self, plan: impl FnOnce(&[Acl]) -> (Vec<Acl>, P)) -> (Result<(), String>, P) {
         let mut acls = self.lock();
-        let (next, plan) = plan_create(&acls, req);
+        let (next, p) = plan(&acls);
         let stored = if next != *acls {
             self.persist(&next)
         } else {
@@ -387,7 +394,7 @@ impl Authorizer {
         if stored.is_ok() {
             *acls = next;
         }
-        plan.answer(&stored)
+        (stored, p)
     }
 
     /// The ACLs as they stand (cluster mode's copy is refreshed from
@@ -449,16 +456,7 @@ impl Authorizer {
         if !self.enabled {
             return delete_disabled(r);
         }
-        let mut acls = self.lock();
-        let (next, plan) = plan_delete(&acls, r);
-        let stored = if next != *acls {
-            self.persist(&next)
-        } else {
-            Ok(())
-        };
-        if stored.is_ok() {
-            *acls = next;
-        }
+        let (stored, plan) = self.change(|acls| plan_delete(acls, r));
         plan.answer(&stored)
     }
 }

@@ -575,40 +575,14 @@ pub fn guard(
             (R::DescribeConfigs(r), Fixup::DescribeConfigs(gone))
         }
         R::IncrementalAlterConfigs(mut r) => {
-            let mut gone = Vec::new();
-            r.resources.retain(|res| {
-                match config_check(
-                    &who,
-                    res.resource_type,
-                    &res.resource_name,
-                    Op::AlterConfigs,
-                ) {
-                    Some(code) => {
-                        denied("IncrementalAlterConfigs", &res.resource_name);
-                        gone.push((res.resource_type, res.resource_name.clone(), code));
-                        false
-                    }
-                    None => true,
-                }
+            let gone = refuse_alters(&who, "IncrementalAlterConfigs", &mut r.resources, |x| {
+                (x.resource_type, &x.resource_name)
             });
             (R::IncrementalAlterConfigs(r), Fixup::AlterConfigs(gone))
         }
         R::AlterConfigs(mut r) => {
-            let mut gone = Vec::new();
-            r.resources.retain(|res| {
-                match config_check(
-                    &who,
-                    res.resource_type,
-                    &res.resource_name,
-                    Op::AlterConfigs,
-                ) {
-                    Some(code) => {
-                        denied("AlterConfigs", &res.resource_name);
-                        gone.push((res.resource_type, res.resource_name.clone(), code));
-                        false
-                    }
-                    None => true,
-                }
+            let gone = refuse_alters(&who, "AlterConfigs", &mut r.resources, |x| {
+                (x.resource_type, &x.resource_name)
             });
             (R::AlterConfigs(r), Fixup::AlterConfigs(gone))
         }
@@ -744,6 +718,30 @@ pub fn guard(
         }
         other => (other, Fixup::None),
     })
+}
+
+/// Removes the config resources `who` may not ALTER_CONFIGS (either
+/// AlterConfigs API), logging each: what was removed, with its error.
+fn refuse_alters<T>(
+    who: &Who,
+    api: &str,
+    resources: &mut Vec<T>,
+    key: impl Fn(&T) -> (i8, &StrBytes),
+) -> Vec<(i8, StrBytes, i16)> {
+    let mut gone = Vec::new();
+    resources.retain(|res| {
+        let (resource_type, name) = key(res);
+        match config_check(who, resource_type, name, Op::AlterConfigs) {
+            Some(code) => {
+                tracing::warn!(principal = %who.principal, host = %who.host, request = api,
+                    resource = name.as_str(), "authorization denied");
+                gone.push((resource_type, name.clone(), code));
+                false
+            }
+            None => true,
+        }
+    });
+    gone
 }
 
 /// A config resource's check: TOPIC (2) on the topic, BROKER (4) and

@@ -1028,6 +1028,11 @@ def test_offset_delete_follows_kafkas_rule_and_survives_kill9(broker_factory, re
         assert admin_committed(bs, group, a_topic, [0, 1]) == {1: 4}, "a deleted offset came back"
         assert admin_committed(bs, other, b_topic, [0]) == {0: 9}
 
+        # kafka-python's old connection to the killed broker sits in its
+        # reconnect backoff (NodeNotReadyError); a new client is what an
+        # operator's next command would be.
+        ka.close()
+        ka = KafkaAdminClient(bootstrap_servers=bs, request_timeout_ms=30000)
         assert ka.delete_group_offsets(group, [KTP(a_topic, 1)])[KTP(a_topic, 1)] is kerr.NoError
         listing = ad.list_consumer_groups(request_timeout=15).result(30)
         assert group not in {g.group_id for g in listing.valid}, "a group without offsets or members stayed"

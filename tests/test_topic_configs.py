@@ -197,3 +197,49 @@ def test_kafka_python_alter_configs_replaces_a_topics_configs(broker):
                                                         "segment.ms": "600000"}
     finally:
         a.close()
+
+
+@both_modes()
+def test_a_request_of_the_wrong_shape_changes_nothing(broker):
+    """What no library builds but the wire allows, sent through kafka-python's
+    protocol layer: a config named twice in one resource, a null value on an
+    operation other than DELETE, an operation that does not exist, the same
+    resource twice (Kafka refuses every copy), a null value in the older
+    AlterConfigs. Each is INVALID_REQUEST, and the topic's configs are what
+    they were."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.protocol.admin import AlterConfigsRequest, IncrementalAlterConfigsRequest
+    topic = unique_topic("cfg-shape")
+    create_topic(broker.bootstrap, topic, config={"retention.ms": "3600000"})
+    a = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=30000)
+
+    async def send(req):
+        return await a._manager.send(req)
+
+    def codes(req):
+        return [(r.resource_name, r.error_code, r.error_message)
+                for r in a._manager.run(send, req).responses]
+
+    invalid_request = 42
+    try:
+        for configs, message in [
+            ([("retention.ms", 0, "1"), ("retention.ms", 1, None)], "duplicate config keys"),
+            ([("retention.ms", 0, None), ("segment.ms", 1, None)], "Null value not supported for : retention.ms"),
+            ([("retention.ms", 7, "1")], "unknown operation 7"),
+        ]:
+            got = codes(IncrementalAlterConfigsRequest(resources=[(2, topic, configs)],
+                                                       validate_only=False))
+            assert [(n, c) for n, c, _ in got] == [(topic, invalid_request)], got
+            assert message in got[0][2], got
+        got = codes(IncrementalAlterConfigsRequest(
+            resources=[(2, topic, [("retention.ms", 0, "1")]),
+                       (2, topic, [("segment.ms", 0, "1000")])],
+            validate_only=False))
+        assert [(n, c) for n, c, _ in got] == [(topic, invalid_request)] * 2, got
+        got = codes(AlterConfigsRequest(resources=[(2, topic, [("retention.ms", None)])],
+                                        validate_only=False))
+        assert [(n, c) for n, c, _ in got] == [(topic, invalid_request)], got
+        for n in nodes(broker):
+            assert own_configs(n.bootstrap, topic) == {"retention.ms": "3600000"}
+    finally:
+        a.close()

@@ -431,10 +431,38 @@ pub(crate) enum ConfigChange {
 }
 
 impl ConfigChange {
+    /// IncrementalAlterConfigs' change of one resource, or Kafka's
+    /// INVALID_REQUEST for a config named twice, a null value on any
+    /// operation but DELETE, or an operation that does not exist.
     pub(crate) fn incremental(
         configs: &[kafka_protocol::messages::incremental_alter_configs_request::AlterableConfig],
-    ) -> Self {
-        ConfigChange::Ops(
+    ) -> Result<Self, (ErrorCode, String)> {
+        no_duplicate_keys(configs.iter().map(|c| c.name.as_str()))?;
+        let null: Vec<&str> = configs
+            .iter()
+            .filter(|c| c.config_operation != 1 && c.value.is_none())
+            .map(|c| c.name.as_str())
+            .collect();
+        if !null.is_empty() {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!("Null value not supported for : {}", null.join(", ")),
+            ));
+        }
+        if let Some(c) = configs
+            .iter()
+            .find(|c| !(0..=3).contains(&c.config_operation))
+        {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!(
+                    "unknown operation {} for {}",
+                    c.config_operation,
+                    c.name.as_str()
+                ),
+            ));
+        }
+        Ok(ConfigChange::Ops(
             configs
                 .iter()
                 .map(|c| {
@@ -445,22 +473,32 @@ impl ConfigChange {
                     )
                 })
                 .collect(),
-        )
+        ))
     }
 
+    /// AlterConfigs' change of one resource, or INVALID_REQUEST for a
+    /// config named twice or without a value (as Kafka answers).
     pub(crate) fn replace(
         configs: &[kafka_protocol::messages::alter_configs_request::AlterableConfig],
-    ) -> Self {
-        ConfigChange::Replace(
-            configs
-                .iter()
-                .filter_map(|c| {
-                    c.value
-                        .as_ref()
-                        .map(|v| (c.name.to_string(), v.to_string()))
-                })
-                .collect(),
-        )
+    ) -> Result<Self, (ErrorCode, String)> {
+        no_duplicate_keys(configs.iter().map(|c| c.name.as_str()))?;
+        let mut all = BTreeMap::new();
+        let mut null = Vec::new();
+        for c in configs {
+            match &c.value {
+                Some(v) => {
+                    all.insert(c.name.to_string(), v.to_string());
+                }
+                None => null.push(c.name.as_str()),
+            }
+        }
+        if !null.is_empty() {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!("Null value not supported for : {}", null.join(", ")),
+            ));
+        }
+        Ok(ConfigChange::Replace(all))
     }
 
     /// The topic's configs after this change of `current` (a list
@@ -528,6 +566,39 @@ impl ConfigChange {
         }
         Ok(configs)
     }
+}
+
+fn no_duplicate_keys<'a>(names: impl Iterator<Item = &'a str>) -> Result<(), (ErrorCode, String)> {
+    let mut seen = std::collections::HashSet::new();
+    for n in names {
+        if !seen.insert(n) {
+            return Err((
+                ErrorCode::InvalidRequest,
+                "Error due to duplicate config keys".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A request's resources with their changes, each named more than once
+/// refused with INVALID_REQUEST (every copy, as Kafka answers).
+pub(crate) type AlterEntry = (i8, StrBytes, Result<ConfigChange, (ErrorCode, String)>);
+
+pub(crate) fn refuse_duplicate_resources(mut entries: Vec<AlterEntry>) -> Vec<AlterEntry> {
+    let mut count = std::collections::HashMap::new();
+    for (t, name, _) in &entries {
+        *count.entry((*t, name.to_string())).or_insert(0usize) += 1;
+    }
+    for (t, name, change) in &mut entries {
+        if count[&(*t, name.to_string())] > 1 {
+            *change = Err((
+                ErrorCode::InvalidRequest,
+                "Each resource must appear at most once.".into(),
+            ));
+        }
+    }
+    entries
 }
 
 /// Whether a resource's configs may be altered at all: only a client
@@ -613,37 +684,53 @@ fn alter_local(
         .map_err(|e| alter_error(&e))
 }
 
+fn alter_all_local(
+    b: &Broker,
+    entries: Vec<AlterEntry>,
+    validate_only: bool,
+) -> Vec<AlterConfigsResourceResponse> {
+    refuse_duplicate_resources(entries)
+        .into_iter()
+        .map(|(resource_type, resource_name, change)| {
+            let result = change.and_then(|change| {
+                alter_local(b, resource_type, &resource_name, &change, validate_only)
+            });
+            alter_result(resource_type, resource_name, result)
+        })
+        .collect()
+}
+
 pub fn incremental_alter_configs(
     b: &Arc<Broker>,
     req: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
-    let responses = req
+    let entries = req
         .resources
         .into_iter()
         .map(|res| {
             let change = ConfigChange::incremental(&res.configs);
-            let name = res.resource_name.to_string();
-            let result = alter_local(b, res.resource_type, &name, &change, req.validate_only);
-            alter_result(res.resource_type, res.resource_name, result)
+            (res.resource_type, res.resource_name, change)
         })
         .collect();
-    IncrementalAlterConfigsResponse::default().with_responses(responses)
+    IncrementalAlterConfigsResponse::default().with_responses(alter_all_local(
+        b,
+        entries,
+        req.validate_only,
+    ))
 }
 
 /// AlterConfigs, the older API (kafka-python's `alter_configs`): each
 /// topic's configs are replaced by the ones given.
 pub fn alter_configs(b: &Arc<Broker>, req: AlterConfigsRequest) -> AlterConfigsResponse {
-    let results = req
+    let entries = req
         .resources
         .into_iter()
         .map(|res| {
             let change = ConfigChange::replace(&res.configs);
-            let name = res.resource_name.to_string();
-            let result = alter_local(b, res.resource_type, &name, &change, req.validate_only);
-            alter_result(res.resource_type, res.resource_name, result)
+            (res.resource_type, res.resource_name, change)
         })
         .collect();
-    alter_configs_response(results)
+    alter_configs_response(alter_all_local(b, entries, req.validate_only))
 }
 
 /// DeleteRecords (KIP-107): moves each partition's log start offset to the
@@ -777,5 +864,62 @@ mod tests {
             change.apply(&current, none).unwrap(),
             configs(&[("segment.ms", "60000")])
         );
+    }
+
+    #[test]
+    fn a_request_of_the_wrong_shape_is_invalid_request() {
+        use kafka_protocol::messages::incremental_alter_configs_request::AlterableConfig as Inc;
+        let inc = |name: &str, op: i8, value: Option<&str>| {
+            Inc::default()
+                .with_name(s(name))
+                .with_config_operation(op)
+                .with_value(value.map(|v| s(v)))
+        };
+        let refused = |r: Result<ConfigChange, (ErrorCode, String)>| match r {
+            Err((ErrorCode::InvalidRequest, msg)) => msg,
+            Err((code, msg)) => panic!("{code:?}: {msg}"),
+            Ok(_) => panic!("accepted"),
+        };
+        let twice = [
+            inc("retention.ms", 0, Some("1")),
+            inc("retention.ms", 1, None),
+        ];
+        assert_eq!(
+            refused(ConfigChange::incremental(&twice)),
+            "Error due to duplicate config keys"
+        );
+        let null = [inc("a", 0, None), inc("b", 1, None), inc("c", 2, None)];
+        assert_eq!(
+            refused(ConfigChange::incremental(&null)),
+            "Null value not supported for : a, c"
+        );
+        refused(ConfigChange::incremental(&[inc(
+            "retention.ms",
+            9,
+            Some("1"),
+        )]));
+        assert!(ConfigChange::incremental(&[inc("retention.ms", 1, None)]).is_ok());
+
+        use kafka_protocol::messages::alter_configs_request::AlterableConfig as Legacy;
+        let legacy = |name: &str, value: Option<&str>| {
+            Legacy::default()
+                .with_name(s(name))
+                .with_value(value.map(|v| s(v)))
+        };
+        refused(ConfigChange::replace(&[
+            legacy("segment.ms", Some("1")),
+            legacy("segment.ms", Some("2")),
+        ]));
+        refused(ConfigChange::replace(&[legacy("segment.ms", None)]));
+
+        let ok = || ConfigChange::incremental(&[]);
+        let entries = refuse_duplicate_resources(vec![
+            (2, s("a"), ok()),
+            (2, s("b"), ok()),
+            (2, s("a"), ok()),
+            (4, s("a"), ok()),
+        ]);
+        let refused_at: Vec<bool> = entries.iter().map(|(_, _, c)| c.is_err()).collect();
+        assert_eq!(refused_at, [true, false, true, false]);
     }
 }

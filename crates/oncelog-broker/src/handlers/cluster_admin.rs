@@ -9,8 +9,6 @@
 
 use std::collections::HashMap;
 
-use kafka_protocol::protocol::StrBytes;
-
 use kafka_protocol::messages::alter_user_scram_credentials_request::AlterUserScramCredentialsRequest;
 use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserScramCredentialsResponse;
 use kafka_protocol::messages::create_acls_request::CreateAclsRequest;
@@ -329,15 +327,17 @@ pub async fn describe_configs(
 pub async fn alter_configs(
     b: &crate::Broker,
     front: &Front,
-    resources: Vec<(i8, StrBytes, admin::ConfigChange)>,
+    resources: Vec<admin::AlterEntry>,
     validate_only: bool,
 ) -> Vec<AlterConfigsResourceResponse> {
     let mut out = Vec::with_capacity(resources.len());
-    for (resource_type, resource_name, change) in resources {
+    for (resource_type, resource_name, change) in admin::refuse_duplicate_resources(resources) {
         let name = resource_name.to_string();
-        let result = match admin::alterable_topic(resource_type, &name) {
+        let result = match change
+            .and_then(|change| admin::alterable_topic(resource_type, &name).map(|()| change))
+        {
             Err(e) => Err(e),
-            Ok(()) => {
+            Ok(change) => {
                 let default = |k: &str| b.config.topic_default(k);
                 match catalogue::alter_topic_configs(
                     &front.cluster.pool,

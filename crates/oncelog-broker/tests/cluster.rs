@@ -835,3 +835,33 @@ async fn an_older_schema_is_upgraded_and_a_newer_one_refused() {
         .unwrap_err();
     assert!(e.to_string().contains("schema version 99"), "{e}");
 }
+
+/// A broker starting beside brokers that write takes none of the table
+/// locks their commits conflict with: with a writer's transaction open
+/// (ROW EXCLUSIVE on `batches`, as every flush commit holds) a second
+/// broker connects at once. Its schema DDL once ran at every start, and
+/// `CREATE INDEX IF NOT EXISTS` waited for `batches`' SHARE lock (and
+/// deadlocked with a flush under a running Flink job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_starting_beside_writers_takes_no_table_lock() {
+    let db = fresh_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_url(&dir);
+    let first = broker(&db, &store, 1).await;
+    let mut client = first.pool.get().await.unwrap();
+    let writer = client.transaction().await.unwrap();
+    writer
+        .batch_execute(
+            "LOCK TABLE batches IN ROW EXCLUSIVE MODE; \
+             LOCK TABLE producers IN ROW EXCLUSIVE MODE; \
+             LOCK TABLE transactions IN ROW EXCLUSIVE MODE; \
+             LOCK TABLE group_pending_offsets IN ROW EXCLUSIVE MODE",
+        )
+        .await
+        .unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), broker(&db, &store, 2))
+        .await
+        .expect("a broker's start waited for a lock the writers hold");
+    writer.rollback().await.unwrap();
+    drop(second);
+}

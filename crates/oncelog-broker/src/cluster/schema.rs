@@ -1,8 +1,9 @@
-//! Cluster mode's tables. Created at connect if missing, under an advisory
-//! lock so brokers starting together do not race; every statement is
-//! `IF NOT EXISTS`, so running it twice changes nothing.
+//! Cluster mode's tables. Created at connect if missing (or older than this
+//! build), under an advisory lock so brokers starting together do not race;
+//! every statement is `IF NOT EXISTS`, so running it twice changes nothing.
 
 use deadpool_postgres::Pool;
+use tokio_postgres::error::SqlState;
 
 use super::ClusterError;
 
@@ -178,12 +179,74 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("objects", "unreferenced_since", "timestamptz"),
 ];
 
+/// How often an upgrade that lost a lock conflict to running brokers is
+/// tried again, and how long it waits for a table's lock each time.
+const MIGRATE_ATTEMPTS: u32 = 6;
+const MIGRATE_LOCK_TIMEOUT: &str = "5s";
+
 /// Creates the tables if they are missing and checks the stored version.
+///
+/// A database already at this version is left alone: its DDL is not run
+/// again, because `CREATE INDEX IF NOT EXISTS` takes its table's SHARE lock
+/// before it looks for the index, and a broker restarting beside brokers
+/// that write (ROW EXCLUSIVE on the same tables) deadlocked with them.
+/// An upgrade or a first creation waits at most a few seconds for each
+/// lock and is tried again when it loses a deadlock or that wait.
 pub async fn migrate(pool: &Pool) -> Result<(), ClusterError> {
+    if stored_version(pool).await? == Some(SCHEMA_VERSION) {
+        return Ok(());
+    }
+    let mut attempt = 1;
+    loop {
+        match migrate_once(pool).await {
+            Err(ClusterError::Postgres(e)) if attempt < MIGRATE_ATTEMPTS && lock_conflict(&e) => {
+                tracing::warn!(attempt, error = %e, "cluster: schema migration lost a lock conflict; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(attempt)))
+                    .await;
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The schema version the database holds; `None` before the first broker
+/// made the tables. A value that is not a number reads as `None` here, and
+/// the migration then reports it.
+async fn stored_version(pool: &Pool) -> Result<Option<i32>, ClusterError> {
+    let client = pool.get().await?;
+    match client
+        .query_opt(
+            "SELECT value FROM oncelog_meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+    {
+        Ok(row) => Ok(row.and_then(|r| r.get::<_, String>(0).parse().ok())),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A deadlock or a lock wait past `lock_timeout`: the other side keeps
+/// running, and trying again is safe (the migration's transaction rolled
+/// back whole).
+fn lock_conflict(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::LOCK_NOT_AVAILABLE
+    )
+}
+
+async fn migrate_once(pool: &Pool) -> Result<(), ClusterError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
         .await?;
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '{MIGRATE_LOCK_TIMEOUT}'"
+    ))
+    .await?;
     // "relation … already exists, skipping" for every table at each start
     // is not news
     tx.batch_execute("SET LOCAL client_min_messages = warning")

@@ -658,3 +658,45 @@ def test_the_console_and_cutovers_say_they_are_not_served_in_cluster_mode(cluste
     # /metrics is still served
     with urllib.request.urlopen(http + "/metrics", timeout=10) as r:
         assert r.status == 200 and "oncelog_" in r.read().decode()
+
+
+def test_metadata_lists_only_the_brokers_on_the_clients_listener(cluster_factory):
+    """Two brokers; only broker 1 has a second listener, INTERNAL. A client
+    that came in on INTERNAL is told only of broker 1 (broker 2's PLAINTEXT
+    address is not for it), every partition is led by broker 1 and a
+    transactional id's coordinator is broker 1; a client on PLAINTEXT sees
+    both. Writes through either listener land in one log."""
+    from conftest import free_port
+    cl = cluster_factory(store="file", n=2, start=False)
+    internal = free_port()
+    b1 = cl.by_id(1)
+    b1.overrides["listeners"] = (f"PLAINTEXT://127.0.0.1:{b1.port},"
+                                 f"INTERNAL://127.0.0.1:{internal}")
+    b1.overrides["listener.security.protocol.map"] = "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT"
+    cl.start()
+    create(cl.bootstrap, "by-listener", 4)
+    inside = f"127.0.0.1:{internal}"
+
+    md = admin(cl.bootstrap).list_topics(timeout=OP_TIMEOUT_S)
+    assert sorted(md.brokers) == [1, 2]
+    md = admin(inside).list_topics(timeout=OP_TIMEOUT_S)
+    assert sorted(md.brokers) == [1]
+    assert (md.brokers[1].host, md.brokers[1].port) == ("127.0.0.1", internal)
+    assert {p.leader for p in md.topics["by-listener"].partitions.values()} == {1}
+    assert all(p.error is None for p in md.topics["by-listener"].partitions.values())
+
+    # a transaction through INTERNAL: its coordinator must be reachable
+    t = txn_producer(inside, "listener-writer")
+    t.init_transactions(30)
+    t.begin_transaction()
+    for i in range(8):
+        t.produce("by-listener", value=f"in-{i}".encode(), partition=i % 4)
+    t.commit_transaction(30)
+    p = Producer(producer_config(cl.bootstrap, enable_idempotence=True))
+    for i in range(8):
+        p.produce("by-listener", value=f"out-{i}".encode(), partition=i % 4)
+    assert p.flush(30) == 0
+    got = sorted(read_values(cl.by_id(2).bootstrap, "by-listener", 4, "read_committed"))
+    assert got == sorted([f"in-{i}".encode() for i in range(8)]
+                         + [f"out-{i}".encode() for i in range(8)])
+

@@ -73,6 +73,7 @@ pub enum ErrorCode {
     ResourceNotFound = 91,
     DuplicateResource = 92,
     UnacceptableCredential = 93,
+    ListenerNotFound = 72,
 }
 
 impl ErrorCode {

@@ -40,9 +40,17 @@ pub struct BrokerRow {
 }
 
 impl BrokerRow {
+    /// Whether a client that came in on the listener `name` can reach this
+    /// broker: it has a listener of that name (a broker that registered no
+    /// names stands on `host` and `port` for every listener).
+    pub fn serves(&self, name: &str) -> bool {
+        self.listeners.is_empty() || self.listeners.contains_key(name)
+    }
+
     /// The address a client on the listener `name` reaches this broker at:
     /// its listener of that name, as Kafka answers each listener with its
-    /// own addresses (the first listener's if it has none of that name).
+    /// own addresses. Only for a broker that [`serves`](Self::serves) it
+    /// (`host` and `port` otherwise, which a caller must not hand out).
     pub fn address(&self, name: &str) -> (String, i32) {
         self.listeners
             .get(name)

@@ -64,6 +64,7 @@ use crate::cluster::flusher::{ProduceResult, PRODUCE_TIMEOUT};
 use crate::cluster::front::Front;
 use crate::cluster::reader::{self, ReadRefusal};
 use crate::cluster::sequencer::BatchOutcome;
+use crate::cluster::session::BrokerRow;
 use crate::cluster::{preferred_broker, ClusterError};
 use crate::error::{ErrorCode, TopicError};
 use crate::producer_state::ProduceReject;
@@ -384,8 +385,20 @@ async fn metadata(
     listener: &str,
 ) -> MetadataResponse {
     let live = front.live_now().await;
-    let ids: Vec<i32> = live.iter().map(|x| x.id).collect();
-    let brokers = live
+    // As Kafka does, only the brokers with an endpoint on the listener the
+    // client came in on are listed (another listener's address would take
+    // it to a port that speaks another protocol); any broker serves any
+    // partition here, so each partition is named to one of those.
+    let reachable: Vec<&BrokerRow> = live.iter().filter(|x| x.serves(listener)).collect();
+    let ids: Vec<i32> = reachable.iter().map(|x| x.id).collect();
+    let missing_listener = ids.is_empty() && !live.is_empty();
+    if missing_listener {
+        tracing::warn!(
+            listener,
+            "cluster: no live broker has this listener; Metadata names no leader"
+        );
+    }
+    let brokers = reachable
         .iter()
         .map(|x| {
             let (host, port) = x.address(listener);
@@ -415,7 +428,13 @@ async fn metadata(
                     p.leader_epoch = 0;
                 }
                 if leader < 0 {
-                    p.error_code = ErrorCode::LeaderNotAvailable.code();
+                    // Kafka's answer for a leader without the listener,
+                    // from the version that knows the code
+                    p.error_code = if missing_listener && version >= 6 {
+                        ErrorCode::ListenerNotFound.code()
+                    } else {
+                        ErrorCode::LeaderNotAvailable.code()
+                    };
                 }
                 p
             })
@@ -801,8 +820,20 @@ async fn find_coordinator(
 ) -> FindCoordinatorResponse {
     let live = front.live_now().await;
     let ids: Vec<i32> = live.iter().map(|x| x.id).collect();
+    // any broker decides for a transactional id: one the client can reach
+    let reachable: Vec<i32> = live
+        .iter()
+        .filter(|x| x.serves(listener))
+        .map(|x| x.id)
+        .collect();
     let answer = |chosen: Option<i32>| match chosen.and_then(|id| live.iter().find(|x| x.id == id))
     {
+        // a group's coordinator is its owner: one without this listener
+        // is not available to this client (Kafka answers the same)
+        Some(x) if !x.serves(listener) => CoordAnswer::none(
+            ErrorCode::CoordinatorNotAvailable,
+            format!("coordinator {} has no listener {listener}", x.id),
+        ),
         Some(x) => {
             let (host, port) = x.address(listener);
             CoordAnswer {
@@ -824,7 +855,7 @@ async fn find_coordinator(
     for key in &keys {
         answers.push(match req.key_type {
             0 => answer(cluster_group::group_coordinator(front, key.as_str(), &ids).await),
-            1 => answer(crate::cluster::rendezvous(key.as_bytes(), &ids)),
+            1 => answer(crate::cluster::rendezvous(key.as_bytes(), &reachable)),
             k => CoordAnswer::none(ErrorCode::InvalidRequest, format!("unknown key type {k}")),
         });
     }

@@ -7,6 +7,7 @@ killed by PID.
 """
 
 import ctypes
+import gc
 import os
 import re
 import resource
@@ -14,8 +15,11 @@ import signal
 import socket
 import subprocess
 import time
+import types
+import weakref
 from pathlib import Path
 
+import confluent_kafka
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -299,3 +303,79 @@ def module_broker_factory(tmp_path_factory):
 
 # Cluster mode's fixtures (PostgreSQL, S3, N brokers), for `both_modes`.
 pytest_plugins = ["cluster_env"]
+
+
+# --- librdkafka producers a test leaves behind ---------------------------------
+# A producer whose queue still holds a message (a zombie's refused write, a
+# write to a broker the test killed) keeps that message's delivery callback
+# alive inside librdkafka, where Python's cycle collector cannot see it; a
+# callback that reaches the producer back (through a closure, or an exception
+# and its traceback) keeps the producer, its threads and its reconnect loop
+# running for the rest of the run. At each test's end the producers it made
+# have their queues purged and their delivery reports served, which drops
+# those references, and the cycle collector frees them; one a finished
+# test's frame still holds goes with that frame's locals.
+# ONCELOG_DEBUG_PRODUCERS=1 (with pytest -s) prints any still alive after
+# that, with where it was made. (This module is
+# imported before any test module, so `from confluent_kafka import Producer`
+# there finds the tracked class.)
+
+_made_producers = weakref.WeakSet()
+_producer_generation = [0]
+
+
+class _TrackedProducer(confluent_kafka.Producer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._oncelog_generation = _producer_generation[0]
+        if os.environ.get("ONCELOG_DEBUG_PRODUCERS"):
+            import traceback
+            self._made_at = "".join(traceback.format_stack(limit=4)[:-1])
+        _made_producers.add(self)
+
+
+confluent_kafka.Producer = _TrackedProducer
+
+
+def _producers_of(generation):
+    return [p for p in list(_made_producers)
+            if getattr(p, "_oncelog_generation", None) == generation]
+
+
+def _purge(generation):
+    for p in _producers_of(generation):
+        try:
+            p.purge()
+            # the purged messages' reports come through the queue: serve them
+            p.flush(2)
+        except Exception:  # a producer in a fatal state may refuse; nothing to keep
+            pass
+
+
+def _clear_frames_holding(generation):
+    # A producer still alive is held by its test's frame, which a traceback
+    # kept (librdkafka's fatal errors, raised out of a poll, leave a
+    # reference the cycle collector cannot account for). The test has
+    # ended: its frame's locals go.
+    for p in _producers_of(generation):
+        for r in gc.get_referrers(p):
+            if isinstance(r, types.FrameType):
+                try:
+                    r.clear()
+                except RuntimeError:  # still running: not a finished test's frame
+                    pass
+
+
+@pytest.fixture(autouse=True)
+def _release_the_tests_producers():
+    _producer_generation[0] += 1
+    generation = _producer_generation[0]
+    yield
+    _purge(generation)
+    gc.collect()
+    _clear_frames_holding(generation)
+    gc.collect()
+    if os.environ.get("ONCELOG_DEBUG_PRODUCERS"):
+        for p in _producers_of(generation):
+            print(f"\nstill alive after its test: {p!r}: referrers "
+                  f"{[type(r).__name__ for r in gc.get_referrers(p)]}\n{p._made_at}")

@@ -1196,10 +1196,11 @@ class OutputReader(threading.Thread):
 def test_s7_copier_killed_and_fenced_copies_exactly_once(broker_factory, registry, tmp_path):
     broker = broker_factory(GROUP_OVERRIDES)
     bs = broker.bootstrap
-    # A cluster commits each transaction in PostgreSQL (its flush interval
-    # and a round trip): fewer records keep the run short, with every kill
-    # and the fence still landing mid-copy.
-    default_n = "50000" if broker.mode == "local" else "15000"
+    # Enough records that every kill and the fence land mid-copy (the
+    # aborted-records check below says so); a cluster commits each
+    # transaction in PostgreSQL (its flush interval and a round trip), so
+    # it copies fewer. ONCELOG_S7_RECORDS=200000 for a longer run.
+    default_n = "25000" if broker.mode == "local" else "15000"
     n = int(os.environ.get("ONCELOG_S7_RECORDS", default_n))
     parts = 3
     inp = unique_topic("s7-in")

@@ -633,23 +633,18 @@ class offsets_unstable:
         return False
 
 
-def test_the_console_and_cutovers_say_they_are_not_served_in_cluster_mode(cluster_factory):
-    """The console's views and the cut-over endpoint are built on local
-    mode's structures: in cluster mode they would show an empty broker and
-    act on nothing, so every page and action answers 501 and names what to
-    use instead."""
+def test_the_console_says_it_is_not_served_in_cluster_mode(cluster_factory):
+    """The console's views are built on local mode's structures: in cluster
+    mode they would show an empty broker and act on nothing, so every page
+    and action answers 501 and names what to use instead. (Cut-overs are
+    served: test_cutover.py.)"""
     import urllib.error
     import urllib.request
     c = cluster_factory(n=1, overrides={"console.actions.enable": "true"})
     http = "http://" + c.brokers[0].overrides["metrics.listen"]
     for method, path, names in [("GET", "/", "oncelog cluster info"),
                                 ("GET", "/v1/console/overview", "oncelog cluster info"),
-                                ("POST", "/v1/console/actions/abort", "oncelog cluster info"),
-                                # a cut-over would move this broker's local copy of
-                                # the fence, not the catalogue's
-                                ("GET", "/v1/cutover", "writer.transactional.id.prefix"),
-                                ("POST", "/v1/cutover/start?topic=t&to=green",
-                                 "writer.transactional.id.prefix")]:
+                                ("POST", "/v1/console/actions/abort", "oncelog cluster info")]:
         req = urllib.request.Request(http + path, method=method, data=b"" if method == "POST" else None)
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)

@@ -484,3 +484,148 @@ def test_operator_doors(broker):
     assert status(broker, navy)["phase"] == "Switched"
     assert topic_writer(broker, navy) == "teal"
     refused(broker, "start", navy, "--from", "navy", "--to", "teal", says='writer is "teal"')
+
+
+# ------------------------------------------------------------ cluster mode
+
+def cutovers_holder(cl):
+    """The broker holding the cut-overs job's lease (it drives every cut-over)."""
+    rows = cl.sql("SELECT broker_id FROM job_leases WHERE job = 'cutovers'")
+    return cl.by_id(rows[0][0]) if rows else None
+
+
+def test_cluster_hand_over_across_brokers(cluster_factory):
+    """S10 on three brokers over one PostgreSQL: the cut-over is started
+    through broker 2, read through broker 3, driven by whichever broker
+    holds the cut-overs job, and the checks are made in the decisions'
+    PostgreSQL transactions, so they hold whichever broker a client's
+    coordinator is. Then: concurrent starts through two brokers (one wins),
+    kill -9 of the driving broker mid-drain (the deadline still aborts blue,
+    another broker switches), and a rollback that leaves green's open
+    transaction uncommittable."""
+    cl = cluster_factory(store="file", n=3, overrides={"cluster.lease.ms": 2000})
+    b1, b2, b3 = cl.brokers
+    topic = unique_topic("s10c")
+    create_topic(cl.bootstrap, topic, config={WRITER: "blue"})
+    blue = producer(cl, "blue-0")
+    blue.begin_transaction()
+    assert write(blue, topic, "blue", 10) == (0, [])
+
+    st, _ = cutover(b2, "start", topic, "--from", "blue", "--to", "green",
+                    "--drain-timeout-ms", str(HOLDS))
+    assert (st["phase"], st["from"], st["to"], st["done"]) == ("Draining", "blue", "green", False), st
+    assert st["drain_deadline_ms"] - st["started_ms"] == HOLDS, st
+    st = status(b3, topic)
+    assert [(w["transactional_id"], w["state"]) for w in st["waiting_for"]] == [("blue-0", "Ongoing")], st
+    refused(b1, "start", topic, "--from", "blue", "--to", "teal", says="already being cut over")
+
+    # A new blue transaction is refused loudly; a restarting blue instance
+    # may not take blue-0 (that would abort the transaction being waited for).
+    late = producer(cl, "blue-1")
+
+    def late_transaction():
+        late.begin_transaction()
+        late.produce(topic, key=b"late", value=b"late-0", partition=0)
+        late.flush(10)
+        late.commit_transaction(10)
+    err = fatal_error(late_transaction)
+    assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and err.fatal(), err
+    why = [line for line in log_lines(cl, "transactional write refused") if "blue-1" in line]
+    assert why and "is being cut over" in why[0], why
+    restarted = txn_producer(cl.bootstrap, "blue-0")
+    err = fatal_error(lambda: restarted.init_transactions(30))
+    assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err
+
+    # Green writes; its commit is held while blue-0 holds the topic.
+    green = producer(cl, "green-0")
+    green.begin_transaction()
+    assert write(green, topic, "green", 10) == (0, [])
+    thread, result = committer(green)
+    time.sleep(2.0)
+    assert thread.is_alive() and "ok" not in result and "error" not in result, \
+        f"green's commit ended while blue's transaction was open: {result}"
+    assert end_offset(cl, topic, "read_committed") == 0
+
+    blue.commit_transaction(30)
+    st = wait_until(lambda: (lambda s: s if s["phase"] == "Switched" and s["done"] else None)(
+        status(b1, topic)), 15, interval=0.2, what="the switch",
+        on_timeout=lambda: f"{status(b1, topic)}\n{cl.log_tail(20)}")
+    assert st["waiting_for"] == [] and st["aborted_at_deadline"] == [], st
+    thread.join(30)
+    assert "ok" in result, f"green's held commit did not go through: {result}"
+    assert topic_writer(cl, topic) == "green"
+    got = read(cl, topic)
+    assert [v.decode() for _, _, v in got] == [f"{w}-{i}" for w in ("blue", "green") for i in range(10)]
+    assert values(read(cl, topic, "read_uncommitted")) == values(got), "the refused transaction wrote nothing"
+
+    def late_blue():
+        blue.begin_transaction()
+        blue.produce(topic, key=b"late", value=b"blue-late", partition=0)
+        blue.flush(10)
+        blue.commit_transaction(10)
+    err = fatal_error(late_blue)
+    assert err.fatal() and err.code() in FENCED, err
+    assert len(read(cl, topic)) == 20
+    log = cl.log_text()
+    assert "cut-over switched" in log and "cut-over done" in log
+    assert "more than one transactional writer" not in log
+
+    # Concurrent starts through two brokers: exactly one wins.
+    t2 = unique_topic("s10c-crash")
+    create_topic(cl.bootstrap, t2, config={WRITER: "blue"})
+    blue2 = producer(cl, "blue-2")
+    blue2.begin_transaction()
+    assert write(blue2, t2, "blue", 5) == (0, [])
+    drain_ms = 5000
+    procs = [subprocess.Popen([str(oncelog_bin()), "cutover", "start", t2, "--from", "blue", "--to", "green",
+                               "--drain-timeout-ms", str(drain_ms), "--bootstrap", cl.bootstrap,
+                               "--admin", b.metrics_url, "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for b in (b1, b3)]
+    outs = [p.communicate(timeout=30) + (p.returncode,) for p in procs]
+    assert sorted(rc == 0 for _, _, rc in outs) == [False, True], outs
+    assert "already being cut over" in next(err for _, err, rc in outs if rc != 0)
+    before = status(b2, t2)
+
+    # kill -9 of the broker driving the cut-overs, mid-drain.
+    holder = wait_until(lambda: cutovers_holder(cl), 10, what="the cut-overs job's holder")
+    holder.kill9()
+    holder.start()
+    st = wait_until(lambda: (lambda s: s if s["phase"] == "Switched" and s["done"] else None)(
+        status(b2, t2)), drain_ms / 1000 + 20, interval=0.3, what="the switch after the deadline",
+        on_timeout=lambda: f"{status(b2, t2)}\n{cl.log_tail(20)}")
+    assert st["aborted_at_deadline"] == ["blue-2"], st
+    assert st["ended_ms"] >= before["drain_deadline_ms"], (st, before)
+    assert log_lines(cl, "cut-over drain deadline reached")
+    assert read(cl, t2) == [], "blue's aborted records are not visible read_committed"
+    green2 = producer(cl, "green-2")
+    green2.begin_transaction()
+    assert write(green2, t2, "green", 3) == (0, [])
+    green2.commit_transaction(30)
+    assert values(read(cl, t2)) == ["green-0", "green-1", "green-2"]
+    err = fatal_error(lambda: blue2.commit_transaction(10))
+    assert err.fatal() and err.code() in FENCED, err
+
+    # Rollback while draining: blue writes again; green's open transaction
+    # is aborted by it and cannot commit.
+    t3 = unique_topic("s10c-rb")
+    create_topic(cl.bootstrap, t3, config={WRITER: "blue"})
+    cutover(b3, "start", t3, "--from", "blue", "--to", "green", "--drain-timeout-ms", str(HOLDS))
+    green3 = producer(cl, "green-3")
+    green3.begin_transaction()
+    assert write(green3, t3, "green", 2) == (0, [])
+    st, _ = cutover(b1, "rollback", t3)
+    assert st["phase"] == "RolledBack", st
+    wait_until(lambda: status(b2, t3)["done"], 15, interval=0.2, what="the rollback done")
+    err = fatal_error(lambda: green3.commit_transaction(10))
+    assert err.code() in (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, *FENCED), err
+    blue3 = producer(cl, "blue-3")
+    blue3.begin_transaction()
+    assert write(blue3, t3, "blue", 2) == (0, [])
+    blue3.commit_transaction(30)
+    assert values(read(cl, t3)) == ["blue-0", "blue-1"]
+    assert topic_writer(cl, t3) == "blue"
+    refused(b2, "rollback", t3, says="no cut-over in progress")
+    # The operator's doors, through a cluster broker.
+    refused(b1, "start", "__consumer_offsets", "--from", "blue", "--to", "green", says="internal topic")
+    refused(b1, "start", "no-such-topic-s10c", "--from", "blue", "--to", "green", says="unknown topic")
+    assert sorted(c["topic"] for c in cutover(b2, "status")[0]["cutovers"]) == sorted([topic, t2, t3])

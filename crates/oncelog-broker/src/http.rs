@@ -23,17 +23,6 @@ use crate::Broker;
 async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
     let path = req.path.as_str();
     if path.starts_with("/v1/cutover") {
-        // A cut-over moves a topic's writer fence, which in cluster mode is
-        // the catalogue row's, not this broker's data directory's: acting
-        // here would answer success and change nothing.
-        if b.cluster.get().is_some() {
-            return Reply::error(
-                "501 Not Implemented",
-                "cut-overs are not served in cluster mode yet; move the writer fence with \
-                 `oncelog topic alter-config TOPIC --set writer.transactional.id.prefix=NEW`"
-                    .into(),
-            );
-        }
         if req.method == "POST" {
             if let Err(why) = browser_guard(req) {
                 tracing::warn!(path, peer = ?req.peer, "{why}");
@@ -44,6 +33,9 @@ async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
                     peer = ?req.peer, params = ?req.params, "cut-over request"),
                 Err(reply) => return reply,
             }
+        }
+        if let Some(front) = b.cluster.get() {
+            return cluster_cutover_endpoint(front, req).await;
         }
         return cutover_endpoint(b, req);
     }
@@ -130,6 +122,82 @@ pub fn history_id(path: &str) -> Option<Result<String, PathError>> {
     }))
 }
 
+/// `drain_timeout_ms` of a start request (five minutes when not given).
+fn drain_timeout(req: &Request) -> Result<i64, Reply> {
+    match req.params.get("drain_timeout_ms").map(|v| v.parse::<i64>()) {
+        None => Ok(300_000),
+        Some(Ok(v)) => Ok(v),
+        Some(Err(_)) => Err(Reply::error(
+            "400 Bad Request",
+            "drain_timeout_ms must be a number".into(),
+        )),
+    }
+}
+
+/// The cut-over endpoints in cluster mode: the same requests and answers,
+/// on the cluster's `cutovers` rows (any broker serves them).
+async fn cluster_cutover_endpoint(front: &crate::cluster::front::Front, req: &Request) -> Reply {
+    use crate::cluster::cutover::{self as cc, CutoverError};
+    let (method, path, params) = (req.method.as_str(), req.path.as_str(), &req.params);
+    let pool = &front.cluster.pool;
+    let topic = params.get("topic").cloned().unwrap_or_default();
+    let unavailable = |e: &dyn std::fmt::Display| {
+        tracing::warn!(path, error = %e, "cut-over request: the cluster's database did not answer");
+        Reply::error(
+            "503 Service Unavailable",
+            format!("the cluster's database did not answer: {e}"),
+        )
+    };
+    let status = |topic: String| async move {
+        match cc::status(pool, &topic).await {
+            Ok(v) => Reply::json("200 OK", v),
+            Err(e) => unavailable(&e),
+        }
+    };
+    let changed = |r: Result<crate::cutover::Cutover, CutoverError>| match r {
+        Ok(_) => None,
+        Err(CutoverError::Refused(why)) => Some(Reply::error("409 Conflict", why)),
+        Err(CutoverError::Cluster(e)) => Some(unavailable(&e)),
+    };
+    match (method, path) {
+        ("GET", "/v1/cutover") if topic.is_empty() => {
+            let all = match cc::all(pool).await {
+                Ok(all) => all,
+                Err(e) => return unavailable(&e),
+            };
+            let mut out = Vec::with_capacity(all.len());
+            for c in all {
+                match cc::status(pool, &c.topic).await {
+                    Ok(v) => out.push(v),
+                    Err(e) => return unavailable(&e),
+                }
+            }
+            Reply::json("200 OK", serde_json::json!({ "cutovers": out }))
+        }
+        ("GET", "/v1/cutover") => status(topic).await,
+        ("POST", "/v1/cutover/start") => {
+            let from = params.get("from").map_or("", String::as_str);
+            let to = params.get("to").map_or("", String::as_str);
+            let drain = match drain_timeout(req) {
+                Ok(d) => d,
+                Err(reply) => return reply,
+            };
+            match changed(cc::start(pool, &topic, from, to, drain).await) {
+                Some(reply) => reply,
+                None => status(topic).await,
+            }
+        }
+        ("POST", "/v1/cutover/rollback") => match changed(cc::rollback(pool, &topic).await) {
+            Some(reply) => reply,
+            None => status(topic).await,
+        },
+        (_, "/v1/cutover/start" | "/v1/cutover/rollback") => {
+            Reply::error("405 Method Not Allowed", "use POST".into())
+        }
+        _ => Reply::error("404 Not Found", format!("no such endpoint {path}")),
+    }
+}
+
 /// `GET /v1/cutover[?topic=T]`, `POST /v1/cutover/start?topic=&from=&to=&drain_timeout_ms=`,
 /// `POST /v1/cutover/rollback?topic=`.
 fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
@@ -151,15 +219,9 @@ fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
         ("POST", "/v1/cutover/start") => {
             let from = params.get("from").map_or("", String::as_str);
             let to = params.get("to").map_or("", String::as_str);
-            let drain = match params.get("drain_timeout_ms").map(|v| v.parse::<i64>()) {
-                None => 300_000,
-                Some(Ok(v)) => v,
-                Some(Err(_)) => {
-                    return err(
-                        "400 Bad Request",
-                        "drain_timeout_ms must be a number".into(),
-                    )
-                }
+            let drain = match drain_timeout(req) {
+                Ok(d) => d,
+                Err(reply) => return reply,
             };
             match crate::cutover::start(b.as_ref(), &topic, from, to, drain) {
                 Ok(_) => json("200 OK", crate::cutover::status(b.as_ref(), &topic)),

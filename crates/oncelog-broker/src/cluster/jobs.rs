@@ -1,6 +1,6 @@
 //! Background jobs that one broker runs at a time for the whole cluster:
-//! time/size retention, compaction, and the retention of committed offsets
-//! of groups no live broker coordinates. A job's `job_leases` row names the
+//! time/size retention, compaction, the retention of committed offsets
+//! of groups no live broker coordinates, and the cut-overs' driver. A job's `job_leases` row names the
 //! broker session holding it until `expires_at` (PostgreSQL's clock, so
 //! brokers' clocks do not matter); the holder renews it at each run, and
 //! any broker takes it over once it has expired.
@@ -22,6 +22,10 @@ use super::{compactor, retention, Cluster, ClusterError};
 pub const RETENTION: &str = "retention";
 pub const COMPACTION: &str = "compaction";
 pub const OFFSETS: &str = "offsets";
+pub const CUTOVERS: &str = "cutovers";
+
+/// How often the cut-overs' driver looks at them (as local mode's).
+const CUTOVERS_EVERY: Duration = Duration::from_secs(1);
 
 /// A topic config's value: the topic's own, else the broker's default.
 pub type ConfigOf = Arc<dyn Fn(&BTreeMap<String, String>, &str) -> Option<String> + Send + Sync>;
@@ -215,6 +219,13 @@ pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
             },
         ));
     }
+    tokio::spawn(run_every(
+        cluster.clone(),
+        CUTOVERS,
+        CUTOVERS_EVERY,
+        CUTOVERS_EVERY + lease * 2,
+        |c, _held| async move { super::cutover::drive(&c).await },
+    ));
     if let Some(every) = settings.compaction_every {
         let s = settings;
         tokio::spawn(run_every(

@@ -16,6 +16,7 @@
 pub mod catalogue;
 pub mod collector;
 pub mod compactor;
+pub mod cutover;
 pub mod describe;
 pub mod flusher;
 pub mod front;

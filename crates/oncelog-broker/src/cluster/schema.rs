@@ -10,9 +10,10 @@ use super::ClusterError;
 /// Bumped when a table changes; stored in `oncelog_meta`. A broker
 /// upgrades a database of an older version (version 2: the brokers'
 /// listener addresses, the collector's grace for unreferenced objects, the
-/// cluster's ACLs and credentials) and refuses a newer one, so a broker of
-/// an older build never runs on tables it does not know.
-pub const SCHEMA_VERSION: i32 = 2;
+/// cluster's ACLs and credentials; version 3: the topics' cut-overs) and
+/// refuses a newer one, so a broker of an older build never runs on tables
+/// it does not know.
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Any number that no other user of the database takes as advisory lock.
 const MIGRATE_LOCK: i64 = 0x6f6e_6365_6c6f_6701;
@@ -162,6 +163,11 @@ CREATE TABLE IF NOT EXISTS compaction_state (
     bytes_written           bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (topic_id, partition),
     FOREIGN KEY (topic_id, partition) REFERENCES partitions ON DELETE CASCADE
+);
+CREATE TABLE IF NOT EXISTS cutovers (
+    topic_id   uuid PRIMARY KEY REFERENCES topics (id) ON DELETE CASCADE,
+    cutover    jsonb NOT NULL,
+    changed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE IF NOT EXISTS security_docs (
     name       text PRIMARY KEY,

@@ -17,28 +17,45 @@ use deadpool_postgres::Pool;
 use oncelog_log::batch;
 use uuid::Uuid;
 
+use super::cutover::Gates;
 use super::sequencer::{notify_payload, Advanced, DATA_CHANNEL};
 use super::session::check_fence;
 use super::{Cluster, ClusterError};
+use crate::error::Gate;
 use crate::producer_state::{ProducerEntry, ProducerState};
 use crate::txn_coordinator::{CoordError, Effect, ProducerView, TxnMeta};
 
 /// Cluster mode has one coordinator epoch: PostgreSQL orders every marker.
 const COORDINATOR_EPOCH: i32 = 0;
 
-/// A decision: given the current state (if any), PostgreSQL's time in ms
-/// and a producer id allocator, the effects to run.
-pub type Decide<'a> = dyn FnOnce(Option<&TxnMeta>, i64, &mut dyn FnMut() -> i64) -> Result<Vec<Effect>, CoordError>
+/// Why a decision wrote nothing: the coordinator's refusal, or the writer
+/// fence's or a cut-over's ([`Gate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(transparent)]
+    Coord(#[from] CoordError),
+    #[error(transparent)]
+    Gate(#[from] Gate),
+}
+
+/// A decision: given the current state (if any), PostgreSQL's time in ms,
+/// a producer id allocator and the gates of the topics involved, the
+/// effects to run.
+pub type Decide<'a> = dyn FnOnce(Option<&TxnMeta>, i64, &mut dyn FnMut() -> i64, &Gates) -> Result<Vec<Effect>, Refusal>
     + Send
     + 'a;
 
-/// Runs one decision for `id`; `Ok(Err(_))` is the coordinator's refusal
-/// (nothing written), `Ok(Ok(identity))` the reply after the commit.
+/// Runs one decision for `id`; `Ok(Err(_))` is a refusal (nothing
+/// written), `Ok(Ok(identity))` the reply after the commit. The gates
+/// (writer fence, cut-over) of `topics` and of every topic the id's open
+/// transaction holds are read in the same PostgreSQL transaction, the
+/// cut-over rows held `FOR SHARE` ([`super::cutover`]).
 pub async fn run(
     cluster: &Cluster,
     id: &str,
+    topics: &[String],
     decide: Box<Decide<'_>>,
-) -> Result<Result<(i64, i16), CoordError>, ClusterError> {
+) -> Result<Result<(i64, i16), Refusal>, ClusterError> {
     let mut client = cluster.pool.get().await?;
     let tx = client.transaction().await?;
     check_fence(&*tx, cluster.config.broker_id, cluster.session.session()).await?;
@@ -85,7 +102,12 @@ pub async fn run(
             spare
         })
     };
-    let effects = match decide(existing.as_ref(), now, &mut new_pid) {
+    let mut involved: Vec<String> = topics.to_vec();
+    if let Some(m) = &existing {
+        involved.extend(m.partitions.iter().map(|(t, _)| t.clone()));
+    }
+    let gates = Gates::load(&tx, &involved).await?;
+    let effects = match decide(existing.as_ref(), now, &mut new_pid, &gates) {
         Ok(e) => e,
         Err(e) => return Ok(Err(e)),
     };
@@ -325,15 +347,19 @@ pub async fn abort_expired(cluster: &Cluster) -> Result<Vec<String>, ClusterErro
         let fenced: std::sync::Mutex<Option<(i64, i16, i32, i16)>> = std::sync::Mutex::new(None);
         let seen = &fenced;
         let f = Box::new(
-            move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
-                let effects = m.map_or_else(Vec::new, |m| {
-                    crate::txn_coordinator::decide_timeout(
-                        m,
-                        now,
-                        crate::txn_coordinator::OnTimeout::Abort,
-                        new_pid,
-                    )
-                });
+            move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64, g: &Gates| {
+                // A transaction a cut-over's drain waits for ends only by its
+                // own EndTxn or at the drain deadline.
+                let effects = m
+                    .filter(|m| g.protected(m).is_none())
+                    .map_or_else(Vec::new, |m| {
+                        crate::txn_coordinator::decide_timeout(
+                            m,
+                            now,
+                            crate::txn_coordinator::OnTimeout::Abort,
+                            new_pid,
+                        )
+                    });
                 let after = effects.iter().find_map(|e| match e {
                     Effect::Persist(n) => Some(n.epoch),
                     _ => None,
@@ -344,7 +370,7 @@ pub async fn abort_expired(cluster: &Cluster) -> Result<Vec<String>, ClusterErro
                 Ok(effects)
             },
         );
-        match run(cluster, &id, f).await {
+        match run(cluster, &id, &[], f).await {
             Ok(_) => {
                 if let Some((pid, old, timeout_ms, new)) =
                     fenced.into_inner().unwrap_or_else(|p| p.into_inner())
@@ -396,7 +422,7 @@ pub async fn admin_abort(cluster: &Cluster, pid: i64) -> Result<AdminAbort, Clus
         let acted = std::sync::atomic::AtomicBool::new(false);
         let seen = &acted;
         let f = Box::new(
-            move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+            move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64, _: &Gates| {
                 let effects = m
                     .filter(|m| m.producer_id == pid)
                     .map_or_else(Vec::new, |m| {
@@ -406,7 +432,7 @@ pub async fn admin_abort(cluster: &Cluster, pid: i64) -> Result<AdminAbort, Clus
                 Ok(effects)
             },
         );
-        if let Err(e) = run(cluster, &id, f).await? {
+        if let Err(e) = run(cluster, &id, &[], f).await? {
             tracing::warn!(transactional_id = %id, producer_id = pid, error = %e,
                 "cluster: admin abort refused by the coordinator");
             continue;

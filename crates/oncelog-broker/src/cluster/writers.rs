@@ -70,6 +70,19 @@ pub async fn record_commit(
             &[&due, &writer, &WINDOW_MS],
         )
         .await?;
+    // A cut-over handed the topic to this writer: the old writer's recent
+    // commits are no second writer (as local mode).
+    for r in client
+        .query(
+            "SELECT t.name, c.cutover->>'from' FROM cutovers c JOIN topics t ON t.id = c.topic_id \
+             WHERE t.name = ANY($1) AND c.cutover->>'phase' = 'Switched' AND c.cutover->>'to' = $2",
+            &[&due, &writer],
+        )
+        .await?
+    {
+        let (topic, from): (String, String) = (r.get(0), r.get(1));
+        writers.forget(&topic, &from);
+    }
     for r in rows {
         let (topic, w, at, pg_now): (String, String, i64, i64) =
             (r.get(0), r.get(1), r.get(2), r.get(3));

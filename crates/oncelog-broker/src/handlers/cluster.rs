@@ -60,13 +60,15 @@ use tokio::time::Instant;
 
 use super::{cluster_admin, cluster_group, ready, FrameError, Pending};
 use crate::cluster::catalogue::{self, CatalogueError, TopicRow};
+use crate::cluster::cutover::Gates;
 use crate::cluster::flusher::{ProduceResult, PRODUCE_TIMEOUT};
 use crate::cluster::front::Front;
 use crate::cluster::reader::{self, ReadRefusal};
 use crate::cluster::sequencer::BatchOutcome;
 use crate::cluster::session::BrokerRow;
+use crate::cluster::txn::Refusal;
 use crate::cluster::{preferred_broker, ClusterError};
-use crate::error::{ErrorCode, TopicError};
+use crate::error::{ErrorCode, Gate, TopicError};
 use crate::producer_state::ProduceReject;
 use crate::topics::TopicMeta;
 use crate::txn_coordinator::{self as tc, CoordError, TxnMeta, VerifyError};
@@ -663,19 +665,20 @@ fn coord_code(e: CoordError, fenced_known: bool) -> ErrorCode {
     }
 }
 
-/// Runs a coordinator decision; storage failures are retriable
-/// (COORDINATOR_NOT_AVAILABLE: the client looks the coordinator up again).
-/// `what` names the request in the log line of a fenced producer's request.
+/// Runs a coordinator decision (with the gates of `topics`); storage
+/// failures are retriable (COORDINATOR_NOT_AVAILABLE: the client looks the
+/// coordinator up again). `what` names the request in the log lines.
 async fn decide(
     front: &Front,
     id: &str,
     what: &str,
+    topics: &[String],
     f: Box<crate::cluster::txn::Decide<'_>>,
     fenced_known: bool,
 ) -> Result<(i64, i16), ErrorCode> {
-    match crate::cluster::txn::run(&front.cluster, id, f).await {
+    match crate::cluster::txn::run(&front.cluster, id, topics, f).await {
         Ok(Ok(identity)) => Ok(identity),
-        Ok(Err(CoordError::ProducerFenced)) => {
+        Ok(Err(Refusal::Coord(CoordError::ProducerFenced))) => {
             tracing::warn!(
                 transactional_id = id,
                 request = what,
@@ -683,9 +686,18 @@ async fn decide(
             );
             Err(coord_code(CoordError::ProducerFenced, fenced_known))
         }
-        Ok(Err(e)) => {
+        Ok(Err(Refusal::Coord(e))) => {
             tracing::debug!(transactional_id = id, error = %e, "cluster: coordinator refused");
             Err(coord_code(e, fenced_known))
+        }
+        // As local mode: a held commit is retried by the client.
+        Ok(Err(Refusal::Gate(Gate::Held(why)))) => {
+            tracing::debug!(transactional_id = id, request = what, reason = %why, "commit held");
+            Err(ErrorCode::ConcurrentTransactions)
+        }
+        Ok(Err(Refusal::Gate(Gate::Refused(why)))) => {
+            tracing::warn!(transactional_id = id, request = what, reason = %why, "transactional write refused");
+            Err(ErrorCode::TransactionalIdAuthorizationFailed)
         }
         Err(e) => {
             tracing::warn!(transactional_id = id, error = %e, "cluster: coordinator decision not committed");
@@ -751,14 +763,24 @@ async fn init_producer_id(
         let before: std::sync::Mutex<Option<TxnMeta>> = std::sync::Mutex::new(None);
         let seen = &before;
         let f = Box::new(
-            move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+            move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64, g: &Gates| {
                 if let Ok(mut b) = seen.lock() {
                     *b = m.cloned();
                 }
-                tc::decide_init(m, &tid, timeout, expected, now, new_pid)
+                if let Some((m, t)) = m.and_then(|m| g.protected(m).map(|t| (m, t))) {
+                    tracing::warn!(transactional_id = %tid, topic = t, producer_id = m.producer_id, epoch = m.epoch,
+                        "InitProducerId refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): it would abort a transaction holding a topic being cut over");
+                    return Err(Gate::Refused(format!(
+                        "transactional id {tid:?} has an open transaction holding topic {t:?}, which is being cut over (oncelog cutover): \
+                         it ends only by its own EndTxn (the new writer's restored committer) or at the drain deadline, \
+                         so a new producer may not take the id and abort it"
+                    ))
+                    .into());
+                }
+                Ok(tc::decide_init(m, &tid, timeout, expected, now, new_pid)?)
             },
         );
-        return match decide(front, &id, "InitProducerId", f, version >= 4).await {
+        return match decide(front, &id, "InitProducerId", &[], f, version >= 4).await {
             Ok((pid, epoch)) => {
                 let before = before.into_inner().unwrap_or_else(|p| p.into_inner());
                 log_fence(b, &id, before.as_ref(), expected, (pid, epoch), &sender);
@@ -900,17 +922,9 @@ async fn add_partitions_to_txn(
     // Unknown partitions fail the whole set (they get UNKNOWN_TOPIC_OR_PARTITION,
     // the others OPERATION_NOT_ATTEMPTED), as local mode.
     let mut known: BTreeMap<String, i32> = BTreeMap::new();
-    // A topic reserved for one writer (writer.transactional.id.prefix)
-    // refuses every other writer's transactions (S6), as local mode.
-    let mut refused = false;
     for t in topics {
         if let Ok(Some(row)) = front.topic(t.name.0.as_str()).await {
             known.insert(row.name.clone(), row.partitions);
-            if let Err(why) = crate::writers::allowed(&row.configs, &id) {
-                tracing::warn!(transactional_id = id.as_str(), topic = %row.name, reason = %why,
-                    "second transactional writer refused");
-                refused = true;
-            }
         }
     }
     let exists = |t: &str, p: i32| known.get(t).is_some_and(|n| p >= 0 && p < *n);
@@ -919,19 +933,24 @@ async fn add_partitions_to_txn(
         .any(|t| t.partitions.iter().any(|p| !exists(t.name.0.as_str(), *p)));
     let shared = if unknown {
         None
-    } else if refused {
-        Some(ErrorCode::TransactionalIdAuthorizationFailed)
     } else {
+        // A topic reserved for one writer (writer.transactional.id.prefix)
+        // refuses every other writer's transactions (S6), and a cut-over
+        // the old writer's new ones: checked in the decision's transaction.
         let parts: Vec<(String, i32)> = topics
             .iter()
             .flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), *p)))
             .collect();
+        let names: Vec<String> = topics.iter().map(|t| t.name.0.to_string()).collect();
+        let tid = id.clone();
         let f = Box::new(
-            move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64| {
-                tc::decide_add_partitions(m, pid, epoch, &parts, now)
+            move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64, g: &Gates| {
+                let effects = tc::decide_add_partitions(m, pid, epoch, &parts, now)?;
+                g.check_adds(m, &tid, parts.iter().map(|(t, _)| t.as_str()))?;
+                Ok(effects)
             },
         );
-        decide(front, &id, "AddPartitionsToTxn", f, version >= 2)
+        decide(front, &id, "AddPartitionsToTxn", &names, f, version >= 2)
             .await
             .err()
     };
@@ -1000,11 +1019,11 @@ async fn add_offsets(
 ) -> Result<(), ErrorCode> {
     let parts = vec![(crate::groups::OFFSETS_TOPIC.to_string(), 0)];
     let f = Box::new(
-        move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64| {
-            tc::decide_add_partitions(m, pid, epoch, &parts, now)
+        move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64, _: &Gates| {
+            Ok(tc::decide_add_partitions(m, pid, epoch, &parts, now)?)
         },
     );
-    decide(front, id, "AddOffsetsToTxn", f, fenced_known)
+    decide(front, id, "AddOffsetsToTxn", &[], f, fenced_known)
         .await
         .map(|_| ())
 }
@@ -1022,18 +1041,22 @@ async fn end_txn(
     // The topics an open transaction commits to (for second-writer detection).
     let committed: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let seen = &committed;
+    let tid = id.clone();
     let f = Box::new(
-        move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64| {
+        move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64, g: &Gates| {
             if let (true, Some(m), Ok(mut c)) = (commit, m, seen.lock()) {
                 if m.state == crate::txn_coordinator::TxnState::Ongoing && m.producer_id == pid {
                     *c = m.partitions.iter().map(|(t, _)| t.clone()).collect();
                 }
             }
-            tc::decide_end(m, pid, epoch, commit, tv2, now, new_pid)
+            let effects = tc::decide_end(m, pid, epoch, commit, tv2, now, new_pid)?;
+            // The writer fence and a cut-over, in the step that commits.
+            g.check_commit(&tid, &effects)?;
+            Ok(effects)
         },
     );
     let mut resp = EndTxnResponse::default();
-    match decide(front, &id, "EndTxn", f, version >= 2).await {
+    match decide(front, &id, "EndTxn", &[], f, version >= 2).await {
         Ok((new_pid, new_epoch)) => {
             if tv2 {
                 // Transaction version 2: the identity the next transaction uses.
@@ -1237,7 +1260,6 @@ async fn implicit_add(
     };
     let mut ident = None;
     let mut parts = Vec::new();
-    let mut gate = None;
     for td in &req.topic_data {
         let Ok(Some(row)) = front.topic(td.name.0.as_str()).await else {
             continue;
@@ -1247,9 +1269,6 @@ async fn implicit_add(
                 continue;
             };
             if (0..row.partitions).contains(&pd.index) {
-                if let Err(why) = crate::writers::allowed(&row.configs, &id) {
-                    gate = Some(why.to_string());
-                }
                 ident = Some(who);
                 parts.push((row.name.clone(), pd.index));
             }
@@ -1258,33 +1277,46 @@ async fn implicit_add(
     let Some((pid, epoch)) = ident else {
         return refused;
     };
-    let failed = if let Some(why) = gate {
-        tracing::warn!(transactional_id = id.as_str(), reason = %why, "second transactional writer refused");
-        Some((ErrorCode::TransactionalIdAuthorizationFailed, why))
-    } else {
-        let add = parts.clone();
-        let f = Box::new(
-            move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64| {
-                tc::decide_add_partitions(m, pid, epoch, &add, now)
+    let add = parts.clone();
+    let names: Vec<String> = parts.iter().map(|(t, _)| t.clone()).collect();
+    let gate: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let why = &gate;
+    let tid = id.clone();
+    let f = Box::new(
+        move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64, g: &Gates| {
+            let effects = tc::decide_add_partitions(m, pid, epoch, &add, now)?;
+            if let Err(e) = g.check_adds(m, &tid, add.iter().map(|(t, _)| t.as_str())) {
+                if let Ok(mut w) = why.lock() {
+                    *w = Some(e.to_string());
+                }
+                return Err(e.into());
+            }
+            Ok(effects)
+        },
+    );
+    let failed = match decide(front, &id, "Produce", &names, f, false).await {
+        Ok(_) => None,
+        // Never PRODUCER_FENCED in a produce answer; retriable states
+        // become NOT_ENOUGH_REPLICAS, which every client retries.
+        Err(code) => Some((
+            match code {
+                ErrorCode::InvalidProducerEpoch | ErrorCode::ProducerFenced => {
+                    ErrorCode::InvalidProducerEpoch
+                }
+                ErrorCode::ConcurrentTransactions | ErrorCode::CoordinatorNotAvailable => {
+                    ErrorCode::NotEnoughReplicas
+                }
+                ErrorCode::TransactionalIdAuthorizationFailed => {
+                    ErrorCode::TransactionalIdAuthorizationFailed
+                }
+                _ => ErrorCode::InvalidTxnState,
             },
-        );
-        match decide(front, &id, "Produce", f, false).await {
-            Ok(_) => None,
-            // Never PRODUCER_FENCED in a produce answer; retriable states
-            // become NOT_ENOUGH_REPLICAS, which every client retries.
-            Err(code) => Some((
-                match code {
-                    ErrorCode::InvalidProducerEpoch | ErrorCode::ProducerFenced => {
-                        ErrorCode::InvalidProducerEpoch
-                    }
-                    ErrorCode::ConcurrentTransactions | ErrorCode::CoordinatorNotAvailable => {
-                        ErrorCode::NotEnoughReplicas
-                    }
-                    _ => ErrorCode::InvalidTxnState,
-                },
-                "the partition could not be added to the transaction".to_string(),
-            )),
-        }
+            gate.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(|| {
+                    "the partition could not be added to the transaction".to_string()
+                }),
+        )),
     };
     if let Some(f) = failed {
         for p in parts {

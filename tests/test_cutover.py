@@ -518,6 +518,9 @@ def test_cluster_hand_over_across_brokers(cluster_factory):
     st = status(b3, topic)
     assert [(w["transactional_id"], w["state"]) for w in st["waiting_for"]] == [("blue-0", "Ongoing")], st
     refused(b1, "start", topic, "--from", "blue", "--to", "teal", says="already being cut over")
+    # Every broker's /metrics shows the cluster's cut-over.
+    assert phase_metric(b3, topic, "blue", "green", "Draining", "false") == 1
+    assert value(metrics(b1), "oncelog_cutover_waiting_transactions", topic=topic) == 1
 
     # A new blue transaction is refused loudly; a restarting blue instance
     # may not take blue-0 (that would abort the transaction being waited for).
@@ -554,6 +557,7 @@ def test_cluster_hand_over_across_brokers(cluster_factory):
     thread.join(30)
     assert "ok" in result, f"green's held commit did not go through: {result}"
     assert topic_writer(cl, topic) == "green"
+    assert phase_metric(b2, topic, "blue", "green", "Switched", "true") == 1
     got = read(cl, topic)
     assert [v.decode() for _, _, v in got] == [f"{w}-{i}" for w in ("blue", "green") for i in range(10)]
     assert values(read(cl, topic, "read_uncommitted")) == values(got), "the refused transaction wrote nothing"

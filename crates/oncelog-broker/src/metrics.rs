@@ -100,14 +100,35 @@ pub async fn render(b: &Arc<Broker>) -> String {
     );
     let age = oldest.map_or(0.0, |t| (now_ms() - t).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "oncelog_transaction_oldest_open_age_seconds {age}");
-    let cutovers = b.cutovers.all();
+    // (cut-over, open transactions of the old writer it waits for)
+    let cutovers: Vec<(crate::cutover::Cutover, usize)> = match b.cluster.get() {
+        Some(f) => crate::cluster::cutover::with_waiting(&f.cluster.pool)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "metrics: the cluster's cut-overs could not be read");
+                Vec::new()
+            }),
+        None => b
+            .cutovers
+            .all()
+            .into_iter()
+            .map(|c| {
+                let n = if c.phase == crate::cutover::Phase::Draining {
+                    b.txn.holding(&c.from, &c.topic).len()
+                } else {
+                    0
+                };
+                (c, n)
+            })
+            .collect(),
+    };
     family(
         &mut out,
         "oncelog_cutover_phase",
         "gauge",
         "Each topic's latest cut-over (oncelog cutover): 1 for its phase (Draining, Switched, RolledBack); done=\"true\" once the old writer is fenced.",
     );
-    for c in &cutovers {
+    for (c, _) in &cutovers {
         let _ = writeln!(
             out,
             "oncelog_cutover_phase{{topic=\"{}\",from=\"{}\",to=\"{}\",phase=\"{:?}\",done=\"{}\"}} 1",
@@ -124,15 +145,14 @@ pub async fn render(b: &Arc<Broker>) -> String {
         "gauge",
         "Open transactions of the old writer a draining cut-over waits for.",
     );
-    for c in cutovers
+    for (c, n) in cutovers
         .iter()
-        .filter(|c| c.phase == crate::cutover::Phase::Draining)
+        .filter(|(c, _)| c.phase == crate::cutover::Phase::Draining)
     {
         let _ = writeln!(
             out,
-            "oncelog_cutover_waiting_transactions{{topic=\"{}\"}} {}",
+            "oncelog_cutover_waiting_transactions{{topic=\"{}\"}} {n}",
             esc(&c.topic),
-            b.txn.holding(&c.from, &c.topic).len()
         );
     }
     let parked = b.txn.parked();

@@ -96,13 +96,15 @@ impl Gates {
             .map_or((None, None), |g| (g.cutover.as_ref(), g.writer.as_deref()))
     }
 
-    /// May `id` add partitions of these topics to `m`'s transaction?
+    /// May `id` add partitions of these topics to `m`'s transaction? A
+    /// writer the topic refuses even in a transaction that holds it is a
+    /// second writer (S6); one refused only as new is the cut-over's.
     pub fn check_adds<'t>(
         &self,
         m: Option<&TxnMeta>,
         id: &str,
         topics: impl IntoIterator<Item = &'t str>,
-    ) -> Result<(), Gate> {
+    ) -> Result<(), txn::Refusal> {
         let open = m.filter(|m| m.state == TxnState::Ongoing);
         for t in topics {
             if t == crate::groups::OFFSETS_TOPIC {
@@ -110,6 +112,9 @@ impl Gates {
             }
             let holds = open.is_some_and(|m| m.partitions.iter().any(|(h, _)| h == t));
             let (c, w) = self.of(t);
+            if let Err(g) = check_write(c, w, id, true) {
+                return Err(txn::Refusal::SecondWriter(g.to_string()));
+            }
             check_write(c, w, id, holds)?;
         }
         Ok(())
@@ -278,10 +283,12 @@ pub async fn rollback(pool: &Pool, topic: &str) -> Result<Cutover, CutoverError>
             n.ended_ms = pg_now(&*tx).await?;
             n
         }
-        Some(c) if c.phase == Phase::Switched => return Err(CutoverError::Refused(format!(
+        Some(c) if c.phase == Phase::Switched => {
+            return Err(CutoverError::Refused(format!(
             "topic {topic} was already switched to {:?} at {} ms; start a cut-over back instead",
             c.to, c.ended_ms
-        ))),
+        )))
+        }
         _ => {
             return Err(CutoverError::Refused(format!(
                 "topic {topic} has no cut-over in progress"
@@ -309,6 +316,21 @@ pub async fn all(pool: &Pool) -> Result<Vec<Cutover>, ClusterError> {
                 .map_err(|e| ClusterError::Invariant(format!("a cutovers row: {e}")))
         })
         .collect()
+}
+
+/// Every cut-over with the number of the old writer's transactions a
+/// draining one waits for (`/metrics`).
+pub async fn with_waiting(pool: &Pool) -> Result<Vec<(Cutover, usize)>, ClusterError> {
+    let mut out = Vec::new();
+    for c in all(pool).await? {
+        let n = if c.phase == Phase::Draining {
+            holding(pool, &c.from, &c.topic).await?.len()
+        } else {
+            0
+        };
+        out.push((c, n));
+    }
+    Ok(out)
 }
 
 async fn get(pool: &Pool, topic: &str) -> Result<Option<Cutover>, ClusterError> {

@@ -36,6 +36,9 @@ pub enum Refusal {
     Coord(#[from] CoordError),
     #[error(transparent)]
     Gate(#[from] Gate),
+    /// Not the topic's writer at all (S6; local mode's pre-check).
+    #[error("{0}")]
+    SecondWriter(String),
 }
 
 /// A decision: given the current state (if any), PostgreSQL's time in ms,

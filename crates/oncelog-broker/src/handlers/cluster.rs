@@ -695,6 +695,10 @@ async fn decide(
             tracing::debug!(transactional_id = id, request = what, reason = %why, "commit held");
             Err(ErrorCode::ConcurrentTransactions)
         }
+        Ok(Err(Refusal::SecondWriter(why))) => {
+            tracing::warn!(transactional_id = id, request = what, reason = %why, "second transactional writer refused");
+            Err(ErrorCode::TransactionalIdAuthorizationFailed)
+        }
         Ok(Err(Refusal::Gate(Gate::Refused(why)))) => {
             tracing::warn!(transactional_id = id, request = what, reason = %why, "transactional write refused");
             Err(ErrorCode::TransactionalIdAuthorizationFailed)
@@ -1289,7 +1293,7 @@ async fn implicit_add(
                 if let Ok(mut w) = why.lock() {
                     *w = Some(e.to_string());
                 }
-                return Err(e.into());
+                return Err(e);
             }
             Ok(effects)
         },

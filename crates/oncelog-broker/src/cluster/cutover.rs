@@ -5,15 +5,15 @@
 //!
 //! * Every coordinator decision ([`super::txn::run`]) reads the cut-over
 //!   rows of the topics it touches — the request's and those its open
-//!   transaction holds — `FOR SHARE`, under its transactional id's row
-//!   lock, and applies [`Gates`]: BLUE may not add the topic while draining,
+//!   transaction holds — under its transactional id's row lock (the rows
+//!   of cut-overs in progress `FOR SHARE`), and applies [`Gates`]: BLUE may not add the topic while draining,
 //!   GREEN's commit is held (CONCURRENT_TRANSACTIONS), a new producer or the
 //!   timeout may not abort BLUE's transaction holding it.
 //! * The switch is one PostgreSQL transaction that holds the cut-over row
 //!   `FOR UPDATE`, finds no transaction of BLUE holding the topic, and
 //!   writes `Switched` and the topic's `writer.transactional.id.prefix`
 //!   together. Every decision that changes whether a BLUE transaction holds
-//!   the topic holds the row `FOR SHARE` while the cut-over exists, so none
+//!   the topic holds the row `FOR SHARE` while the cut-over is in progress, so none
 //!   runs beside the switch: every BLUE commit to the topic committed
 //!   before it, and every GREEN commit after it.
 //! * The driver ([`drive`], a job one broker holds the lease of) takes the
@@ -64,24 +64,59 @@ impl Gates {
         if names.is_empty() {
             return Ok(out);
         }
+        let parse = |v: serde_json::Value| -> Result<Cutover, ClusterError> {
+            serde_json::from_value(v)
+                .map_err(|e| ClusterError::Invariant(format!("a cutovers row: {e}")))
+        };
+        let mut unfinished: Vec<uuid::Uuid> = Vec::new();
+        for r in tx
+            .query(
+                "SELECT t.name, t.configs->>$2, c.topic_id, c.cutover FROM topics t \
+                 LEFT JOIN cutovers c ON c.topic_id = t.id WHERE t.name = ANY($1)",
+                &[&names, &WRITER_PREFIX_CONFIG],
+            )
+            .await?
+        {
+            let cutover = r
+                .get::<_, Option<serde_json::Value>>(3)
+                .map(parse)
+                .transpose()?;
+            if cutover.as_ref().is_some_and(|c| !c.done) {
+                unfinished.push(r.get(2));
+            }
+            out.topics.insert(
+                r.get(0),
+                TopicGate {
+                    writer: r.get(1),
+                    cutover,
+                },
+            );
+        }
+        if unfinished.is_empty() {
+            // No cut-over in progress: a finished one never changes again,
+            // and a start committed after this read makes this decision
+            // one that came before it (the switch still waits for every
+            // old-writer transaction it can see holding the topic, and
+            // refuses their commits after it).
+            return Ok(out);
+        }
+        unfinished.sort();
         // The lock first, the configs after it: a switch that committed
         // while this waited for the row is then seen whole.
         for r in tx
             .query(
                 "SELECT t.name, c.cutover FROM cutovers c JOIN topics t ON t.id = c.topic_id \
-                 WHERE t.name = ANY($1) ORDER BY t.name FOR SHARE OF c",
-                &[&names],
+                 WHERE c.topic_id = ANY($1) ORDER BY c.topic_id FOR SHARE OF c",
+                &[&unfinished],
             )
             .await?
         {
-            let c: Cutover = serde_json::from_value(r.get(1))
-                .map_err(|e| ClusterError::Invariant(format!("a cutovers row: {e}")))?;
-            out.topics.entry(r.get(0)).or_default().cutover = Some(c);
+            out.topics.entry(r.get(0)).or_default().cutover = Some(parse(r.get(1))?);
         }
         for r in tx
             .query(
-                "SELECT name, configs->>$2 FROM topics WHERE name = ANY($1)",
-                &[&names, &WRITER_PREFIX_CONFIG],
+                "SELECT name, configs->>$2 FROM topics WHERE id = ANY($1)",
+                &[&unfinished, &WRITER_PREFIX_CONFIG],
             )
             .await?
         {

@@ -106,6 +106,10 @@ pub fn check_write(
         // Until the topic config is set (`done`), the switch decides; after
         // it, the config does (an operator may change it again).
         Some(c) if c.phase == Phase::Switched && !c.done => Some(c.to.as_str()),
+        // Until the new writer's transactions holding the topic are aborted
+        // (`done`), the rolled-back writer may not write or commit, even on
+        // a topic with no writer config (a held commit it retries).
+        Some(c) if c.phase == Phase::RolledBack && !c.done => Some(c.from.as_str()),
         _ => config,
     };
     match allowed {
@@ -608,6 +612,10 @@ mod tests {
         assert!(check_write(Some(&c), cfg, "orders-sink-0-7", false).is_ok());
         assert!(check_commit(Some(&c), cfg, "orders-green-1-3").is_err());
         assert!(check_write(None, None, "anyone", false).is_ok());
+        // No writer config: green is still refused until the rollback is done.
+        assert!(check_commit(Some(&c), None, "orders-green-1-3").is_err());
+        c.done = true;
+        assert!(check_commit(Some(&c), None, "orders-green-1-3").is_ok());
     }
 
     #[test]

@@ -193,6 +193,19 @@ pub async fn delete_topic(pool: &Pool, name: &str) -> Result<(), CatalogueError>
     }
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
+    // The topic's row, then its cut-over's, then the partitions' (the
+    // cascade's order is the tables', which a coordinator decision, holding
+    // a cut-over row and then partition rows, would meet the other way).
+    tx.execute(
+        "SELECT 1 FROM topics WHERE name = $1 FOR NO KEY UPDATE",
+        &[&name],
+    )
+    .await?;
+    tx.execute(
+        "DELETE FROM cutovers USING topics WHERE cutovers.topic_id = topics.id AND topics.name = $1",
+        &[&name],
+    )
+    .await?;
     let n = tx
         .execute("DELETE FROM topics WHERE name = $1", &[&name])
         .await?;

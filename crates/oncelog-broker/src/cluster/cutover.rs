@@ -93,9 +93,9 @@ impl Gates {
             );
         }
         if unfinished.is_empty() {
-            // No cut-over in progress: a finished one never changes again,
-            // and a start committed after this read makes this decision
-            // one that came before it (the switch still waits for every
+            // No cut-over in progress: a finished one changes only by a new
+            // start, and a start committed after this read makes this
+            // decision one that came before it (the switch still waits for every
             // old-writer transaction it can see holding the topic, and
             // refuses their commits after it).
             return Ok(out);
@@ -531,6 +531,18 @@ async fn fence_writer(
 async fn switch(pool: &Pool, c: &Cutover) -> Result<bool, ClusterError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
+    // The topic's row before the cut-over's, in the order a start, a
+    // rollback and a topic's deletion take them (no lock cycle).
+    if tx
+        .query_opt(
+            "SELECT 1 FROM topics WHERE name = $1 FOR NO KEY UPDATE",
+            &[&c.topic],
+        )
+        .await?
+        .is_none()
+    {
+        return Ok(false);
+    }
     let Some(row) = tx
         .query_opt(
             "SELECT c.topic_id, c.cutover FROM cutovers c JOIN topics t ON t.id = c.topic_id \
@@ -585,17 +597,24 @@ async fn switch(pool: &Pool, c: &Cutover) -> Result<bool, ClusterError> {
 /// transactions holding the topic).
 pub async fn drive(cluster: &Cluster) -> Result<(), ClusterError> {
     for c in all(&cluster.pool).await? {
-        match c.phase {
-            Phase::Draining => drain(cluster, &c).await?,
-            Phase::Switched if !c.done => finish(cluster, &c).await?,
-            Phase::RolledBack if !c.done => {
-                fence_writer(cluster, &c.to, Some(&c.topic), "cut-over rolled back").await?;
-                update(&cluster.pool, &c.topic, Phase::RolledBack, |n| {
-                    n.done = true
-                })
-                .await?;
+        // Each topic on its own: one that fails holds up no other's
+        // deadline or switch.
+        let step = async {
+            match c.phase {
+                Phase::Draining => drain(cluster, &c).await,
+                Phase::Switched if !c.done => finish(cluster, &c).await,
+                Phase::RolledBack if !c.done => {
+                    fence_writer(cluster, &c.to, Some(&c.topic), "cut-over rolled back").await?;
+                    update(&cluster.pool, &c.topic, Phase::RolledBack, |n| {
+                        n.done = true
+                    })
+                    .await
+                }
+                _ => Ok(()),
             }
-            _ => {}
+        };
+        if let Err(e) = step.await {
+            tracing::warn!(topic = %c.topic, phase = ?c.phase, error = %e, "cut-over: this step is not finished; retried");
         }
     }
     Ok(())

@@ -44,6 +44,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::error::Gate;
 use crate::error::TopicError;
+use crate::txn_coordinator::TxnMeta;
 use crate::txn_service::TxnRuntime;
 use crate::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 
@@ -291,48 +292,57 @@ pub fn start<H: Host>(
     Ok(c)
 }
 
+/// A rollback of the topic's cut-over at `now`: only while draining.
+pub fn plan_rollback(cur: Option<&Cutover>, topic: &str, now: i64) -> Result<Cutover, String> {
+    match cur {
+        Some(c) if c.phase == Phase::Draining => {
+            let mut n = c.clone();
+            n.phase = Phase::RolledBack;
+            n.ended_ms = now;
+            Ok(n)
+        }
+        Some(c) if c.phase == Phase::Switched => Err(format!(
+            "topic {topic} was already switched to {:?} at {} ms; start a cut-over back instead",
+            c.to, c.ended_ms
+        )),
+        _ => Err(format!("topic {topic} has no cut-over in progress")),
+    }
+}
+
 /// `oncelog cutover rollback`: only while draining.
 pub fn rollback<H: Host>(h: &H, topic: &str) -> Result<Cutover, String> {
     let c = h
         .cutovers()
-        .update(topic, |cur| match cur {
-            Some(c) if c.phase == Phase::Draining => {
-                let mut n = c.clone();
-                n.phase = Phase::RolledBack;
-                n.ended_ms = now_ms();
-                Ok(Some(n))
-            }
-            Some(c) if c.phase == Phase::Switched => Err(format!(
-                "topic {topic} was already switched to {:?} at {} ms; start a cut-over back instead",
-                c.to, c.ended_ms
-            )),
-            _ => Err(format!("topic {topic} has no cut-over in progress")),
-        })?
+        .update(topic, |cur| plan_rollback(cur, topic, now_ms()).map(Some))?
         .ok_or("no cut-over")?;
     tracing::warn!(topic, from = %c.from, to = %c.to, "cut-over rolled back: {:?} writes the topic again", c.from);
     Ok(c)
 }
 
+/// What `oncelog cutover status` shows of a topic: its cut-over (if any)
+/// with the old writer's open transactions a drain waits for (both modes).
+pub fn status_json(topic: &str, c: Option<&Cutover>, waiting: &[TxnMeta]) -> serde_json::Value {
+    let Some(c) = c else {
+        return serde_json::json!({ "topic": topic, "phase": "None" });
+    };
+    let waiting: Vec<serde_json::Value> = waiting
+        .iter()
+        .map(|m| serde_json::json!({"transactional_id": m.transactional_id, "producer_id": m.producer_id, "producer_epoch": m.epoch, "state": m.state.name()}))
+        .collect();
+    let mut v = serde_json::to_value(c).unwrap_or_default();
+    v["waiting_for"] = serde_json::Value::Array(waiting);
+    v
+}
+
 /// The cut-over's state for `oncelog cutover status`, with the open
 /// transactions the drain waits for.
 pub fn status<H: Host>(h: &H, topic: &str) -> serde_json::Value {
-    match h.cutovers().get(topic) {
-        None => serde_json::json!({ "topic": topic, "phase": "None" }),
-        Some(c) => {
-            let waiting: Vec<serde_json::Value> = if c.phase == Phase::Draining {
-                h.txn()
-                    .holding(&c.from, topic)
-                    .into_iter()
-                    .map(|m| serde_json::json!({"transactional_id": m.transactional_id, "producer_id": m.producer_id, "producer_epoch": m.epoch, "state": m.state.name()}))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let mut v = serde_json::to_value(&c).unwrap_or_default();
-            v["waiting_for"] = serde_json::Value::Array(waiting);
-            v
-        }
-    }
+    let c = h.cutovers().get(topic);
+    let waiting = match &c {
+        Some(c) if c.phase == Phase::Draining => h.txn().holding(&c.from, topic),
+        _ => Vec::new(),
+    };
+    status_json(topic, c.as_ref(), &waiting)
 }
 
 /// One step of every cut-over (called every second): the drain deadline,

@@ -28,7 +28,10 @@ use deadpool_postgres::Pool;
 use tokio_postgres::GenericClient;
 
 use super::{txn, Cluster, ClusterError};
-use crate::cutover::{check_commit, check_write, plan_start, protects, Cutover, Gate, Phase};
+use crate::cutover::{
+    check_commit, check_write, plan_rollback, plan_start, protects, status_json, Cutover, Gate,
+    Phase,
+};
 use crate::txn_coordinator::{Effect, TxnMeta, TxnState};
 use crate::txn_service::holds_topic;
 use crate::writers::{prefix_of, WRITER_PREFIX_CONFIG};
@@ -311,25 +314,9 @@ pub async fn rollback(pool: &Pool, topic: &str) -> Result<Cutover, CutoverError>
     let mut client = pool.get().await.map_err(ClusterError::from)?;
     let tx = client.transaction().await?;
     let (topic_id, _) = topic_for_change(&tx, topic).await?;
-    let c = match current(&tx, topic_id).await? {
-        Some(c) if c.phase == Phase::Draining => {
-            let mut n = c;
-            n.phase = Phase::RolledBack;
-            n.ended_ms = pg_now(&*tx).await?;
-            n
-        }
-        Some(c) if c.phase == Phase::Switched => {
-            return Err(CutoverError::Refused(format!(
-            "topic {topic} was already switched to {:?} at {} ms; start a cut-over back instead",
-            c.to, c.ended_ms
-        )))
-        }
-        _ => {
-            return Err(CutoverError::Refused(format!(
-                "topic {topic} has no cut-over in progress"
-            )))
-        }
-    };
+    let cur = current(&tx, topic_id).await?;
+    let now = pg_now(&*tx).await?;
+    let c = plan_rollback(cur.as_ref(), topic, now).map_err(CutoverError::Refused)?;
     store(&tx, topic_id, &c).await?;
     tx.commit().await?;
     tracing::warn!(topic, from = %c.from, to = %c.to, "cut-over rolled back: {:?} writes the topic again", c.from);
@@ -416,21 +403,12 @@ pub async fn holding(pool: &Pool, writer: &str, topic: &str) -> Result<Vec<TxnMe
 /// The cut-over's state for `oncelog cutover status`, with the open
 /// transactions the drain waits for (local mode's shape).
 pub async fn status(pool: &Pool, topic: &str) -> Result<serde_json::Value, ClusterError> {
-    let Some(c) = get(pool, topic).await? else {
-        return Ok(serde_json::json!({ "topic": topic, "phase": "None" }));
+    let c = get(pool, topic).await?;
+    let waiting = match &c {
+        Some(c) if c.phase == Phase::Draining => holding(pool, &c.from, topic).await?,
+        _ => Vec::new(),
     };
-    let waiting: Vec<serde_json::Value> = if c.phase == Phase::Draining {
-        holding(pool, &c.from, topic)
-            .await?
-            .into_iter()
-            .map(|m| serde_json::json!({"transactional_id": m.transactional_id, "producer_id": m.producer_id, "producer_epoch": m.epoch, "state": m.state.name()}))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut v = to_json(&c)?;
-    v["waiting_for"] = serde_json::Value::Array(waiting);
-    Ok(v)
+    Ok(status_json(topic, c.as_ref(), &waiting))
 }
 
 /// Changes the cut-over of `topic` by `f` if it still is in `phase`, in one

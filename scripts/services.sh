@@ -76,7 +76,7 @@ start)
   fi
   pg_port="$(free_port)"
   as_pg "$bin/pg_ctl" -D "$dir/pg" -l "$dir/pg.log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $dir/pg -c max_connections=200 -c fsync=on" \
+    -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $dir/pg -c max_connections=600 -c fsync=on" \
     start >/dev/null
   wait_port "$pg_port" PostgreSQL "$dir/pg.log"
   echo "$pg_port" >"$dir/pg.port"

@@ -49,10 +49,47 @@ def oncelog_bin():
     return path
 
 
-def free_port():
+# Ports for the brokers a test starts come from below the kernel's ephemeral
+# range (32768-60999 by default), so no client connection, no port-0 bind
+# and no other service ever takes one between the draw and the broker's
+# bind. Each pytest-xdist worker draws from its own slice, in turn, and
+# skips a port something still holds: two workers never hand out one port.
+_PORT_BASE = 20000
+_PORT_SLICE = 1400
+_PORT_SLICES = 8           # gw0..gw7 use slices 1..8; a run without xdist slice 0
+_port_next = [None]
+
+
+def _port_slice():
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    i = 0
+    if worker.startswith("gw") and worker[2:].isdigit():
+        i = 1 + int(worker[2:]) % _PORT_SLICES
+    return _PORT_BASE + i * _PORT_SLICE, _PORT_SLICE
+
+
+def _port_is_free(port):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port():
+    """A loopback port nothing listens on, distinct from every port this
+    worker handed out recently and from every other worker's."""
+    lo, n = _port_slice()
+    if _port_next[0] is None:
+        # a random start: a re-run soon after does not meet its own TIME_WAITs
+        _port_next[0] = int.from_bytes(os.urandom(2), "big") % n
+    for _ in range(n):
+        port = lo + _port_next[0]
+        _port_next[0] = (_port_next[0] + 1) % n
+        if _port_is_free(port):
+            return port
+    raise AssertionError(f"no free port in 127.0.0.1:{lo}-{lo + n - 1}")
 
 
 def wait_until(predicate, timeout, interval=0.05, what="condition", on_timeout=None):
@@ -82,6 +119,7 @@ class Broker:
         self.log_path = Path(log_path)
         self.overrides = dict(overrides or {})
         # Every broker gets its own metrics port (a port in use stops a broker).
+        self._drew_metrics_port = "metrics.listen" not in self.overrides
         self.overrides.setdefault("metrics.listen", f"127.0.0.1:{free_port()}")
         # Extra environment for the broker process (e.g. ONCELOG_FAILPOINTS),
         # and an optional RLIMIT_NOFILE (soft = hard) to start it under.
@@ -109,6 +147,34 @@ class Broker:
 
     # -- lifecycle
     def start(self, timeout=READY_TIMEOUT_S):
+        """Start the broker and wait until it accepts connections. On its
+        first start a port something else took after the draw (the broker
+        says so and exits) is drawn again, twice at most."""
+        for attempt in range(3):
+            self._spawn()
+            try:
+                self.wait_ready(timeout)
+                return self
+            except AssertionError:
+                if attempt == 2 or self.alive or not self._redraw_taken_port():
+                    raise
+
+    def _redraw_taken_port(self):
+        if self.starts != 1:
+            return False   # a restart keeps its addresses: clients know them
+        m = re.search(r"address (\S+) is already in use", self.log_text(since_last_start=True))
+        if not m:
+            return False
+        if m.group(1) == self.bootstrap:
+            self.port = free_port()
+        elif m.group(1) == self.overrides.get("metrics.listen") and self._drew_metrics_port:
+            self.overrides["metrics.listen"] = f"127.0.0.1:{free_port()}"
+        else:
+            return False
+        self.starts = 0
+        return True
+
+    def _spawn(self):
         assert not self.alive, "broker already running"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,8 +197,6 @@ class Broker:
                 self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 env=env, cwd=str(self.data_dir.parent), preexec_fn=preexec)
         self.starts += 1
-        self.wait_ready(timeout)
-        return self
 
     def wait_ready(self, timeout=READY_TIMEOUT_S):
         deadline = time.monotonic() + timeout
@@ -379,3 +443,47 @@ def _release_the_tests_producers():
         for p in _producers_of(generation):
             print(f"\nstill alive after its test: {p!r}: referrers "
                   f"{[type(r).__name__ for r in gc.get_referrers(p)]}\n{p._made_at}")
+
+
+# --- parallel runs (pytest-xdist, `--dist loadgroup`) ----------------------------
+# A heavy test (a JVM framework, the Apache Kafka reference broker, a C build,
+# Chromium, `oncelog audit` under faults, a benchmark) takes a core or more
+# for a long while: they share one xdist group, so at most one runs at a time
+# beside the light ones, and they go first, so the longest chain starts at
+# once instead of last.
+HEAVY_MODULES = {
+    "test_flink", "test_streams", "test_streams_writers",      # Flink, Kafka Streams
+    "test_conformance", "test_acl_differential",                # Apache Kafka broker
+    "test_audit", "test_bench",                                 # audit under faults, benchmarks
+    "test_console",                                             # Chromium
+    "test_librdkafka_suite",                                    # builds librdkafka's tests
+}
+HEAVY_TESTS = {
+    "test_cluster.py::test_audit_under_cluster_faults",
+    "test_cluster.py::test_exactly_once_copier_audit_under_cluster_faults",
+}
+
+
+# `bash test.sh --quick` (pytest -m quick): a subset that touches every layer
+# (wire decoding, produce/fetch, idempotence, transactions and fencing, groups,
+# the CLI, cluster mode once) in a few minutes. Not what CI runs.
+QUICK_MODULES = {
+    "test_readme", "test_docs", "test_clients", "test_idempotence", "test_transactions",
+    "test_bad_input", "test_cli", "test_txn_scenarios", "test_metrics",
+}
+
+
+def _is_heavy(item):
+    module = item.module.__name__ if item.module else ""
+    return module in HEAVY_MODULES or item.nodeid.split("[")[0].split("/")[-1] in HEAVY_TESTS
+
+
+def pytest_collection_modifyitems(config, items):
+    heavy = [i for i in items if _is_heavy(i)]
+    for item in heavy:
+        item.add_marker(pytest.mark.xdist_group("heavy"))
+    for item in items:
+        if item.module and item.module.__name__ in QUICK_MODULES:
+            item.add_marker(pytest.mark.quick)
+    light = [i for i in items if not _is_heavy(i)]
+    items[:] = heavy + light

@@ -29,6 +29,7 @@ pub mod partition;
 pub mod principal_map;
 pub mod producer_ids;
 pub mod producer_state;
+pub mod reference;
 pub mod samples;
 pub mod security;
 pub mod server;

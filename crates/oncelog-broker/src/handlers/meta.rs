@@ -20,13 +20,15 @@ use crate::error::TopicError;
 use crate::topics::Topic;
 use crate::Broker;
 
-pub fn api_versions(b: &Broker, version: i16, unsupported: bool) -> ApiVersionsResponse {
-    let keys = SUPPORTED
+/// The APIs and versions local mode's ApiVersions answers with (and
+/// docs/protocol.md lists): KIP-939's InitProducerId v6 only when the
+/// operator serves it.
+pub fn served_api_keys(two_phase_commit_enable: bool) -> Vec<ApiVersion> {
+    SUPPORTED
         .iter()
         .map(|(k, lo, hi)| {
-            // KIP-939's InitProducerId v6 only when the operator serves it.
             let hi = match k {
-                ApiKey::InitProducerId if !b.config.two_phase_commit_enable => 5,
+                ApiKey::InitProducerId if !two_phase_commit_enable => 5,
                 _ => *hi,
             };
             ApiVersion::default()
@@ -34,7 +36,11 @@ pub fn api_versions(b: &Broker, version: i16, unsupported: bool) -> ApiVersionsR
                 .with_min_version(*lo)
                 .with_max_version(hi)
         })
-        .collect();
+        .collect()
+}
+
+pub fn api_versions(b: &Broker, version: i16, unsupported: bool) -> ApiVersionsResponse {
+    let keys = served_api_keys(b.config.two_phase_commit_enable);
     let code = if unsupported {
         ErrorCode::UnsupportedVersion
     } else {

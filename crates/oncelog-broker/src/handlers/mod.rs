@@ -75,6 +75,14 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteAcls, 1, 3),
 ];
 
+/// What local mode's ApiVersions answers (docs/protocol.md).
+pub use meta::served_api_keys as local_api_keys;
+
+/// What cluster mode's ApiVersions answers (docs/protocol.md).
+pub fn cluster_api_keys() -> Vec<kafka_protocol::messages::api_versions_response::ApiVersion> {
+    cluster::api_versions(crate::error::ErrorCode::None).api_keys
+}
+
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
     SUPPORTED
         .iter()

@@ -475,15 +475,31 @@ QUICK_MODULES = {
 
 def _is_heavy(item):
     module = item.module.__name__ if item.module else ""
-    return module in HEAVY_MODULES or item.nodeid.split("[")[0].split("/")[-1] in HEAVY_TESTS
+    test = item.nodeid.split("@")[0].split("[")[0].split("/")[-1]
+    return module in HEAVY_MODULES or test in HEAVY_TESTS
+
+
+def pytest_itemcollected(item):
+    # Marks made here are on the item before any collection_modifyitems hook
+    # (xdist's, which reads the groups, among them) runs.
+    if _is_heavy(item):
+        item.add_marker(pytest.mark.xdist_group("heavy"))
+    if item.module and item.module.__name__ in QUICK_MODULES:
+        item.add_marker(pytest.mark.quick)
 
 
 def pytest_collection_modifyitems(config, items):
-    heavy = [i for i in items if _is_heavy(i)]
-    for item in heavy:
-        item.add_marker(pytest.mark.xdist_group("heavy"))
-    for item in items:
-        if item.module and item.module.__name__ in QUICK_MODULES:
-            item.add_marker(pytest.mark.quick)
-    light = [i for i in items if not _is_heavy(i)]
-    items[:] = heavy + light
+    items[:] = [i for i in items if _is_heavy(i)] + [i for i in items if not _is_heavy(i)]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    # With --dist loadgroup a worker's heavy tests must carry the group in
+    # their node ids (xdist's way of grouping): if they do not, the groups
+    # did not take and heavy tests would run side by side.
+    if getattr(session.config.option, "loadgroup", False):
+        ungrouped = [i.nodeid for i in session.items if _is_heavy(i) and not i.nodeid.endswith("@heavy")]
+        if ungrouped:
+            raise pytest.UsageError(
+                f"xdist groups did not take (pytest {pytest.__version__} with this pytest-xdist?): "
+                f"{ungrouped[:3]}")

@@ -55,71 +55,96 @@ if ! { command -v make && command -v cc && command -v pkg-config && [ -e /usr/in
   step "installing build tools for librdkafka"
   apt_install build-essential zlib1g-dev libssl-dev pkg-config
 fi
-if ! command -v kcat >/dev/null 2>&1; then
-  step "installing kcat"
-  apt_install kcat
-fi
-# the README's quickstart runs in a network namespace of its own (ip, unshare)
-if ! { command -v ip && command -v unshare; } >/dev/null 2>&1; then
-  step "installing iproute2 and util-linux"
-  apt_install iproute2 util-linux
-fi
-# the console tests drive headless Chromium through its WebDriver
-if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
-  step "installing chromium and chromium-driver"
-  apt_install chromium chromium-driver
-fi
-
-# cluster mode's tests run a real PostgreSQL server (scripts/services.sh)
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-  step "installing postgresql"
-  apt_install postgresql
-fi
-
-# --- Python clients ---------------------------------------------------------
 VENV="$ROOT/.venv"
-if [ ! -x "$VENV/bin/python" ]; then
-  step "creating $VENV"
-  rm -rf "$VENV"
-  if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
-    # Debian's python3 needs python3-venv for ensurepip.
-    rm -rf "$VENV"
-    apt_install python3-venv
-    python3 -m venv "$VENV"
+# --- what the tests need besides the build: installed in the background while
+# cargo builds (apt and Maven wait on the network, cargo on the CPU) --------
+install_test_tools() {
+  if ! command -v kcat >/dev/null 2>&1; then
+    step "installing kcat"
+    apt_install kcat
   fi
-fi
-REQ_HASH="$(hash_of tests/requirements.txt)"
-if [ "$(cat "$VENV/.requirements.sha256" 2>/dev/null || true)" != "$REQ_HASH" ]; then
-  step "installing tests/requirements.txt"
-  quiet "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
-  echo "$REQ_HASH" >"$VENV/.requirements.sha256"
-fi
+  # the README's quickstart runs in a network namespace of its own (ip, unshare)
+  if ! { command -v ip && command -v unshare; } >/dev/null 2>&1; then
+    step "installing iproute2 and util-linux"
+    apt_install iproute2 util-linux
+  fi
+  # the console tests drive headless Chromium through its WebDriver
+  if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+    step "installing chromium and chromium-driver"
+    apt_install chromium chromium-driver
+  fi
 
-# --- Jars fetched with Maven into .tools/<dir> (ignored by git), each again
-# only when its pom changes ---------------------------------------------------
-fetch_jars() {  # pom.xml, lib dir, what
-  local pom="$1" lib="$2" what="$3" want
-  want="$(hash_of "$pom")"
-  if [ "$(cat "$lib/.pom.sha256" 2>/dev/null || true)" != "$want" ]; then
-    step "fetching $what"
-    rm -rf "$lib"
-    quiet mvn -q -B -f "$pom" dependency:copy-dependencies
-    echo "$want" >"$lib/.pom.sha256"
+  # cluster mode's tests run a real PostgreSQL server (scripts/services.sh)
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    step "installing postgresql"
+    apt_install postgresql
+  fi
+
+  # --- Python clients ---------------------------------------------------------
+  if [ ! -x "$VENV/bin/python" ]; then
+    step "creating $VENV"
+    rm -rf "$VENV"
+    if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
+      # Debian's python3 needs python3-venv for ensurepip.
+      rm -rf "$VENV"
+      apt_install python3-venv
+      python3 -m venv "$VENV"
+    fi
+  fi
+  REQ_HASH="$(hash_of tests/requirements.txt)"
+  if [ "$(cat "$VENV/.requirements.sha256" 2>/dev/null || true)" != "$REQ_HASH" ]; then
+    step "installing tests/requirements.txt"
+    quiet "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
+    echo "$REQ_HASH" >"$VENV/.requirements.sha256"
+  fi
+
+  # --- Jars fetched with Maven into .tools/<dir> (ignored by git), each again
+  # only when its pom changes ---------------------------------------------------
+  fetch_jars() {  # pom.xml, lib dir, what
+    local pom="$1" lib="$2" what="$3" want
+    want="$(hash_of "$pom")"
+    if [ "$(cat "$lib/.pom.sha256" 2>/dev/null || true)" != "$want" ]; then
+      step "fetching $what"
+      rm -rf "$lib"
+      quiet mvn -q -B -f "$pom" dependency:copy-dependencies
+      echo "$want" >"$lib/.pom.sha256"
+    fi
+  }
+  # the Java client tests: kafka-clients + slf4j-nop
+  fetch_jars tests/java/pom.xml "$ROOT/.tools/java-lib" "Java client jars"
+  # the exactly-once Streams tests (tests/test_streams*.py): kafka-streams + slf4j-simple
+  fetch_jars tests/streams/pom.xml "$ROOT/.tools/streams-lib" "Kafka Streams jars"
+  # the exactly-once Flink tests (tests/test_flink.py): Flink 2.2's DataStream
+  # runtime for a MiniCluster, the Kafka connector and slf4j-simple
+  fetch_jars tests/flink/pom.xml "$ROOT/.tools/flink-lib" "Flink jars"
+  # the Apache Kafka reference broker and kafka-tools: the differential tests,
+  # Kafka's own kafka-transactions, kafka-configs and kafka-acls tools, and
+  # `bench/produce_bench.py --kafka`
+  fetch_jars bench/kafka/pom.xml "$ROOT/.tools/kafka-lib" "Apache Kafka broker jars"
+  # s3proxy, the S3-compatible server cluster mode's tests write objects to
+  fetch_jars tests/s3proxy/pom.xml "$ROOT/.tools/s3proxy-lib" "s3proxy jars"
+}
+TOOLS_LOG="$(mktemp)"
+step "installing the test clients and tools in the background (log shown when done)"
+install_test_tools >"$TOOLS_LOG" 2>&1 &
+TOOLS_PID=$!
+wait_test_tools() {
+  local rc=0
+  wait "$TOOLS_PID" || rc=$?
+  sed 's/^/    /' "$TOOLS_LOG"
+  rm -f "$TOOLS_LOG"
+  if [ "$rc" -ne 0 ]; then
+    echo "installing the test clients and tools failed (exit $rc)" >&2
+    exit "$rc"
   fi
 }
-# the Java client tests: kafka-clients + slf4j-nop
-fetch_jars tests/java/pom.xml "$ROOT/.tools/java-lib" "Java client jars"
-# the exactly-once Streams tests (tests/test_streams*.py): kafka-streams + slf4j-simple
-fetch_jars tests/streams/pom.xml "$ROOT/.tools/streams-lib" "Kafka Streams jars"
-# the exactly-once Flink tests (tests/test_flink.py): Flink 2.2's DataStream
-# runtime for a MiniCluster, the Kafka connector and slf4j-simple
-fetch_jars tests/flink/pom.xml "$ROOT/.tools/flink-lib" "Flink jars"
-# the Apache Kafka reference broker and kafka-tools: the differential tests,
-# Kafka's own kafka-transactions, kafka-configs and kafka-acls tools, and
-# `bench/produce_bench.py --kafka`
-fetch_jars bench/kafka/pom.xml "$ROOT/.tools/kafka-lib" "Apache Kafka broker jars"
-# s3proxy, the S3-compatible server cluster mode's tests write objects to
-fetch_jars tests/s3proxy/pom.xml "$ROOT/.tools/s3proxy-lib" "s3proxy jars"
+
+# --- Rust -------------------------------------------------------------------
+step "cargo build --release --workspace"
+cargo build --release --workspace
+
+step "waiting for the test clients and tools"
+wait_test_tools
 
 # --- services: PostgreSQL and s3proxy on loopback, in a directory of this
 # run, stopped when the run ends -----------------------------------------------
@@ -133,10 +158,6 @@ step "starting PostgreSQL and s3proxy ($SERVICES_DIR)"
 SERVICES_ENV="$(bash scripts/services.sh start "$SERVICES_DIR")"
 eval "$SERVICES_ENV"
 printf '%s\n' "$SERVICES_ENV" | grep -oE 'ONCELOG_TEST_(PG|S3_ENDPOINT)=[^ ]+'
-
-# --- Rust -------------------------------------------------------------------
-step "cargo build --release --workspace"
-cargo build --release --workspace
 
 step "cargo test --release --workspace"
 cargo test --release --workspace

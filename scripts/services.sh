@@ -93,7 +93,20 @@ s3proxy.credential=oncelog-secret
 jclouds.provider=filesystem
 jclouds.filesystem.basedir=$dir/s3
 EOF
-  nohup java -Xms32m -Xmx192m -XX:+UseSerialGC -cp "$lib/*" org.gaul.s3proxy.Main \
+  # Warnings only: without a configuration logback logs every request's
+  # Jetty internals at DEBUG, which under a parallel test run filled the
+  # heap and stalled every PUT behind the collector.
+  cat >"$dir/s3proxy-logback.xml" <<'XML'
+<configuration>
+  <appender name="STDERR" class="ch.qos.logback.core.ConsoleAppender">
+    <target>System.err</target>
+    <encoder><pattern>%d{HH:mm:ss.SSS} %-5level %logger{36} - %msg%n</pattern></encoder>
+  </appender>
+  <root level="WARN"><appender-ref ref="STDERR"/></root>
+</configuration>
+XML
+  nohup java -Xms64m -Xmx512m -XX:+UseSerialGC -Dlogback.configurationFile="$dir/s3proxy-logback.xml" \
+    -cp "$lib/*" org.gaul.s3proxy.Main \
     --properties "$dir/s3proxy.conf" >"$dir/s3proxy.log" 2>&1 </dev/null &
   echo $! >"$dir/s3proxy.pid"
   wait_port "$s3_port" s3proxy "$dir/s3proxy.log"

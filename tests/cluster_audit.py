@@ -149,7 +149,7 @@ def main():
     ap.add_argument("audit_args", nargs="*", help="more `oncelog audit` flags, after --")
     a = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="oncelog-cluster-audit-"))
-    env, stop = services_env(base / "services")
+    env, stop = services_env()
     try:
         rc, data, done, _ = run_audit(base, env, a.duration, Path(a.report).resolve(),
                                       a.faults.split(","), a.workload, lease_ms=a.lease_ms,

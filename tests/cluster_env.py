@@ -3,7 +3,9 @@ environment, or started here through scripts/services.sh), a fresh database
 per cluster, and N `oncelog serve --cluster` brokers over it."""
 
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -15,20 +17,30 @@ from conftest import REPO_ROOT, Broker, free_port, oncelog_bin
 SERVICES = REPO_ROOT / "scripts" / "services.sh"
 
 
-def services_env(base_dir):
-    """ONCELOG_TEST_* from test.sh's run, or from services started now in
-    base_dir (stopped by the returned callback)."""
-    if os.environ.get("ONCELOG_TEST_PG") and os.environ.get("ONCELOG_TEST_S3_ENDPOINT"):
+def services_env(own=False):
+    """ONCELOG_TEST_* from test.sh's run, or (always, with own) from
+    services started now (stopped and removed by the returned callback).
+    Their directory is a new one in the system's temp dir: PostgreSQL runs
+    as its own user, who cannot enter pytest's temp dirs (0700)."""
+    if not own and os.environ.get("ONCELOG_TEST_PG") and os.environ.get("ONCELOG_TEST_S3_ENDPOINT"):
         return dict(os.environ), lambda: None
-    out = subprocess.run(["bash", str(SERVICES), "start", str(base_dir)],
-                         check=True, capture_output=True, text=True, timeout=120).stdout
+    where = tempfile.mkdtemp(prefix="oncelog-services.")
+    try:
+        out = subprocess.run(["bash", str(SERVICES), "start", where], check=True,
+                             capture_output=True, text=True, timeout=120).stdout
+    except subprocess.CalledProcessError as e:
+        shutil.rmtree(where, ignore_errors=True)
+        raise AssertionError(f"scripts/services.sh start failed:\n{e.stderr}") from None
     env = dict(os.environ)
     for line in out.splitlines():
         for part in line.removeprefix("export ").split():
             k, _, v = part.partition("=")
             env[k] = v
-    return env, lambda: subprocess.run(["bash", str(SERVICES), "stop", str(base_dir)],
-                                       check=False, timeout=120)
+
+    def stop():
+        subprocess.run(["bash", str(SERVICES), "stop", where], check=False, timeout=120)
+        shutil.rmtree(where, ignore_errors=True)
+    return env, stop
 
 
 def fresh_database(env):
@@ -155,8 +167,18 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster_services(tmp_path_factory):
-    env, stop = services_env(tmp_path_factory.mktemp("services"))
+def cluster_services():
+    env, stop = services_env()
+    yield env
+    stop()
+
+
+@pytest.fixture
+def private_cluster_services():
+    """PostgreSQL and an S3 server of this test's own, for a test that
+    restarts or stops them: the shared ones serve every other test running
+    beside it."""
+    env, stop = services_env(own=True)
     yield env
     stop()
 

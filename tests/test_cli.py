@@ -248,3 +248,111 @@ def test_group_consume_reset_and_delete(broker_factory):
 
 def desc_committed(desc, partition):
     return next(o["committed"] for o in desc["offsets"] if o["partition"] == partition)
+
+
+# ------------------------------------------------ the Kafka tools' habits
+
+def test_the_kafka_tools_spellings(broker):
+    """What kafka-topics, kafka-console-consumer, rpk and kcat taught their
+    users works: -b/--bootstrap-server/--brokers, topic create -p/-r/-c,
+    produce/consume -p, consume -o/-g/-n/-c, --from beginning|start|end and
+    --from-beginning; a replication factor the broker cannot keep is the
+    broker's refusal, with its reason."""
+    topic = unique_topic("cli-habits")
+    bin_ = str(oncelog_bin())
+
+    def run(*args, stdin=None):
+        return subprocess.run([bin_, *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+    p = run("topic", "create", topic, "-p", "2", "-r", "1", "-c", "retention.ms=60000",
+            "-b", broker.bootstrap, "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == {"created": topic, "partitions": 2}
+    for flag in ["-b", "--bootstrap-server", "--brokers"]:
+        p = run("topic", "list", flag, broker.bootstrap, "--json")
+        assert p.returncode == 0, (flag, p.stderr)
+        assert {"topic": topic, "partitions": 2} in json.loads(p.stdout), flag
+    desc, _ = cli(broker, "topic", "describe", topic)
+    assert desc["configs"] == {"retention.ms": "60000"}
+    p = run("topic", "create", topic + "-rf", "--replication-factor", "3", "-b", broker.bootstrap)
+    assert p.returncode == 1
+    assert "InvalidReplicationFactor" in p.stderr and "keeps one copy of each partition" in p.stderr, p.stderr
+    assert topic + "-rf" not in [t["topic"] for t in cli(broker, "topic", "list")[0]]
+    p = run("topic", "create", topic + "-rf", "-r", "0", "-b", broker.bootstrap)
+    assert p.returncode == 2 and "replication-factor" in p.stderr, p.stderr
+
+    p = run("produce", topic, "-p", "1", "-b", broker.bootstrap, stdin="a\nb\nc\n")
+    assert p.returncode == 0, p.stderr
+    for start in [["-o", "beginning"], ["--from", "start"], ["--from", "earliest"], ["--from-beginning"], []]:
+        p = run("consume", topic, "-p", "1", *start, "-b", broker.bootstrap)
+        assert p.returncode == 0 and p.stdout.splitlines() == ["a", "b", "c"], (start, p.stderr)
+    for count in ["-n", "-c", "--count", "--num", "--max-messages"]:
+        p = run("consume", topic, "--from", "beginning", count, "2", "-b", broker.bootstrap)
+        assert p.stdout.splitlines() == ["a", "b"], (count, p.stderr)
+    p = run("consume", topic, "--from", "end", "-b", broker.bootstrap)
+    assert p.returncode == 0 and p.stdout == "", p.stderr
+    p = run("consume", topic, "-o", "-1", "-p", "1", "-b", broker.bootstrap)
+    assert p.stdout.splitlines() == ["c"], p.stderr
+    p = run("consume", topic, "--from", "first", "-b", broker.bootstrap)
+    assert p.returncode == 1 and "--from must be earliest (or beginning, start), latest (or end)" in p.stderr
+    p = run("consume", topic, "--from-beginning", "--from", "end", "-b", broker.bootstrap)
+    assert p.returncode == 2 and "cannot be used with" in p.stderr, p.stderr
+    p = run("consume", topic, "-g", "habits", "-n", "1", "-b", broker.bootstrap)
+    assert p.returncode == 0 and "committed group habits" in p.stderr, p.stderr
+    desc, _ = cli(broker, "group", "describe", "habits")
+    assert sum(o["committed"] for o in desc["offsets"]) == 1
+    p = run("topic", "add-partitions", topic, "--partitions", "3", "-b", broker.bootstrap, "--json")
+    assert p.returncode == 0 and json.loads(p.stdout) == {"topic": topic, "partitions": 3}, p.stderr
+
+
+def test_empty_listings_say_none(broker_factory):
+    """A listing with nothing in it says `none`, not bare headers; --json
+    stays an empty array."""
+    b = broker_factory()
+    for args in [("topic", "list"), ("group", "list"), ("txn", "list"), ("txn", "find-hanging"),
+                 ("user", "list")]:
+        text, _ = cli(b, *args, json_out=False)
+        assert text == "none\n", (args, text)
+        out, _ = cli(b, *args)
+        assert out == [], (args, out)
+
+
+def test_security_options_have_one_help_heading():
+    """The TLS/SASL client options are listed once, under their own heading,
+    not among every command's own options; they still work as before."""
+    for args in [(), ("topic", "list"), ("consume",)]:
+        p = subprocess.run([str(oncelog_bin()), *args, "--help"], capture_output=True, text=True,
+                           timeout=30)
+        assert p.returncode == 0, p.stderr
+        own, heading, security = p.stdout.partition("Security (Kafka client settings):")
+        assert heading, (args, p.stdout)
+        assert "--sasl" not in own and "--security-protocol" not in own, (args, own)
+        for flag in ["--security-protocol", "--sasl-mechanism", "--sasl-username", "--sasl-password",
+                     "--ca-cert", "--cert ", "--cert-key", "--command-config"]:
+            assert flag in security, (args, flag)
+        if args == ("topic", "list"):
+            assert "-b, --bootstrap" in own and "--bootstrap-server" in own
+    p = subprocess.run([str(oncelog_bin()), "topic", "list", "--security-protocol", "NOPE"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "unknown security protocol NOPE" in p.stderr
+
+
+def test_output_piped_into_head_ends_quietly():
+    """`oncelog completions bash | head -2`: no panic, nothing on stderr,
+    whichever way the shell reports the writer's end."""
+    for shell in ["bash", "zsh", "fish"]:
+        p = subprocess.run(["bash", "-c", f"set +o pipefail; '{oncelog_bin()}' completions {shell} | head -2"],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, (shell, p.returncode, p.stderr)
+        assert p.stderr == "" and "panicked" not in p.stdout, (shell, p.stderr)
+        assert len(p.stdout.splitlines()) == 2, (shell, p.stdout)
+        # the writer's own status: 0 or 141 (SIGPIPE), never a panic's 101
+        q = subprocess.run(["bash", "-c", f"'{oncelog_bin()}' completions {shell} | head -c 10 >/dev/null;"
+                                          " echo ${PIPESTATUS[0]}"],
+                           capture_output=True, text=True, timeout=30)
+        assert q.stdout.strip() in ("0", "141") and q.stderr == "", (shell, q.stdout, q.stderr)
+
+
+def test_the_start_up_log_names_the_console(broker):
+    addr = broker.overrides["metrics.listen"]
+    assert f"console: http://{addr}/" in broker.log_text()

@@ -23,7 +23,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTopicPartition
 
-from clients import OP_TIMEOUT_S, admin, consumer_config, producer_config
+from clients import (OP_TIMEOUT_S, admin, consumer_config, group_consumer, producer_config,
+                     txn_producer)
 
 from confluent_kafka.admin import NewTopic
 
@@ -237,12 +238,6 @@ def read_values(bootstrap, topic, partitions, isolation, settle=2.0):
         c.close()
 
 
-def txn_producer(bootstrap, tid, **extra):
-    conf = producer_config(bootstrap, transactional_id=tid, linger_ms=2, **extra)
-    conf["enable.idempotence"] = True
-    return Producer(conf)
-
-
 def test_transactions_commit_abort_and_fence_a_zombie_across_brokers(cluster_factory):
     cl = cluster_factory(store="s3")
     create(cl.by_id(1).bootstrap, "fares-txn", 3)
@@ -324,7 +319,7 @@ def test_a_transaction_past_its_timeout_is_aborted_and_the_lso_moves(cluster_fac
     assert fences == 1
 
 
-def test_audit_under_cluster_faults(cluster_services, tmp_path):
+def test_audit_under_cluster_faults(private_cluster_services, tmp_path):
     """`oncelog audit` (zombie workload: transactional writers, worker kill -9,
     paused workers whose successors must fence them) against three brokers
     while PostgreSQL restarts, the S3 server stops for seconds, a broker is
@@ -332,7 +327,7 @@ def test_audit_under_cluster_faults(cluster_services, tmp_path):
     `tests/cluster_audit.py --duration 150` (README)."""
     from cluster_audit import run_audit
     faults = ("pg-restart", "store-outage", "broker-kill", "broker-pause")
-    rc, report, done, _ = run_audit(tmp_path, cluster_services, 40, tmp_path / "report.json",
+    rc, report, done, _ = run_audit(tmp_path, private_cluster_services, 40, tmp_path / "report.json",
                                     faults=faults, seed=7)
     assert rc == 0, report.get("_output", "")[-3000:]
     assert set(done) == set(faults), f"only {done} were injected"
@@ -340,7 +335,7 @@ def test_audit_under_cluster_faults(cluster_services, tmp_path):
     assert all(v == 0 for v in report["anomalies"].values()), report["anomalies"]
 
 
-def test_exactly_once_copier_audit_under_cluster_faults(cluster_services, tmp_path):
+def test_exactly_once_copier_audit_under_cluster_faults(private_cluster_services, tmp_path):
     """`oncelog audit --workload copier` (Kafka's transactional copier: group
     members consuming read_committed, copying in transactions that carry
     their offsets; worker kill -9 and zombies) against three brokers under
@@ -349,28 +344,13 @@ def test_exactly_once_copier_audit_under_cluster_faults(cluster_services, tmp_pa
     between coordinators."""
     from cluster_audit import run_audit
     faults = ("pg-restart", "store-outage", "broker-kill", "broker-pause")
-    rc, report, done, _ = run_audit(tmp_path, cluster_services, 45, tmp_path / "report.json",
+    rc, report, done, _ = run_audit(tmp_path, private_cluster_services, 45, tmp_path / "report.json",
                                     faults=faults, workload="copier", seed=3,
                                     extra=("--records", "6000", "--quiet-ms", "2500,4500"))
     assert rc == 0, report.get("_output", "")[-3000:]
     assert set(done) == set(faults), f"only {done} were injected"
     assert report["plain_writes"] == 6000 and report["txns_committed"] >= 40, report
     assert all(v == 0 for v in report["anomalies"].values()), report["anomalies"]
-
-
-def group_consumer(bootstrap, group, **extra):
-    conf = {
-        "bootstrap.servers": bootstrap,
-        "broker.address.family": "v4",
-        "group.id": group,
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "session.timeout.ms": 6000,
-        "heartbeat.interval.ms": 500,
-        "fetch.wait.max.ms": 100,
-    }
-    conf.update(extra)
-    return Consumer(conf)
 
 
 def poll_until(consumers, want, timeout=60):
@@ -533,14 +513,13 @@ def test_read_process_write_with_transactional_offsets_across_brokers(cluster_fa
         c.subscribe(["in"])
         return c
 
-    def txn_producer():
-        tp = Producer(producer_config(cl.bootstrap, transactional_id="copier-1",
-                                      enable_idempotence=True))
+    def copier_producer():
+        tp = txn_producer(cl.bootstrap, "copier-1", linger_ms=5)
         tp.init_transactions(OP_TIMEOUT_S)
         return tp
 
     c = consumer()
-    tp = txn_producer()
+    tp = copier_producer()
     copied = 0
     aborted_once = False
     deadline = time.monotonic() + 90
@@ -595,7 +574,7 @@ def test_read_process_write_with_transactional_offsets_across_brokers(cluster_fa
         assert unstable, "OffsetFetch answered while offsets were pending"
     # A zombie: a new producer with the same id fences the open one; the
     # transaction is aborted and its pending offsets dropped.
-    tp2 = txn_producer()
+    tp2 = copier_producer()
     assert cl.sql("SELECT count(*) FROM group_pending_offsets")[0][0] == 0
     with pytest.raises(KafkaException):
         tp.commit_transaction(OP_TIMEOUT_S)

@@ -81,6 +81,7 @@ fn connection_lost(e: &ClientError) -> bool {
         ClientError::Connect { .. }
             | ClientError::ConnectTimeout { .. }
             | ClientError::Closed { .. }
+            | ClientError::ClosedBeforeAuthentication { .. }
             | ClientError::Io { .. }
             | ClientError::Timeout(_)
             | ClientError::NoAnswer { .. }

@@ -49,7 +49,13 @@ pub struct AuditArgs {
     #[arg(long)]
     pub report: Option<PathBuf>,
     /// The cluster to audit (with --broker-cmd: where that broker listens).
-    #[arg(long, default_value = "127.0.0.1:9092")]
+    #[arg(
+        long,
+        short = 'b',
+        visible_alias = "bootstrap-server",
+        alias = "brokers",
+        default_value = "127.0.0.1:9092"
+    )]
     pub bootstrap: String,
     /// Start and own the broker with this shell command, so broker faults
     /// (kill -9 + restart, SIGSTOP/SIGCONT) can be injected.
@@ -607,12 +613,18 @@ impl Run {
             "notes": self.notes,
             "workdir": self.dir,
         });
-        println!("{}", report.summary());
+        // The summary on stdout, which may have been closed (`| head`):
+        // then it is dropped, and the report file is still written.
+        let mut text = format!("{}\n", report.summary());
         if !self.notes.is_empty() {
-            println!("notes:");
+            text.push_str("notes:\n");
             for n in &self.notes {
-                println!("  {n}");
+                text.push_str(&format!("  {n}\n"));
             }
+        }
+        {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
         }
         if let Some(path) = &self.a.report {
             std::fs::write(path, serde_json::to_string_pretty(&json)?)

@@ -448,7 +448,7 @@ fn client_final(
         .and_then(|a| a.strip_prefix("r="))
         .ok_or_else(|| malformed("client-final lacks r=nonce"))?;
     if r != nonce {
-        return Err(malformed("nonce does not match"));
+        return Err(malformed(nonce_mismatch(r, nonce, client_first_bare)));
     }
     let proof = B64
         .decode(proof)
@@ -464,6 +464,27 @@ fn client_final(
     }
     let server_signature = mech.hmac(&cred.server_key, &[auth_message.as_bytes()]);
     Ok(format!("v={}", B64.encode(server_signature)).into_bytes())
+}
+
+/// Why a client-final's nonce `r` is not the exchange's `nonce` (the
+/// client's nonce followed by the server's). librdkafka before 2.6.1 (so
+/// kcat and the clients built on it, e.g. Debian's) sends its own nonce
+/// again in front of the whole one: a known client bug, named here so that
+/// the refusal (which stands: RFC 5802 demands it, and Kafka 4 refuses
+/// too) tells what to do.
+fn nonce_mismatch(r: &str, nonce: &str, client_first_bare: &str) -> String {
+    let cnonce = client_first_bare
+        .split(',')
+        .find_map(|a| a.strip_prefix("r="))
+        .unwrap_or_default();
+    if !cnonce.is_empty() && r.strip_prefix(cnonce) == Some(nonce) {
+        "nonce does not match: the client repeated its own nonce before the server's \
+         (a known bug of librdkafka before 2.6.1, as in kcat and other clients built on it: \
+         upgrade the client's librdkafka to 2.6.1 or later)"
+            .into()
+    } else {
+        "nonce does not match".into()
+    }
 }
 
 /// The client side of one SCRAM exchange.
@@ -712,6 +733,24 @@ mod tests {
         assert_eq!(
             s.step(b"c=biws,r=CNSN,p=AAAA", |_| None),
             Err(AuthError::InvalidCredentials)
+        );
+
+        // librdkafka before 2.6.1 repeats its nonce: refused, and named.
+        let mut s3 = ScramServer::with_nonce(Mechanism::Sha256, "SN");
+        s3.step(b"n,,n=alice,r=CN", |_| Some(cred.clone())).unwrap();
+        match s3.step(b"c=biws,r=CNCNSN,p=AAAA", |_| Some(cred.clone())) {
+            Err(AuthError::Malformed(why)) => assert!(
+                why.starts_with("nonce does not match: ")
+                    && why.contains("librdkafka before 2.6.1"),
+                "{why}"
+            ),
+            other => panic!("the repeated nonce was not refused: {other:?}"),
+        }
+        let mut s4 = ScramServer::with_nonce(Mechanism::Sha256, "SN");
+        s4.step(b"n,,n=alice,r=CN", |_| Some(cred.clone())).unwrap();
+        assert_eq!(
+            s4.step(b"c=biws,r=CNXX,p=AAAA", |_| None),
+            Err(AuthError::Malformed("nonce does not match".into()))
         );
     }
 

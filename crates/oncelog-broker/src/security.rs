@@ -724,7 +724,10 @@ impl Session {
             let name = ApiKey::try_from(key)
                 .map(|k| format!("{k:?}"))
                 .unwrap_or_else(|_| format!("API {key}"));
-            return Verdict::Close(format!("{name} request before SASL authentication"));
+            return Verdict::Close(format!(
+                "the client sent {name} before authenticating (a SASL listener expects \
+                 SaslHandshake after ApiVersions: a client without SASL settings?)"
+            ));
         }
         if self.expires.is_some_and(|e| Instant::now() >= e) {
             return Verdict::Close(
@@ -907,6 +910,32 @@ mod tests {
     }
 
     const MAP: &str = "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,INTERNAL:SASL_PLAINTEXT";
+
+    #[test]
+    fn a_request_before_authentication_is_named() {
+        let l = parse_listeners(
+            "SASL_PLAINTEXT://127.0.0.1:9094",
+            "",
+            MAP,
+            addr("127.0.0.1:1"),
+            None,
+        )
+        .unwrap();
+        let session = Session::new(&l[0], addr("127.0.0.1:5"));
+        assert!(matches!(
+            session.gate(ApiKey::ApiVersions as i16),
+            Verdict::Request
+        ));
+        match session.gate(ApiKey::Metadata as i16) {
+            Verdict::Close(why) => {
+                assert!(
+                    why.starts_with("the client sent Metadata before authenticating"),
+                    "{why}"
+                )
+            }
+            _ => panic!("Metadata before authentication was let through"),
+        }
+    }
 
     #[test]
     fn listeners_parse_as_kafka_names_them() {

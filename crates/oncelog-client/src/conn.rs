@@ -116,6 +116,8 @@ pub struct Client {
     correlation: i32,
     versions: ApiVersionRanges,
     timeout: Duration,
+    /// Whether a request other than ApiVersions has been answered here.
+    answered: bool,
 }
 
 impl Client {
@@ -165,6 +167,7 @@ impl Client {
             correlation: 9,
             versions: ApiVersionRanges::new(),
             timeout: HANDSHAKE_TIMEOUT,
+            answered: false,
         };
         let av: ApiVersionsResponse = match c
             .send(ApiKey::ApiVersions, 0, &ApiVersionsRequest::default())
@@ -290,10 +293,48 @@ impl Client {
             stream.read_exact(&mut body).await.map_err(io_err)?;
             Ok::<_, ClientError>(body)
         };
-        let body = tokio::time::timeout(self.timeout, io)
-            .await
-            .map_err(|_| ClientError::Timeout(key))??;
+        let body = match tokio::time::timeout(self.timeout, io).await {
+            Err(_) => return Err(ClientError::Timeout(key)),
+            Ok(Err(e)) => return Err(self.closed_before_authentication(key, e)),
+            Ok(Ok(body)) => body,
+        };
+        if key != ApiKey::ApiVersions {
+            self.answered = true;
+        }
         decode_response(Bytes::from(body), key, version, corr)
+    }
+
+    /// A connection closed at the first request after ApiVersions of a
+    /// client without SASL: most likely a SASL listener (it answers
+    /// ApiVersions, then closes the connection of a client that does not
+    /// authenticate), which the error then says.
+    fn closed_before_authentication(&self, key: ApiKey, e: ClientError) -> ClientError {
+        let closed = match &e {
+            ClientError::Closed { .. } => true,
+            ClientError::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            ),
+            _ => false,
+        };
+        if !closed
+            || self.answered
+            || key == ApiKey::ApiVersions
+            || crate::sasl::configured().is_some()
+        {
+            return e;
+        }
+        ClientError::ClosedBeforeAuthentication {
+            addr: self.addr.clone(),
+            api: key,
+            protocol: if crate::tls::enabled() {
+                "SASL_SSL"
+            } else {
+                "SASL_PLAINTEXT"
+            },
+        }
     }
 }
 

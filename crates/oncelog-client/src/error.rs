@@ -24,6 +24,21 @@ pub enum ClientError {
     NoAnswer { addr: String, why: String },
     #[error("{addr} closed the connection")]
     Closed { addr: String },
+    /// The broker answered ApiVersions, then closed the connection at the
+    /// first other request of a client without SASL: what a SASL listener
+    /// does to a client that does not authenticate (Kafka's behaviour).
+    #[error(
+        "{addr}: the broker closed the connection during the first request ({api:?}): \
+         does this listener expect SASL? A SASL listener closes the connection of a client \
+         that has not authenticated (try --security-protocol {protocol} with --sasl-username \
+         and --sasl-password; --sasl-mechanism defaults to SCRAM-SHA-512)"
+    )]
+    ClosedBeforeAuthentication {
+        addr: String,
+        api: ApiKey,
+        /// The protocol to suggest: SASL_PLAINTEXT, or SASL_SSL over TLS.
+        protocol: &'static str,
+    },
     #[error("connection to {addr}")]
     Io {
         addr: String,

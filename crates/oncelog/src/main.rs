@@ -33,8 +33,13 @@ struct Cli {
 /// processes it starts.
 const CLIENT_SECURITY_ENV: &str = oncelog_audit::CLIENT_SECURITY_ENV;
 
+/// The heading the client security options are shown under in every
+/// command's `--help` (they are global: accepted by every command).
+const SECURITY_HEADING: &str = "Security (Kafka client settings)";
+
 /// How the client commands authenticate (Kafka's client settings).
 #[derive(clap::Args)]
+#[command(next_help_heading = SECURITY_HEADING)]
 struct SecurityArgs {
     /// PLAINTEXT (the default), SASL_PLAINTEXT, SSL or SASL_SSL.
     #[arg(long, global = true, env = "ONCELOG_SECURITY_PROTOCOL")]
@@ -324,9 +329,13 @@ struct ClusterInfoArgs {
 #[derive(clap::Args)]
 struct ConnArgs {
     /// Any Kafka-compatible broker: HOST[:PORT] (port 9092 when left out),
-    /// or a comma-separated list of them.
+    /// or a comma-separated list of them (`--brokers` too, as rpk says it).
     #[arg(
         long,
+        short = 'b',
+        visible_alias = "bootstrap-server",
+        alias = "brokers",
+        value_name = "HOST[:PORT],...",
         global = true,
         env = "ONCELOG_BOOTSTRAP",
         default_value = "127.0.0.1:9092",
@@ -479,9 +488,22 @@ fn main() -> Result<()> {
             None => client(|| cli::cluster_info(&conn.bootstrap, conn.json)),
         },
         Command::Completions { shell } => {
+            // `oncelog completions bash | head` ends quietly, as client
+            // commands do (clap_complete panics on a failed write).
+            sigpipe::default();
             let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "oncelog", &mut std::io::stdout());
-            Ok(())
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "oncelog", &mut script);
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            match out.write_all(&script).and_then(|()| out.flush()) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                Err(e) => {
+                    eprintln!("error: writing the completion script: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
     }
 }
@@ -538,6 +560,17 @@ async fn bind(addr: std::net::SocketAddr, what: &str) -> Result<tokio::net::TcpL
     })
 }
 
+/// The web console's address for a browser on this host: a listener on
+/// every address (0.0.0.0, ::) is reached at the loopback address.
+fn console_url(at: std::net::SocketAddr) -> String {
+    let ip = match at.ip() {
+        std::net::IpAddr::V4(a) if a.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(a) if a.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}/", std::net::SocketAddr::new(ip, at.port()))
+}
+
 fn serve(args: ServeArgs) -> Result<()> {
     let settings = load_settings(&args).map_err(|e| SettingsError(format!("{e:#}")))?;
     let config = BrokerConfig::from_map(&settings).map_err(|e| SettingsError(e.to_string()))?;
@@ -589,6 +622,10 @@ fn serve(args: ServeArgs) -> Result<()> {
         broker.spawn_background();
         if let Some((addr, l)) = metrics_listener {
             tracing::info!(metrics = %addr, "metrics serving at /metrics and /health");
+            if broker.config.console_enable {
+                let at = l.local_addr().unwrap_or(addr);
+                tracing::info!("console: {}", console_url(at));
+            }
             tokio::spawn(oncelog_broker::http::serve(broker.clone(), l));
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -651,5 +688,94 @@ mod tests {
         ] {
             super::Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
         }
+    }
+
+    /// What kafka-topics, kafka-console-consumer, rpk and kcat taught their
+    /// users parses here too, to the same options.
+    #[test]
+    fn the_kafka_tools_spellings_are_accepted() {
+        use super::{Cli, Command};
+        use clap::Parser;
+        let parse =
+            |argv: &[&str]| Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        for flag in ["-b", "--bootstrap", "--bootstrap-server", "--brokers"] {
+            let Command::Topic { conn, .. } =
+                parse(&["oncelog", "topic", "list", flag, "h1"]).command
+            else {
+                panic!("not topic")
+            };
+            assert_eq!(conn.bootstrap, "h1:9092", "{flag}");
+        }
+        let Command::Topic {
+            cmd:
+                crate::cli::TopicCmd::Create {
+                    partitions,
+                    replication_factor,
+                    configs,
+                    ..
+                },
+            ..
+        } = parse(&[
+            "oncelog", "topic", "create", "t", "-p", "3", "-r", "1", "-c", "a=b", "-b", "h:1",
+        ])
+        .command
+        else {
+            panic!("not topic create")
+        };
+        assert_eq!(
+            (partitions, replication_factor, configs),
+            (3, Some(1), vec!["a=b".to_string()])
+        );
+        assert!(Cli::try_parse_from(["oncelog", "topic", "create", "t", "-r", "0"]).is_err());
+        let consume = |args: &[&str]| {
+            let mut argv = vec!["oncelog", "consume", "t"];
+            argv.extend_from_slice(args);
+            match parse(&argv).command {
+                Command::Consume { args, .. } => args,
+                _ => panic!("not consume"),
+            }
+        };
+        let a = consume(&["-p", "2", "-g", "g1", "-n", "5", "-o", "end"]);
+        assert_eq!(
+            (
+                a.partition,
+                a.group.as_deref(),
+                a.max_messages,
+                a.from.as_str()
+            ),
+            (Some(2), Some("g1"), Some(5), "end")
+        );
+        assert_eq!(consume(&["-c", "7"]).max_messages, Some(7));
+        assert_eq!(consume(&["--count", "8"]).max_messages, Some(8));
+        assert_eq!(consume(&["-o", "-3"]).from, "-3");
+        assert!(consume(&["--from-beginning"]).from_beginning);
+        assert!(Cli::try_parse_from([
+            "oncelog",
+            "consume",
+            "t",
+            "--from-beginning",
+            "--from",
+            "end"
+        ])
+        .is_err());
+        let Command::Produce { args, .. } =
+            parse(&["oncelog", "produce", "t", "-p", "1", "-K", ":"]).command
+        else {
+            panic!("not produce")
+        };
+        assert_eq!(
+            (args.partition, args.key_separator.as_deref()),
+            (Some(1), Some(":"))
+        );
+        assert_eq!(consume(&["--num", "9"]).max_messages, Some(9));
+    }
+
+    #[test]
+    fn the_console_url_is_one_a_browser_here_opens() {
+        let url = |a: &str| super::console_url(a.parse().unwrap());
+        assert_eq!(url("127.0.0.1:9644"), "http://127.0.0.1:9644/");
+        assert_eq!(url("0.0.0.0:9644"), "http://127.0.0.1:9644/");
+        assert_eq!(url("[::]:9644"), "http://[::1]:9644/");
+        assert_eq!(url("10.0.0.5:80"), "http://10.0.0.5:80/");
     }
 }

@@ -120,14 +120,17 @@ pub fn create_topics(
                 );
             }
             if !matches!(t.replication_factor, -1 | 1) && t.assignments.is_empty() {
-                return fail(
-                    r,
-                    ErrorCode::InvalidReplicationFactor,
+                let why = if t.replication_factor < 1 {
+                    "replication factor must be larger than 0".to_string()
+                } else {
                     format!(
-                        "replication factor {} is larger than the 1 available broker",
+                        "replication factor {} is larger than the 1 available broker: a \
+                         local-mode broker keeps one copy of each partition; use replication \
+                         factor 1 (or leave it out)",
                         t.replication_factor
-                    ),
-                );
+                    )
+                };
+                return fail(r, ErrorCode::InvalidReplicationFactor, why);
             }
             let mut partitions = t.num_partitions;
             if !t.assignments.is_empty() {

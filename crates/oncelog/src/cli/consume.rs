@@ -23,22 +23,38 @@ pub struct ConsumeArgs {
     /// Topic to read.
     pub topic: String,
     /// Only this partition (default: all).
-    #[arg(long)]
+    #[arg(long, short = 'p')]
     pub partition: Option<i32>,
-    /// Where to start: earliest, latest, an offset (one past the end waits
-    /// there), -N (N records before the end) or @TIMESTAMP_MS.
-    #[arg(long, default_value = "earliest", allow_hyphen_values = true)]
+    /// Where to start: earliest (or beginning, start), latest (or end), an
+    /// offset (one past the end waits there), -N (N records before the end)
+    /// or @TIMESTAMP_MS. `-o` as kcat's.
+    #[arg(
+        long,
+        short = 'o',
+        default_value = "earliest",
+        allow_hyphen_values = true,
+        value_name = "POSITION"
+    )]
     pub from: String,
+    /// The same as --from earliest (kafka-console-consumer's flag).
+    #[arg(long, conflicts_with = "from")]
+    pub from_beginning: bool,
     /// read_committed (the default) or read_uncommitted.
     #[arg(long, default_value = "read_committed")]
     pub isolation: String,
     /// Start at this group's committed offsets where it has them, and commit
     /// the position reached at the end, on Ctrl-C/SIGTERM and every 5 s
     /// while following (a standalone consumer, no membership).
-    #[arg(long)]
+    #[arg(long, short = 'g')]
     pub group: Option<String>,
-    /// Stop after this many records.
-    #[arg(long)]
+    /// Stop after this many records (also kcat's `-c`, `--count`, rpk's `--num`).
+    #[arg(
+        long,
+        short = 'n',
+        short_alias = 'c',
+        aliases = ["count", "num"],
+        value_name = "N"
+    )]
     pub max_messages: Option<u64>,
     /// Keep waiting for new records (until Ctrl-C or SIGTERM) instead of
     /// stopping at the end (the last stable offset for read_committed) seen
@@ -56,6 +72,41 @@ pub struct ConsumeArgs {
     /// a terminal and stdout is not).
     #[arg(long)]
     pub progress: bool,
+}
+
+/// Where `--from` starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Position {
+    Earliest,
+    Latest,
+    /// The first offset at or after this time (ms since the epoch).
+    Time(i64),
+    /// An offset; a negative one counts back from the end.
+    Offset(i64),
+}
+
+impl Position {
+    /// `earliest`, `beginning` or `start`; `latest` or `end`; an offset;
+    /// `-N`; `@TIMESTAMP_MS` (or kcat's `s@TIMESTAMP_MS`).
+    fn parse(s: &str) -> Result<Self> {
+        Ok(match s.trim() {
+            "earliest" | "beginning" | "start" => Self::Earliest,
+            "latest" | "end" => Self::Latest,
+            x if x.starts_with('@') || x.starts_with("s@") => {
+                let ts = x.strip_prefix('s').unwrap_or(x);
+                let ts = ts.strip_prefix('@').unwrap_or(ts);
+                Self::Time(ts.parse().map_err(|_| {
+                    anyhow!("--from @TIMESTAMP_MS: {ts:?} is not a time in ms since the epoch")
+                })?)
+            }
+            x => Self::Offset(x.parse().map_err(|_| {
+                anyhow!(
+                    "--from must be earliest (or beginning, start), latest (or end), an \
+                     offset, -N or @TIMESTAMP_MS, not {x:?}"
+                )
+            })?),
+        })
+    }
 }
 
 /// The name of the signal (SIGINT or SIGTERM) that asked a run to stop, once one has.
@@ -175,6 +226,11 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
         "read_uncommitted" => false,
         other => bail!("--isolation must be read_committed or read_uncommitted, not {other}"),
     };
+    let from = if a.from_beginning {
+        Position::Earliest
+    } else {
+        Position::parse(&a.from)?
+    };
     let deadline = a
         .timeout_ms
         .map(|t| Instant::now() + Duration::from_millis(t));
@@ -191,35 +247,29 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
     let start_of = |p: &i32| starts.get(p).copied().unwrap_or(0);
     let hw_of = |p: &i32| hws.get(p).copied().unwrap_or(0);
     // Start positions: the group's committed offsets, else --from.
-    let mut pos: BTreeMap<i32, i64> = match a.from.as_str() {
-        "earliest" => starts.clone(),
-        "latest" => list_offsets(c.bootstrap(), &topic, &parts, LATEST, committed_only).await?,
-        x if x.starts_with('@') => {
-            let ts: i64 = x[1..].parse().context("--from @TIMESTAMP_MS")?;
+    let mut pos: BTreeMap<i32, i64> = match from {
+        Position::Earliest => starts.clone(),
+        Position::Latest => {
+            list_offsets(c.bootstrap(), &topic, &parts, LATEST, committed_only).await?
+        }
+        Position::Time(ts) => {
             let found = list_offsets(c.bootstrap(), &topic, &parts, ts, false).await?;
             found
                 .into_iter()
                 .map(|(p, o)| (p, if o < 0 { hw_of(&p) } else { o }))
                 .collect()
         }
-        x => {
-            let o: i64 = x.parse().map_err(|_| {
-                anyhow!(
-                    "--from must be earliest, latest, an offset, -N or @TIMESTAMP_MS, not {x:?}"
-                )
-            })?;
-            parts
-                .iter()
-                .map(|p| {
-                    let o = if o < 0 {
-                        (hw_of(p) + o).max(start_of(p))
-                    } else {
-                        clamp_position(&topic, *p, o, start_of(p), hw_of(p), a.follow, "offset")
-                    };
-                    (*p, o)
-                })
-                .collect()
-        }
+        Position::Offset(o) => parts
+            .iter()
+            .map(|p| {
+                let o = if o < 0 {
+                    (hw_of(p) + o).max(start_of(p))
+                } else {
+                    clamp_position(&topic, *p, o, start_of(p), hw_of(p), a.follow, "offset")
+                };
+                (*p, o)
+            })
+            .collect(),
     };
     if let Some(g) = &a.group {
         for (pi, committed) in committed_offsets(&mut c, g, &topic, &parts).await? {
@@ -436,6 +486,27 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn positions_take_the_kafka_tools_names() {
+        for (arg, want) in [
+            ("earliest", Position::Earliest),
+            ("beginning", Position::Earliest),
+            ("start", Position::Earliest),
+            ("latest", Position::Latest),
+            ("end", Position::Latest),
+            ("42", Position::Offset(42)),
+            ("-5", Position::Offset(-5)),
+            ("@1700000000000", Position::Time(1_700_000_000_000)),
+            ("s@1700000000000", Position::Time(1_700_000_000_000)),
+        ] {
+            assert_eq!(Position::parse(arg).unwrap(), want, "{arg}");
+        }
+        for bad in ["", "first", "@", "@@5", "@soon", "s@x", "1.5"] {
+            let e = Position::parse(bad).unwrap_err().to_string();
+            assert!(e.starts_with("--from"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn start_positions_stay_in_the_log() {

@@ -54,7 +54,7 @@ pub enum CutoverCmd {
 pub struct Admin {
     /// The broker's HTTP endpoint (`metrics.listen`); default
     /// http://<bootstrap host>:9644.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "ONCELOG_ADMIN")]
     admin: Option<String>,
 }
 

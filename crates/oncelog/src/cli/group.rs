@@ -35,7 +35,7 @@ pub enum GroupCmd {
         #[arg(long)]
         topic: String,
         /// Only this partition (default: all of the topic).
-        #[arg(long)]
+        #[arg(long, short = 'p')]
         partition: Option<i32>,
         #[arg(long)]
         to_earliest: bool,

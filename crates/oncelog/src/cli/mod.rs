@@ -34,8 +34,12 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-/// Prints rows as an aligned table.
+/// Prints rows as an aligned table; no rows as `none` (not bare headers).
 fn table(headers: &[&str], rows: &[Vec<String>]) {
+    if rows.is_empty() {
+        println!("none");
+        return;
+    }
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {

@@ -24,10 +24,10 @@ pub struct ProduceArgs {
     pub topic: String,
     /// Write every record to this partition (default: by key hash, or
     /// round-robin per batch without keys).
-    #[arg(long)]
+    #[arg(long, short = 'p')]
     pub partition: Option<i32>,
-    /// Split each input line into key and value at the first SEP.
-    #[arg(long, value_name = "SEP")]
+    /// Split each input line into key and value at the first SEP (`-K` as kcat's).
+    #[arg(long, short = 'K', value_name = "SEP")]
     pub key_separator: Option<String>,
     /// A header on every record, repeatable: --header source=cli
     #[arg(long = "header", value_name = "KEY=VALUE")]

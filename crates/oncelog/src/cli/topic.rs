@@ -36,10 +36,17 @@ pub enum TopicCmd {
     /// Create a topic.
     Create {
         name: String,
-        #[arg(long, default_value_t = 1)]
+        /// How many partitions.
+        #[arg(long, short = 'p', default_value_t = 1)]
         partitions: i32,
+        /// Copies of each partition, sent to the broker as asked (default:
+        /// the broker's). An oncelog broker in local mode keeps one copy,
+        /// made durable before it acknowledges, and refuses more than 1.
+        #[arg(long, short = 'r', value_name = "N",
+              value_parser = clap::value_parser!(i16).range(1..))]
+        replication_factor: Option<i16>,
         /// Topic config, repeatable: --config retention.ms=60000
-        #[arg(long = "config", value_name = "KEY=VALUE")]
+        #[arg(long = "config", short = 'c', value_name = "KEY=VALUE")]
         configs: Vec<String>,
     },
     /// Show a topic's partitions with their offsets and, from the broker's
@@ -49,7 +56,7 @@ pub enum TopicCmd {
         name: String,
         /// The broker's HTTP endpoint (`metrics.listen`); default
         /// http://<bootstrap host>:9644.
-        #[arg(long, value_name = "URL")]
+        #[arg(long, value_name = "URL", env = "ONCELOG_ADMIN")]
         admin: Option<String>,
     },
     /// Delete a topic.
@@ -57,8 +64,9 @@ pub enum TopicCmd {
     /// Raise a topic's partition count (all new partitions or none).
     AddPartitions {
         name: String,
-        /// The new total number of partitions.
-        #[arg(long)]
+        /// The new total number of partitions (also `--partitions` or
+        /// `-p`, as kafka-topics --alter says it).
+        #[arg(long, short = 'p', visible_alias = "partitions")]
         count: i32,
     },
     /// Change topic configs: --set retention.ms=60000, --delete retention.ms.
@@ -105,6 +113,7 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
         TopicCmd::Create {
             name,
             partitions,
+            replication_factor,
             configs,
         } => {
             let mut cfgs = Vec::new();
@@ -123,7 +132,7 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
                 .with_topics(vec![CreatableTopic::default()
                     .with_name(TopicName(s(&name)))
                     .with_num_partitions(partitions)
-                    .with_replication_factor(-1)
+                    .with_replication_factor(replication_factor.unwrap_or(-1))
                     .with_configs(cfgs)]);
             let (r, _) = c
                 .call::<_, CreateTopicsResponse>(ApiKey::CreateTopics, &req)

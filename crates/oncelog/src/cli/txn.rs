@@ -31,7 +31,7 @@ pub enum TxnCmd {
         /// The broker's HTTP endpoint, asked which open transactions are
         /// parked past their timeout; default http://<bootstrap host>:9644.
         /// Without an answer, parked transactions show as Ongoing.
-        #[arg(long, value_name = "URL")]
+        #[arg(long, value_name = "URL", env = "ONCELOG_ADMIN")]
         admin: Option<String>,
     },
     /// Describe one transactional id: its state (Kafka protocol), and from
@@ -41,14 +41,14 @@ pub enum TxnCmd {
         transactional_id: String,
         /// The broker's HTTP endpoint (`metrics.listen`); default
         /// http://<bootstrap host>:9644.
-        #[arg(long, value_name = "URL")]
+        #[arg(long, value_name = "URL", env = "ONCELOG_ADMIN")]
         admin: Option<String>,
     },
     /// The recent events of one transactional id (from the broker's HTTP port).
     History {
         transactional_id: String,
         /// The broker's HTTP endpoint; default http://<bootstrap host>:9644.
-        #[arg(long, value_name = "URL")]
+        #[arg(long, value_name = "URL", env = "ONCELOG_ADMIN")]
         admin: Option<String>,
     },
     /// The producers a partition knows (epoch, last sequence, open transaction).

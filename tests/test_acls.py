@@ -36,9 +36,8 @@ from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, A
                                    AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
                                    NewTopic, ResourcePatternType, ResourceType)
 
-from clients import create_topic, unique_topic
+from clients import create_topic, end_offset, read_all, scrape, unique_topic, value
 from conftest import REPO_ROOT, free_port, oncelog_bin, wait_until
-from test_metrics import scrape, value
 
 KAFKA_LIB = REPO_ROOT / ".tools" / "kafka-lib"
 ACL_TOOL = "org.apache.kafka.tools.AclCommand"
@@ -123,14 +122,6 @@ def ab(broker_factory):
     return AclBroker(broker_factory)
 
 
-def hw(bootstrap, topic):
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw", "broker.address.family": "v4"})
-    try:
-        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=15, cached=False)[1]
-    finally:
-        c.close()
-
-
 def kafka_error(action):
     with pytest.raises(KafkaException) as e:
         action()
@@ -144,32 +135,6 @@ def txn_write(conf, tid, topic, values):
     for v in values:
         p.produce(topic, value=v.encode(), partition=0)
     p.commit_transaction(20)
-
-
-def read_all(conf, topic, group=None, timeout=15):
-    c = Consumer({**conf, "group.id": group or "assign-only", "enable.auto.commit": False,
-                  "isolation.level": "read_committed", "enable.partition.eof": True,
-                  "auto.offset.reset": "earliest"})
-    try:
-        c.assign([TopicPartition(topic, 0, 0)])
-        out = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    return out
-                if m.error().code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                    # librdkafka looks up the group's coordinator even for an
-                    # assigned consumer; reading needs no group.
-                    continue
-                raise KafkaException(m.error())
-            out.append(m.value().decode())
-        raise AssertionError(f"no end of {topic} within {timeout}s; read {out}")
-    finally:
-        c.close()
 
 
 @pytest.mark.skipif(not sorted(KAFKA_LIB.glob("kafka-tools-[0-9]*.jar")),
@@ -202,7 +167,7 @@ def test_transactional_write_needs_the_transactional_id_acl(ab):
     ab.allow(alice, ResourceType.TOPIC, topic, AclOperation.WRITE)
     err = kafka_error(lambda: txn_write(ab.conf(alice), "orders-sink-0-7", topic, ["x"]))
     assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err
-    assert hw(ab.plain, topic) == 0
+    assert end_offset(ab.plain, topic) == 0
     assert ab.denials("transactional_id") >= 1
 
     # A PREFIXED ACL: a plain string prefix, as in Kafka.
@@ -210,7 +175,7 @@ def test_transactional_write_needs_the_transactional_id_acl(ab):
              pattern=ResourcePatternType.PREFIXED)
     txn_write(ab.conf(alice), "orders-sink-0-7", topic, ["blue-1"])
     txn_write(ab.conf(alice), "orders-sink-v2-0-7", topic, ["green-1"])
-    assert read_all({"bootstrap.servers": ab.plain, "broker.address.family": "v4"}, topic) == \
+    assert read_all(ab.plain, topic, until="eof", decode=True) == \
         ["blue-1", "green-1"]
     # An id outside the prefix is still refused.
     err = kafka_error(lambda: txn_write(ab.conf(alice), "billing-0-1", topic, ["x"]))
@@ -226,7 +191,7 @@ def test_transactional_write_needs_the_transactional_id_acl(ab):
     txn_write(ab.conf(alice), "orders-sink-0-8", topic, ["blue-2"])
     err = kafka_error(lambda: txn_write(ab.conf(alice), "orders-sink-v2-0-8", topic, ["green-2"]))
     assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err
-    assert read_all({"bootstrap.servers": ab.plain, "broker.address.family": "v4"}, topic) == \
+    assert read_all(ab.plain, topic, until="eof", decode=True) == \
         ["blue-1", "green-1", "blue-2"]
 
 
@@ -248,14 +213,14 @@ def test_a_principal_with_one_acl(ab):
     assert mine in topics and other not in topics, topics
     # Fetch by assignment: allowed on his topic (the other one is not even
     # in his metadata; a fetch refused is shown with the DENY below).
-    assert read_all(conf, mine) == ["m0"]
+    assert read_all(ab.sasl, mine, until="eof", decode=True, **conf) == ["m0"]
     # Produce: denied, nothing written.
     errs = []
     pr = Producer({**conf, "message.timeout.ms": 5000})
     pr.produce(mine, b"nope", partition=0, on_delivery=lambda err, m: errs.append(err))
     pr.flush(10)
     assert errs and errs[0] is not None and errs[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, errs
-    assert hw(ab.plain, mine) == 1
+    assert end_offset(ab.plain, mine) == 1
     # A group: denied until a group ACL.
     def consume_in_group():
         """Subscribes in group `bobs`, reads the record and commits; the
@@ -306,7 +271,7 @@ def test_a_principal_with_one_acl(ab):
     # stays: the topic is still in his metadata, and the fetch is refused).
     ab.allow(bob, ResourceType.TOPIC, mine, AclOperation.READ, deny=True)
     with pytest.raises(KafkaException) as e:
-        read_all(conf, mine)
+        read_all(ab.sasl, mine, until="eof", decode=True, **conf)
     assert e.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert ab.denials("topic") >= 3 and ab.denials("group") >= 1 and ab.denials("cluster") >= 1
 
@@ -329,7 +294,7 @@ def test_transactional_copier_needs_its_group_acl(ab):
         prod = Producer({**ab.conf(copier), "transactional.id": "copier-1"})
         prod.init_transactions(20)
         prod.begin_transaction()
-        for v in read_all(ab.conf(copier), src):
+        for v in read_all(ab.sasl, src, until="eof", decode=True, **ab.conf(copier)):
             prod.produce(dst, value=v.encode(), partition=0)
         meta = Consumer({**ab.conf(copier), "group.id": group}).consumer_group_metadata()
         prod.send_offsets_to_transaction([TopicPartition(src, 0, 3)], meta, 20)
@@ -339,7 +304,7 @@ def test_transactional_copier_needs_its_group_acl(ab):
     assert err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, err
     ab.allow(copier, ResourceType.GROUP, "copiers", AclOperation.READ)
     copy_once("copiers")
-    assert read_all({"bootstrap.servers": ab.plain, "broker.address.family": "v4"}, dst) == \
+    assert read_all(ab.plain, dst, until="eof", decode=True) == \
         ["in-0", "in-1", "in-2"]
     c = Consumer({"bootstrap.servers": ab.plain, "group.id": "copiers", "broker.address.family": "v4"})
     assert c.committed([TopicPartition(src, 0)], timeout=15)[0].offset == 3

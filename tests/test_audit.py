@@ -39,7 +39,9 @@ def assert_clean(p, r):
 @pytest.mark.timeout(900)
 def test_copier_under_faults_is_exactly_once(tmp_path):
     """The CI run of issue #5: >= 20,000 records and >= 200 transactions with
-    at least 3 broker kill -9s, 2 zombie pauses and 2 client kills."""
+    at least 3 broker kill -9s, 2 zombie pauses and 2 client kills. It runs
+    100 s because the faults are spaced by quiet periods long enough for
+    the copier to recover between them: that many faults need that long."""
     p, r = audit(tmp_path, "copier", 100, "--records", "20000", "--quiet-ms", "2500,4500",
                  "--faults", "broker-kill,zombie,client-kill,broker-pause")
     assert_clean(p, r)

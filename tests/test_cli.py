@@ -8,17 +8,8 @@ import time
 
 from confluent_kafka import Consumer, TopicPartition
 
-from clients import consumer_config, unique_topic
+from clients import cli, consumer_config, read_partition, txn_producer, unique_topic
 from conftest import both_modes, oncelog_bin
-from test_transactions import txn_producer
-
-
-def cli(broker, *args, json_out=True, check=True):
-    argv = [str(oncelog_bin()), *args, "--bootstrap", broker.bootstrap] + (["--json"] if json_out else [])
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if check:
-        assert p.returncode == 0, f"{argv} exited {p.returncode}: {p.stderr}"
-    return (json.loads(p.stdout) if json_out and p.returncode == 0 else p.stdout), p
 
 
 def test_topic_commands(broker):
@@ -176,7 +167,6 @@ def test_transactional_produce_and_isolation(broker):
     assert committed == ["c1", "c2", "c3", "c4", "c5"]
     everything = run_cli(broker, "consume", topic, "--isolation", "read_uncommitted").stdout.decode().splitlines()
     assert everything == ["a1", "a2", "a3", "c1", "c2", "c3", "c4", "c5"]
-    from test_transactions import read_partition
     hw = run_cli(broker, "topic", "describe", topic, json_out=True)
     end = json.loads(hw.stdout)["partitions"][0]["high_watermark"]
     got = read_partition(broker.bootstrap, topic, 0, 0, "read_committed", end)

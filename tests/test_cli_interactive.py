@@ -20,11 +20,11 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import KafkaError
 
-from clients import consumer_config, flush_all, producer_config, unique_topic
+from clients import (assigned_consumer, committed_offsets, produce, read_all, txn_producer,
+                     unique_topic)
 from conftest import free_port, oncelog_bin, wait_until
-from test_transactions import txn_producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -135,12 +135,6 @@ def ptys(tmp_path):
         p.close()
 
 
-def assigned_consumer(bootstrap, topic, partition=0, start=0, **extra):
-    c = Consumer(consumer_config(bootstrap, **extra))
-    c.assign([TopicPartition(topic, partition, start)])
-    return c
-
-
 def poll_values(consumer, want, timeout):
     """Polls until `want` values arrived (or the timeout); returns them."""
     got = []
@@ -154,24 +148,6 @@ def poll_values(consumer, want, timeout):
                 continue
             raise AssertionError(m.error())
         got.append(m.value())
-    return got
-
-
-def read_all(bootstrap, topic, partition=0, isolation="read_committed", quiet_s=1.5):
-    """Every value in the partition from offset 0, read until nothing more
-    arrives for quiet_s seconds."""
-    c = assigned_consumer(bootstrap, topic, partition, 0, **{"isolation.level": isolation})
-    got = []
-    try:
-        last = time.monotonic()
-        while time.monotonic() - last < quiet_s:
-            m = c.poll(0.1)
-            if m is None or m.error():
-                continue
-            got.append(m.value())
-            last = time.monotonic()
-    finally:
-        c.close()
     return got
 
 
@@ -210,7 +186,7 @@ def test_typed_lines_reach_a_consumer_within_a_second(broker, ptys):
         assert acks == ["0", "1", "2"]
     finally:
         consumer.close()
-    assert read_all(broker.bootstrap, topic) == [b"one", b"two", b"three"]
+    assert read_all(broker.bootstrap, topic, until="quiet") == [b"one", b"two", b"three"]
 
 
 def test_ctrl_c_loses_nothing_acknowledged(broker, ptys):
@@ -231,7 +207,7 @@ def test_ctrl_c_loses_nothing_acknowledged(broker, ptys):
     assert acked >= 1
     reported = re.findall(r"^Produced to partition 0 at offset (\d+) ", prod.output, re.M)
     assert reported == [str(i) for i in range(acked)], (acked, prod.output[-500:])
-    assert read_all(broker.bootstrap, topic) == [b"line-%d" % i for i in range(acked)]
+    assert read_all(broker.bootstrap, topic, until="quiet") == [b"line-%d" % i for i in range(acked)]
 
 
 def test_ctrl_c_aborts_the_open_transaction(broker, ptys):
@@ -255,8 +231,9 @@ def test_ctrl_c_aborts_the_open_transaction(broker, ptys):
     topic_desc = json.loads(run("topic", "describe", topic, "--json", "--bootstrap", broker.bootstrap).stdout)
     part = topic_desc["partitions"][0]
     assert part["last_stable_offset"] == part["high_watermark"] == 5
-    assert read_all(broker.bootstrap, topic) == [b"c1", b"c2"]
-    assert read_all(broker.bootstrap, topic, isolation="read_uncommitted") == [b"c1", b"c2", b"open1"]
+    assert read_all(broker.bootstrap, topic, until="quiet") == [b"c1", b"c2"]
+    assert read_all(broker.bootstrap, topic, isolation="read_uncommitted", until="quiet") == \
+        [b"c1", b"c2", b"open1"]
 
 
 def test_a_lost_connection_says_what_was_acknowledged(broker, ptys):
@@ -274,7 +251,7 @@ def test_a_lost_connection_says_what_was_acknowledged(broker, ptys):
                            "without an answer: they may or may not have been written): "), last
     assert f"{broker.bootstrap}" in last
     broker.start()
-    assert read_all(broker.bootstrap, topic)[:2] == [b"kept-1", b"kept-2"]
+    assert read_all(broker.bootstrap, topic, until="quiet")[:2] == [b"kept-1", b"kept-2"]
 
 
 def test_sigterm_sends_what_is_pending(broker):
@@ -317,7 +294,7 @@ def test_piped_produce_and_eof_still_batch(broker):
     summary = json.loads(p.stdout)
     assert summary["records"] == 1000 and summary["acknowledged"] == 1000
     assert summary["interrupted"] is None and summary["outcome"] == "acknowledged"
-    assert read_all(broker.bootstrap, topic) == [b"%d" % i for i in range(1000)]
+    assert read_all(broker.bootstrap, topic, until="quiet") == [b"%d" % i for i in range(1000)]
 
 
 def test_verbose_json_acknowledgements(broker):
@@ -333,29 +310,14 @@ def test_verbose_json_acknowledgements(broker):
 
 # ------------------------------------------------------------------ consume
 
-def produce_values(bootstrap, topic, values, partition=0):
-    p = Producer(producer_config(bootstrap))
-    for v in values:
-        p.produce(topic, value=v, partition=partition)
-    flush_all(p)
-
-
-def committed_offset(bootstrap, group, topic, partition=0):
-    c = Consumer(consumer_config(bootstrap, **{"group.id": group}))
-    try:
-        return c.committed([TopicPartition(topic, partition)], timeout=10)[0].offset
-    finally:
-        c.close()
-
-
 def test_follow_on_a_terminal_shows_records_at_once_and_commits_on_ctrl_c(broker, ptys):
     topic = unique_topic("tty-c")
     create(broker, topic)
     group = unique_topic("tty-group")
-    produce_values(broker.bootstrap, topic, [b"r0", b"r1", b"r2"])
+    produce(broker.bootstrap, topic, [b"r0", b"r1", b"r2"], partition=0)
     cons = ptys("consume", topic, "--group", group, "--follow", "--bootstrap", broker.bootstrap)
     cons.wait_output(lambda out: out == "r0\nr1\nr2\n", 10, "the first three records")
-    produce_values(broker.bootstrap, topic, [b"r3", b"r4"])
+    produce(broker.bootstrap, topic, [b"r3", b"r4"], partition=0)
     shown = time.monotonic()
     cons.wait_output(lambda out: out == "r0\nr1\nr2\nr3\nr4\n", 5, "the live records")
     assert time.monotonic() - shown < 1.5
@@ -364,11 +326,11 @@ def test_follow_on_a_terminal_shows_records_at_once_and_commits_on_ctrl_c(broker
     err = cons.stderr.strip().splitlines()
     assert err[-3:] == ["interrupted (SIGINT)", f"consumed 5 records from {topic}",
                         f"committed group {group}: {topic}-0 at 5"]
-    assert committed_offset(broker.bootstrap, group, topic) == 5
+    assert committed_offsets(broker.bootstrap, group, topic, [0])[0] == 5
     desc = json.loads(run("group", "describe", group, "--json", "--bootstrap", broker.bootstrap).stdout)
     assert [(o["partition"], o["committed"]) for o in desc["offsets"]] == [(0, 5)]
     # and a later run resumes there
-    produce_values(broker.bootstrap, topic, [b"r5"])
+    produce(broker.bootstrap, topic, [b"r5"], partition=0)
     again = run("consume", topic, "--group", group, "--bootstrap", broker.bootstrap)
     assert again.returncode == 0 and again.stdout == b"r5\n", again.stderr
 
@@ -377,7 +339,7 @@ def test_sigterm_stops_follow_and_commits(broker):
     topic = unique_topic("pipe-term")
     create(broker, topic)
     group = unique_topic("term-group")
-    produce_values(broker.bootstrap, topic, [b"x", b"y"])
+    produce(broker.bootstrap, topic, [b"x", b"y"], partition=0)
     env = dict(os.environ)
     env.pop("ONCELOG_BOOTSTRAP", None)
     proc = subprocess.Popen([str(oncelog_bin()), "consume", topic, "--group", group, "--follow",
@@ -394,13 +356,13 @@ def test_sigterm_stops_follow_and_commits(broker):
             proc.wait(5)
     assert proc.returncode == 0, err
     assert b"interrupted (SIGTERM)\n" in err
-    assert committed_offset(broker.bootstrap, group, topic) == 2
+    assert committed_offsets(broker.bootstrap, group, topic, [0])[0] == 2
 
 
 def test_from_past_the_end_waits_at_the_end(broker):
     topic = unique_topic("past-end")
     create(broker, topic)
-    produce_values(broker.bootstrap, topic, [b"old-0", b"old-1"])
+    produce(broker.bootstrap, topic, [b"old-0", b"old-1"], partition=0)
     # without --follow: nothing to read, and it says why
     p = run("consume", topic, "--from", "10", "--bootstrap", broker.bootstrap, timeout=20)
     assert p.returncode == 0 and p.stdout == b""
@@ -417,7 +379,7 @@ def test_from_past_the_end_waits_at_the_end(broker):
         reader.start()
         time.sleep(1.5)
         assert lines == [] and proc.poll() is None  # waiting, not rewound to 0
-        produce_values(broker.bootstrap, topic, [b"new-2"])
+        produce(broker.bootstrap, topic, [b"new-2"], partition=0)
         reader.join(10)
         assert lines == [b"new-2\n"]
         proc.send_signal(signal.SIGINT)
@@ -435,7 +397,7 @@ def test_from_past_the_end_waits_at_the_end(broker):
 def test_from_minus_n_reads_the_last_n(broker):
     topic = unique_topic("minus-n")
     create(broker, topic)
-    produce_values(broker.bootstrap, topic, [b"%d" % i for i in range(10)])
+    produce(broker.bootstrap, topic, [b"%d" % i for i in range(10)], partition=0)
     p = run("consume", topic, "--from", "-3", "--bootstrap", broker.bootstrap)
     assert p.returncode == 0 and p.stdout == b"7\n8\n9\n", p.stderr
 
@@ -444,7 +406,7 @@ def test_hex_and_base64_formats(broker):
     topic = unique_topic("fmt")
     create(broker, topic)
     values = [b"\x00\xff\x10binary\n", b"", b"ab", b"abc", b"abcd"]
-    produce_values(broker.bootstrap, topic, values)
+    produce(broker.bootstrap, topic, values, partition=0)
     h = run("consume", topic, "--format", "hex", "--bootstrap", broker.bootstrap)
     assert h.returncode == 0, h.stderr
     assert h.stdout.decode().splitlines() == ["00ff1062696e6172790a", "", "6162", "616263", "61626364"]
@@ -459,7 +421,7 @@ def test_hex_and_base64_formats(broker):
 def test_read_committed_names_the_open_transaction(broker):
     topic = unique_topic("lso")
     create(broker, topic)
-    produce_values(broker.bootstrap, topic, [b"before"])
+    produce(broker.bootstrap, topic, [b"before"], partition=0)
     txn_id = unique_topic("lso-holder")
     tp = txn_producer(broker.bootstrap, txn_id)
     tp.init_transactions(30)

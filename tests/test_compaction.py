@@ -9,7 +9,6 @@ after cleaning."""
 
 import json
 import random
-import subprocess
 import threading
 import time
 import urllib.request
@@ -19,11 +18,9 @@ import kafka_wire
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from clients import (DeliveryTracker, consumer_config, create_topic, flush_all, producer_config,
-                     unique_topic, watermarks)
-from conftest import both_modes, oncelog_bin, wait_until
-from test_transactions import txn_producer
-from test_txn_scenarios import lso
+from clients import (DeliveryTracker, cli, consumer_config, create_topic, flush_all, lso,
+                     producer_config, read_partition, txn_producer, unique_topic, watermarks)
+from conftest import both_modes, wait_until
 
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": "8192",
            "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "0"}
@@ -66,23 +63,7 @@ def read_keyed(bootstrap, topic, isolation="read_committed", timeout=60):
     `isolation` (LSO for read_committed, high watermark otherwise)."""
     end = lso(bootstrap, topic, 0) if isolation == "read_committed" else \
         watermarks(bootstrap, topic, 0)[1]
-    c = Consumer(consumer_config(bootstrap, **{"isolation.level": isolation,
-                                               "enable.partition.eof": True}))
-    c.assign([TopicPartition(topic, 0, 0)])
-    out = []
-    try:
-        def done():
-            for m in c.consume(500, timeout=0.3):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise AssertionError(m.error())
-                out.append((m.offset(), m.key(), m.value()))
-            return c.position([TopicPartition(topic, 0)])[0].offset >= end
-        wait_until(done, timeout, what=f"reading {topic} to {end}")
-    finally:
-        c.close()
-    return out
+    return read_partition(bootstrap, topic, 0, 0, isolation, end, timeout, keys=True)
 
 
 def last_per_key(records):
@@ -307,8 +288,11 @@ def test_a_tombstone_with_an_old_timestamp_stays_for_delete_retention(broker_fac
                 p.produce(topic, key=b"k%d" % k, value=b"w" * 200, partition=0)
             p.flush(30)
         passes = wait_for_pass(b, topic, passes)
-    recs = read_keyed(b.bootstrap, topic, "read_uncommitted")
-    assert len(recs) < 40, "superseded records were removed"
+    # A pass that began before the last writes leaves them to the next one:
+    # superseded records go within a few more passes (on a busy machine too).
+    recs = wait_until(lambda: (lambda r: r if len(r) < 40 else None)(
+        read_keyed(b.bootstrap, topic, "read_uncommitted")), 30, interval=0.5,
+        what="superseded records to be removed")
     view = last_per_key(recs)
     assert b"k3" in view and view[b"k3"] is None, "the tombstone was removed before delete.retention.ms"
     assert [v for _, k, v in recs if k == b"k3"] == [None], "older k3 values are gone"
@@ -461,16 +445,11 @@ def test_topic_describe_shows_cleaner_state(broker_factory):
             p.flush(30)
     flush_all(p)
     wait_for_pass(b, topic, 0)
-    out = subprocess.run([str(oncelog_bin()), "topic", "describe", topic, "--bootstrap", b.bootstrap,
-                          "--admin", b.metrics_url, "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    row = json.loads(out.stdout)["partitions"][0]
+    desc, _ = cli(b, "topic", "describe", topic, admin=b.metrics_url)
+    row = desc["partitions"][0]
     assert row["cleaner"]["passes"] >= 1
     assert row["cleaner"]["first_dirty_offset"] > 0
-    text = subprocess.run([str(oncelog_bin()), "topic", "describe", topic, "--bootstrap", b.bootstrap,
-                           "--admin", b.metrics_url],
-                          capture_output=True, text=True, timeout=60).stdout
+    text, _ = cli(b, "topic", "describe", topic, admin=b.metrics_url, json_out=False, check=False)
     assert "CLEANED-TO" in text and "DIRTY-RATIO" in text
     metrics = urllib.request.urlopen(f"{b.metrics_url}/metrics", timeout=10).read().decode()
     assert "oncelog_cleaner_passes_total" in metrics

@@ -15,9 +15,9 @@ observations differs; the epochs themselves are compared only on oncelog
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from conftest import wait_until
+from clients import end_offset, read_partition, txn_producer
 from jvm import create_topic_with_leaders, kafka_reference
 
 
@@ -36,42 +36,16 @@ def oncelog(module_broker_factory):
 create = create_topic_with_leaders
 
 
-def txn_producer(bootstrap, txn_id):
-    return Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id,
-                     "enable.idempotence": True, "acks": "all", "linger.ms": 1})
-
-
 def end_offsets(bootstrap, topic, partitions, isolation):
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "conformance-probe",
-                  "isolation.level": isolation})
-    try:
-        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=15, cached=False)[1]
-                for p in range(partitions)]
-    finally:
-        c.close()
+    return [end_offset(bootstrap, topic, p, isolation) for p in range(partitions)]
 
 
 def read(bootstrap, topic, partition, start, end, isolation):
+    # the consumer's position is unset until it reads a record: an empty
+    # range is read as empty
     if end <= start:
         return []
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "conformance-reader",
-                  "isolation.level": isolation, "enable.auto.commit": False,
-                  "auto.offset.reset": "error", "enable.partition.eof": True})
-    c.assign([TopicPartition(topic, partition, start)])
-    out = []
-    try:
-        def done():
-            for m in c.consume(100, timeout=0.3):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise AssertionError(m.error())
-                out.append((m.offset(), m.value()))
-            return c.position([TopicPartition(topic, partition)])[0].offset >= end
-        wait_until(done, 30, what=f"{topic}-{partition} up to {end} ({isolation})")
-    finally:
-        c.close()
-    return out
+    return read_partition(bootstrap, topic, partition, start, isolation, end)
 
 
 def scenario_s1(bootstrap):

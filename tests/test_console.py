@@ -20,9 +20,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from browser import screenshot, start_chromium, text_of, wait_for, browser_errors
-from clients import consumer_config, create_topic, producer_config, unique_topic, watermarks
+from clients import consumer_config, create_topic, txn_producer, unique_topic
 from conftest import free_port, oncelog_bin, wait_until
-from test_transactions import txn_producer
 from test_txn_history import late_write
 
 
@@ -67,7 +66,9 @@ def no_page_errors(driver):
     assert not errors, f"the page logged errors: {errors}"
 
 
-def lso(b, topic, partition=0):
+def console_offsets(b, topic, partition=0):
+    """(last stable offset, high watermark) of a partition as the console's
+    topic view serves them."""
     with urllib.request.urlopen(f"{b.admin}/v1/console/topic?topic={topic}", timeout=10) as r:
         rows = json.loads(r.read())["partitions"]["rows"]
     row = next(x for x in rows if x["partition"] == partition)
@@ -144,7 +145,7 @@ def test_hanging_transaction_pins_the_lso_and_the_console_says_which(broker_fact
         other.begin_transaction()
         other.produce(topic, value=b"after-%d" % i, partition=0)
         other.commit_transaction(30)
-    wait_until(lambda: lso(b, topic) == (0, 7) or None, 10, what="LSO 0 and HW 7")
+    wait_until(lambda: console_offsets(b, topic) == (0, 7) or None, 10, what="LSO 0 and HW 7")
 
     open_view(chrome, b, "/stuck")
     row_css = f'#stuck tr[data-partition="{topic}-0"]'
@@ -167,7 +168,7 @@ def test_hanging_transaction_pins_the_lso_and_the_console_says_which(broker_fact
           .then(r => done(r.status)).catch(e => done(String(e)));""" % (topic, pid))
     assert status == 403
     browser_errors(chrome)  # drains the log of that expected 403
-    assert lso(b, topic) == (0, 7)
+    assert console_offsets(b, topic) == (0, 7)
     assert "console action refused" in b.log_text()
 
     # the overview counts the pinned partition; the producer can still commit
@@ -296,7 +297,7 @@ def test_actions_need_enabling_a_confirmation_and_a_password(broker_factory, chr
     hang.begin_transaction()
     hang.produce(topic, value=b"held", partition=0)
     hang.flush(30)
-    wait_until(lambda: lso(b, topic)[1] == 1 or None, 10, what="HW 1")
+    wait_until(lambda: console_offsets(b, topic)[1] == 1 or None, 10, what="HW 1")
 
     open_view(chrome, b, "/stuck")
     row_css = f'#stuck tr[data-partition="{topic}-0"]'
@@ -308,11 +309,12 @@ def test_actions_need_enabling_a_confirmation_and_a_password(broker_factory, chr
     # cancelling changes nothing
     chrome.find_element("id", "confirm-cancel").click()
     time.sleep(0.5)
-    assert lso(b, topic) == (0, 1)
+    assert console_offsets(b, topic) == (0, 1)
     chrome.find_element("css selector", f"{row_css} button[data-action=abort]").click()
     wait_for(chrome, lambda d: d.find_element("id", "confirm").get_attribute("open") is not None, what="the confirmation")
     chrome.find_element("id", "confirm-ok").click()
-    wait_until(lambda: lso(b, topic) == (2, 2) or None, 15, what="the abort marker to release the LSO")
+    wait_until(lambda: console_offsets(b, topic) == (2, 2) or None, 15,
+               what="the abort marker to release the LSO")
     wait_for(chrome, lambda d: d.find_elements("id", "nothing-stuck"), what="nothing stuck")
     assert re.search(r"console action done.*action=\"?abort", b.log_text()), b.log_tail()
     with pytest.raises(KafkaException):
@@ -321,7 +323,7 @@ def test_actions_need_enabling_a_confirmation_and_a_password(broker_factory, chr
     pid = json.loads(http(b, "GET", "/v1/console/transaction?id=hanging-1")[1])["producer_id"]
     code, body = http(b, "POST", f"/v1/console/actions/abort?topic={topic}&partition=0&producer_id={pid}&epoch=0")
     assert code == 409 and "no open transaction" in body, body
-    assert lso(b, topic) == (2, 2)
+    assert console_offsets(b, topic) == (2, 2)
 
     # a parked transaction: committed from the page
     park = txn_producer(b.bootstrap, "flink-sink-0-5", **{"transaction.timeout.ms": 2000, "message.timeout.ms": 2000})
@@ -341,7 +343,7 @@ def test_actions_need_enabling_a_confirmation_and_a_password(broker_factory, chr
     wait_until(lambda: not parked() or None, 15, what="the parked transaction to be committed")
     code, body = http(b, "POST", "/v1/console/actions/resolve?id=flink-sink-0-5&producer_id=0&epoch=0&outcome=abort")
     assert code == 409 and "no parked transaction" in body, body
-    lso_now, hw = lso(b, topic)
+    lso_now, hw = console_offsets(b, topic)
     assert lso_now == hw
     c = Consumer(consumer_config(b.bootstrap, **{"isolation.level": "read_committed", "enable.partition.eof": True}))
     c.assign([TopicPartition(topic, 0, 0)])

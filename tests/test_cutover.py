@@ -33,19 +33,17 @@ writing after the switch, state lost on a crash, or a refused request that
 still changed something.
 """
 
-import json
 import subprocess
 import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource
 
-from clients import admin, consumer_config, create_topic, unique_topic
+from clients import (admin, cli, create_topic, end_offset, read_partition, scrape, txn_producer,
+                     unique_topic, value)
 from conftest import oncelog_bin, wait_until
-from test_metrics import scrape, value
-from test_transactions import txn_producer
 
 WRITER = "writer.transactional.id.prefix"
 HOLDS = 60000           # a drain long enough never to end by itself in a test
@@ -56,13 +54,8 @@ FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRO
 # ------------------------------------------------------------------ helpers
 
 def cutover(broker, *args, check=True):
-    """Runs `oncelog cutover ... --json`; returns (parsed output or None, process)."""
-    argv = [str(oncelog_bin()), "cutover", *args, "--bootstrap", broker.bootstrap,
-            "--admin", broker.metrics_url, "--json"]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    if check:
-        assert p.returncode == 0, f"{argv[1:]} exited {p.returncode}: {p.stderr}"
-    return (json.loads(p.stdout) if p.returncode == 0 else None), p
+    """Runs `oncelog cutover ... --json`; returns (parsed output, process)."""
+    return cli(broker, "cutover", *args, admin=broker.metrics_url, check=check, timeout=30)
 
 
 def refused(broker, *args, says):
@@ -101,40 +94,15 @@ def write(p, topic, name, n):
     return left, failed
 
 
-def end_offset(broker, topic, isolation):
-    """The high watermark (read_uncommitted) or last stable offset (read_committed)."""
-    c = Consumer(consumer_config(broker.bootstrap, **{"isolation.level": isolation}))
-    try:
-        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=30, cached=False)[1]
-    finally:
-        c.close()
-
-
 def read(broker, topic, isolation="read_committed", until="read_uncommitted", timeout=20):
     """(offset, key, value) of every record of partition 0 until the
     consumer's position reaches the high watermark (markers included), so a
     read_committed read also waits for every open transaction to end; with
     until="read_committed" only up to the last stable offset."""
-    hw = end_offset(broker, topic, until)
-    c = Consumer(consumer_config(broker.bootstrap, **{"isolation.level": isolation,
-                                                      "enable.partition.eof": True}))
-    out = []
-    try:
-        c.assign([TopicPartition(topic, 0, 0)])
-
-        def done():
-            for m in c.consume(100, timeout=0.2):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise AssertionError(m.error())
-                out.append((m.offset(), m.key(), m.value()))
-            return c.position([TopicPartition(topic, 0)])[0].offset >= hw
-        if hw > 0:
-            wait_until(done, timeout, what=f"{isolation} position {hw} on {topic}")
-    finally:
-        c.close()
-    return out
+    hw = end_offset(broker.bootstrap, topic, isolation=until)
+    if hw == 0:
+        return []
+    return read_partition(broker.bootstrap, topic, 0, 0, isolation, hw, timeout, keys=True)
 
 
 def values(records):
@@ -183,11 +151,7 @@ def committer(p, timeout=40):
 
 def history(broker, txn_id):
     """The broker's recent events of a transactional id (`oncelog txn history`)."""
-    argv = [str(oncelog_bin()), "txn", "history", txn_id, "--bootstrap", broker.bootstrap,
-            "--admin", broker.metrics_url, "--json"]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)["events"]
+    return cli(broker, "txn", "history", txn_id, admin=broker.metrics_url, timeout=30)[0]["events"]
 
 
 def log_lines(broker, needle):
@@ -217,11 +181,8 @@ def test_hand_over_from_blue_to_green(broker):
     assert phase_metric(broker, topic, "blue", "green", "Draining", "false") == 1
     assert value(metrics(broker), "oncelog_cutover_waiting_transactions", topic=topic) == 1
     # `topic describe` shows it too.
-    d = subprocess.run([str(oncelog_bin()), "topic", "describe", topic, "--bootstrap", broker.bootstrap,
-                        "--admin", f"http://{broker.overrides['metrics.listen']}", "--json"],
-                       capture_output=True, text=True, timeout=30)
-    assert d.returncode == 0, d.stderr
-    assert json.loads(d.stdout)["cutover"]["phase"] == "Draining", d.stdout
+    d, _ = cli(broker, "topic", "describe", topic, admin=broker.metrics_url, timeout=30)
+    assert d["cutover"]["phase"] == "Draining", d
 
     green = producer(broker, "green-0")
     green.begin_transaction()
@@ -232,7 +193,7 @@ def test_hand_over_from_blue_to_green(broker):
         f"green's commit ended while blue's transaction was open: {result}"
     st = status(broker, topic)
     assert st["phase"] == "Draining" and [w["transactional_id"] for w in st["waiting_for"]] == ["blue-0"], st
-    assert end_offset(broker, topic, "read_committed") == 0 and \
+    assert end_offset(broker.bootstrap, topic, isolation="read_committed") == 0 and \
         read(broker, topic, until="read_committed") == [], "nothing is committed yet"
 
     blue.commit_transaction(30)
@@ -282,10 +243,7 @@ def test_hand_over_from_blue_to_green(broker):
     assert "more than one transactional writer" not in log
 
     # Done: the topic config decides again; an operator may name another writer.
-    admin_set_writer = subprocess.run(
-        [str(oncelog_bin()), "topic", "alter-config", topic, "--set", f"{WRITER}=purple",
-         "--bootstrap", broker.bootstrap], capture_output=True, text=True, timeout=30)
-    assert admin_set_writer.returncode == 0, admin_set_writer.stderr
+    cli(broker, "topic", "alter-config", topic, "--set", f"{WRITER}=purple", json_out=False, timeout=30)
     purple = producer(broker, "purple-0")
     purple.begin_transaction()
     assert write(purple, topic, "purple", 1) == (0, [])
@@ -547,7 +505,7 @@ def test_cluster_hand_over_across_brokers(cluster_factory):
     time.sleep(2.0)
     assert thread.is_alive() and "ok" not in result and "error" not in result, \
         f"green's commit ended while blue's transaction was open: {result}"
-    assert end_offset(cl, topic, "read_committed") == 0
+    assert end_offset(cl.bootstrap, topic, isolation="read_committed") == 0
 
     blue.commit_transaction(30)
     st = wait_until(lambda: (lambda s: s if s["phase"] == "Switched" and s["done"] else None)(
@@ -613,6 +571,11 @@ def test_cluster_hand_over_across_brokers(cluster_factory):
     # is aborted by it and cannot commit.
     t3 = unique_topic("s10c-rb")
     create_topic(cl.bootstrap, t3, config={WRITER: "blue"})
+    # blue's open transaction holds the topic, so the drain cannot end (and
+    # the cut-overs job switch) before the rollback
+    blue3 = producer(cl, "blue-3")
+    blue3.begin_transaction()
+    assert write(blue3, t3, "blue", 2) == (0, [])
     cutover(b3, "start", t3, "--from", "blue", "--to", "green", "--drain-timeout-ms", str(HOLDS))
     green3 = producer(cl, "green-3")
     green3.begin_transaction()
@@ -622,9 +585,6 @@ def test_cluster_hand_over_across_brokers(cluster_factory):
     wait_until(lambda: status(b2, t3)["done"], 15, interval=0.2, what="the rollback done")
     err = fatal_error(lambda: green3.commit_transaction(10))
     assert err.code() in (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, *FENCED), err
-    blue3 = producer(cl, "blue-3")
-    blue3.begin_transaction()
-    assert write(blue3, t3, "blue", 2) == (0, [])
     blue3.commit_transaction(30)
     assert values(read(cl, t3)) == ["blue-0", "blue-1"]
     assert topic_writer(cl, t3) == "blue"

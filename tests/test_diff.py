@@ -6,15 +6,12 @@ missing key, a duplicate and an extra key are each reported, with the sums;
 windows by time and by offset; bad input is a clear error (exit 2)."""
 
 import json
-import subprocess
 import time
 from decimal import Decimal
 
 from confluent_kafka import Producer
 
-from clients import create_topic, flush_all, producer_config, unique_topic
-from conftest import oncelog_bin
-from test_transactions import txn_producer
+from clients import cli, create_topic, flush_all, produce, producer_config, txn_producer, unique_topic
 
 DIFF_TIMEOUT_S = 60
 
@@ -22,13 +19,11 @@ DIFF_TIMEOUT_S = 60
 def diff(broker, a, b, *args, json_out=True):
     """Runs `oncelog diff`; returns (exit code, the JSON document or the
     text on stdout, stderr)."""
-    argv = [str(oncelog_bin()), "diff", a, b, *args, "--bootstrap", broker.bootstrap]
-    if json_out:
-        argv.append("--json")
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=DIFF_TIMEOUT_S)
-    out = p.stdout
+    # exit 1 (differences) still prints the document: parsed here, not by cli()
+    out, p = cli(broker, "diff", a, b, *args, *(["--json"] if json_out else []), json_out=False,
+                 check=False, timeout=DIFF_TIMEOUT_S)
     if json_out and p.returncode in (0, 1):
-        out = json.loads(p.stdout)
+        out = json.loads(out)
     return p.returncode, out, p.stderr
 
 
@@ -46,13 +41,6 @@ def amount_of(value):
 def plain(d):
     """A Decimal as oncelog prints it: no exponent, no trailing zeros."""
     return format(d.normalize(), "f")
-
-
-def produce_plain(bootstrap, topic, records, **kw):
-    p = Producer(producer_config(bootstrap))
-    for key, value in records:
-        p.produce(topic, key=key, value=value, **kw)
-    flush_all(p)
 
 
 def produce_txn(bootstrap, topic, txn_id, records, partitions, abort_first=()):
@@ -81,7 +69,7 @@ def test_equal_topics_in_other_partitions_and_orders(broker):
     create_topic(broker.bootstrap, a, partitions=3)
     create_topic(broker.bootstrap, b, partitions=2)
     orders = [order(i) for i in range(40)]
-    produce_plain(broker.bootstrap, a, orders)
+    produce(broker.bootstrap, a, orders)
     junk = [order(3, amount=999.99), order(1000)]
     p = produce_txn(broker.bootstrap, b, "diff-eq-" + b, list(reversed(orders)), 2,
                     abort_first=junk)
@@ -125,7 +113,7 @@ def test_planted_differences_are_each_reported(broker):
     create_topic(broker.bootstrap, a, partitions=2)
     create_topic(broker.bootstrap, b, partitions=3)
     orders = [order(i) for i in range(30)]
-    produce_plain(broker.bootstrap, a, orders)
+    produce(broker.bootstrap, a, orders)
     shadow = [o for i, o in enumerate(orders) if i != 7]          # order-7 missing
     shadow[3] = order(3, amount=round(json.loads(orders[3][1])["amount"] + 5, 2))  # changed
     shadow.append(orders[11])                                      # order-11 twice
@@ -178,8 +166,8 @@ def test_unkeyed_records_and_non_numeric_amounts(broker):
         (None, b"not json at all"),
         (None, b'{"no_id": 1, "amount": 5}'),
     ]
-    produce_plain(broker.bootstrap, a, common, partition=0)
-    produce_plain(broker.bootstrap, b, list(reversed(common)), partition=0)
+    produce(broker.bootstrap, a, common, partition=0)
+    produce(broker.bootstrap, b, list(reversed(common)), partition=0)
     rc, out, err = diff(broker, a, b, "--key", "id", "--sum", "amount")
     assert rc == 0, (out, err)
     for side in ("a", "b"):
@@ -193,7 +181,7 @@ def test_unkeyed_records_and_non_numeric_amounts(broker):
     assert "6 records, 4 keys, 2 unkeyed (at 0@4, 0@5) (1 partition)" in text.splitlines()[0]
     assert "  A: 1 value of amount not a number (at 0@2)" in text
     # One more unkeyed record in B: a difference, though every key matches.
-    produce_plain(broker.bootstrap, b, [(None, b"not json at all")], partition=0)
+    produce(broker.bootstrap, b, [(None, b"not json at all")], partition=0)
     rc, out, _ = diff(broker, a, b, "--key", "id")
     assert rc == 1 and out["unkeyed_equal"] is False
     assert out["missing"]["count"] == out["extra"]["count"] == out["mismatch"]["count"] == 0

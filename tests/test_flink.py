@@ -84,8 +84,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from clients import create_topic
-from conftest import REPO_ROOT, _die_with_parent, oncelog_bin, wait_until
+from clients import cli, create_topic
+from conftest import REPO_ROOT, _die_with_parent, wait_until
 from jvm import compile_against
 
 FLINK_DIR = REPO_ROOT / "tests" / "flink"
@@ -94,7 +94,6 @@ FLINK_HEAP = "512m"
 PARTITIONS = 2                 # of orders and of the outputs; also the job's parallelism
 GROUP = "orders-enrich"
 BLUE, GREEN = "orders-sink", "orders-green"
-CLI_TIMEOUT_S = 60
 
 # Flink's own logging (slf4j-simple, to stderr = the job's log file). The
 # committer logs each commit at DEBUG ("Committing Kafka transaction <id>"),
@@ -497,21 +496,11 @@ def committed_input_offsets(bootstrap, group):
 
 # ------------------------------------------------------------ the broker side
 
-def oncelog(broker, *args, check=True, timeout=CLI_TIMEOUT_S):
-    """Runs the oncelog CLI against `broker`; returns the CompletedProcess."""
-    argv = [str(oncelog_bin()), *args, "--bootstrap", broker.bootstrap]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    if check and p.returncode != 0:
-        pytest.fail(f"`{' '.join(argv)}` exited {p.returncode}:\n{p.stdout}\n{p.stderr}",
-                    pytrace=False)
-    return p
-
-
 def txn_states(broker, prefix):
     """{transactional id: state} of the ids Flink made with `prefix` (open
     transactions parked past their timeout show as Parked: the list asks the
     broker's HTTP port which those are)."""
-    rows = json.loads(oncelog(broker, "txn", "list", "--json", "--admin", broker.metrics_url).stdout)
+    rows, _ = cli(broker, "txn", "list", admin=broker.metrics_url)
     pattern = re.compile(re.escape(prefix) + r"-\d+-\d+$")
     return {r["transactional_id"]: r["state"] for r in rows if pattern.match(r["transactional_id"])}
 
@@ -723,9 +712,7 @@ D_BLUE_INTERVAL_MS = 3000
 
 
 def cutover_status(broker):
-    p = oncelog(broker, "cutover", "status", "orders_enriched", "--json",
-                "--admin", broker.metrics_url)
-    return json.loads(p.stdout)
+    return cli(broker, "cutover", "status", "orders_enriched", admin=broker.metrics_url)[0]
 
 
 def switched_to(status, prefix):
@@ -769,8 +756,8 @@ def test_blue_green_cutover_exactly_once(broker_factory, flink_jobs, tmp_path):
             continue
         if blue.checkpoints()[-1] != k:
             continue
-        oncelog(broker, "cutover", "start", "orders_enriched", "--from", BLUE, "--to", GREEN,
-                "--drain-timeout-ms", "120000", "--admin", broker.metrics_url)
+        cli(broker, "cutover", "start", "orders_enriched", "--from", BLUE, "--to", GREEN,
+            "--drain-timeout-ms", "120000", admin=broker.metrics_url, json_out=False)
         savepoint = blue.savepoint(tmp_path / "savepoints")
         break
     assert savepoint, "blue's transactions never all held the topic right after a checkpoint"
@@ -828,8 +815,8 @@ E_FEED_SECONDS = 10
 
 
 def diff(broker, *args):
-    p = oncelog(broker, "diff", "orders_enriched", "orders_shadow", "--key", "order_id",
-                "--sum", "amount", "--json", *args, check=False)
+    _, p = cli(broker, "diff", "orders_enriched", "orders_shadow", "--key", "order_id",
+               "--sum", "amount", "--json", *args, json_out=False, check=False)
     assert p.returncode in (0, 1), f"oncelog diff exited {p.returncode}: {p.stdout}\n{p.stderr}"
     return p.returncode, json.loads(p.stdout)
 

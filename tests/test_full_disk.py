@@ -7,13 +7,12 @@ Needs root to mount a small tmpfs as the data directory (CI runs as root).
 
 import os
 import subprocess
-import uuid
 
 import pytest
-from confluent_kafka import KafkaError, Producer, TopicPartition
-from confluent_kafka import Consumer
+from confluent_kafka import KafkaError, Producer
 
-from conftest import Broker, free_port, oncelog_bin, wait_until
+from clients import read_all
+from conftest import Broker, free_port, oncelog_bin
 
 
 @pytest.fixture
@@ -46,26 +45,6 @@ def produce_batch(bootstrap, topic, values, timeout=20):
         p.flush(timeout)
     assert p.flush(timeout) == 0
     return out
-
-
-def read_all(bootstrap, topic, end):
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused-" + uuid.uuid4().hex,
-                  "enable.auto.commit": False, "auto.offset.reset": "error"})
-    c.assign([TopicPartition(topic, 0, 0)])
-    got = {}
-    try:
-        def done():
-            for m in c.consume(100, timeout=0.5):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise AssertionError(f"consume error {m.error()}")
-                got[m.offset()] = m.value()
-            return len(got) >= end
-        wait_until(done, 30, what=f"{end} records")
-    finally:
-        c.close()
-    return got
 
 
 def test_full_disk_is_an_error_and_recovers(small_fs, tmp_path):
@@ -101,7 +80,7 @@ def test_full_disk_is_an_error_and_recovers(small_fs, tmp_path):
         assert [off for _, off, _ in more] == [next_off, next_off + 1], (more, len(ok))
 
         # Everything acknowledged is there; nothing unacknowledged is.
-        got = read_all(b.bootstrap, topic, next_off + 2)
+        got = read_all(b.bootstrap, topic, until=next_off + 2, offsets=True)
         assert sorted(got) == list(range(next_off + 2))
         assert got[0] == b"hello"
         for i, (v, off) in enumerate(ok):
@@ -110,7 +89,7 @@ def test_full_disk_is_an_error_and_recovers(small_fs, tmp_path):
 
         # And it all survives a restart.
         b.restart()
-        got2 = read_all(b.bootstrap, topic, next_off + 2)
+        got2 = read_all(b.bootstrap, topic, until=next_off + 2, offsets=True)
         assert got2 == got
     finally:
         if b.alive:

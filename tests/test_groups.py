@@ -25,12 +25,11 @@ from confluent_kafka import (Consumer, ConsumerGroupState, ConsumerGroupTopicPar
                              KafkaError, KafkaException, Producer, TopicPartition)
 
 import kafka_wire as kw
-from clients import (admin, consumer_config, create_topic, flush_all, producer_config,
-                     unique_topic)
-from conftest import both_modes, _die_with_parent
+from clients import (HEARTBEAT_MS, SESSION_TIMEOUT_MS, admin, admin_committed, committed_offsets,
+                     consumer_config, create_topic, flush_all, group_conf, lso, producer_config,
+                     read_partition, txn_producer, unique_topic)
+from conftest import both_modes, wait_until, _die_with_parent
 from test_java import java_classpath  # noqa: F401  (fixture)
-from test_transactions import read_partition, txn_producer
-from test_txn_scenarios import lso
 
 TESTS_DIR = Path(__file__).resolve().parent
 GROUP_MEMBER = TESTS_DIR / "group_member.py"
@@ -39,29 +38,11 @@ COPIER = TESTS_DIR / "copier.py"
 # Rebalance as soon as a member joins (the broker default is 3000 like Kafka).
 GROUP_OVERRIDES = {"group.initial.rebalance.delay.ms": 0}
 
-SESSION_TIMEOUT_MS = 6000
-HEARTBEAT_MS = 500
-
 API_OFFSET_FETCH = 9
 UNSTABLE_OFFSET_COMMIT = 88
 
 
 # ------------------------------------------------------------------ helpers
-
-def group_conf(bootstrap, group, **extra):
-    conf = {
-        "bootstrap.servers": bootstrap,
-        "broker.address.family": "v4",
-        "group.id": group,
-        "session.timeout.ms": SESSION_TIMEOUT_MS,
-        "heartbeat.interval.ms": HEARTBEAT_MS,
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "fetch.wait.max.ms": 100,
-    }
-    conf.update(extra)
-    return conf
-
 
 def seed(bootstrap, topic, partitions, per_partition, fmt="v{p}-{i}"):
     p = Producer(producer_config(bootstrap))
@@ -391,18 +372,6 @@ def wait_balanced(members, partitions, sizes=None, timeout=60, stable_for=2.0, b
         time.sleep(0.1)
 
 
-def wait_for(predicate, timeout, what, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = predicate()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what()}" if callable(what)
-                        else f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 # ---------------------------------------------------------- raw OffsetFetch
 
 def _read_uvarint(r):
@@ -572,17 +541,6 @@ def consume_to_end(c, topic, ends, timeout=30):
     return got
 
 
-def committed(bootstrap, group, topic, partitions, **extra):
-    c = Consumer(group_conf(bootstrap, group, **extra))
-    try:
-        res = c.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
-    finally:
-        c.close()
-    for tp in res:
-        assert tp.error is None, tp
-    return {tp.partition: (tp.offset, tp.metadata) for tp in res}
-
-
 @pytest.mark.timeout(180)
 def test_committed_offsets_survive_sigterm_and_kill9(broker_factory):
     broker = broker_factory(GROUP_OVERRIDES)
@@ -607,7 +565,8 @@ def test_committed_offsets_survive_sigterm_and_kill9(broker_factory):
     c1.close()
 
     broker.restart()  # SIGTERM
-    assert committed(bs, group, topic, ends) == {p: (o, f"meta-{p}") for p, o in first.items()}
+    assert committed_offsets(bs, group, topic, ends, metadata=True) == \
+        {p: (o, f"meta-{p}") for p, o in first.items()}
 
     # A new member resumes from them (auto.offset.reset=error: no fallback).
     c2 = Consumer(group_conf(bs, group, **{"auto.offset.reset": "error"}))
@@ -616,14 +575,14 @@ def test_committed_offsets_survive_sigterm_and_kill9(broker_factory):
     assert {p: v[0] for p, v in got.items()} == first
     assert all(v == list(range(first[p], 50)) for p, v in got.items())
     c2.commit(asynchronous=False)  # the consumed positions
-    assert {p: o for p, (o, _) in committed(bs, group, topic, ends).items()} == ends
+    assert committed_offsets(bs, group, topic, ends) == ends
     second = {0: 30, 1: 35, 2: 40}
     c2.commit(offsets=[TopicPartition(topic, p, o) for p, o in second.items()], asynchronous=False)
     c2.close()
 
     broker.kill9()
     broker.start()
-    assert {p: o for p, (o, _) in committed(bs, group, topic, ends).items()} == second
+    assert committed_offsets(bs, group, topic, ends) == second
 
     # Auto-commit: the final commit on close is durable too.
     c3 = Consumer(group_conf(bs, group, **{"auto.offset.reset": "error", "enable.auto.commit": True,
@@ -635,7 +594,7 @@ def test_committed_offsets_survive_sigterm_and_kill9(broker_factory):
 
     broker.kill9()
     broker.start()
-    assert {p: o for p, (o, _) in committed(bs, group, topic, ends).items()} == ends
+    assert committed_offsets(bs, group, topic, ends) == ends
 
 
 # ================================================ 3. session timeout, static
@@ -661,8 +620,8 @@ def test_silent_member_is_removed_after_session_timeout(broker_factory, registry
         b.kill9()      # connections close, no LeaveGroup
     else:
         b.sigstop()    # connections stay open, heartbeats stop
-    wait_for(lambda: a.view()[0] == frozenset(range(6)) and a.view()[1], 30,
-             lambda: f"a to take over all partitions: {a!r}")
+    wait_until(lambda: a.view()[0] == frozenset(range(6)) and a.view()[1], 30, interval=0.1,
+               what="a to take over all partitions", on_timeout=lambda: f"{a!r}")
     took = a.view()[2] - t0
     # The member is dropped when its session expires, not before (a closed
     # connection is not a LeaveGroup), and not much after.
@@ -752,7 +711,8 @@ def test_second_instance_of_a_static_member_fences_the_first(broker_factory, reg
         with s1.lock:
             return [e for e in s1.events if e["event"] == "error"
                     and "fenced" in e.get("error", "").lower()]
-    wait_for(s1_fenced, 30, lambda: f"s1 fenced; events: {s1.events[-5:]}")
+    wait_until(s1_fenced, 30, interval=0.1, what="s1 fenced",
+               on_timeout=lambda: f"events: {s1.events[-5:]}")
     assert "FENCED_INSTANCE_ID" in broker.log_text() or s1_fenced(), broker.log_tail()
     s1.errors.clear()  # expected: that is the point
     s1.kill9()
@@ -829,8 +789,8 @@ def test_members_keep_their_generation_across_a_broker_restart(broker_factory, r
         del p
         assert a.errors == [] and b.errors == []
         # The copier's committed offsets cover the 30 records it copied.
-        got = committed(bs, group + "-copier", topic, {i: 0 for i in range(4)})
-        assert sum(o for o, _ in got.values() if o > 0) == 30, got
+        got = committed_offsets(bs, group + "-copier", topic, range(4))
+        assert sum(o for o in got.values() if o > 0) == 30, got
     finally:
         c.close()
 
@@ -934,8 +894,8 @@ def test_admin_list_describe_alter_delete_groups(broker_factory, registry):
 
     a.close()
     b.close()
-    wait_for(lambda: ad.describe_consumer_groups([live])[live].result(30).state == ConsumerGroupState.EMPTY,
-             20, "the group to become empty after both members left")
+    wait_until(lambda: ad.describe_consumer_groups([live])[live].result(30).state == ConsumerGroupState.EMPTY,
+               20, interval=0.1, what="the group to become empty after both members left")
 
     # Offsets of an empty group can be set from outside; a new member resumes there.
     altered = ad.alter_consumer_group_offsets(
@@ -959,15 +919,6 @@ def test_admin_list_describe_alter_delete_groups(broker_factory, registry):
     with pytest.raises(KafkaException) as e:
         ad.delete_consumer_groups([live], request_timeout=15)[live].result(30)
     assert e.value.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND, e.value
-
-
-def admin_committed(bs, group, topic, partitions):
-    """{partition: committed offset} of `group` (absent: nothing committed)."""
-    ad = admin(bs)  # kept until the answer: a collected client cancels its futures
-    res = ad.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
-    )[group].result(30)
-    return {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0}
 
 
 @both_modes("broker_factory")
@@ -1018,8 +969,9 @@ def test_offset_delete_follows_kafkas_rule_and_survives_kill9(broker_factory, re
 
         m.close()
         ad = admin(bs)
-        wait_for(lambda: ad.describe_consumer_groups([group])[group].result(30).state
-                 == ConsumerGroupState.EMPTY, 20, "the group to become empty after its member left")
+        wait_until(lambda: ad.describe_consumer_groups([group])[group].result(30).state
+                   == ConsumerGroupState.EMPTY, 20, interval=0.1,
+                   what="the group to become empty after its member left")
         assert ka.delete_group_offsets(group, [KTP(a_topic, 0)])[KTP(a_topic, 0)] is kerr.NoError
         assert admin_committed(bs, group, a_topic, [0, 1]) == {1: 4}
 
@@ -1098,7 +1050,8 @@ def test_a_deleted_topics_offsets_go_and_its_successor_starts_afresh(broker_fact
         c.close()
     ad = admin(bs)
     ad.delete_topics([topic], operation_timeout=30)[topic].result(30)
-    wait_for(lambda: topic not in ad.list_topics(timeout=10).topics, 20, "the topic to be gone")
+    wait_until(lambda: topic not in ad.list_topics(timeout=10).topics, 20, interval=0.1,
+               what="the topic to be gone")
 
     listing = {g.group_id for g in ad.list_consumer_groups(request_timeout=15).result(30).valid}
     assert only not in listing, "a group whose only offsets were the deleted topic's stayed"
@@ -1124,7 +1077,9 @@ def test_offsets_of_groups_without_members_expire(broker_factory, registry):
     """offsets.retention.minutes: a group without members loses its
     committed offsets once they are older than that; a group with a live
     member keeps them however old. In cluster mode also a group whose
-    coordinator was killed (nobody coordinates it: the leased job's case)."""
+    coordinator was killed (nobody coordinates it: the leased job's case).
+    It takes a minute and a little more: offsets.retention.minutes counts
+    whole minutes, as Kafka's does, and 1 is its least."""
     broker = broker_factory(dict(GROUP_OVERRIDES, **{"offsets.retention.minutes": 1,
                                                      "offsets.retention.check.interval.ms": 1000}))
     bs = broker.bootstrap
@@ -1146,12 +1101,12 @@ def test_offsets_of_groups_without_members_expire(broker_factory, registry):
         victim = next(b for b in broker.brokers if b.port == port)
         victim.kill9()
 
-    wait_for(lambda: admin_committed(bs, idle, topic, [0]) == {}, 150,
-             "the idle group's offset to expire", interval=2)
+    wait_until(lambda: admin_committed(bs, idle, topic, [0]) == {}, 150, interval=2,
+               what="the idle group's offset to expire")
     assert time.monotonic() - t0 >= 50, "an offset expired before offsets.retention.minutes"
     if broker.mode == "cluster":
-        wait_for(lambda: admin_committed(bs, orphan, topic, [2]) == {}, 90,
-                 "the offset of a group nobody coordinates to expire", interval=2)
+        wait_until(lambda: admin_committed(bs, orphan, topic, [2]) == {}, 90, interval=2,
+                   what="the offset of a group nobody coordinates to expire")
     assert admin_committed(bs, live, topic, [1]) == {1: 2}, "a live member's group lost its offset"
     ad = admin(bs)
     listing = {g.group_id for g in ad.list_consumer_groups(request_timeout=15).result(30).valid}
@@ -1194,6 +1149,10 @@ class OutputReader(threading.Thread):
 @pytest.mark.timeout(480)
 @both_modes("broker_factory")
 def test_s7_copier_killed_and_fenced_copies_exactly_once(broker_factory, registry, tmp_path):
+    """S7: a consume-transform-produce copier killed and fenced while it
+    copies; the output is the input exactly once. About a minute (longer
+    than 60 s) because the copy must outlast every kill and the fence: with
+    fewer records they would land after the copy ends and prove nothing."""
     broker = broker_factory(GROUP_OVERRIDES)
     bs = broker.bootstrap
     # Enough records that every kill and the fence land mid-copy (the
@@ -1266,8 +1225,8 @@ def test_s7_copier_killed_and_fenced_copies_exactly_once(broker_factory, registr
             if reader.errors:
                 pytest.fail(f"output reader errors: {reader.errors}")
             return reader.count() >= target
-        wait_for(progressed, 90, lambda: f"copier progress {target}/{n} (at {reader.count()}), "
-                                         f"log:\n{tail(primary)}", interval=0.02)
+        wait_until(progressed, 90, interval=0.02, what=f"copier progress {target}/{n}",
+                   on_timeout=lambda: f"at {reader.count()}, log:\n{tail(primary)}")
         time.sleep(rng.uniform(0.0, 0.3))
         if action == "kill":
             primary.send_signal(signal.SIGKILL)
@@ -1292,8 +1251,9 @@ def test_s7_copier_killed_and_fenced_copies_exactly_once(broker_factory, registr
         if primary.poll() is not None:
             pytest.fail(f"copier exited with {primary.returncode} on its own:\n{tail(primary)}")
         return reader.count() >= n and committed_now() == ends
-    wait_for(done, 120, lambda: f"the copier to finish: {reader.count()}/{n} copied, committed "
-                                f"{committed_now()} of {ends}; log:\n{tail(primary)}", interval=0.2)
+    wait_until(done, 120, interval=0.2, what="the copier to finish",
+               on_timeout=lambda: f"{reader.count()}/{n} copied, committed {committed_now()} of "
+                                  f"{ends}; log:\n{tail(primary)}")
     primary.send_signal(signal.SIGTERM)
     assert primary.wait(30) == 0, tail(primary)
     time.sleep(1.0)  # let the reader drain anything (that must not be there)
@@ -1322,7 +1282,7 @@ def test_s7_copier_killed_and_fenced_copies_exactly_once(broker_factory, registr
     # were written: those records exist, read_committed never showed them.
     print(f"S7: {aborted} records of aborted transactions in the output")
     assert aborted > 0, "no kill landed inside a transaction"
-    assert {q: o for q, (o, _) in committed(bs, group, inp, range(parts)).items()} == ends
+    assert committed_offsets(bs, group, inp, range(parts)) == ends
     assert offset_fetch(broker, group, inp, list(range(parts)), True) == {q: (ends[q], 0) for q in range(parts)}
     assert "fenced" in broker.log_text().lower()
 
@@ -1385,8 +1345,9 @@ def test_new_member_waits_for_pending_transactional_offsets(broker_factory, regi
     else:
         p.abort_transaction(30)
         start = 3
-    wait_for(lambda: n.record_offsets(0)[-1:] == [9], 30,
-             lambda: f"the new member to read up to offset 9: {n!r} {n.record_offsets(0)}")
+    wait_until(lambda: n.record_offsets(0)[-1:] == [9], 30, interval=0.1,
+               what="the new member to read up to offset 9",
+               on_timeout=lambda: f"{n!r} {n.record_offsets(0)}")
     assert n.record_offsets(0) == list(range(start, 10))
     assert not n.errors, n.errors
     assert offset_fetch(broker, group, topic, [0], True) == {0: (start, 0)}

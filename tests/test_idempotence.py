@@ -7,7 +7,8 @@ import struct
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 import kafka_wire as kw
-from clients import DeliveryTracker, consumer_config, create_topic, flush_all, producer_config, unique_topic
+from clients import (DeliveryTracker, consumer_config, create_topic, flush_all, producer_config, read_all,
+                     unique_topic)
 from conftest import both_modes, wait_until
 
 API_INIT_PRODUCER_ID = 22
@@ -37,22 +38,6 @@ def idem_batch(pid, epoch, seq, n, tag=b"x"):
                            producer_id=pid, producer_epoch=epoch, base_sequence=seq)
 
 
-def read_values(bootstrap, topic, count):
-    c = Consumer(consumer_config(bootstrap))
-    c.assign([TopicPartition(topic, 0, 0)])
-    got = []
-    try:
-        def enough():
-            for m in c.consume(500, timeout=0.5):
-                assert m.error() is None, m.error()
-                got.append((m.offset(), m.value()))
-            return len(got) >= count
-        wait_until(enough, 30, what=f"{count} records")
-    finally:
-        c.close()
-    return got
-
-
 def test_duplicates_out_of_order_and_stale_epochs(broker):
     topic = unique_topic("idem")
     create_topic(broker.bootstrap, topic)
@@ -77,9 +62,9 @@ def test_duplicates_out_of_order_and_stale_epochs(broker):
         assert produce(conn, topic, idem_batch(pid, 0, 5, 1), 17)[0] == 47
         # Another producer is independent.
         assert produce(conn, topic, idem_batch(pid2, 0, 0, 1, b"d"), 18) == (0, 6)
-    got = read_values(broker.bootstrap, topic, 7)
-    assert [o for o, _ in got] == list(range(7))
-    assert [v for _, v in got] == [b"a\x00", b"a\x01", b"a\x02", b"b\x00", b"b\x01", b"c\x00", b"d\x00"]
+    got = read_all(broker.bootstrap, topic, until=7, offsets=True)
+    assert list(got) == list(range(7))
+    assert list(got.values()) == [b"a\x00", b"a\x01", b"a\x02", b"b\x00", b"b\x01", b"c\x00", b"d\x00"]
 
 
 def test_duplicate_detection_survives_restarts_and_rolls(broker_factory):
@@ -115,8 +100,8 @@ def test_duplicate_detection_survives_restarts_and_rolls(broker_factory):
             assert produce(conn, topic, idem_batch(pid, 0, seq + 1, 1), 501)[0] == 45
     with kw.Conn(b.host, b.port) as conn:
         assert produce(conn, topic, idem_batch(pid, 0, seq, 1, b"end"), 502) == (0, seq)
-    got = read_values(b.bootstrap, topic, seq + 1)
-    assert [o for o, _ in got] == list(range(seq + 1)), "no duplicate slipped in"
+    got = read_all(b.bootstrap, topic, until=seq + 1, offsets=True)
+    assert list(got) == list(range(seq + 1)), "no duplicate slipped in"
 
 
 @both_modes()
@@ -182,6 +167,6 @@ def test_lost_acks_are_retried_without_duplicates(broker_factory, monkeypatch):
     b.start()
     flush_all(p, 60)
     assert not tr.failed and len(tr.acked) == 2000
-    got = read_values(b.bootstrap, topic, 2000)
-    assert [v for _, v in got] == [b"v%05d" % i for i in range(2000)], "no duplicate, no gap"
+    got = read_all(b.bootstrap, topic, until=2000)
+    assert got == [b"v%05d" % i for i in range(2000)], "no duplicate, no gap"
     assert [o for _, o, _, _ in sorted(tr.acked, key=lambda a: a[1])] == list(range(2000))

@@ -25,11 +25,9 @@ import time
 import pytest
 from confluent_kafka import KafkaException, Producer
 
-from clients import create_topic, flush_all, producer_config, unique_topic
+from clients import (admin_committed, cli, create_topic, flush_all, group_conf, lso, producer_config,
+                     read_partition, txn_producer, unique_topic)
 from conftest import REPO_ROOT, both_modes
-from test_cli import cli
-from test_transactions import read_partition, txn_producer
-from test_txn_scenarios import lso
 
 KAFKA_LIB = REPO_ROOT / ".tools" / "kafka-lib"
 TOOL = "org.apache.kafka.tools.TransactionsCommand"
@@ -257,7 +255,6 @@ def test_kafka_consumer_groups_delete_offsets(broker, tmp_path):
     through the Java admin client): one partition's committed offset goes,
     the other stays, and the tool reports a group that does not exist."""
     from confluent_kafka import Consumer, TopicPartition
-    from test_groups import admin_committed, group_conf
     bs = broker.bootstrap
     topic = unique_topic("kt-odel")
     create_topic(bs, topic, partitions=2)

@@ -8,24 +8,9 @@ import urllib.request
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients import consumer_config, create_topic, flush_all, producer_config, unique_topic
+from clients import (consumer_config, create_topic, flush_all, producer_config, read_partition,
+                     scrape, txn_producer, unique_topic, value)
 from conftest import both_modes, free_port, wait_until
-from test_transactions import txn_producer
-
-
-def scrape(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        assert r.status == 200
-        text = r.read().decode()
-    samples = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
-
-
-def value(samples, name, **labels):
-    return samples.get((name, tuple(sorted((k, str(v)) for k, v in labels.items()))))
 
 
 def test_metrics_show_lso_gap_fences_and_lag(broker_factory):
@@ -84,8 +69,6 @@ def test_s6_second_writer_is_reported_and_can_be_refused(broker_factory):
     record). With writer.transactional.id.prefix set, the second job fails
     loudly and nothing of it becomes visible."""
     from confluent_kafka import KafkaException
-
-    from test_transactions import read_partition
 
     b = broker_factory()
     ports = [int(x.overrides["metrics.listen"].rsplit(":", 1)[1])

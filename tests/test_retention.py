@@ -9,7 +9,7 @@ import pytest
 from clients import (Consumer, DeliveryTracker, KafkaError, Producer,
                      TopicPartition, consume_confluent, consumer_config,
                      create_topic, flush_all, kp_consumer, producer_config,
-                     unique_topic, watermarks)
+                     txn_producer, unique_topic, watermarks)
 from conftest import wait_until
 import kafka_wire
 
@@ -281,7 +281,6 @@ def test_cluster_retention_by_time_and_size_and_its_lease_moves_on(cluster_facto
 
 @pytest.mark.timeout(300)
 def test_cluster_retention_never_passes_an_open_transaction(cluster_factory):
-    from test_transactions import txn_producer
     cl = cluster_factory(store="file", n=2, overrides={"log.retention.check.interval.ms": 200})
     topic = unique_topic("cret-txn")
     create_topic(cl.bootstrap, topic, partitions=1, config={"retention.ms": "1000"})

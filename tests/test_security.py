@@ -28,6 +28,7 @@ second port. What is proven:
 
 import concurrent.futures
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -38,10 +39,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
                                    UserScramCredentialDeletion, UserScramCredentialUpsertion)
 
-from clients import create_topic, unique_topic
+from clients import create_topic, end_offset, scrape, unique_topic, value
 from conftest import REPO_ROOT, both_modes, free_port, oncelog_bin, wait_until
 from kafka_wire import Conn, api_versions_request, frame, i16, nullable_string, request_header_v1
-from test_metrics import scrape, value
 
 KAFKA_LIB = REPO_ROOT / ".tools" / "kafka-lib"
 CONFIG_TOOL = "org.apache.kafka.tools.ConfigCommand"
@@ -114,14 +114,6 @@ def sasl_conf(bootstrap, mechanism, user, password, **extra):
             "sasl.username": user, "sasl.password": password, **extra}
 
 
-def high_watermark(bootstrap, topic):
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw-probe", "broker.address.family": "v4"})
-    try:
-        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=15, cached=False)[1]
-    finally:
-        c.close()
-
-
 def auth_error(conf, topic):
     """Produces one record with `conf`; returns the errors librdkafka
     reported (the record must not be delivered)."""
@@ -173,7 +165,7 @@ def test_scram_sha512_transactions_read_committed_and_offsets(sb):
     committed = c.committed([TopicPartition(topic, 0)], timeout=15)[0].offset
     c.close()
     assert got == [f"committed-{i}" for i in range(5)]
-    assert committed == high_watermark(sb.plain, topic)
+    assert committed == end_offset(sb.plain, topic)
 
     assert sb.total("oncelog_authentications_total", listener="SASL_PLAINTEXT",
                     mechanism="SCRAM-SHA-512", result="success") >= 2
@@ -193,7 +185,7 @@ def test_wrong_credentials_fail_and_write_nothing(sb):
         assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), (mech, user, errors)
         if user == "alice" and mech == "SCRAM-SHA-512":
             assert any("invalid credentials" in e.str() for e in errors), errors
-    assert high_watermark(sb.plain, topic) == 0
+    assert end_offset(sb.plain, topic) == 0
     log = sb.b.log_text()
     assert "authentication failed" in log and "Wr0ng-pass-9x" not in log and "alice-secret" not in log
     failures = sb.total("oncelog_authentications_total", listener="SASL_PLAINTEXT",
@@ -225,7 +217,7 @@ def test_plain_with_kafka_python(sb):
     with pytest.raises(KPError):
         bad = KafkaProducer(sasl_plain_password="nope", max_block_ms=5000, **common)
         bad.send(topic, b"x").get(timeout=10)
-    assert high_watermark(sb.plain, topic) == 3
+    assert end_offset(sb.plain, topic) == 3
 
 
 # ------------------------------------------------------------ Kafka's tool
@@ -359,7 +351,7 @@ def test_session_lifetime_and_reauthentication(broker_factory):
         p.produce(topic, f"r-{i}".encode(), partition=0)
         assert p.flush(10) == 0
         time.sleep(0.5)
-    assert high_watermark(sb.plain, topic) == 8
+    assert end_offset(sb.plain, topic) == 8
     wait_until(lambda: "reauthentication=true" in sb.b.log_text(), 10,
                what="a re-authentication in the broker log")
 
@@ -421,6 +413,58 @@ def test_metadata_advertises_the_listener_of_the_connection(broker_factory):
     apis = {a["api"] for a in json.loads(p.stdout)["apis"]}
     assert {"SaslHandshake", "SaslAuthenticate", "DescribeUserScramCredentials",
             "AlterUserScramCredentials"} <= apis
+
+
+def test_a_client_without_sasl_is_told_what_the_listener_expects(sb):
+    """The CLI without SASL settings on a SASL listener: the broker answers
+    ApiVersions and closes the connection at Metadata (as Kafka does); the
+    CLI says what that most likely means, the broker's log names the
+    listener and what the client sent before authenticating."""
+    p = subprocess.run([str(oncelog_bin()), "topic", "list", "--bootstrap", sb.sasl],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert p.stderr.startswith(
+        f"error: {sb.sasl}: the broker closed the connection during the first request (Metadata): "
+        "does this listener expect SASL?"), p.stderr
+    assert "--security-protocol SASL_PLAINTEXT" in p.stderr and "--sasl-username" in p.stderr
+    wait_until(lambda: "the client sent Metadata before authenticating" in sb.b.log_text(), 10,
+               what="the broker's log line")
+    line = next(x for x in sb.b.log_text().splitlines()
+                if "the client sent Metadata before authenticating" in x)
+    assert "listener=SASL_PLAINTEXT" in line, line
+
+
+def kcat_librdkafka_version():
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        return None
+    out = subprocess.run([kcat, "-V"], capture_output=True, text=True, timeout=30).stdout
+    m = re.search(r"librdkafka (\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def test_the_librdkafka_scram_nonce_bug_is_named(sb):
+    """librdkafka before 2.6.1 (Debian's kcat) repeats its own nonce in the
+    SCRAM client-final message: refused (the check stands), and the broker's
+    log names the client bug and the fixed version."""
+    version = kcat_librdkafka_version()
+    if version is None:
+        pytest.skip("kcat (with its librdkafka version) not found")
+    sb.add_user("nora", "nora-secret")
+    p = subprocess.run(["kcat", "-b", sb.sasl, "-L", "-m", "5",
+                        "-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms=SCRAM-SHA-512",
+                        "-X", "sasl.username=nora", "-X", "sasl.password=nora-secret",
+                        "-X", "broker.address.family=v4"],
+                       capture_output=True, text=True, timeout=60)
+    if version >= (2, 6, 1):
+        assert p.returncode == 0, p.stderr
+        return
+    assert p.returncode != 0
+    wait_until(lambda: "librdkafka before 2.6.1" in sb.b.log_text(), 10, what="the broker's log line")
+    line = next(x for x in sb.b.log_text().splitlines() if "librdkafka before 2.6.1" in x)
+    assert "nonce does not match" in line and 'user="nora"' in line, line
+    # the client is told too (librdkafka shows the broker's reason)
+    assert "librdkafka before 2.6.1" in p.stderr, p.stderr
 
 
 def test_a_tls_listener_needs_a_keystore(tmp_path):

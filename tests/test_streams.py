@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from clients import unique_topic
+from clients import unique_topic, watermarks
 from conftest import wait_until, REPO_ROOT, _die_with_parent
 from jvm import create_topic_with_leaders, compile_against, kafka_reference
 
@@ -240,16 +240,6 @@ def list_topics(bootstrap):
     return a.list_topics(timeout=15).topics
 
 
-def log_start_offsets(bootstrap, topic, partitions):
-    c = Consumer({"bootstrap.servers": bootstrap, "broker.address.family": "v4",
-                  "group.id": "streams-test-probe"})
-    try:
-        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=15, cached=False)
-                for p in partitions]
-    finally:
-        c.close()
-
-
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("which", ["oncelog", "kafka", "cluster"])
 def test_streams_exactly_once_v2_survives_kill9_and_state_loss(which, request, broker_factory,
@@ -350,7 +340,7 @@ def test_streams_exactly_once_v2_survives_kill9_and_state_loss(which, request, b
         parts = sorted(topics[repart[0]].partitions)
 
         def purged():
-            marks = log_start_offsets(bootstrap, repart[0], parts)
+            marks = [watermarks(bootstrap, repart[0], p) for p in parts]
             return marks if any(low > 0 for low, _high in marks) else None
         marks = wait_until(purged, 30, what=f"{repart[0]}'s log start offset to move above 0",
                               interval=1.0, on_timeout=tail)

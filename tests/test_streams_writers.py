@@ -22,13 +22,11 @@ import shutil
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from clients import create_topic, unique_topic
+from clients import cli, create_topic, produce, scrape, unique_topic, value
 from conftest import wait_until
-from test_cli import cli
-from test_metrics import scrape, value
 from test_streams import (BROKER_TROUBLE, INPUT_PARTITIONS, OUTPUT_PARTITIONS, Observer,
                           StreamsApp, expected_error, list_topics, streams_classpath,  # noqa: F401
                           workload)
@@ -64,15 +62,6 @@ class App(StreamsApp):
 def app_id(name):
     # Ends in letters: an id ending in -N would be read as a numbered producer.
     return f"{unique_topic(name)}-app"
-
-
-def produce(bootstrap, topic, records):
-    p = Producer({"bootstrap.servers": bootstrap, "broker.address.family": "v4",
-                  "enable.idempotence": True, "acks": "all", "linger.ms": 5})
-    errors = []
-    for key, val in records:
-        p.produce(topic, key=key, value=val, on_delivery=lambda e, _m: e and errors.append(e))
-    assert p.flush(30) == 0 and not errors, errors
 
 
 def only(totals, prefix):
@@ -189,14 +178,14 @@ def test_redeploy_and_scale_out_are_one_writer(broker_factory, streams_classpath
     uuids = []
     try:
         # Deploy, let it commit a third of the input, then kill -9 it.
-        produce(b.bootstrap, inp, records[:thirds[0]])
+        produce(b.bootstrap, inp, records[:thirds[0]], enable_idempotence=True)
         first.start()
         exact_at(thirds[0], first)
         uuids.append(first.process_uuid())
         first.kill9("committed, idle")
         # Redeploy on a fresh state dir: a new process UUID.
         shutil.rmtree(first.state_dir)
-        produce(b.bootstrap, inp, records[thirds[0]:thirds[1]])
+        produce(b.bootstrap, inp, records[thirds[0]:thirds[1]], enable_idempotence=True)
         first.start()
         exact_at(thirds[1], first)
         uuids.append(first.process_uuid())
@@ -205,7 +194,7 @@ def test_redeploy_and_scale_out_are_one_writer(broker_factory, streams_classpath
         wait_until(second.running, 60, interval=0.2, what="the second instance to reach RUNNING",
                    on_timeout=tail)
         uuids.append(second.process_uuid())
-        produce(b.bootstrap, inp, records[thirds[1]:])
+        produce(b.bootstrap, inp, records[thirds[1]:], enable_idempotence=True)
         exact_at(N, first, second)
         assert only(obs.totals, "region-") == expected
         topics = own_topics(b, a) + [out]
@@ -243,8 +232,8 @@ def two_apps(broker_factory, streams_classpath, tmp_path, guarded):
     create_topic(b.bootstrap, out, OUTPUT_PARTITIONS,
                  config={"writer.transactional.id.prefix": a} if guarded else None)
     records, expected = workload(N)
-    produce(b.bootstrap, in_a, records)
-    produce(b.bootstrap, in_b, records)
+    produce(b.bootstrap, in_a, records, enable_idempotence=True)
+    produce(b.bootstrap, in_b, records, enable_idempotence=True)
     app_a = App(streams_classpath, b.bootstrap, a, tmp_path / "state-a", in_a, out, tmp_path / "a.log")
     app_b = App(streams_classpath, b.bootstrap, bb, tmp_path / "state-b", in_b, out, tmp_path / "b.log",
                 jvm_args=[f"-DStreamsEosApp.keyPrefix={B_KEYS}"])

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
                                    ResourcePatternType, ResourceType)
 
-from clients import create_topic, unique_topic
+from clients import create_topic, end_offset, unique_topic
 from conftest import free_port, oncelog_bin, wait_until
 from kafka_wire import Conn, api_versions_request
 from test_java import java_classpath  # noqa: F401 (a fixture)
@@ -214,14 +214,6 @@ def produce_one(conf, topic):
     p.produce(topic, b"hello", partition=0, on_delivery=lambda e, m: reports.append(e))
     p.flush(8)
     return (reports[0] if reports else "no report"), errors
-
-
-def end_offset(bootstrap, topic):
-    cons = Consumer({"bootstrap.servers": bootstrap, "group.id": "x", "broker.address.family": "v4"})
-    try:
-        return cons.get_watermark_offsets(TopicPartition(topic, 0), timeout=15, cached=False)[1]
-    finally:
-        cons.close()
 
 
 def test_expired_certificates_are_refused(broker_factory, pki):

@@ -13,9 +13,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource,
                                    ConfigSource)
 
-from clients import admin, create_topic, unique_topic
+from clients import admin, create_topic, txn_producer, unique_topic
 from conftest import both_modes
-from test_transactions import txn_producer
 
 SET, DELETE, APPEND, SUBTRACT = (AlterConfigOpType.SET, AlterConfigOpType.DELETE,
                                  AlterConfigOpType.APPEND, AlterConfigOpType.SUBTRACT)

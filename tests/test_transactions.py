@@ -5,40 +5,11 @@ import struct
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from clients import consumer_config, create_topic, flush_all, producer_config, unique_topic
+from clients import (consumer_config, create_topic, flush_all, producer_config, read_partition,
+                     txn_producer, unique_topic)
 from conftest import both_modes, wait_until
-
-
-def txn_producer(bootstrap, txn_id, **extra):
-    conf = producer_config(bootstrap, **{"transactional.id": txn_id, "enable.idempotence": True,
-                                         "linger.ms": 1})
-    conf.update(extra)
-    return Producer(conf)
-
-
-def read_partition(bootstrap, topic, partition, start, isolation, until_offset, timeout=30):
-    """(offset, value) of every record from `start` until the consumer's
-    position reaches `until_offset` (markers take offsets but are not records)."""
-    c = Consumer(consumer_config(bootstrap, **{"isolation.level": isolation,
-                                               "enable.partition.eof": True}))
-    c.assign([TopicPartition(topic, partition, start)])
-    out = []
-    try:
-        def done():
-            for m in c.consume(100, timeout=0.3):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise AssertionError(m.error())
-                out.append((m.offset(), m.value()))
-            pos = c.position([TopicPartition(topic, partition)])[0].offset
-            return pos >= until_offset
-        wait_until(done, timeout, what=f"position {until_offset} ({isolation})")
-    finally:
-        c.close()
-    return out
 
 
 def segment_batches(broker, topic, partition):

@@ -21,54 +21,33 @@ wire (tests/txn_wire.py), so each step is exact:
 """
 
 import json
-import subprocess
 import time
-import urllib.request
 
 import pytest
 
 import txn_wire as tw
-from clients import create_topic, unique_topic
-from conftest import oncelog_bin, wait_until
+from clients import cli, create_topic, metric, unique_topic
+from conftest import wait_until
 
 TIMEOUT_MS = 2000
 
 
-def cli(broker, *args, check=True):
-    admin = f"http://{broker.overrides['metrics.listen']}"
-    argv = [str(oncelog_bin()), *args, "--bootstrap", broker.bootstrap, "--json"]
-    if args[0] == "txn" and args[1] == "list":
-        argv += ["--admin", admin]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if check:
-        assert p.returncode == 0, f"{argv} exited {p.returncode}: {p.stderr}"
-    return (json.loads(p.stdout) if p.returncode == 0 else None), p
-
-
-def metric(broker, name):
-    with urllib.request.urlopen(f"http://{broker.overrides['metrics.listen']}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
-
-
 def committed_values(broker, topic):
-    """Everything read_committed shows up to the last stable offset."""
-    argv = [str(oncelog_bin()), "consume", topic, "--bootstrap", broker.bootstrap,
-            "--format", "json", "--timeout-ms", "20000"]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    return [json.loads(line)["value"].encode() for line in p.stdout.splitlines() if line.strip()]
+    """Everything read_committed shows up to the last stable offset (read
+    with `oncelog consume`)."""
+    out, _ = cli(broker, "consume", topic, "--format", "json", "--timeout-ms", "20000",
+                 json_out=False)
+    return [json.loads(line)["value"].encode() for line in out.splitlines() if line.strip()]
 
 
-def lso(broker, topic):
+def described_lso(broker, topic):
+    """Partition 0's last stable offset as `oncelog topic describe` shows it."""
     out, _ = cli(broker, "topic", "describe", topic)
     return out["partitions"][0]["last_stable_offset"]
 
 
 def parked_ids(broker):
-    listed, _ = cli(broker, "txn", "list")
+    listed, _ = cli(broker, "txn", "list", admin=broker.metrics_url)
     return {t["transactional_id"] for t in listed if t["state"] == "Parked"}
 
 
@@ -109,7 +88,7 @@ def test_a_parked_transaction_survives_its_timeout_and_a_broker_crash_then_commi
     assert metric(b, "oncelog_transaction_oldest_parked_age_seconds") > 0
     assert "transaction parked past its timeout" in b.log_text()
     # It pins the last stable offset: nothing after its first record is stable.
-    assert lso(b, topic) == 0
+    assert described_lso(b, topic) == 0
     assert committed_values(b, topic) == []
 
     b.kill9()
@@ -219,7 +198,7 @@ def test_the_maximum_park_time_ends_a_park(broker_factory):
     wait_until(lambda: parked_ids(b) == set(), 10, what="the parked transaction to be aborted")
     assert tw.end_txn(b.bootstrap, txn, pid, epoch, commit=True)[0] != tw.NONE
     assert committed_values(b, topic) == []
-    wait_until(lambda: lso(b, topic) == 4, 10, what="the LSO to pass the abort marker")
+    wait_until(lambda: described_lso(b, topic) == 4, 10, what="the LSO to pass the abort marker")
 
 
 def test_the_fault_that_holds_commits_is_scoped_to_its_prefix(broker_factory):

@@ -11,10 +11,8 @@ import time
 
 import pytest
 
-from clients import create_topic, unique_topic
+from clients import cli, create_topic, metric, read_partition, txn_producer, unique_topic
 from conftest import free_port, wait_until
-from test_transactions import read_partition, txn_producer
-from test_txn_history import metric, ok
 
 
 @pytest.mark.timeout(180)
@@ -55,9 +53,9 @@ def test_stuck_transaction_holds_up_no_other_transactional_id(broker_factory):
     # While the slow commit is stuck, the other id commits again and again.
     wait_until(lambda: metric(b, "oncelog_transactions_stuck") == 1, 30,
                what="the slow transaction listed as stuck")
-    history = ok(b, "txn", "history", "slow-" + stuck_topic, "--admin", b.admin)
-    history_text = ok(b, "txn", "history", "slow-" + stuck_topic, "--admin", b.admin,
-                      json_out=False)
+    history, _ = cli(b, "txn", "history", "slow-" + stuck_topic, "--admin", b.admin)
+    history_text, _ = cli(b, "txn", "history", "slow-" + stuck_topic, "--admin", b.admin,
+                          json_out=False)
     fast_commits = 0
     t_fast = time.monotonic()
     while "ok" not in slow_done and "error" not in slow_done and fast_commits < 50:
@@ -82,7 +80,7 @@ def test_stuck_transaction_holds_up_no_other_transactional_id(broker_factory):
     # The fault cleared: it completed, it is no longer listed, every record
     # is there once for read_committed.
     wait_until(lambda: metric(b, "oncelog_transactions_stuck") == 0, 10, what="stuck cleared")
-    assert ok(b, "txn", "history", "slow-" + stuck_topic, "--admin", b.admin).get("stuck") is None
+    assert cli(b, "txn", "history", "slow-" + stuck_topic, "--admin", b.admin)[0].get("stuck") is None
     got = read_partition(b.bootstrap, stuck_topic, 0, 0, "read_committed", until_offset=2)
     assert [v for _, v in got] == [b"slow-0"]
     got = read_partition(b.bootstrap, free_topic, 0, 0, "read_committed",

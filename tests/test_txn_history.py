@@ -9,44 +9,19 @@ fails for an unknown group."""
 
 import json
 import re
-import subprocess
 import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, KafkaException
-from prometheus_client.parser import text_string_to_metric_families
 
-from clients import consumer_config, create_topic, unique_topic
-from conftest import free_port, oncelog_bin, wait_until
-from test_transactions import txn_producer
+from clients import cli, consumer_config, create_topic, metric, txn_producer, unique_topic
+from conftest import free_port, wait_until
 
 PEER = re.compile(r"^127\.0\.0\.1:\d+$")
 
 
-def run(b, *args, json_out=True):
-    argv = [str(oncelog_bin()), *args, "--bootstrap", b.bootstrap] + (["--json"] if json_out else [])
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-
-
-def ok(b, *args, json_out=True):
-    p = run(b, *args, json_out=json_out)
-    assert p.returncode == 0, f"{args} exited {p.returncode}: {p.stderr}"
-    return json.loads(p.stdout) if json_out else p.stdout
-
-
 def describe(b, tid, json_out=True):
-    return ok(b, "txn", "describe", tid, "--admin", b.admin, json_out=json_out)
-
-
-def metric(b, name, **labels):
-    with urllib.request.urlopen(f"{b.admin}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    want = tuple(sorted((k, str(v)) for k, v in labels.items()))
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and tuple(sorted(s.labels.items())) == want:
-                return s.value
-    return None
+    return cli(b, "txn", "describe", tid, "--admin", b.admin, json_out=json_out)[0]
 
 
 @pytest.fixture
@@ -146,9 +121,9 @@ def test_two_fences_by_newer_producers(hb):
     assert len(fence_rows) >= 2, table
     assert "history kept in memory since" in table
 
-    hist = ok(hb, "txn", "history", tid, "--admin", hb.admin)
+    hist = cli(hb, "txn", "history", tid, "--admin", hb.admin)[0]
     assert hist["events"] == h["events"]
-    hist_table = ok(hb, "txn", "history", tid, "--admin", hb.admin, json_out=False)
+    hist_table = cli(hb, "txn", "history", tid, "--admin", hb.admin, json_out=False)[0]
     assert hist_table.splitlines()[0].split()[:3] == ["TIME", "EVENT", "PRODUCER-ID"]
     assert sum("rejected_write" in x for x in hist_table.splitlines()) == 1
 
@@ -188,16 +163,16 @@ def test_history_unavailable_still_describes(hb):
     p = txn_producer(hb.bootstrap, tid)
     p.init_transactions(30)
     closed = f"http://127.0.0.1:{free_port()}"
-    d = ok(hb, "txn", "describe", tid, "--admin", closed)
+    d = cli(hb, "txn", "describe", tid, "--admin", closed)[0]
     assert (d["state"], d["producer_epoch"], d["history"]) == ("Empty", 0, None)
     assert closed.removeprefix("http://") in d["history_unavailable"]
-    table = ok(hb, "txn", "describe", tid, "--admin", closed, json_out=False)
+    table = cli(hb, "txn", "describe", tid, "--admin", closed, json_out=False)[0]
     assert table.splitlines()[1].split()[:2] == [tid, "Empty"]
     assert "history: unavailable" in table
-    r = run(hb, "txn", "history", tid, "--admin", closed)
+    r = cli(hb, "txn", "history", tid, "--admin", closed, check=False)[1]
     assert r.returncode == 1 and r.stderr.startswith("error: GET "), r.stderr
     # An id the broker never saw has an empty history, not an error.
-    d = ok(hb, "txn", "describe", tid, "--admin", hb.admin)
+    d = cli(hb, "txn", "describe", tid, "--admin", hb.admin)[0]
     assert d["history"]["tracked"] is True
     unknown = urllib.request.urlopen(f"{hb.admin}/v1/transactions/no%2Fsuch/history", timeout=10)
     body = json.loads(unknown.read())
@@ -207,7 +182,8 @@ def test_history_unavailable_still_describes(hb):
 def test_abort_of_nothing_open_fails(hb):
     topic = unique_topic("za")
     create_topic(hb.bootstrap, topic)
-    r = run(hb, "txn", "abort", topic, "0", "--producer-id", "424242", "--producer-epoch", "0")
+    _, r = cli(hb, "txn", "abort", topic, "0", "--producer-id", "424242", "--producer-epoch", "0",
+               check=False)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.startswith("error: nothing open: producer 424242"), r.stderr
 
@@ -217,13 +193,13 @@ def test_abort_of_nothing_open_fails(hb):
     p.begin_transaction()
     p.produce(topic, value=b"x", partition=0)
     p.flush(30)
-    [prod] = ok(hb, "txn", "producers", topic, "0")
+    [prod] = cli(hb, "txn", "producers", topic, "0")[0]
     args = ("txn", "abort", topic, "0", "--producer-id", str(prod["producer_id"]),
             "--producer-epoch", str(prod["epoch"]))
-    done = ok(hb, *args)
+    done = cli(hb, *args)[0]
     assert done["aborted"] == {"topic": topic, "partition": 0, "producer_id": prod["producer_id"],
                                "transactional_id": tid}
-    again = run(hb, *args)
+    again = cli(hb, *args, check=False)[1]
     assert again.returncode == 1 and "nothing open" in again.stderr, again.stderr
     h = describe(hb, tid)["history"]
     assert [(f["cause"], f["old_epoch"], f["new_epoch"], f["client_id"]) for f in h["fences"]] == [
@@ -243,13 +219,13 @@ def test_group_describe_shows_members_and_assignments(hb):
     try:
         c.subscribe([topic])
         wait_until(lambda: (c.poll(0.2), len(c.assignment()) == 2)[1], 30, what="an assignment")
-        d = ok(hb, "group", "describe", group)
+        d = cli(hb, "group", "describe", group)[0]
         assert (d["state"], d["protocol_type"], d["protocol"]) == ("Stable", "consumer", "range")
         assert d["members"] == [{
             "member_id": c.memberid(), "client_id": "member-x", "host": "/127.0.0.1",
             "instance_id": "inst-1", "assignment": [{"topic": topic, "partitions": [0, 1]}],
         }]
-        table = ok(hb, "group", "describe", group, json_out=False)
+        table = cli(hb, "group", "describe", group, json_out=False)[0]
         lines = table.splitlines()
         assert lines[1].split() == ["MEMBER-ID", "CLIENT-ID", "HOST", "INSTANCE-ID", "ASSIGNMENT"]
         assert lines[2].split() == [c.memberid(), "member-x", "/127.0.0.1", "inst-1",
@@ -259,7 +235,7 @@ def test_group_describe_shows_members_and_assignments(hb):
 
 
 def test_group_describe_of_unknown_group_fails(hb):
-    r = run(hb, "group", "describe", "no-such-group")
+    r = cli(hb, "group", "describe", "no-such-group", check=False)[1]
     assert (r.returncode, r.stdout, r.stderr) == (1, "", "error: group no-such-group does not exist\n")
-    r = run(hb, "group", "describe", "no-such-group", json_out=False)
+    r = cli(hb, "group", "describe", "no-such-group", json_out=False, check=False)[1]
     assert (r.returncode, r.stderr) == (1, "error: group no-such-group does not exist\n")

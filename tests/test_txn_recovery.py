@@ -5,10 +5,8 @@ failpoint (ONCELOG_FAILPOINTS) that aborts the broker process at that step."""
 import pytest
 from confluent_kafka import KafkaException
 
-from clients import create_topic, unique_topic
+from clients import create_topic, lso, read_partition, txn_producer, unique_topic
 from conftest import wait_until
-from test_transactions import read_partition, txn_producer
-from test_txn_scenarios import lso
 
 
 @pytest.mark.parametrize("point,commit,markers", [

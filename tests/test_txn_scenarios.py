@@ -7,17 +7,9 @@ import time
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from clients import consumer_config, create_topic, flush_all, producer_config, unique_topic
+from clients import (consumer_config, create_topic, flush_all, lso, producer_config, read_partition,
+                     txn_producer, unique_topic)
 from conftest import both_modes, wait_until
-from test_transactions import read_partition, txn_producer
-
-
-def lso(bootstrap, topic, partition):
-    c = Consumer(consumer_config(bootstrap, **{"isolation.level": "read_committed"}))
-    try:
-        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)[1]
-    finally:
-        c.close()
 
 
 def read_all_committed(bootstrap, topic, partitions, timeout=60):

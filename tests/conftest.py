@@ -68,7 +68,7 @@ def _port_slice():
     return _PORT_BASE + i * _PORT_SLICE, _PORT_SLICE
 
 
-def _port_is_free(port):
+def port_is_free(port):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -87,7 +87,7 @@ def free_port():
     for _ in range(n):
         port = lo + _port_next[0]
         _port_next[0] = (_port_next[0] + 1) % n
-        if _port_is_free(port):
+        if port_is_free(port):
             return port
     raise AssertionError(f"no free port in 127.0.0.1:{lo}-{lo + n - 1}")
 

@@ -12,12 +12,11 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 
 import pytest
 
-from conftest import REPO_ROOT, oncelog_bin
+from conftest import REPO_ROOT, oncelog_bin, port_is_free
 
 PORTS = (19092, 19644)
 
@@ -27,16 +26,6 @@ def quickstart():
     m = re.search(r"<!-- quickstart -->\n```sh\n(.*?)```\n<!-- /quickstart -->", text, re.S)
     assert m, "README.md has no quickstart block"
     return m.group(1)
-
-
-def port_free(port):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def private_network():
@@ -62,7 +51,7 @@ def run_block(tmp_path, block):
     prefix = private_network()
     if prefix is None:
         for port in PORTS:
-            assert port_free(port), f"the quickstart needs 127.0.0.1:{port} free"
+            assert port_is_free(port), f"the quickstart needs 127.0.0.1:{port} free"
     proc = subprocess.Popen([*(prefix or []), "bash", str(script)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -28,30 +28,10 @@ from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, 
 from clients import create_topic, end_offset, unique_topic
 from conftest import free_port, oncelog_bin, wait_until
 from kafka_wire import Conn, api_versions_request
+from pki import make_ca, make_cert, openssl
 from test_java import java_classpath  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def openssl(*args, cwd):
-    p = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, f"openssl {args}: {p.stderr}"
-
-
-def make_ca(d, name):
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "3", "-subj", f"/CN={name}",
-            cwd=d)
-
-
-def make_cert(d, name, ca, subject, san=None):
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=d)
-    ext = d / f"{name}.ext"
-    ext.write_text(f"subjectAltName={san}\n" if san else "basicConstraints=CA:FALSE\n")
-    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-            "-CAcreateserial", "-out", f"{name}.pem", "-days", "3", "-extfile", str(ext), cwd=d)
-    (d / f"{name}-bundle.pem").write_text((d / f"{name}.pem").read_text() + (d / f"{name}.key").read_text())
 
 
 @pytest.fixture

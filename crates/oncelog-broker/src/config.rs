@@ -43,7 +43,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("allow.everyone.if.no.acl.found", "false", "allow a request on a resource no ACL names at all"),
     ("connection.failed.authentication.delay.ms", "100", "a failed authentication is answered (and its connection closed) after this delay, which slows password guessing"),
     ("node.id", "0", "this broker's node id"),
-    ("cluster.postgres", "", "cluster mode (docs/cluster.md): postgres://user@host:port/db holding every sequencing decision; empty = local mode on data.dir"),
+    ("cluster.postgres", "", "cluster mode (docs/cluster.md): postgres://user@host:port/db holding every sequencing decision (sslmode=verify-full&sslrootcert=FILE for TLS); empty = local mode on data.dir"),
     ("cluster.object.store", "", "cluster mode: where batches are kept, s3://bucket/prefix (AWS_* variables give endpoint, region and keys) or file:///shared/dir"),
     ("cluster.flush.ms", "5", "cluster mode: how long produce requests are gathered into one object and one PostgreSQL commit"),
     ("cluster.flush.bytes", "4194304", "cluster mode: a flush starts early once it holds this many bytes"),

@@ -358,8 +358,9 @@ struct ServeArgs {
     /// HOST:PORT for /metrics and /health (setting `metrics.listen`; empty turns it off).
     #[arg(long)]
     metrics_listen: Option<String>,
-    /// Cluster mode: PostgreSQL URL holding every sequencing decision
-    /// (setting `cluster.postgres`; docs/cluster.md).
+    /// Cluster mode: PostgreSQL URL holding every sequencing decision, with
+    /// libpq's sslmode/sslrootcert for TLS (setting `cluster.postgres`;
+    /// docs/cluster.md).
     #[arg(long = "cluster", value_name = "POSTGRES_URL")]
     cluster: Option<String>,
     /// Cluster mode: s3://bucket/prefix or file:///dir for the batches

@@ -6,7 +6,6 @@
 use std::time::Instant;
 
 use serde::Serialize;
-use tokio_postgres::NoTls;
 
 use super::objects::Objects;
 use super::ClusterError;
@@ -79,12 +78,11 @@ pub async fn info(
     postgres_url: &str,
     store_url: Option<&str>,
 ) -> Result<ClusterInfo, ClusterError> {
-    let mut pg: tokio_postgres::Config = postgres_url
-        .parse()
-        .map_err(|e| ClusterError::Config(format!("{postgres_url}: {e}")))?;
+    let target = super::pg::target(postgres_url)?;
+    let mut pg = target.config.clone();
     let theirs = pg.get_options().unwrap_or_default().to_string();
     pg.options(format!("{theirs} -c default_transaction_read_only=on").trim());
-    let (client, conn) = pg.connect(NoTls).await?;
+    let (client, conn) = pg.connect(target.tls.clone()).await?;
     let conn = tokio::spawn(conn);
     let started = Instant::now();
     let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
@@ -98,7 +96,8 @@ pub async fn info(
         .map_err(|e| {
             if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) {
                 ClusterError::Config(format!(
-                    "{postgres_url} is not an oncelog cluster's database (no oncelog_meta table)"
+                    "{} is not an oncelog cluster's database (no oncelog_meta table)",
+                    target.shown
                 ))
             } else {
                 e.into()

@@ -2,6 +2,7 @@
 //! decision is one PostgreSQL transaction; record batches live in an object
 //! store (S3 API, or a shared directory through `file://`).
 //!
+//! * [`pg`]: the PostgreSQL URL and its TLS settings (`sslmode`).
 //! * [`schema`]: the tables, created (idempotently) at connect.
 //! * [`objects`]: the object store named by a URL, and the cache of batches.
 //! * [`session`]: a broker's registration, session number and lease.
@@ -24,6 +25,7 @@ pub mod groups;
 pub mod info;
 pub mod jobs;
 pub mod objects;
+pub mod pg;
 pub mod reader;
 pub mod records;
 pub mod retention;
@@ -39,7 +41,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
 
 pub use objects::{BatchCache, Objects};
 pub use session::Session;
@@ -127,10 +128,8 @@ impl ClusterError {
 
 /// A connection pool to PostgreSQL. Every connection's session is bounded
 /// by the lease ([`session_options`]).
-pub fn pool(url: &str, size: usize, lease: Duration) -> Result<Pool, ClusterError> {
-    let mut pg: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e| ClusterError::Config(format!("{url}: {e}")))?;
+pub fn pool(target: &pg::Target, size: usize, lease: Duration) -> Result<Pool, ClusterError> {
+    let mut pg = target.config.clone();
     let options = match pg.get_options() {
         Some(theirs) if !theirs.trim().is_empty() => {
             format!("{theirs} {}", session_options(lease))
@@ -140,7 +139,7 @@ pub fn pool(url: &str, size: usize, lease: Duration) -> Result<Pool, ClusterErro
     pg.options(&options);
     let mgr = Manager::from_config(
         pg,
-        NoTls,
+        target.tls.clone(),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -170,6 +169,8 @@ pub fn session_options(lease: Duration) -> String {
 /// session, batch cache.
 pub struct Cluster {
     pub config: ClusterConfig,
+    /// PostgreSQL's address and TLS settings, for connections outside the pool.
+    pub pg: pg::Target,
     pub pool: Pool,
     pub objects: Objects,
     pub session: Session,
@@ -189,13 +190,15 @@ impl Cluster {
     /// Connects, creates the schema if it is missing, and registers this
     /// broker with a new session.
     pub async fn connect(config: ClusterConfig) -> Result<Arc<Self>, ClusterError> {
-        let pool = pool(&config.postgres_url, config.pool_size, config.lease)?;
+        let pg = pg::target(&config.postgres_url)?;
+        let pool = pool(&pg, config.pool_size, config.lease)?;
         schema::migrate(&pool).await?;
         let objects = Objects::from_url(&config.object_store_url)?;
         let session = Session::register(&pool, &config).await?;
         let cache = BatchCache::new(config.cache_bytes);
         Ok(Arc::new(Self {
             config,
+            pg,
             pool,
             objects,
             session,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio_postgres::{AsyncMessage, GenericClient, NoTls};
+use tokio_postgres::{AsyncMessage, GenericClient};
 use uuid::Uuid;
 
 use super::catalogue::CATALOGUE_CHANNEL;
@@ -352,7 +352,7 @@ pub async fn listen(cluster: Arc<Cluster>) {
 }
 
 async fn listen_once(cluster: &Cluster) -> Result<(), ClusterError> {
-    let (client, mut conn) = tokio_postgres::connect(&cluster.config.postgres_url, NoTls).await?;
+    let (client, mut conn) = cluster.pg.config.connect(cluster.pg.tls.clone()).await?;
     let (ntx, mut nrx) = tokio::sync::mpsc::unbounded_channel::<Option<(bool, String)>>();
     let drive = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));

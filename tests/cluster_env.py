@@ -189,7 +189,7 @@ def cluster_factory(tmp_path, cluster_services):
 
     def make(store="s3", n=3, overrides=None, start=True):
         url = s3_store(cluster_services) if store == "s3" else \
-            f"file://{tmp_path / 'objects'}"
+            f"file://{tmp_path / f'objects{len(made)}'}"
         c = Cluster(tmp_path / f"cluster{len(made)}", cluster_services,
                     fresh_database(cluster_services), url, n, overrides)
         made.append(c)

@@ -42,7 +42,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("super.users", "", "principals allowed everything, `;`-separated (User:admin;User:ANONYMOUS)"),
     ("allow.everyone.if.no.acl.found", "false", "allow a request on a resource no ACL names at all"),
     ("connection.failed.authentication.delay.ms", "100", "a failed authentication is answered (and its connection closed) after this delay, which slows password guessing"),
-    ("node.id", "0", "this broker's node id"),
+    ("node.id", "", "this broker's node id (local mode: 0 when unset; cluster mode: unique among live brokers, and assigned by the cluster when unset)"),
     ("cluster.postgres", "", "cluster mode (docs/cluster.md): postgres://user@host:port/db holding every sequencing decision (sslmode=verify-full&sslrootcert=FILE for TLS); empty = local mode on data.dir"),
     ("cluster.object.store", "", "cluster mode: where batches are kept, s3://bucket/prefix (AWS_* variables give endpoint, region and keys) or file:///shared/dir"),
     ("cluster.flush.ms", "5", "cluster mode: how long produce requests are gathered into one object and one PostgreSQL commit"),
@@ -148,7 +148,11 @@ pub struct BrokerConfig {
     pub authorizer: bool,
     pub super_users: String,
     pub allow_everyone_if_no_acl: bool,
+    /// This broker's node id (0 when `node.id` is unset, until cluster mode
+    /// assigns one: [`Self::node_id_set`]).
     pub node_id: i32,
+    /// Whether `node.id` was given.
+    pub node_id_set: bool,
     /// Cluster mode's PostgreSQL URL (empty: local mode).
     pub cluster_postgres: String,
     pub cluster_object_store: String,
@@ -348,7 +352,20 @@ impl BrokerConfig {
                 "allow.everyone.if.no.acl.found",
                 &get("allow.everyone.if.no.acl.found"),
             )?,
-            node_id: parse("node.id", &get("node.id"))?,
+            node_id: match get("node.id").trim() {
+                "" => 0,
+                v => match parse::<i32>("node.id", v)? {
+                    n if n < 0 => {
+                        return Err(ConfigError::Invalid {
+                            key: "node.id".into(),
+                            value: v.to_string(),
+                            why: "a node id is 0 or more".into(),
+                        })
+                    }
+                    n => n,
+                },
+            },
+            node_id_set: !get("node.id").trim().is_empty(),
             cluster_postgres: get("cluster.postgres").trim().to_string(),
             cluster_object_store: get("cluster.object.store").trim().to_string(),
             cluster_flush_ms: parse("cluster.flush.ms", &get("cluster.flush.ms"))?,

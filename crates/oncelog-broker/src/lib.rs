@@ -195,6 +195,47 @@ impl Broker {
         Ok(())
     }
 
+    /// Cluster mode without `node.id`: asks the cluster for an id it never
+    /// handed out (schema created first if missing), and sets it. A no-op
+    /// in local mode or when `node.id` was given.
+    pub async fn assign_node_id(config: &mut BrokerConfig) -> Result<(), cluster::ClusterError> {
+        if config.cluster_postgres.is_empty() || config.node_id_set {
+            return Ok(());
+        }
+        let target = cluster::pg::target(&config.cluster_postgres)?;
+        let lease = std::time::Duration::from_millis(config.cluster_lease_ms.max(300));
+        let pool = cluster::pool(&target, 2, lease)?;
+        cluster::schema::migrate(&pool).await?;
+        config.node_id = cluster::session::assign_id(&pool).await?;
+        config.node_id_set = true;
+        tracing::info!(
+            broker = config.node_id,
+            "cluster: node.id not set; the cluster assigned this broker node.id {}",
+            config.node_id
+        );
+        Ok(())
+    }
+
+    /// Resolves with the reason once cluster mode must stop this broker
+    /// (another broker took its node id); never in local mode.
+    pub async fn cluster_stopped(&self) -> String {
+        match self.cluster.get() {
+            Some(front) => front.cluster.session.stopped().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A clean stop in cluster mode: ends this broker's lease, so its node id
+    /// is free at once for the next start. A no-op in local mode.
+    pub async fn leave_cluster(&self) {
+        if let Some(front) = self.cluster.get() {
+            let c = &front.cluster;
+            if let Err(e) = c.session.release(&c.pool).await {
+                tracing::warn!(error = %e, "cluster: could not end this broker's lease at stop; it ends by itself");
+            }
+        }
+    }
+
     /// Opens the data directory, recovering every partition.
     pub fn open(config: BrokerConfig) -> Result<Arc<Self>, TopicError> {
         datadir::ensure_dir(&config.data_dir)?;

@@ -541,24 +541,59 @@ impl std::fmt::Display for SettingsError {
 
 impl std::error::Error for SettingsError {}
 
-/// Binds a listener, naming the address and the usual cause when it fails.
-async fn bind(addr: std::net::SocketAddr, what: &str) -> Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        let why = match e.kind() {
-            std::io::ErrorKind::AddrInUse => format!(
-                "address {addr} is already in use: another process listens on port {}",
-                addr.port()
-            ),
-            std::io::ErrorKind::AddrNotAvailable => {
-                format!("address {addr} is not an address of this machine")
-            }
-            std::io::ErrorKind::PermissionDenied => {
-                format!("no permission to listen on {addr} (ports below 1024 need privileges)")
-            }
-            _ => format!("{addr}: {e}"),
-        };
-        anyhow::anyhow!("cannot start the {what} listener: {why}")
+/// Why a listener's address could not be taken, with the usual cause.
+fn listen_error(addr: std::net::SocketAddr, what: &str, e: &std::io::Error) -> anyhow::Error {
+    let why = match e.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "address {addr} is already in use: another process listens on port {}",
+            addr.port()
+        ),
+        std::io::ErrorKind::AddrNotAvailable => {
+            format!("address {addr} is not an address of this machine")
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            format!("no permission to listen on {addr} (ports below 1024 need privileges)")
+        }
+        _ => format!("{addr}: {e}"),
+    };
+    anyhow::anyhow!("cannot start the {what} listener: {why}")
+}
+
+/// A listener's address, taken (bound) but not yet accepting connections:
+/// a port in use stops the start before anything else happens (before the
+/// data directory is recovered, before a cluster-mode broker registers),
+/// and no client connects before the broker can answer.
+struct Reserved {
+    socket: tokio::net::TcpSocket,
+    addr: std::net::SocketAddr,
+    what: String,
+}
+
+fn reserve(addr: std::net::SocketAddr, what: &str) -> Result<Reserved> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(|e| listen_error(addr, what, &e))?;
+    // as TcpListener::bind does: a restart need not wait out TIME_WAIT
+    socket
+        .set_reuseaddr(true)
+        .and_then(|()| socket.bind(addr))
+        .map_err(|e| listen_error(addr, what, &e))?;
+    Ok(Reserved {
+        socket,
+        addr,
+        what: what.to_string(),
     })
+}
+
+impl Reserved {
+    fn listen(self) -> Result<tokio::net::TcpListener> {
+        self.socket
+            .listen(1024)
+            .map_err(|e| listen_error(self.addr, &self.what, &e))
+    }
 }
 
 /// The web console's address for a browser on this host: a listener on
@@ -574,7 +609,7 @@ fn console_url(at: std::net::SocketAddr) -> String {
 
 fn serve(args: ServeArgs) -> Result<()> {
     let settings = load_settings(&args).map_err(|e| SettingsError(format!("{e:#}")))?;
-    let config = BrokerConfig::from_map(&settings).map_err(|e| SettingsError(e.to_string()))?;
+    let mut config = BrokerConfig::from_map(&settings).map_err(|e| SettingsError(e.to_string()))?;
     alloc_guard::keep_request_buffers();
     match oncelog_broker::datadir::raise_open_files_limit() {
         Some(n) => tracing::info!(open_files_limit = n, "this broker may open {n} files"),
@@ -586,18 +621,32 @@ fn serve(args: ServeArgs) -> Result<()> {
         .context("starting the runtime")?;
     rt.block_on(async move {
         let listen = config.listen;
+        // Every port is taken first: a broker that cannot serve stops before
+        // it recovers its data or registers in a cluster (where Metadata
+        // would list it). Connections are accepted once it is ready.
+        let mut reserved = Vec::new();
+        for l in &config.listeners {
+            let what = format!("Kafka ({} {})", l.name, l.protocol.name());
+            reserved.push(reserve(l.bind, &what)?);
+        }
+        let metrics_reserved = match config.metrics_listen {
+            Some(addr) => Some((addr, reserve(addr, "metrics (metrics.listen)")?)),
+            None => None,
+        };
+        Broker::assign_node_id(&mut config)
+            .await
+            .context("starting cluster mode")?;
         let broker = Broker::open(config).context("opening the data directory")?;
         broker
             .start_cluster()
             .await
             .context("starting cluster mode")?;
         let mut listeners = Vec::new();
-        for l in &broker.config.listeners {
-            let what = format!("Kafka ({} {})", l.name, l.protocol.name());
-            listeners.push(bind(l.bind, &what).await?);
+        for r in reserved {
+            listeners.push(r.listen()?);
         }
-        let metrics_listener = match broker.config.metrics_listen {
-            Some(addr) => Some((addr, bind(addr, "metrics (metrics.listen)").await?)),
+        let metrics_listener = match metrics_reserved {
+            Some((addr, r)) => Some((addr, r.listen()?)),
             None => None,
         };
         tracing::info!(
@@ -640,11 +689,13 @@ fn serve(args: ServeArgs) -> Result<()> {
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM received"),
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received"),
+            why = broker.cluster_stopped() => bail!("{why}"),
         }
         let _ = stop_tx.send(true);
         for s in servers {
             let _ = s.await;
         }
+        broker.leave_cluster().await;
         let b = broker.clone();
         let failed = tokio::task::spawn_blocking(move || b.flush_all()).await.unwrap_or(1);
         if failed > 0 {

@@ -2,6 +2,7 @@
 //! decision is one PostgreSQL transaction; record batches live in an object
 //! store (S3 API, or a shared directory through `file://`).
 //!
+//! * [`binding`]: the object store's marker, which binds it to its cluster.
 //! * [`pg`]: the PostgreSQL URL and its TLS settings (`sslmode`).
 //! * [`schema`]: the tables, created (idempotently) at connect.
 //! * [`objects`]: the object store named by a URL, and the cache of batches.
@@ -14,6 +15,7 @@
 //! * [`jobs`]: background jobs one broker holds a lease for: [`retention`]
 //!   and [`compactor`].
 
+pub mod binding;
 pub mod catalogue;
 pub mod collector;
 pub mod compactor;
@@ -109,6 +111,10 @@ pub enum ClusterError {
         "broker {broker_id} session {session} is fenced (lease ended or a newer session exists)"
     )]
     Fenced { broker_id: i32, session: i64 },
+    /// Another broker registered with this broker's node id after its lease
+    /// ended: this one must stop.
+    #[error("node.id {broker_id} was taken over by another broker at {by}, after this broker's lease ended")]
+    Replaced { broker_id: i32, by: String },
     /// Another broker coordinates this group (or took it over).
     #[error("group {0} is coordinated by another broker")]
     NotCoordinator(String),
@@ -194,6 +200,8 @@ impl Cluster {
         let pool = pool(&pg, config.pool_size, config.lease)?;
         schema::migrate(&pool).await?;
         let objects = Objects::from_url(&config.object_store_url)?;
+        let cluster_id = schema::cluster_id(&pool).await?;
+        binding::check(&objects, &pool, &cluster_id).await?;
         let session = Session::register(&pool, &config).await?;
         let cache = BatchCache::new(config.cache_bytes);
         Ok(Arc::new(Self {

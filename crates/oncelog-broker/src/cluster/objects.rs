@@ -203,6 +203,24 @@ impl Objects {
             .collect())
     }
 
+    /// A whole small object (the cluster marker); `None` when it is absent.
+    pub async fn get_whole(&self, key: &str) -> Result<Option<Bytes>, ClusterError> {
+        match self.store.get(&self.path(key)).await {
+            Ok(r) => Ok(Some(r.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether an object exists.
+    pub async fn exists(&self, key: &str) -> Result<bool, ClusterError> {
+        match self.store.head(&self.path(key)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// A round trip to the store, for health checks: lists the data folder.
     pub async fn probe(&self) -> Result<(), ClusterError> {
         let dir = self.path(DATA_DIR);

@@ -10,10 +10,11 @@ use super::ClusterError;
 /// Bumped when a table changes; stored in `oncelog_meta`. A broker
 /// upgrades a database of an older version (version 2: the brokers'
 /// listener addresses, the collector's grace for unreferenced objects, the
-/// cluster's ACLs and credentials; version 3: the topics' cut-overs) and
+/// cluster's ACLs and credentials; version 3: the topics' cut-overs;
+/// version 4: the brokers' incarnations, which keep a node id unique) and
 /// refuses a newer one, so a broker of an older build never runs on tables
 /// it does not know.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// Any number that no other user of the database takes as advisory lock.
 const MIGRATE_LOCK: i64 = 0x6f6e_6365_6c6f_6701;
@@ -182,6 +183,7 @@ CREATE TABLE IF NOT EXISTS security_docs (
 /// takes the table's strongest lock even when it would change nothing).
 const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("brokers", "listeners", "jsonb NOT NULL DEFAULT '{}'"),
+    ("brokers", "incarnation", "uuid"),
     ("objects", "unreferenced_since", "timestamptz"),
 ];
 

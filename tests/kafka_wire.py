@@ -24,6 +24,7 @@ API_FETCH = 1
 API_LIST_OFFSETS = 2
 API_METADATA = 3
 API_FIND_COORDINATOR = 10
+API_CREATE_TOPICS = 19
 API_API_VERSIONS = 18
 
 BATCH_HEADER_LEN = 61
@@ -353,6 +354,86 @@ def find_coordinator(host, port, key, key_type=0):
     if code != 0:
         raise AssertionError(f"FindCoordinator {key!r}: error {code} {message}")
     return chost, cport
+
+
+def _compact_nullable_string(v):
+    return uvarint(0) if v is None else compact_string(v)
+
+
+def _compact_array(items):
+    return uvarint(len(items) + 1) + b"".join(items)
+
+
+class _Flex(Reader):
+    """Reads the flexible versions' compact fields."""
+
+    def uvarint(self):
+        shift = out = 0
+        while True:
+            b = self.take(1)[0]
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+
+    def compact_string(self):
+        n = self.uvarint()
+        return None if n == 0 else self.take(n - 1).decode()
+
+    def tagged(self):
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.take(self.uvarint())
+
+    def array(self, item):
+        n = self.uvarint()
+        return None if n == 0 else [item() for _ in range(n - 1)]
+
+
+def create_topics_v7(host, port, topics, validate_only=False, timeout_ms=30000):
+    """CreateTopics v7 (the flexible version with topic ids and configs in
+    the answer) to host:port. `topics`: dicts with name, and optionally
+    partitions (-1), replication_factor (-1), assignments ({partition:
+    [broker ids]}), configs ({name: value}). Returns one dict per topic:
+    name, error_code, error_message, num_partitions, replication_factor,
+    topic_id (hex), configs ({name: (value, source)}) or None."""
+    cid = 91
+    body = bytearray()
+    entries = []
+    for t in topics:
+        assignments = [i32(p) + _compact_array([i32(b) for b in ids]) + uvarint(0)
+                       for p, ids in (t.get("assignments") or {}).items()]
+        configs = [compact_string(k) + _compact_nullable_string(v) + uvarint(0)
+                   for k, v in (t.get("configs") or {}).items()]
+        entries.append(compact_string(t["name"]) + i32(t.get("partitions", -1))
+                       + i16(t.get("replication_factor", -1)) + _compact_array(assignments)
+                       + _compact_array(configs) + uvarint(0))
+    body += _compact_array(entries) + i32(timeout_ms) + i8(1 if validate_only else 0) + uvarint(0)
+    with Conn(host, port, timeout=timeout_ms / 1000 + 10) as c:
+        c.send(frame(request_header_v2(API_CREATE_TOPICS, 7, cid) + bytes(body)))
+        r = _Flex(c.recv_response(cid))
+    r.tagged()                                # response header v1
+    r.i32()                                   # throttle_time_ms
+
+    def topic():
+        out = {"name": r.compact_string(), "topic_id": r.take(16).hex(), "error_code": r.i16(),
+               "error_message": r.compact_string(), "num_partitions": r.i32(),
+               "replication_factor": r.i16()}
+
+        def config():
+            name, value = r.compact_string(), r.compact_string()
+            r.take(1)                         # read_only
+            source = r.take(1)[0]
+            r.take(1)                         # is_sensitive
+            r.tagged()
+            return name, (value, source)
+        cs = r.array(config)
+        out["configs"] = None if cs is None else dict(cs)
+        r.tagged()
+        return out
+    got = r.array(topic)
+    r.tagged()
+    return got
 
 
 # ------------------------------------------------------------------ socket

@@ -5,6 +5,9 @@
 //! `/v1/cutover/rollback`), and the web console (`/`, `/console/*`,
 //! `/v1/console/*`, [`crate::console`]).
 //!
+//! Every answer names the cluster and node it comes from
+//! (`X-Oncelog-Cluster-Id`, `X-Oncelog-Node-Id`).
+//!
 //! One request per connection, its head bounded (8 KiB) and read under a
 //! deadline; no request body is read. A state-changing request (POST) from
 //! a browser is refused unless it comes from the console's own origin
@@ -94,13 +97,20 @@ pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
                 return;
             }
             let text = String::from_utf8_lossy(&buf[..n]);
-            let reply = match Request::parse(&text) {
+            let mut reply = match Request::parse(&text) {
                 Ok(mut req) => {
                     req.peer = Some(peer);
                     route(&b, &req).await
                 }
                 Err(e) => Reply::error("400 Bad Request", e.to_string()),
             };
+            // Whose answer this is: the CLI refuses another cluster's.
+            reply
+                .headers
+                .push(format!("X-Oncelog-Cluster-Id: {}", b.cluster_id()));
+            reply
+                .headers
+                .push(format!("X-Oncelog-Node-Id: {}", b.node_id()));
             let _ = s.write_all(&reply.bytes()).await;
             let _ = s.shutdown().await;
         });

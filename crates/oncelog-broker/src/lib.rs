@@ -8,6 +8,7 @@
 //! `oncelog-log`.
 
 pub mod acl;
+pub mod backend;
 pub mod cluster;
 pub mod compaction;
 pub mod config;
@@ -214,6 +215,22 @@ impl Broker {
             config.node_id
         );
         Ok(())
+    }
+
+    /// The cluster's id, as Metadata answers it.
+    pub fn cluster_id(&self) -> String {
+        match self.cluster.get() {
+            Some(front) => front.cluster_id.clone(),
+            None => self.topics.cluster_id().to_string(),
+        }
+    }
+
+    /// This broker's node id (in cluster mode, the one it registered with).
+    pub fn node_id(&self) -> i32 {
+        match self.cluster.get() {
+            Some(front) => front.cluster.session.broker_id,
+            None => self.config.node_id,
+        }
     }
 
     /// Resolves with the reason once cluster mode must stop this broker

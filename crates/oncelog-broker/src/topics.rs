@@ -22,6 +22,35 @@ use crate::datadir::{self, fatal_storage, write_atomically};
 use crate::error::TopicError;
 use oncelog_log::now_ms;
 
+/// What every backend checks before it creates a topic: a valid name that
+/// is not one of the broker's own, 1 to `max_partitions` partitions, and
+/// topic configs it knows with values it accepts.
+pub fn check_new_topic(
+    name: &str,
+    partitions: i32,
+    configs: &BTreeMap<String, String>,
+    max_partitions: i32,
+) -> Result<(), TopicError> {
+    validate_topic_name(name)?;
+    // The broker's own names: `__consumer_offsets` stands for a group's
+    // offsets inside a transaction, so no client topic may take it.
+    if datadir::is_internal_topic(name) {
+        return Err(TopicError::Internal {
+            topic: name.into(),
+            action: "create",
+        });
+    }
+    if partitions <= 0 || partitions > max_partitions {
+        return Err(TopicError::InvalidPartitions(format!(
+            "number of partitions must be between 1 and max.partitions.per.topic ({max_partitions}), got {partitions}"
+        )));
+    }
+    for (k, v) in configs {
+        crate::config::validate_topic_config(k, v).map_err(|e| TopicError::InvalidConfig(e.0))?;
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TopicMeta {
     pub name: String,
@@ -505,28 +534,12 @@ impl Topics {
         configs: BTreeMap<String, String>,
         validate_only: bool,
     ) -> Result<Arc<Topic>, TopicError> {
-        validate_topic_name(name)?;
-        if datadir::is_internal_topic(name) {
-            return Err(TopicError::Internal {
-                topic: name.into(),
-                action: "create",
-            });
-        }
         let partitions = if partitions == -1 {
             self.config.num_partitions
         } else {
             partitions
         };
-        let max = self.config.max_partitions_per_topic;
-        if partitions <= 0 || partitions > max {
-            return Err(TopicError::InvalidPartitions(format!(
-                "number of partitions must be between 1 and max.partitions.per.topic ({max}), got {partitions}"
-            )));
-        }
-        for (k, v) in &configs {
-            crate::config::validate_topic_config(k, v)
-                .map_err(|e| TopicError::InvalidConfig(e.0))?;
-        }
+        check_new_topic(name, partitions, &configs, self.config.max_partitions_per_topic)?;
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         if self.get(name).is_some() {
             return Err(TopicError::AlreadyExists(name.into()));

@@ -62,6 +62,31 @@ impl Cluster {
         nodes
     }
 
+    /// Every broker the cluster lists (a Metadata request for no topic), in
+    /// order of id; their addresses are learnt for [`Self::node`].
+    pub async fn brokers(&mut self) -> Result<Vec<i32>, ClientError> {
+        let req = MetadataRequest::default()
+            .with_allow_auto_topic_creation(false)
+            .with_topics(Some(vec![]));
+        let (md, _) = self
+            .boot
+            .call_max::<_, MetadataResponse>(ApiKey::Metadata, &req, 12)
+            .await?;
+        let mut ids = Vec::new();
+        for b in &md.brokers {
+            self.brokers
+                .insert(b.node_id.0, format!("{}:{}", b.host.as_str(), b.port));
+            ids.push(b.node_id.0);
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// The address learnt for node `id`.
+    pub fn address(&self, id: i32) -> Option<&str> {
+        self.brokers.get(&id).map(String::as_str)
+    }
+
     /// The partitions of `topic` and their leaders; `create` lets the cluster
     /// auto-create it (as producers do). Retries while leaders are unknown.
     pub async fn leaders(&mut self, topic: &str, create: bool) -> Result<Leaders, ClientError> {

@@ -433,10 +433,12 @@ fn main() -> Result<()> {
                 // librdkafka's connection chatter during the auditor's
                 // own broker kills is expected, not news.
                 let quiet = cli.command.quiet_clients();
+                // The connection pool's own warnings repeat what cluster
+                // mode says once a minute about PostgreSQL being unreachable.
                 tracing_subscriber::EnvFilter::new(if quiet {
-                    "info,rdkafka=off,librdkafka=off"
+                    "info,rdkafka=off,librdkafka=off,deadpool.postgres=error"
                 } else {
-                    "info"
+                    "info,deadpool.postgres=error"
                 })
             }),
         )

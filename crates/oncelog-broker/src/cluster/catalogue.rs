@@ -7,7 +7,6 @@ use uuid::Uuid;
 
 use super::ClusterError;
 use crate::error::TopicError;
-use crate::topics::validate_topic_name;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicRow {
@@ -51,23 +50,9 @@ pub async fn create_topic(
     name: &str,
     partitions: i32,
     configs: &BTreeMap<String, String>,
+    max_partitions: i32,
 ) -> Result<TopicRow, CatalogueError> {
-    validate_topic_name(name)?;
-    // The broker's own names: `__consumer_offsets` stands for a group's
-    // offsets inside a transaction, so no client topic may take it.
-    if crate::datadir::is_internal_topic(name) {
-        return Err(TopicError::Internal {
-            topic: name.into(),
-            action: "create",
-        }
-        .into());
-    }
-    if partitions < 1 {
-        return Err(TopicError::InvalidPartitions(partitions.to_string()).into());
-    }
-    for (k, v) in configs {
-        crate::config::validate_topic_config(k, v).map_err(|e| TopicError::InvalidConfig(e.0))?;
-    }
+    crate::topics::check_new_topic(name, partitions, configs, max_partitions)?;
     let id = Uuid::new_v4();
     let configs_json = serde_json::to_value(configs).unwrap_or_default();
     let mut client = pool.get().await?;

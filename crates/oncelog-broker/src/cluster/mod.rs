@@ -3,6 +3,7 @@
 //! store (S3 API, or a shared directory through `file://`).
 //!
 //! * [`binding`]: the object store's marker, which binds it to its cluster.
+//! * [`outage`]: PostgreSQL unreachable, said once a minute.
 //! * [`pg`]: the PostgreSQL URL and its TLS settings (`sslmode`).
 //! * [`schema`]: the tables, created (idempotently) at connect.
 //! * [`objects`]: the object store named by a URL, and the cache of batches.
@@ -27,6 +28,7 @@ pub mod groups;
 pub mod info;
 pub mod jobs;
 pub mod objects;
+pub mod outage;
 pub mod pg;
 pub mod reader;
 pub mod records;
@@ -177,6 +179,8 @@ pub struct Cluster {
     pub config: ClusterConfig,
     /// PostgreSQL's address and TLS settings, for connections outside the pool.
     pub pg: pg::Target,
+    /// Whether PostgreSQL is reachable, said once a minute when it is not.
+    pub outage: outage::Outage,
     pub pool: Pool,
     pub objects: Objects,
     pub session: Session,
@@ -206,6 +210,7 @@ impl Cluster {
         let cache = BatchCache::new(config.cache_bytes);
         Ok(Arc::new(Self {
             config,
+            outage: outage::Outage::new(&pg.config),
             pg,
             pool,
             objects,

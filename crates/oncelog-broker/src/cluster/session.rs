@@ -331,13 +331,14 @@ impl Session {
 
     /// Renews every third of the lease, re-registering when it was lost,
     /// until the task is dropped.
-    pub async fn keep_alive(&self, pool: &Pool) {
+    pub async fn keep_alive(&self, pool: &Pool, outage: &super::outage::Outage) {
         let every = Duration::from_millis((self.lease_ms / 3).max(50) as u64);
         loop {
             tokio::time::sleep(every).await;
             match self.renew(pool).await {
-                Ok(()) => {}
+                Ok(()) => outage.reached(),
                 Err(ClusterError::Fenced { session, .. }) => {
+                    outage.reached();
                     tracing::warn!(
                         broker = self.broker_id,
                         session,
@@ -350,11 +351,13 @@ impl Session {
                             self.stopped.send_replace(Some(e.to_string()));
                             return;
                         }
-                        Err(e) => tracing::warn!(error = %e, "cluster: re-registering failed"),
+                        Err(e) => {
+                            crate::cluster_warn!(outage, e, error = %e, "cluster: re-registering failed")
+                        }
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cluster: renewing the lease failed");
+                    crate::cluster_warn!(outage, e, error = %e, "cluster: renewing the lease failed");
                 }
             }
         }

@@ -87,11 +87,13 @@ fn config_type(key: &str) -> i8 {
     }
 }
 
-pub fn create_topics(
+pub async fn create_topics(
     b: &Arc<Broker>,
     req: CreateTopicsRequest,
     version: i16,
 ) -> CreateTopicsResponse {
+    let catalogue = b.catalogue();
+    let brokers = catalogue.broker_ids();
     let mut seen = HashSet::new();
     let dups: HashSet<String> = req
         .topics
@@ -99,115 +101,139 @@ pub fn create_topics(
         .filter(|t| !seen.insert(t.name.0.to_string()))
         .map(|t| t.name.0.to_string())
         .collect();
-    let topics = req
-        .topics
-        .into_iter()
-        .map(|t| {
-            let name = t.name.0.to_string();
-            let mut r = CreatableTopicResult::default().with_name(t.name.clone());
-            let fail = |mut r: CreatableTopicResult, code: ErrorCode, msg: String| {
-                r.error_code = code.code();
-                if version >= 1 {
-                    r.error_message = Some(s(msg));
-                }
-                r
+    let mut out = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let r = CreatableTopicResult::default().with_name(t.name.clone());
+        let fail = |mut r: CreatableTopicResult, code: ErrorCode, msg: String| {
+            r.error_code = code.code();
+            if version >= 1 {
+                r.error_message = Some(s(msg));
+            }
+            r
+        };
+        if dups.contains(&name) {
+            out.push(fail(
+                r,
+                ErrorCode::InvalidRequest,
+                format!("topic {name} appears more than once"),
+            ));
+            continue;
+        }
+        // As Kafka: no more replicas than brokers listed. Every backend
+        // keeps one copy (local: this broker's disk; cluster: the object
+        // store), so a partition has one replica whatever was asked.
+        let available = brokers.len() as i32;
+        if t.assignments.is_empty()
+            && t.replication_factor != -1
+            && !(1..=available).contains(&(t.replication_factor as i32))
+        {
+            let why = if t.replication_factor < 1 {
+                "replication factor must be larger than 0".to_string()
+            } else {
+                format!(
+                    "replication factor {} is larger than the {available} available broker{}: \
+                     {}; use replication factor 1 (or leave it out)",
+                    t.replication_factor,
+                    if available == 1 { "" } else { "s" },
+                    catalogue.copies()
+                )
             };
-            if dups.contains(&name) {
-                return fail(
+            out.push(fail(r, ErrorCode::InvalidReplicationFactor, why));
+            continue;
+        }
+        let mut partitions = if t.num_partitions == -1 {
+            b.config.num_partitions
+        } else {
+            t.num_partitions
+        };
+        if !t.assignments.is_empty() {
+            if t.num_partitions != -1 || t.replication_factor != -1 {
+                out.push(fail(
                     r,
                     ErrorCode::InvalidRequest,
-                    format!("topic {name} appears more than once"),
-                );
+                    "both replica assignments and partitions/replication factor were given".into(),
+                ));
+                continue;
             }
-            if !matches!(t.replication_factor, -1 | 1) && t.assignments.is_empty() {
-                let why = if t.replication_factor < 1 {
-                    "replication factor must be larger than 0".to_string()
-                } else {
+            let ok = t.assignments.iter().enumerate().all(|(i, a)| {
+                let ids: HashSet<i32> = a.broker_ids.iter().map(|x| x.0).collect();
+                a.partition_index == i as i32
+                    && !a.broker_ids.is_empty()
+                    && ids.len() == a.broker_ids.len()
+                    && ids.iter().all(|id| brokers.contains(id))
+            });
+            if !ok {
+                out.push(fail(
+                    r,
+                    ErrorCode::InvalidReplicaAssignment,
                     format!(
-                        "replication factor {} is larger than the 1 available broker: a \
-                         local-mode broker keeps one copy of each partition; use replication \
-                         factor 1 (or leave it out)",
-                        t.replication_factor
-                    )
-                };
-                return fail(r, ErrorCode::InvalidReplicationFactor, why);
+                        "assignments must name partitions 0.. in order, each on distinct brokers \
+                         of {brokers:?}"
+                    ),
+                ));
+                continue;
             }
-            let mut partitions = t.num_partitions;
-            if !t.assignments.is_empty() {
-                if t.num_partitions != -1 || t.replication_factor != -1 {
-                    return fail(
-                        r,
-                        ErrorCode::InvalidRequest,
-                        "both replica assignments and partitions/replication factor were given"
-                            .into(),
-                    );
-                }
-                let ok = t.assignments.iter().enumerate().all(|(i, a)| {
-                    a.partition_index == i as i32
-                        && a.broker_ids.len() == 1
-                        && a.broker_ids[0].0 == b.config.node_id
-                });
-                if !ok {
-                    return fail(
-                        r,
-                        ErrorCode::InvalidReplicaAssignment,
-                        format!(
-                            "assignments must name partitions 0.. in order, each on broker {}",
-                            b.config.node_id
-                        ),
-                    );
-                }
-                partitions = t.assignments.len() as i32;
-            }
-            let configs: BTreeMap<String, String> = t
-                .configs
-                .iter()
-                .filter_map(|c| {
-                    c.value
-                        .as_ref()
-                        .map(|v| (c.name.to_string(), v.to_string()))
-                })
-                .collect();
-            match b
-                .topics
-                .create(&name, partitions, configs, req.validate_only)
+            partitions = t.assignments.len() as i32;
+        }
+        let configs: BTreeMap<String, String> = t
+            .configs
+            .iter()
+            .filter_map(|c| {
+                c.value
+                    .as_ref()
+                    .map(|v| (c.name.to_string(), v.to_string()))
+            })
+            .collect();
+        out.push(
+            match catalogue
+                .create_topic(&name, partitions, configs, req.validate_only)
+                .await
             {
-                Ok(topic) => {
-                    if version >= 5 {
-                        let meta = topic.meta();
-                        r.num_partitions = meta.partitions;
-                        r.replication_factor = 1;
-                        r.configs = Some(
-                            BrokerConfig::TOPIC_CONFIGS
-                                .iter()
-                                .map(|k| {
-                                    let (v, src) = match meta.configs.get(*k) {
-                                        Some(v) => (Some(v.clone()), SOURCE_TOPIC),
-                                        None => (b.config.topic_default(k), SOURCE_DEFAULT),
-                                    };
-                                    CreatableTopicConfigs::default()
-                                        .with_name(s(*k))
-                                        .with_value(v.map(s))
-                                        .with_config_source(src)
-                                })
-                                .collect(),
-                        );
-                        if version >= 7 {
-                            r.topic_id = meta.id;
-                        }
-                    }
-                    r
-                }
+                Ok(meta) => created(b, r, &meta, version),
                 Err(e) => {
                     if !matches!(e, TopicError::AlreadyExists(_)) {
                         tracing::warn!(topic = %name, error = %e, "create topic refused");
                     }
                     fail(r, topic_error_code(&e), e.to_string())
                 }
-            }
-        })
-        .collect();
-    CreateTopicsResponse::default().with_topics(topics)
+            },
+        );
+    }
+    CreateTopicsResponse::default().with_topics(out)
+}
+
+/// A created (or, validate_only, creatable) topic's answer: from v5 its
+/// partitions, replication factor and every topic config with its source.
+fn created(
+    b: &Broker,
+    mut r: CreatableTopicResult,
+    meta: &crate::topics::TopicMeta,
+    version: i16,
+) -> CreatableTopicResult {
+    if version >= 5 {
+        r.num_partitions = meta.partitions;
+        r.replication_factor = 1;
+        r.configs = Some(
+            BrokerConfig::TOPIC_CONFIGS
+                .iter()
+                .map(|k| {
+                    let (v, src) = match meta.configs.get(*k) {
+                        Some(v) => (Some(v.clone()), SOURCE_TOPIC),
+                        None => (b.config.topic_default(k), SOURCE_DEFAULT),
+                    };
+                    CreatableTopicConfigs::default()
+                        .with_name(s(*k))
+                        .with_value(v.map(s))
+                        .with_config_source(src)
+                })
+                .collect(),
+        );
+        if version >= 7 {
+            r.topic_id = meta.id;
+        }
+    }
+    r
 }
 
 /// DeleteTopics; also returns the names of the topics deleted (whose

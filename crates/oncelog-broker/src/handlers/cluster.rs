@@ -19,10 +19,6 @@ use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResponse, AddPartitionsToTxnTopicResult,
 };
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
-use kafka_protocol::messages::create_topics_request::CreateTopicsRequest;
-use kafka_protocol::messages::create_topics_response::{
-    CreatableTopicResult, CreateTopicsResponse,
-};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
 use kafka_protocol::messages::delete_topics_response::{
     DeletableTopicResult, DeleteTopicsResponse,
@@ -161,11 +157,6 @@ pub async fn handle(
         RequestKind::Metadata(r) => Box::pin(async move {
             respond(ResponseKind::Metadata(
                 metadata(&b, &front, r, version, &sender.listener).await,
-            ))
-        }),
-        RequestKind::CreateTopics(r) => Box::pin(async move {
-            respond(ResponseKind::CreateTopics(
-                create_topics(&b, &front, r, version).await,
             ))
         }),
         RequestKind::DeleteTopics(r) => Box::pin(async move {
@@ -470,7 +461,7 @@ async fn metadata(
         None => match catalogue::topics(&front.cluster.pool).await {
             Ok(all) => all.iter().map(entry).collect(),
             Err(e) => {
-                tracing::warn!(error = %e, "cluster: listing topics failed; answering from the copy");
+                crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: listing topics failed; answering from the copy");
                 front.topics().iter().map(entry).collect()
             }
         },
@@ -480,7 +471,7 @@ async fn metadata(
                 let found = match front.topic(&name).await {
                     Ok(t) => t,
                     Err(e) => {
-                        tracing::warn!(topic = %name, error = %e, "cluster: topic lookup failed");
+                        crate::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
                         out.push(error_entry(&name, ErrorCode::LeaderNotAvailable));
                         continue;
                     }
@@ -489,7 +480,8 @@ async fn metadata(
                     Some(t) => entry(&t),
                     None if auto_create => {
                         let n = b.config.num_partitions;
-                        match catalogue::create_topic(&front.cluster.pool, &name, n, &BTreeMap::new())
+                        let max = b.config.max_partitions_per_topic;
+                        match catalogue::create_topic(&front.cluster.pool, &name, n, &BTreeMap::new(), max)
                             .await
                         {
                             Ok(t) => {
@@ -506,7 +498,7 @@ async fn metadata(
                                 error_entry(&name, ErrorCode::InvalidTopicException)
                             }
                             Err(e) => {
-                                tracing::warn!(topic = %name, error = %e, "cluster: auto-create failed");
+                                crate::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: auto-create failed");
                                 error_entry(&name, ErrorCode::LeaderNotAvailable)
                             }
                         }
@@ -533,76 +525,6 @@ fn catalogue_code(e: &CatalogueError) -> ErrorCode {
         CatalogueError::Topic(TopicError::Internal { .. }) => ErrorCode::TopicAuthorizationFailed,
         CatalogueError::Topic(_) | CatalogueError::Cluster(_) => ErrorCode::KafkaStorageError,
     }
-}
-
-async fn create_topics(
-    b: &Broker,
-    front: &Front,
-    req: CreateTopicsRequest,
-    version: i16,
-) -> CreateTopicsResponse {
-    let mut out = Vec::with_capacity(req.topics.len());
-    for t in req.topics {
-        let name = t.name.0.to_string();
-        let mut r = CreatableTopicResult::default().with_name(t.name.clone());
-        let partitions = if t.num_partitions == -1 {
-            b.config.num_partitions
-        } else {
-            t.num_partitions
-        };
-        let configs: BTreeMap<String, String> = t
-            .configs
-            .iter()
-            .filter_map(|c| {
-                c.value
-                    .as_ref()
-                    .map(|v| (c.name.to_string(), v.to_string()))
-            })
-            .collect();
-        let res = if req.validate_only {
-            match front.topic(&name).await {
-                Ok(Some(_)) => Err(CatalogueError::Topic(TopicError::AlreadyExists(
-                    name.clone(),
-                ))),
-                Ok(None) if crate::datadir::is_internal_topic(&name) => {
-                    Err(CatalogueError::Topic(TopicError::Internal {
-                        topic: name.clone(),
-                        action: "create",
-                    }))
-                }
-                Ok(None) => crate::topics::validate_topic_name(&name)
-                    .map_err(CatalogueError::Topic)
-                    .map(|()| None),
-                Err(e) => Err(CatalogueError::Cluster(e)),
-            }
-        } else {
-            catalogue::create_topic(&front.cluster.pool, &name, partitions, &configs)
-                .await
-                .map(Some)
-        };
-        match res {
-            Ok(created) => {
-                if let Some(row) = created {
-                    front.remember(row.clone());
-                    if version >= 7 {
-                        r.topic_id = row.id;
-                    }
-                }
-                if version >= 5 {
-                    r.num_partitions = partitions;
-                    r.replication_factor = 1;
-                }
-            }
-            Err(e) => {
-                r.error_code = catalogue_code(&e).code();
-                if version >= 1 {
-                    r.error_message = Some(s(e.to_string()));
-                }
-            }
-        }
-        out.push(r);
-    }
-    CreateTopicsResponse::default().with_topics(out)
 }
 
 async fn delete_topics(
@@ -704,7 +626,7 @@ async fn decide(
             Err(ErrorCode::TransactionalIdAuthorizationFailed)
         }
         Err(e) => {
-            tracing::warn!(transactional_id = id, error = %e, "cluster: coordinator decision not committed");
+            crate::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: coordinator decision not committed");
             Err(ErrorCode::CoordinatorNotAvailable)
         }
     }
@@ -808,7 +730,7 @@ async fn init_producer_id(
             .with_producer_id(ProducerId(pid))
             .with_producer_epoch(0),
         Err(e) => {
-            tracing::warn!(error = %e, "cluster: could not allocate a producer id");
+            crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: could not allocate a producer id");
             resp.with_error_code(ErrorCode::CoordinatorNotAvailable.code())
         }
     }
@@ -1477,7 +1399,7 @@ async fn fetch_once(b: &Broker, front: &Front, req: &FetchRequest, version: i16)
                     has_error = true;
                 }
                 Err(e) => {
-                    tracing::warn!(partition = %format!("{}-{}", t.name, fp.partition), error = %e,
+                    crate::cluster_warn!(front.cluster.outage, e, partition = %format!("{}-{}", t.name, fp.partition), error = %e,
                         "cluster: read failed");
                     pd.error_code = ErrorCode::KafkaStorageError.code();
                     has_error = true;
@@ -1578,7 +1500,7 @@ async fn offset_for(
     read_committed: bool,
 ) -> Result<Option<(i64, i64)>, ErrorCode> {
     let storage = |e: ClusterError| {
-        tracing::warn!(error = %e, "cluster: offset lookup failed");
+        crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: offset lookup failed");
         ErrorCode::KafkaStorageError
     };
     let Some(o) = reader::offsets(&front.cluster, topic_id, partition)

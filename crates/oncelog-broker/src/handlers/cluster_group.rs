@@ -56,15 +56,15 @@ async fn coordinate(b: &Broker, front: &Front, group: &str) -> Result<(), ErrorC
             Ok(())
         }
         Ok(Claim::Elsewhere(_)) => Err(ErrorCode::NotCoordinator),
-        Err(e) => Err(storage_code(group, &e)),
+        Err(e) => Err(storage_code(front, group, &e)),
     }
 }
 
-fn storage_code(group: &str, e: &ClusterError) -> ErrorCode {
+fn storage_code(front: &Front, group: &str, e: &ClusterError) -> ErrorCode {
     match e {
         ClusterError::NotCoordinator(_) | ClusterError::Fenced { .. } => ErrorCode::NotCoordinator,
         e => {
-            tracing::warn!(group, error = %e, "cluster: group coordination failed");
+            crate::cluster_warn!(front.cluster.outage, *e, group, error = %e, "cluster: group coordination failed");
             ErrorCode::CoordinatorNotAvailable
         }
     }
@@ -149,7 +149,7 @@ pub async fn offset_commit(
         .await;
     if code == ErrorCode::None && !offsets.is_empty() {
         if let Err(e) = cg::commit_offsets(&front.cluster, &group_id, &offsets).await {
-            code = storage_code(&group_id, &e);
+            code = storage_code(front, &group_id, &e);
         }
     }
     group::commit_response(&req, &unknown, code)
@@ -170,7 +170,7 @@ pub async fn offset_fetch(
             version >= 7 && req.require_stable,
         )
         .await
-        .map_err(|e| storage_code(&group_id, &e)),
+        .map_err(|e| storage_code(front, &group_id, &e)),
         Err(code) => Err(code),
     };
     match answer {
@@ -202,7 +202,7 @@ pub async fn list_groups(
     let all = match cg::all_groups(&front.cluster).await {
         Ok(all) => all,
         Err(e) => {
-            tracing::warn!(error = %e, "cluster: ListGroups could not read the groups");
+            crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListGroups could not read the groups");
             return ListGroupsResponse::default()
                 .with_error_code(ErrorCode::CoordinatorNotAvailable.code());
         }
@@ -265,7 +265,7 @@ pub async fn delete_groups(
                             ErrorCode::None
                         }
                     }
-                    Err(e) => storage_code(&group, &e),
+                    Err(e) => storage_code(front, &group, &e),
                 },
             },
         };
@@ -301,7 +301,7 @@ pub async fn offset_delete(
         match front.topic(&name).await {
             Ok(row) => exists.insert(name, row.map(|r| r.partitions).unwrap_or(0)),
             Err(e) => {
-                let code = storage_code(&group, &e);
+                let code = storage_code(front, &group, &e);
                 return OffsetDeleteResponse::default().with_error_code(code.code());
             }
         };
@@ -359,7 +359,7 @@ async fn offset_delete_known(
             );
             Ok(codes)
         }
-        Err(e) => Err(storage_code(group, &e)),
+        Err(e) => Err(storage_code(front, group, &e)),
     }
 }
 
@@ -386,7 +386,7 @@ pub async fn describe_groups(
                     match cg::has_offsets(&front.cluster, gid.0.as_str()).await {
                         Ok(true) => g.group_state = StrBytes::from_static_str("Empty"),
                         Ok(false) => {}
-                        Err(e) => g.error_code = storage_code(gid.0.as_str(), &e).code(),
+                        Err(e) => g.error_code = storage_code(front, gid.0.as_str(), &e).code(),
                     }
                 }
                 d
@@ -444,7 +444,7 @@ pub async fn txn_offset_commit(
             Ok(Ok(())) => ErrorCode::None,
             Ok(Err(VerifyError::StaleEpoch)) => ErrorCode::InvalidProducerEpoch,
             Ok(Err(VerifyError::NotInTransaction)) => ErrorCode::InvalidTxnState,
-            Err(e) => storage_code(&group_id, &e),
+            Err(e) => storage_code(front, &group_id, &e),
         };
     }
     if code != ErrorCode::None {
@@ -461,7 +461,7 @@ pub async fn group_coordinator(front: &Front, group: &str, live: &[i32]) -> Opti
         Ok(Some(id)) if live.contains(&id) => Some(id),
         Ok(_) => crate::cluster::rendezvous(group.as_bytes(), live),
         Err(e) => {
-            tracing::warn!(group, error = %e, "cluster: looking up a group's coordinator failed");
+            crate::cluster_warn!(front.cluster.outage, e, group, error = %e, "cluster: looking up a group's coordinator failed");
             None
         }
     }

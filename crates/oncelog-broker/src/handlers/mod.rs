@@ -364,7 +364,7 @@ impl Conn {
 /// Runs file-heavy work (a topic's directories, their fsyncs) without
 /// stalling the other tasks of an async worker thread, where the runtime
 /// allows it.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
@@ -374,6 +374,11 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 fn requester(header: &RequestHeader, peer: std::net::SocketAddr) -> crate::txn_history::Requester {
     crate::txn_history::Requester::new(header.client_id.as_ref().map(|c| c.as_str()), peer)
 }
+
+/// The requests one handler serves in both modes, over [`crate::backend`].
+/// In cluster mode every other request still goes to cluster mode's own
+/// handlers (`cluster::handle`), until they are folded in here too.
+pub(crate) const SHARED: &[ApiKey] = &[ApiKey::CreateTopics];
 
 /// Runs the handler of one decoded request.
 async fn handle(
@@ -385,7 +390,7 @@ async fn handle(
     version: i16,
     respond: impl Fn(ResponseKind) -> Option<Bytes> + Send + Sync + 'static,
 ) -> Result<Pending, FrameError> {
-    if let Some(front) = b.cluster.get() {
+    if let Some(front) = b.cluster.get().filter(|_| !SHARED.contains(&key)) {
         let front = front.clone();
         let sender = cluster::Sender {
             client_id: header
@@ -512,11 +517,10 @@ async fn handle(
                 respond(ResponseKind::EndTxn(resp))
             })
         }
-        RequestKind::CreateTopics(r) => {
-            ready(respond(ResponseKind::CreateTopics(blocking(|| {
-                admin::create_topics(&b, r, version)
-            }))))
-        }
+        RequestKind::CreateTopics(r) => Box::pin(async move {
+            let resp = admin::create_topics(&b, r, version).await;
+            respond(ResponseKind::CreateTopics(resp))
+        }),
         RequestKind::DeleteTopics(r) => Box::pin(async move {
             let (resp, deleted) = blocking(|| admin::delete_topics(&b, r, version));
             // As Kafka's coordinator: a deleted topic's committed offsets

@@ -11,7 +11,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use serde_json::Value;
 
-use super::history::{default_admin_url, fmt_ms, get_json, percent_encode, post_json};
+use super::history::{fmt_ms, get_json, percent_encode, post_json};
 use super::table;
 
 #[derive(Subcommand)]
@@ -60,9 +60,7 @@ pub struct Admin {
 
 impl Admin {
     fn url(&self, bootstrap: &str) -> String {
-        self.admin
-            .clone()
-            .unwrap_or_else(|| default_admin_url(bootstrap))
+        super::history::admin_for(bootstrap, self.admin.clone())
     }
 }
 

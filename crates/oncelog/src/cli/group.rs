@@ -16,7 +16,7 @@ use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponse;
 use kafka_protocol::messages::{ApiKey, GroupId, TopicName};
 use oncelog_client::admin::metadata;
 use oncelog_client::consumer::{commit_request, decode_assignment, list_offsets, EARLIEST, LATEST};
-use oncelog_client::{check, Client, ResponseError};
+use oncelog_client::{check, Cluster, CoordinatorType, ResponseError};
 use serde_json::{json, Value};
 
 use super::{emit, s, table};
@@ -58,25 +58,38 @@ pub enum GroupCmd {
 }
 
 pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()> {
-    let mut c = Client::connect(bootstrap).await?;
+    let mut cl = Cluster::connect(bootstrap).await?;
     match cmd {
         GroupCmd::List => {
-            let (r, _) = c
-                .call::<_, ListGroupsResponse>(ApiKey::ListGroups, &ListGroupsRequest::default())
-                .await?;
-            check(r.error_code, "list groups")?;
-            let mut rows: Vec<Vec<String>> = r
-                .groups
-                .iter()
-                .map(|g| {
-                    vec![
-                        g.group_id.0.to_string(),
-                        g.group_state.to_string(),
-                        g.protocol_type.to_string(),
-                    ]
-                })
-                .collect();
+            // Each broker lists the groups it coordinates: ask them all, as
+            // Kafka's admin client does.
+            let mut rows: Vec<Vec<String>> = Vec::new();
+            for id in cl.brokers().await? {
+                let addr = cl.address(id).unwrap_or("?").to_string();
+                let answer = match cl.node(id).await {
+                    Ok(c) => c
+                        .call::<_, ListGroupsResponse>(ApiKey::ListGroups, &ListGroupsRequest::default())
+                        .await
+                        .map_err(anyhow::Error::from)
+                        .and_then(|(r, _)| {
+                            check(r.error_code, "list groups")?;
+                            Ok(r)
+                        }),
+                    Err(e) => Err(e.into()),
+                };
+                match answer {
+                    Ok(r) => rows.extend(r.groups.iter().map(|g| {
+                        vec![
+                            g.group_id.0.to_string(),
+                            g.group_state.to_string(),
+                            g.protocol_type.to_string(),
+                        ]
+                    })),
+                    Err(e) => eprintln!("warning: broker {id} ({addr}) did not list its groups: {e:#}"),
+                }
+            }
             rows.sort();
+            rows.dedup_by(|a, b| a[0] == b[0]);
             let v = json!(rows
                 .iter()
                 .map(|r| json!({"group": r[0], "state": r[1], "protocol_type": r[2]}))
@@ -84,6 +97,8 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
             emit(json_out, &v, &["GROUP", "STATE", "PROTOCOL-TYPE"], rows);
         }
         GroupCmd::Describe { group } => {
+            let coordinator = cl.coordinator(&group, CoordinatorType::Group).await?;
+            let c = cl.node(coordinator).await?;
             let (d, _) = c
                 .call::<_, DescribeGroupsResponse>(
                     ApiKey::DescribeGroups,
@@ -126,7 +141,7 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
             let mut lag_rows = Vec::new();
             for t in &o.topics {
                 let parts: Vec<i32> = t.partitions.iter().map(|p| p.partition_index).collect();
-                let lso = list_offsets(&mut c, t.name.0.as_str(), &parts, LATEST, true).await?;
+                let lso = list_offsets(c, t.name.0.as_str(), &parts, LATEST, true).await?;
                 for p in &t.partitions {
                     let end = lso.get(&p.partition_index).copied().unwrap_or(-1);
                     let lag = if p.committed_offset >= 0 && end >= 0 {
@@ -189,6 +204,8 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
             shift_by,
             execute,
         } => {
+            let coordinator = cl.coordinator(&group, CoordinatorType::Group).await?;
+            let c = cl.node(coordinator).await?;
             let (d, _) = c
                 .call::<_, DescribeGroupsResponse>(
                     ApiKey::DescribeGroups,
@@ -205,7 +222,7 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
                     );
                 }
             }
-            let md = metadata(&mut c, Some(vec![topic.clone()])).await?;
+            let md = metadata(c, Some(vec![topic.clone()])).await?;
             let t = md
                 .topics
                 .first()
@@ -239,10 +256,10 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
                         .map(|p| (p.partition_index, p.committed_offset))
                 })
                 .collect();
-            let start = list_offsets(&mut c, &topic, &parts, EARLIEST, false).await?;
-            let end = list_offsets(&mut c, &topic, &parts, LATEST, false).await?;
+            let start = list_offsets(c, &topic, &parts, EARLIEST, false).await?;
+            let end = list_offsets(c, &topic, &parts, LATEST, false).await?;
             let by_time = match to_datetime {
-                Some(ts) => Some(list_offsets(&mut c, &topic, &parts, ts, false).await?),
+                Some(ts) => Some(list_offsets(c, &topic, &parts, ts, false).await?),
                 None => None,
             };
             let mut plan: Vec<(i32, i64, i64)> = Vec::new();
@@ -301,6 +318,8 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
             }
         }
         GroupCmd::Delete { group } => {
+            let coordinator = cl.coordinator(&group, CoordinatorType::Group).await?;
+            let c = cl.node(coordinator).await?;
             let (r, _) = c
                 .call::<_, DeleteGroupsResponse>(
                     ApiKey::DeleteGroups,

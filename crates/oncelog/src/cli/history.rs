@@ -34,6 +34,41 @@ pub fn default_admin_url(bootstrap: &str) -> String {
     format!("http://{host}:{DEFAULT_ADMIN_PORT}")
 }
 
+/// The bootstrap whose cluster the HTTP endpoints asked must belong to,
+/// and that cluster's id once learnt (`None` inside: it did not answer).
+static BOUND: tokio::sync::OnceCell<(String, Option<String>)> = tokio::sync::OnceCell::const_new();
+static BOOTSTRAP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The HTTP endpoint to ask for `bootstrap`'s cluster: `admin` when given,
+/// else [`default_admin_url`]. Either way every answer is then checked to
+/// come from the bootstrap broker's cluster: a broker names its cluster in
+/// the `X-Oncelog-Cluster-Id` header, and an answer of another cluster is
+/// refused (a default port that reaches another broker on the same host
+/// must not pass off that broker's state as this cluster's).
+pub fn admin_for(bootstrap: &str, admin: Option<String>) -> String {
+    let _ = BOOTSTRAP.set(bootstrap.to_string());
+    admin.unwrap_or_else(|| default_admin_url(bootstrap))
+}
+
+/// The bootstrap broker's cluster id, asked once (Metadata); `None` when no
+/// bootstrap was bound or it did not answer (nothing to compare with).
+async fn expected_cluster() -> Option<&'static (String, Option<String>)> {
+    let bootstrap = BOOTSTRAP.get()?;
+    Some(
+        BOUND
+            .get_or_init(|| async {
+                let id = async {
+                    let mut c = oncelog_client::Client::connect(bootstrap).await.ok()?;
+                    let md = oncelog_client::admin::metadata(&mut c, Some(vec![])).await.ok()?;
+                    md.cluster_id.map(|s| s.to_string())
+                };
+                let id = tokio::time::timeout(DEADLINE, id).await.ok().flatten();
+                (bootstrap.clone(), id)
+            })
+            .await,
+    )
+}
+
 /// Percent-encodes everything but RFC 3986's unreserved characters.
 pub fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -92,11 +127,28 @@ async fn request_json(method: &str, base: &str, path: &str) -> Result<Value> {
         .map_err(|_| anyhow!("{method} {url}: no answer within {}s", DEADLINE.as_secs()))?
         .with_context(|| format!("{method} {url}"))?;
     let (head, body) = split_answer(&answer).ok_or_else(|| anyhow!("{method} {url}: not HTTP"))?;
+    if let Some((bootstrap, Some(expected))) = expected_cluster().await {
+        let theirs = head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case("x-oncelog-cluster-id")
+                .then(|| v.trim().to_string())
+        });
+        if let Some(theirs) = theirs {
+            if &theirs != expected {
+                bail!(
+                    "{url} is the HTTP endpoint of cluster {theirs}, but {bootstrap} is cluster \
+                     {expected}: give --admin (or ONCELOG_ADMIN) the metrics.listen address of a \
+                     broker of {bootstrap}'s cluster"
+                );
+            }
+        }
+    }
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| anyhow!("{method} {url}: no status in {head:?}"))?;
+        .ok_or_else(|| anyhow!("{method} {url}: no status in {:?}", head.lines().next()))?;
     if status != 200 {
         // A JSON answer's `error` is the broker's reason, said plainly.
         if let Ok(v) = serde_json::from_slice::<Value>(body) {
@@ -140,9 +192,9 @@ async fn exchange(
 /// (status line, body) of an HTTP answer.
 fn split_answer(answer: &[u8]) -> Option<(String, &[u8])> {
     let end = answer.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = String::from_utf8_lossy(&answer[..end]);
-    let status = head.lines().next()?.to_string();
-    Some((status, &answer[end + 4..]))
+    let head = String::from_utf8_lossy(&answer[..end]).to_string();
+    head.lines().next()?;
+    Some((head, &answer[end + 4..]))
 }
 
 /// `2024-05-01 12:00:00.123Z` (UTC) for milliseconds since the epoch.
@@ -361,8 +413,8 @@ mod tests {
 
     #[test]
     fn answers_are_split() {
-        let (status, body) = split_answer(b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n{}").unwrap();
-        assert_eq!((status.as_str(), body), ("HTTP/1.1 200 OK", &b"{}"[..]));
+        let (head, body) = split_answer(b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n{}").unwrap();
+        assert_eq!((head.as_str(), body), ("HTTP/1.1 200 OK\r\nA: b", &b"{}"[..]));
         assert!(split_answer(b"garbage").is_none());
     }
 }

@@ -276,7 +276,7 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
                 .iter()
                 .any(|(k, _)| k == "writer.transactional.id.prefix");
             let explicit_admin = admin.is_some();
-            let admin = admin.unwrap_or_else(|| super::history::default_admin_url(bootstrap));
+            let admin = super::history::admin_for(bootstrap, admin);
             // A topic's cut-over (oncelog cutover), when it has or had one.
             let mut cutover = Value::Null;
             if fenced || explicit_admin {

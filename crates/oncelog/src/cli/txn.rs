@@ -16,7 +16,7 @@ use kafka_protocol::messages::write_txn_markers_request::{
 use kafka_protocol::messages::write_txn_markers_response::WriteTxnMarkersResponse;
 use kafka_protocol::messages::{ApiKey, ProducerId, TopicName, TransactionalId};
 use oncelog_client::admin::{describe_producers, open_transaction_of};
-use oncelog_client::{check, Client, Cluster, CoordinatorType, ResponseError};
+use oncelog_client::{check, Cluster, CoordinatorType, ResponseError};
 use serde_json::{json, Value};
 
 use super::{emit, history, s, table};
@@ -125,7 +125,7 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
         }
         _ => {}
     }
-    let mut c = Client::connect(bootstrap).await?;
+    let mut cl = Cluster::connect(bootstrap).await?;
     match cmd {
         TxnCmd::Commit { .. } => {}
         TxnCmd::List { states, admin } => {
@@ -141,11 +141,14 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             let req = ListTransactionsRequest::default()
                 .with_state_filters(filters)
                 .with_duration_filter(-1);
-            let (r, _) = c
-                .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, &req)
-                .await?;
-            check(r.error_code, "list transactions")?;
-            let admin = admin.unwrap_or_else(|| history::default_admin_url(bootstrap));
+            let mut listed: Vec<_> = list_everywhere(&mut cl, &req)
+                .await?
+                .into_iter()
+                .flat_map(|(_, r)| r.transaction_states)
+                .collect();
+            listed.sort_by(|a, b| a.transactional_id.0.cmp(&b.transactional_id.0));
+            listed.dedup_by(|a, b| a.transactional_id == b.transactional_id);
+            let admin = history::admin_for(bootstrap, admin);
             let parked: std::collections::HashMap<String, i64> = history::parked(&admin)
                 .await
                 .ok()
@@ -159,8 +162,7 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
                     ))
                 })
                 .collect();
-            let rows: Vec<Vec<String>> = r
-                .transaction_states
+            let rows: Vec<Vec<String>> = listed
                 .iter()
                 .map(|t| {
                     let id = t.transactional_id.0.to_string();
@@ -190,10 +192,15 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             transactional_id,
             admin,
         } => {
-            let admin = admin.unwrap_or_else(|| history::default_admin_url(bootstrap));
+            let admin = history::admin_for(bootstrap, admin);
             let req = DescribeTransactionsRequest::default()
                 .with_transactional_ids(vec![TransactionalId(s(&transactional_id))]);
-            let (r, _) = c
+            let coordinator = cl
+                .coordinator(&transactional_id, CoordinatorType::Transaction)
+                .await?;
+            let (r, _) = cl
+                .node(coordinator)
+                .await?
                 .call::<_, DescribeTransactionsResponse>(ApiKey::DescribeTransactions, &req)
                 .await?;
             let t = r
@@ -255,7 +262,7 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             transactional_id,
             admin,
         } => {
-            let admin = admin.unwrap_or_else(|| history::default_admin_url(bootstrap));
+            let admin = history::admin_for(bootstrap, admin);
             let h = history::fetch(&admin, &transactional_id).await?;
             let v = json!({"transactional_id": transactional_id,
                 "history_since_ms": h["history_since_ms"], "events": h["events"],
@@ -271,7 +278,7 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             );
         }
         TxnCmd::Producers { topic, partition } => {
-            let rows: Vec<Vec<String>> = describe_producers(&mut c, &topic, partition)
+            let rows: Vec<Vec<String>> = describe_producers(cl.bootstrap(), &topic, partition)
                 .await?
                 .iter()
                 .map(producer_row)
@@ -298,18 +305,20 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             let req = ListTransactionsRequest::default()
                 .with_state_filters(vec![s("Ongoing")])
                 .with_duration_filter(min_age_ms);
-            let (r, _) = c
-                .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, &req)
-                .await?;
-            check(r.error_code, "list transactions")?;
-            let ids: Vec<TransactionalId> = r
-                .transaction_states
-                .iter()
-                .map(|t| t.transactional_id.clone())
-                .collect();
             let mut rows = Vec::new();
-            if !ids.is_empty() {
-                let (d, _) = c
+            // Each broker describes the transactions it coordinates.
+            for (broker, r) in list_everywhere(&mut cl, &req).await? {
+                let ids: Vec<TransactionalId> = r
+                    .transaction_states
+                    .iter()
+                    .map(|t| t.transactional_id.clone())
+                    .collect();
+                if ids.is_empty() {
+                    continue;
+                }
+                let (d, _) = cl
+                    .node(broker)
+                    .await?
                     .call::<_, DescribeTransactionsResponse>(
                         ApiKey::DescribeTransactions,
                         &DescribeTransactionsRequest::default().with_transactional_ids(ids),
@@ -366,8 +375,9 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             producer_epoch,
             coordinator_epoch,
         } => {
-            let held = open_transaction_of(&mut c, producer_id).await?;
-            let open_here = describe_producers(&mut c, &topic, partition)
+            let c = cl.bootstrap();
+            let held = open_transaction_of(c, producer_id).await?;
+            let open_here = describe_producers(c, &topic, partition)
                 .await?
                 .iter()
                 .any(|p| p.producer_id.0 == producer_id && p.current_txn_start_offset != -1);
@@ -411,6 +421,35 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// ListTransactions to every broker the cluster lists (each lists the ids
+/// it coordinates, as Kafka's admin client asks them all); a broker that
+/// does not answer is named on stderr and the others still count.
+async fn list_everywhere(
+    cl: &mut Cluster,
+    req: &ListTransactionsRequest,
+) -> Result<Vec<(i32, ListTransactionsResponse)>> {
+    let mut out = Vec::new();
+    for id in cl.brokers().await? {
+        let addr = cl.address(id).unwrap_or("?").to_string();
+        let answer = match cl.node(id).await {
+            Ok(c) => c
+                .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, req)
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|(r, _)| {
+                    check(r.error_code, "list transactions")?;
+                    Ok(r)
+                }),
+            Err(e) => Err(e.into()),
+        };
+        match answer {
+            Ok(r) => out.push((id, r)),
+            Err(e) => eprintln!("warning: broker {id} ({addr}) did not list its transactions: {e:#}"),
+        }
+    }
+    Ok(out)
 }
 
 /// `txn commit` / `txn abort ID`: EndTxn to the id's coordinator, as the

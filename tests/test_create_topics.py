@@ -1,0 +1,76 @@
+"""CreateTopics, one handler over both backends (issue #34: its refusals and
+its answer's configs were local mode's only). CreateTopics v7 by hand, so
+that every field of the answer is seen: the same refusals with the same
+codes in local mode and on three cluster brokers, and from v5 the topic's
+configs with their sources, its id, partitions and replication factor."""
+
+from confluent_kafka.admin import AdminClient
+
+from clients import unique_topic
+from conftest import both_modes
+from kafka_wire import create_topics_v7
+
+INVALID_TOPIC, TOPIC_EXISTS, INVALID_PARTITIONS = 17, 36, 37
+INVALID_RF, INVALID_ASSIGNMENT, INVALID_CONFIG, INVALID_REQUEST = 38, 39, 40, 42
+SOURCE_TOPIC, SOURCE_DEFAULT = 1, 5
+
+
+@both_modes()
+def test_create_topics_refuses_alike_and_answers_with_configs(broker):
+    ids = sorted(AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=30).brokers)
+    n = len(ids)
+    assert n == (1 if broker.mode == "local" else 3)
+    t = unique_topic("ct")
+    asked = [
+        {"name": f"{t}-a", "partitions": 2, "configs": {"retention.ms": "60000"}},
+        {"name": f"{t}-dup"}, {"name": f"{t}-dup"},
+        {"name": f"{t}-rf-many", "replication_factor": n + 1},
+        {"name": f"{t}-rf-zero", "replication_factor": 0},
+        {"name": f"{t}-rf-all", "partitions": 1, "replication_factor": n},
+        {"name": f"{t}-asg-stranger", "assignments": {0: [999]}},
+        {"name": f"{t}-asg-gap", "assignments": {1: [ids[0]]}},
+        {"name": f"{t}-asg-twice", "assignments": {0: [ids[0], ids[0]]}},
+        {"name": f"{t}-asg-and-count", "partitions": 1, "assignments": {0: [ids[0]]}},
+        {"name": f"{t}-asg", "assignments": {0: [ids[0]], 1: [ids[-1]]}},
+        {"name": "__consumer_offsets"},
+        {"name": "bad/name"},
+        {"name": f"{t}-p0", "partitions": 0},
+        {"name": f"{t}-cfg", "configs": {"cleanup.policy": "shred"}},
+    ]
+    got = create_topics_v7(broker.host, broker.port, asked)
+    codes = [(g["name"], g["error_code"]) for g in got]
+    assert codes == [
+        (f"{t}-a", 0),
+        (f"{t}-dup", INVALID_REQUEST), (f"{t}-dup", INVALID_REQUEST),
+        (f"{t}-rf-many", INVALID_RF),
+        (f"{t}-rf-zero", INVALID_RF),
+        (f"{t}-rf-all", 0),
+        (f"{t}-asg-stranger", INVALID_ASSIGNMENT),
+        (f"{t}-asg-gap", INVALID_ASSIGNMENT),
+        (f"{t}-asg-twice", INVALID_ASSIGNMENT),
+        (f"{t}-asg-and-count", INVALID_REQUEST),
+        (f"{t}-asg", 0),
+        ("__consumer_offsets", INVALID_TOPIC),
+        ("bad/name", INVALID_TOPIC),
+        (f"{t}-p0", INVALID_PARTITIONS),
+        (f"{t}-cfg", INVALID_CONFIG),
+    ], codes
+    rf = next(g for g in got if g["name"] == f"{t}-rf-many")
+    assert f"larger than the {n} available broker" in rf["error_message"], rf
+    a = got[0]
+    assert a["num_partitions"] == 2 and a["replication_factor"] == 1 and int(a["topic_id"], 16) != 0
+    assert a["configs"]["retention.ms"] == ("60000", SOURCE_TOPIC)
+    assert a["configs"]["cleanup.policy"] == ("delete", SOURCE_DEFAULT)
+    assert next(g for g in got if g["name"] == f"{t}-asg")["num_partitions"] == 2
+    for g in got:
+        if g["error_code"]:
+            assert not g["configs"] and g["error_message"], g  # no configs (null or empty)
+    # again: it exists; validate_only creates nothing
+    again = create_topics_v7(broker.host, broker.port, [{"name": f"{t}-a"}])
+    assert again[0]["error_code"] == TOPIC_EXISTS
+    dry = create_topics_v7(broker.host, broker.port, [{"name": f"{t}-dry", "partitions": 3}],
+                           validate_only=True)
+    assert dry[0]["error_code"] == 0 and dry[0]["num_partitions"] == 3
+    listed = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=30).topics
+    assert f"{t}-a" in listed and f"{t}-asg" in listed and f"{t}-rf-all" in listed
+    assert f"{t}-dry" not in listed and f"{t}-dup" not in listed and f"{t}-cfg" not in listed

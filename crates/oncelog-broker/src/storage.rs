@@ -14,9 +14,10 @@
 //!
 //! The local backend implements them with segment files and group commit:
 //! [`crate::partition::Partition`] and [`crate::internal_log::LogWriter`].
-//! A second backend (cluster mode: offsets and coordinator rows in
-//! PostgreSQL, batches in object storage) implements the same two traits;
-//! nothing above them changes. What stays on the local side of the line:
+//! Cluster mode does not implement them (yet): most of its requests are
+//! served by `handlers/cluster*.rs` from `crate::cluster` directly, and the
+//! requests already written once go through [`crate::backend`]
+//! (docs/architecture.md). What stays on the local side of the line:
 //! the topic catalogue (`topics`), group commit's sync threads
 //! (`durability`), retention and page-cache hygiene, which are how the
 //! local backend keeps its promises, not part of them.

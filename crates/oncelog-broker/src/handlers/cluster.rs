@@ -1,11 +1,12 @@
-//! The requests a broker in cluster mode serves, over the cluster backend
-//! (docs/cluster.md): ApiVersions, Metadata, CreateTopics, DeleteTopics,
-//! Produce, Fetch, ListOffsets, FindCoordinator, and transactions
-//! (InitProducerId, AddPartitionsToTxn, EndTxn; transaction versions 1 and 2).
-//! Consumer groups and transactional offsets are not served in cluster mode
-//! yet: their APIs are not advertised (FindCoordinator for a group answers
-//! COORDINATOR_NOT_AVAILABLE), and a request for one closes the connection
-//! with a log line, as any unsupported API does.
+//! The requests a broker in cluster mode serves from the cluster backend
+//! directly (docs/cluster.md): ApiVersions, Metadata, DeleteTopics,
+//! Produce, Fetch, ListOffsets, FindCoordinator, transactions
+//! (InitProducerId, AddPartitionsToTxn, EndTxn; transaction versions 1 and
+//! 2), and through `cluster_group`/`cluster_admin` consumer groups,
+//! transactional offsets and the operator APIs. The requests in
+//! `handlers::SHARED` (CreateTopics) are not here: one handler serves them
+//! in both modes over `crate::backend`. An API in neither closes the
+//! connection with a log line, as any unsupported API does.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -74,3 +74,38 @@ def test_create_topics_refuses_alike_and_answers_with_configs(broker):
     listed = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=30).topics
     assert f"{t}-a" in listed and f"{t}-asg" in listed and f"{t}-rf-all" in listed
     assert f"{t}-dry" not in listed and f"{t}-dup" not in listed and f"{t}-cfg" not in listed
+
+
+@both_modes()
+def test_delete_topics_alike_and_takes_the_groups_offsets(broker):
+    """DeleteTopics, one handler in both modes: a deleted topic's committed
+    offsets go with it (a topic made again under its name starts afresh);
+    an unknown topic and the broker's own are refused."""
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import NewTopic
+
+    from clients import committed_offsets, group_consumer
+    a = AdminClient({"bootstrap.servers": broker.bootstrap})
+    t = unique_topic("dt")
+    for f in a.create_topics([NewTopic(t, 1, 1)]).values():
+        f.result(30)
+    c = group_consumer(broker.bootstrap, f"{t}-g")
+    try:
+        c.commit(offsets=[TopicPartition(t, 0, 0)], asynchronous=False)
+    finally:
+        c.close()
+    assert committed_offsets(broker.bootstrap, f"{t}-g", t, [0]) == {0: 0}
+    for f in a.delete_topics([t]).values():
+        f.result(30)
+    codes = {}
+    for name, f in a.delete_topics([t, "__consumer_offsets"]).items():
+        try:
+            f.result(30)
+            codes[name] = "ok"
+        except KafkaException as e:
+            codes[name] = e.args[0].name()
+    assert codes == {t: "UNKNOWN_TOPIC_OR_PART",
+                     "__consumer_offsets": "TOPIC_AUTHORIZATION_FAILED"}, codes
+    for f in a.create_topics([NewTopic(t, 1, 1)]).values():
+        f.result(30)
+    assert committed_offsets(broker.bootstrap, f"{t}-g", t, [0]) == {0: -1001}

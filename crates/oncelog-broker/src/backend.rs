@@ -32,6 +32,15 @@ impl Broker {
     }
 }
 
+fn meta_of(row: crate::cluster::catalogue::TopicRow) -> TopicMeta {
+    TopicMeta {
+        name: row.name,
+        id: row.id,
+        partitions: row.partitions,
+        configs: row.configs,
+    }
+}
+
 fn from_catalogue(e: CatalogueError) -> TopicError {
     match e {
         CatalogueError::Topic(t) => t,
@@ -42,10 +51,11 @@ fn from_catalogue(e: CatalogueError) -> TopicError {
 impl Catalogue<'_> {
     /// The brokers Metadata lists, by id: the only ones a replica
     /// assignment may name.
-    pub fn broker_ids(&self) -> Vec<i32> {
+    pub async fn broker_ids(&self) -> Vec<i32> {
         match self {
             Catalogue::Local(b) => vec![b.config.node_id],
-            Catalogue::Cluster(_, front) => front.live().iter().map(|r| r.id).collect(),
+            // read now: a broker that registered a moment ago counts
+            Catalogue::Cluster(_, front) => front.live_now().await.iter().map(|r| r.id).collect(),
         }
     }
 
@@ -101,12 +111,64 @@ impl Catalogue<'_> {
                 .await
                 .map_err(from_catalogue)?;
                 front.remember(row.clone());
-                Ok(TopicMeta {
-                    name: row.name,
-                    id: row.id,
-                    partitions: row.partitions,
-                    configs: row.configs,
-                })
+                Ok(meta_of(row))
+            }
+        }
+    }
+
+    /// The topic named `name`, if there is one (in cluster mode read from
+    /// PostgreSQL when this broker's copy lacks it).
+    pub async fn topic(&self, name: &str) -> Result<Option<TopicMeta>, TopicError> {
+        match self {
+            Catalogue::Local(b) => Ok(b.topics.get(name).map(|t| t.meta())),
+            Catalogue::Cluster(_, front) => front
+                .topic(name)
+                .await
+                .map(|t| t.map(meta_of))
+                .map_err(|e| TopicError::Storage(e.to_string())),
+        }
+    }
+
+    /// The name of the topic whose id is `id` (this broker's copy in
+    /// cluster mode), if any.
+    pub fn name_of(&self, id: uuid::Uuid) -> Option<String> {
+        if id.is_nil() {
+            return None;
+        }
+        match self {
+            Catalogue::Local(b) => b
+                .topics
+                .all()
+                .into_iter()
+                .map(|t| t.meta())
+                .find(|m| m.id == id)
+                .map(|m| m.name),
+            Catalogue::Cluster(_, front) => {
+                front.topics().into_iter().find(|t| t.id == id).map(|t| t.name)
+            }
+        }
+    }
+
+    /// Deletes `name` (only if its id is `id`, when one is given) and the
+    /// groups' committed offsets of it, so that a topic created again under
+    /// the name starts afresh, as Kafka's coordinator does.
+    pub async fn delete_topic(&self, name: &str, id: Option<uuid::Uuid>) -> Result<(), TopicError> {
+        let id = id.filter(|id| !id.is_nil());
+        match self {
+            Catalogue::Local(b) => {
+                crate::handlers::blocking(|| b.topics.delete(name, id))?;
+                b.groups.topic_deleted(name).await;
+                Ok(())
+            }
+            Catalogue::Cluster(_, front) => {
+                // the offsets go in the same PostgreSQL transaction
+                let r = crate::cluster::catalogue::delete_topic(&front.cluster.pool, name, id)
+                    .await
+                    .map_err(from_catalogue);
+                if !matches!(r, Err(TopicError::UnknownId(_))) {
+                    front.forget(name);
+                }
+                r
             }
         }
     }

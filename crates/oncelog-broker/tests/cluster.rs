@@ -196,10 +196,10 @@ fn appended(o: &BatchOutcome) -> i64 {
 async fn round_trip(store: String) {
     let db = fresh_db().await;
     let b1 = broker(&db, &store, 1).await;
-    let topic = catalogue::create_topic(&b1.pool, "orders", 3, &BTreeMap::new())
+    let topic = catalogue::create_topic(&b1.pool, "orders", 3, &BTreeMap::new(), 1000)
         .await
         .expect("create topic");
-    let again = catalogue::create_topic(&b1.pool, "orders", 3, &BTreeMap::new()).await;
+    let again = catalogue::create_topic(&b1.pool, "orders", 3, &BTreeMap::new(), 1000).await;
     assert!(
         again.is_err(),
         "a second create of the same name is refused"
@@ -325,7 +325,7 @@ async fn two_brokers_racing_on_one_partition_never_ack_the_same_offset() {
     let store = s3_url();
     let b1 = broker(&db, &store, 1).await;
     let b2 = broker(&db, &store, 2).await;
-    let topic = catalogue::create_topic(&b1.pool, "race", 1, &BTreeMap::new())
+    let topic = catalogue::create_topic(&b1.pool, "race", 1, &BTreeMap::new(), 1000)
         .await
         .unwrap();
     let flushers = [
@@ -375,7 +375,7 @@ async fn a_broker_past_its_lease_or_session_is_fenced() {
     cfg.lease = Duration::from_millis(400);
     cfg.flush_interval = Duration::from_millis(2);
     let paused = Cluster::connect(cfg).await.unwrap();
-    let topic = catalogue::create_topic(&paused.pool, "fares", 1, &BTreeMap::new())
+    let topic = catalogue::create_topic(&paused.pool, "fares", 1, &BTreeMap::new(), 1000)
         .await
         .unwrap();
     let f = Flusher::start(paused.clone());
@@ -439,7 +439,7 @@ async fn a_transaction_left_open_by_a_stopped_broker_ends_after_the_lease() {
     let mut cfg = ClusterConfig::new(&db, &store, 1);
     cfg.lease = Duration::from_millis(1000);
     let stopped = Cluster::connect(cfg).await.unwrap();
-    let topic = catalogue::create_topic(&stopped.pool, "fares", 1, &BTreeMap::new())
+    let topic = catalogue::create_topic(&stopped.pool, "fares", 1, &BTreeMap::new(), 1000)
         .await
         .unwrap();
     let mut held = stopped.pool.get().await.unwrap();
@@ -583,7 +583,7 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
     let db = fresh_db().await;
     let store = s3_url();
     let b = broker(&db, &store, 1).await;
-    let topic = catalogue::create_topic(&b.pool, "gc", 1, &BTreeMap::new())
+    let topic = catalogue::create_topic(&b.pool, "gc", 1, &BTreeMap::new(), 1000)
         .await
         .unwrap();
     let f = Flusher::start(b.clone());
@@ -636,7 +636,7 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
     // A deleted topic's objects go once no batch row has named them for
     // the grace period (a fetch that read the index a moment before the
     // delete still finds its object).
-    catalogue::delete_topic(&b.pool, "gc").await.unwrap();
+    catalogue::delete_topic(&b.pool, "gc", None).await.unwrap();
     let r = collect(&b, Duration::from_secs(3600)).await.unwrap();
     assert_eq!((r.waiting, r.removed_unreferenced), (1, 0), "{r:?}");
     assert_eq!(b.objects.list_data().await.unwrap().len(), 1);
@@ -659,7 +659,7 @@ async fn concurrent_compaction_passes_never_lose_a_keys_latest_record() {
     let b2 = broker(&db, &store, 2).await;
     let b3 = broker(&db, &store, 3).await;
     let configs: BTreeMap<String, String> = [("cleanup.policy".into(), "compact".into())].into();
-    let topic = catalogue::create_topic(&b1.pool, "compact-race", 1, &configs)
+    let topic = catalogue::create_topic(&b1.pool, "compact-race", 1, &configs, 1000)
         .await
         .unwrap();
     let writer = Arc::new(Flusher::start(b3.clone()));

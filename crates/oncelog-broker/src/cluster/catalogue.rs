@@ -168,7 +168,8 @@ fn topic_row(r: &tokio_postgres::Row) -> TopicRow {
 /// Deletes a topic: its partitions', batches' and producers' rows and the
 /// groups' offsets of it go in the same transaction; its objects are left to the collector, which removes an
 /// object once no batch row names it.
-pub async fn delete_topic(pool: &Pool, name: &str) -> Result<(), CatalogueError> {
+/// Deletes `name` (only if its id is `id`, when one is given).
+pub async fn delete_topic(pool: &Pool, name: &str, id: Option<Uuid>) -> Result<(), CatalogueError> {
     if crate::datadir::is_internal_topic(name) {
         return Err(TopicError::Internal {
             topic: name.into(),
@@ -191,12 +192,17 @@ pub async fn delete_topic(pool: &Pool, name: &str) -> Result<(), CatalogueError>
         &[&name],
     )
     .await?;
-    let n = tx
-        .execute("DELETE FROM topics WHERE name = $1", &[&name])
-        .await?;
-    if n == 0 {
-        return Err(TopicError::Unknown(name.to_string()).into());
+    let held: Option<Uuid> = tx
+        .query_opt("SELECT id FROM topics WHERE name = $1", &[&name])
+        .await?
+        .map(|r| r.get(0));
+    match (held, id) {
+        (None, _) => return Err(TopicError::Unknown(name.to_string()).into()),
+        (Some(held), Some(id)) if held != id => return Err(TopicError::UnknownId(id).into()),
+        _ => {}
     }
+    tx.execute("DELETE FROM topics WHERE name = $1", &[&name])
+        .await?;
     // As Kafka's coordinator: the groups' committed (and pending) offsets of
     // the topic go with it, so a topic created again starts afresh.
     for table in ["group_offsets", "group_pending_offsets"] {

@@ -93,7 +93,7 @@ pub async fn create_topics(
     version: i16,
 ) -> CreateTopicsResponse {
     let catalogue = b.catalogue();
-    let brokers = catalogue.broker_ids();
+    let brokers = catalogue.broker_ids().await;
     let mut seen = HashSet::new();
     let dups: HashSet<String> = req
         .topics
@@ -236,14 +236,14 @@ fn created(
     r
 }
 
-/// DeleteTopics; also returns the names of the topics deleted (whose
-/// committed offsets the caller then removes from the groups).
-pub fn delete_topics(
+/// DeleteTopics, in both modes (the groups' committed offsets of a deleted
+/// topic go with it: [`crate::backend::Catalogue::delete_topic`]).
+pub async fn delete_topics(
     b: &Arc<Broker>,
     req: DeleteTopicsRequest,
     version: i16,
-) -> (DeleteTopicsResponse, Vec<String>) {
-    let mut deleted = Vec::new();
+) -> DeleteTopicsResponse {
+    let catalogue = b.catalogue();
     let targets: Vec<(Option<String>, uuid::Uuid)> = if version >= 6 {
         req.topics
             .into_iter()
@@ -255,50 +255,35 @@ pub fn delete_topics(
             .map(|n| (Some(n.0.to_string()), uuid::Uuid::nil()))
             .collect()
     };
-    let responses = targets
-        .into_iter()
-        .map(|(name, id)| {
-            let name = name.or_else(|| {
-                b.topics
-                    .all()
-                    .into_iter()
-                    .map(|t| t.meta())
-                    .find(|m| m.id == id && !id.is_nil())
-                    .map(|m| m.name)
-            });
-            let mut r = DeletableTopicResult::default();
-            if version >= 6 {
-                r.topic_id = id;
-            }
-            let res = match &name {
-                Some(n) => {
-                    if version >= 6 && id.is_nil() {
-                        if let Some(t) = b.topics.get(n) {
-                            r.topic_id = t.meta().id;
-                        }
+    let mut responses = Vec::with_capacity(targets.len());
+    for (name, id) in targets {
+        let name = name.or_else(|| catalogue.name_of(id));
+        let mut r = DeletableTopicResult::default();
+        if version >= 6 {
+            r.topic_id = id;
+        }
+        let res = match &name {
+            Some(n) => {
+                if version >= 6 && id.is_nil() {
+                    if let Ok(Some(t)) = catalogue.topic(n).await {
+                        r.topic_id = t.id;
                     }
-                    b.topics.delete(n, Some(id))
                 }
-                None if id.is_nil() => Err(TopicError::Unknown(String::new())),
-                None => Err(TopicError::UnknownId(id)),
-            };
-            if let (Ok(()), Some(n)) = (&res, &name) {
-                deleted.push(n.clone());
+                catalogue.delete_topic(n, Some(id)).await
             }
-            r.name = name.map(|n| TopicName(s(n)));
-            if let Err(e) = res {
-                r.error_code = topic_error_code(&e).code();
-                if version >= 5 {
-                    r.error_message = Some(s(e.to_string()));
-                }
+            None if id.is_nil() => Err(TopicError::Unknown(String::new())),
+            None => Err(TopicError::UnknownId(id)),
+        };
+        r.name = name.map(|n| TopicName(s(n)));
+        if let Err(e) = res {
+            r.error_code = topic_error_code(&e).code();
+            if version >= 5 {
+                r.error_message = Some(s(e.to_string()));
             }
-            r
-        })
-        .collect();
-    (
-        DeleteTopicsResponse::default().with_responses(responses),
-        deleted,
-    )
+        }
+        responses.push(r);
+    }
+    DeleteTopicsResponse::default().with_responses(responses)
 }
 
 pub fn create_partitions(

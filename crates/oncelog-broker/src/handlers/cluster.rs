@@ -1,10 +1,10 @@
 //! The requests a broker in cluster mode serves from the cluster backend
-//! directly (docs/cluster.md): ApiVersions, Metadata, DeleteTopics,
+//! directly (docs/cluster.md): ApiVersions, Metadata,
 //! Produce, Fetch, ListOffsets, FindCoordinator, transactions
 //! (InitProducerId, AddPartitionsToTxn, EndTxn; transaction versions 1 and
 //! 2), and through `cluster_group`/`cluster_admin` consumer groups,
 //! transactional offsets and the operator APIs. The requests in
-//! `handlers::SHARED` (CreateTopics) are not here: one handler serves them
+//! `handlers::SHARED` (CreateTopics, DeleteTopics) are not here: one handler serves them
 //! in both modes over `crate::backend`. An API in neither closes the
 //! connection with a log line, as any unsupported API does.
 
@@ -20,10 +20,6 @@ use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResponse, AddPartitionsToTxnTopicResult,
 };
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
-use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
-use kafka_protocol::messages::delete_topics_response::{
-    DeletableTopicResult, DeleteTopicsResponse,
-};
 use kafka_protocol::messages::end_txn_request::EndTxnRequest;
 use kafka_protocol::messages::end_txn_response::EndTxnResponse;
 use kafka_protocol::messages::fetch_request::FetchRequest;
@@ -158,11 +154,6 @@ pub async fn handle(
         RequestKind::Metadata(r) => Box::pin(async move {
             respond(ResponseKind::Metadata(
                 metadata(&b, &front, r, version, &sender.listener).await,
-            ))
-        }),
-        RequestKind::DeleteTopics(r) => Box::pin(async move {
-            respond(ResponseKind::DeleteTopics(
-                delete_topics(&front, r, version).await,
             ))
         }),
         RequestKind::InitProducerId(r) => Box::pin(async move {
@@ -511,69 +502,6 @@ async fn metadata(
         }
     };
     resp
-}
-
-fn catalogue_code(e: &CatalogueError) -> ErrorCode {
-    match e {
-        CatalogueError::Topic(TopicError::AlreadyExists(_)) => ErrorCode::TopicAlreadyExists,
-        CatalogueError::Topic(TopicError::Unknown(_)) => ErrorCode::UnknownTopicOrPartition,
-        CatalogueError::Topic(TopicError::InvalidName(..)) => ErrorCode::InvalidTopicException,
-        CatalogueError::Topic(TopicError::InvalidPartitions(_)) => ErrorCode::InvalidPartitions,
-        CatalogueError::Topic(TopicError::InvalidConfig(_)) => ErrorCode::InvalidConfig,
-        CatalogueError::Topic(TopicError::Internal {
-            action: "create", ..
-        }) => ErrorCode::InvalidTopicException,
-        CatalogueError::Topic(TopicError::Internal { .. }) => ErrorCode::TopicAuthorizationFailed,
-        CatalogueError::Topic(_) | CatalogueError::Cluster(_) => ErrorCode::KafkaStorageError,
-    }
-}
-
-async fn delete_topics(
-    front: &Front,
-    req: DeleteTopicsRequest,
-    version: i16,
-) -> DeleteTopicsResponse {
-    let names: Vec<(Option<String>, uuid::Uuid)> = if version >= 6 {
-        req.topics
-            .into_iter()
-            .map(|t| (t.name.map(|n| n.0.to_string()), t.topic_id))
-            .collect()
-    } else {
-        req.topic_names
-            .into_iter()
-            .map(|n| (Some(n.0.to_string()), uuid::Uuid::nil()))
-            .collect()
-    };
-    let mut out = Vec::with_capacity(names.len());
-    for (name, id) in names {
-        let name = name.or_else(|| {
-            front
-                .topics()
-                .into_iter()
-                .find(|t| t.id == id && !id.is_nil())
-                .map(|t| t.name)
-        });
-        let mut r = DeletableTopicResult::default();
-        if version >= 6 {
-            r.topic_id = id;
-        }
-        let res = match &name {
-            Some(n) => catalogue::delete_topic(&front.cluster.pool, n).await,
-            None => Err(CatalogueError::Topic(TopicError::Unknown(String::new()))),
-        };
-        if let Some(n) = &name {
-            front.forget(n);
-        }
-        r.name = name.map(|n| TopicName(s(n)));
-        if let Err(e) = res {
-            r.error_code = catalogue_code(&e).code();
-            if version >= 5 {
-                r.error_message = Some(s(e.to_string()));
-            }
-        }
-        out.push(r);
-    }
-    DeleteTopicsResponse::default().with_responses(out)
 }
 
 /// The wire code of a coordinator refusal; PRODUCER_FENCED only where the

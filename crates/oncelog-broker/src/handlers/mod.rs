@@ -378,7 +378,7 @@ fn requester(header: &RequestHeader, peer: std::net::SocketAddr) -> crate::txn_h
 /// The requests one handler serves in both modes, over [`crate::backend`].
 /// In cluster mode every other request still goes to cluster mode's own
 /// handlers (`cluster::handle`), until they are folded in here too.
-pub(crate) const SHARED: &[ApiKey] = &[ApiKey::CreateTopics];
+pub(crate) const SHARED: &[ApiKey] = &[ApiKey::CreateTopics, ApiKey::DeleteTopics];
 
 /// Runs the handler of one decoded request.
 async fn handle(
@@ -522,12 +522,7 @@ async fn handle(
             respond(ResponseKind::CreateTopics(resp))
         }),
         RequestKind::DeleteTopics(r) => Box::pin(async move {
-            let (resp, deleted) = blocking(|| admin::delete_topics(&b, r, version));
-            // As Kafka's coordinator: a deleted topic's committed offsets
-            // go, so a topic created again under the name starts afresh.
-            for topic in deleted {
-                b.groups.topic_deleted(&topic).await;
-            }
+            let resp = admin::delete_topics(&b, r, version).await;
             respond(ResponseKind::DeleteTopics(resp))
         }),
         RequestKind::DeleteRecords(r) => {

@@ -320,6 +320,7 @@ def test_compacted_topic_refuses_records_without_a_key(broker):
     assert "without a key in a compacted topic" in broker.log_text()
 
 
+@both_modes()
 def test_keyless_records_in_one_batch_fail_alone(broker):
     """librdkafka's test 0011 (variation 0): one batch of 100 records, every
     tenth without a key: the broker names the 10 in its record errors, so
@@ -417,6 +418,7 @@ def delete_records_v0(b, topic, partition, offset):
     return r.i16(), low
 
 
+@both_modes()
 def test_log_append_time(broker):
     topic = unique_topic("lat")
     create_topic(broker.bootstrap, topic, 1, config={"message.timestamp.type": "LogAppendTime"})
@@ -456,6 +458,7 @@ def test_topic_describe_shows_cleaner_state(broker_factory):
     assert f'oncelog_cleaner_dirty_ratio{{topic="{topic}",partition="0"}}' in metrics
 
 
+@both_modes()
 def test_record_timestamps_out_of_range_are_refused(broker):
     """KIP-937 as Kafka 4 does it: a CreateTime record more than
     message.timestamp.after.max.ms (default one hour) in the future, or more

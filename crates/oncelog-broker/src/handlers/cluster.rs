@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::add_offsets_to_txn_request::AddOffsetsToTxnRequest;
 use kafka_protocol::messages::add_offsets_to_txn_response::AddOffsetsToTxnResponse;
 use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnRequest;
@@ -47,7 +47,6 @@ use kafka_protocol::messages::{
     ApiKey, BrokerId, ProducerId, RequestKind, ResponseKind, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use oncelog_log::batch;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -954,8 +953,11 @@ async fn end_txn(
 }
 
 enum Queued {
-    Done(ErrorCode, Option<String>),
-    Waiting(oneshot::Receiver<ProduceResult>),
+    /// Answered now: the code, the message, KIP-467's record errors.
+    Done(ErrorCode, Option<String>, Vec<(i32, String)>),
+    /// Queued to the flusher; the broker's time stamped on it
+    /// (LogAppendTime) or -1.
+    Waiting(oneshot::Receiver<ProduceResult>, i64),
 }
 
 /// Checks one partition's batch and queues it to the flusher.
@@ -966,7 +968,14 @@ async fn queue_one(
     index: i32,
     records: Option<Bytes>,
 ) -> Queued {
-    let bad = |code, why: String| Queued::Done(code, Some(why));
+    let bad = |code, why: String| Queued::Done(code, Some(why), Vec::new());
+    if crate::datadir::is_internal_topic(topic) {
+        tracing::warn!(topic, "produce to an internal topic refused");
+        return bad(
+            ErrorCode::InvalidTopicException,
+            format!("cannot append to internal topic {topic}: it belongs to the broker"),
+        );
+    }
     let t = match front.topic(topic).await {
         Ok(Some(t)) => t,
         Ok(None) => {
@@ -986,61 +995,21 @@ async fn queue_one(
     let Some(records) = records.filter(|r| !r.is_empty()) else {
         return bad(ErrorCode::InvalidRecord, "no records".into());
     };
-    let h = match batch::validate_client_batch(&records) {
+    let name = format!("{topic}-{index}");
+    let refused = |r: super::produce::Refusal| Queued::Done(r.code, Some(r.message), r.record_errors);
+    let h = match super::produce::check_batch(&records, &name) {
         Ok(h) => h,
-        Err(e) => {
-            tracing::warn!(partition = %format!("{topic}-{index}"), error = %e, "rejected produce batch");
-            let code = match e {
-                batch::BatchError::BadMagic(_) => ErrorCode::InvalidRecord,
-                _ => ErrorCode::CorruptMessage,
-            };
-            return bad(code, e.to_string());
-        }
+        Err(r) => return refused(r),
     };
-    if h.total_size() != records.len() {
-        return bad(
-            ErrorCode::InvalidRecord,
-            "a produce request must carry exactly one record batch per partition".into(),
-        );
-    }
-    if h.is_control() {
-        return bad(
-            ErrorCode::InvalidRecord,
-            "clients are not allowed to write control records".into(),
-        );
-    }
-    if h.is_transactional() && h.producer_id() < 0 {
-        return bad(
-            ErrorCode::InvalidRecord,
-            "transactional batch without a producer id".into(),
-        );
-    }
-    if h.producer_id() >= 0 && h.base_sequence() < 0 {
-        return bad(
-            ErrorCode::InvalidRecord,
-            "idempotent batch without a base sequence".into(),
-        );
-    }
     let meta = meta_of(&t);
-    let max = b.topics.max_message_bytes(&meta);
-    if records.len() as i64 > max {
-        return bad(
-            ErrorCode::MessageTooLarge,
-            format!(
-                "batch of {} bytes exceeds max.message.bytes {max}",
-                records.len()
-            ),
-        );
-    }
-    if b.topics.cleanup_policy(&meta).compact {
-        if let Err(r) = super::produce::check_keys(&records, &format!("{topic}-{index}")) {
-            return bad(r.code, r.message);
-        }
-    }
-    // The stored bytes are the client's (offsets are patched when served).
-    let data = Bytes::from(BytesMut::from(&records[..]));
-    match front.flusher.submit(t.id, &t.name, index, data).await {
-        Ok(rx) => Queued::Waiting(rx),
+    // The stored bytes are the client's (offsets are patched when served),
+    // stamped with the broker's time under LogAppendTime.
+    let (data, append_time) = match super::produce::check_contents(b, &meta, &name, &records, &h) {
+        Ok(x) => x,
+        Err(r) => return refused(r),
+    };
+    match front.flusher.submit(t.id, &t.name, index, data.freeze()).await {
+        Ok(rx) => Queued::Waiting(rx, append_time),
         Err(e) => bad(ErrorCode::KafkaStorageError, e.to_string()),
     }
 }
@@ -1193,9 +1162,10 @@ async fn produce(b: &Broker, front: &Front, req: ProduceRequest, version: i16) -
                 Queued::Done(
                     ErrorCode::InvalidRequiredAcks,
                     Some(format!("acks={acks} is not 0, 1 or -1")),
+                    Vec::new(),
                 )
             } else if let Some((code, why)) = refused.get(&(td.name.0.to_string(), pd.index)) {
-                Queued::Done(*code, Some(why.clone()))
+                Queued::Done(*code, Some(why.clone()), Vec::new())
             } else {
                 queue_one(front, b, td.name.0.as_str(), pd.index, pd.records).await
             };
@@ -1208,34 +1178,48 @@ async fn produce(b: &Broker, front: &Front, req: ProduceRequest, version: i16) -
         for (name, parts) in queued {
             let mut responses = Vec::with_capacity(parts.len());
             for (index, q) in parts {
+                let mut errors = Vec::new();
+                let mut stamped = -1;
                 let (code, base, log_start, message) = match q {
-                    Queued::Done(code, why) => (code, -1, -1, why),
-                    Queued::Waiting(rx) => match tokio::time::timeout(PRODUCE_TIMEOUT, rx).await {
-                        Ok(Ok(o)) => outcome_code(&o),
-                        Ok(Err(_)) => (
-                            ErrorCode::KafkaStorageError,
-                            -1,
-                            -1,
-                            Some("the flusher stopped".into()),
-                        ),
-                        Err(_) => (
-                            ErrorCode::RequestTimedOut,
-                            -1,
-                            -1,
-                            Some("the commit did not finish in time; it may still".into()),
-                        ),
-                    },
+                    Queued::Done(code, why, record_errors) => {
+                        errors = record_errors;
+                        (code, -1, -1, why)
+                    }
+                    Queued::Waiting(rx, append_time) => {
+                        match tokio::time::timeout(PRODUCE_TIMEOUT, rx).await {
+                            Ok(Ok(o)) => {
+                                let out = outcome_code(&o);
+                                if out.0 == ErrorCode::None {
+                                    stamped = append_time;
+                                }
+                                out
+                            }
+                            Ok(Err(_)) => (
+                                ErrorCode::KafkaStorageError,
+                                -1,
+                                -1,
+                                Some("the flusher stopped".into()),
+                            ),
+                            Err(_) => (
+                                ErrorCode::RequestTimedOut,
+                                -1,
+                                -1,
+                                Some("the commit did not finish in time; it may still".into()),
+                            ),
+                        }
+                    }
                 };
                 let mut r = PartitionProduceResponse::default()
                     .with_index(index)
                     .with_error_code(code.code())
                     .with_base_offset(base)
-                    .with_log_append_time_ms(-1);
+                    .with_log_append_time_ms(stamped);
                 if version >= 5 {
                     r.log_start_offset = log_start;
                 }
                 if version >= 8 {
                     r.error_message = message.map(s);
+                    r.record_errors = super::produce::record_errors(errors);
                 }
                 responses.push(r);
             }

@@ -51,6 +51,155 @@ fn failed(code: ErrorCode, message: impl Into<String>) -> Outcome {
     }
 }
 
+/// Why a partition's batch is refused before it is stored: the code, the
+/// message, and (KIP-467) each refused record's index and reason.
+pub(crate) struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+    pub record_errors: Vec<(i32, String)>,
+}
+
+impl Refusal {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            record_errors: Vec::new(),
+        }
+    }
+}
+
+impl From<Refusal> for Outcome {
+    fn from(r: Refusal) -> Self {
+        Outcome::Done {
+            code: r.code,
+            base_offset: -1,
+            message: Some(r.message),
+            record_errors: r.record_errors,
+            append_time: -1,
+        }
+    }
+}
+
+/// The KIP-467 answer of a refusal's records (Produce v8+).
+pub(crate) fn record_errors(errors: Vec<(i32, String)>) -> Vec<BatchIndexAndErrorMessage> {
+    errors
+        .into_iter()
+        .map(|(i, why)| {
+            BatchIndexAndErrorMessage::default()
+                .with_batch_index(i)
+                .with_batch_index_error_message(Some(StrBytes::from_string(why)))
+        })
+        .collect()
+}
+
+/// What both backends check of a partition's client batch by its header:
+/// one whole batch, CRC and magic (`validate_client_batch`), no control
+/// records, a producer id on a transactional batch and a base sequence on
+/// an idempotent one.
+pub(crate) fn check_batch<'a>(
+    records: &'a [u8],
+    name: &str,
+) -> Result<batch::BatchHeader<'a>, Refusal> {
+    if records.is_empty() {
+        return Err(Refusal::new(ErrorCode::InvalidRecord, "no records"));
+    }
+    let h = batch::validate_client_batch(records).map_err(|e| {
+        tracing::warn!(partition = name, error = %e, "rejected produce batch");
+        Refusal::new(batch_error_code(&e), e.to_string())
+    })?;
+    if h.total_size() != records.len() {
+        return Err(Refusal::new(
+            ErrorCode::InvalidRecord,
+            "a produce request must carry exactly one record batch per partition",
+        ));
+    }
+    if h.is_control() {
+        return Err(Refusal::new(
+            ErrorCode::InvalidRecord,
+            "clients are not allowed to write control records",
+        ));
+    }
+    if h.is_transactional() && h.producer_id() < 0 {
+        return Err(Refusal::new(
+            ErrorCode::InvalidRecord,
+            "transactional batch without a producer id",
+        ));
+    }
+    if h.producer_id() >= 0 && h.base_sequence() < 0 {
+        return Err(Refusal::new(
+            ErrorCode::InvalidRecord,
+            "idempotent batch without a base sequence",
+        ));
+    }
+    Ok(h)
+}
+
+/// What both backends check of a batch against its topic's configs, and
+/// the bytes to store: `max.message.bytes`; a compacted topic's records
+/// need keys (KIP-467 errors); KIP-937's timestamp bounds with CreateTime
+/// (KIP-467 errors); with `message.timestamp.type=LogAppendTime` the batch
+/// stamped with the broker's time (returned, for the answer), else -1.
+pub(crate) fn check_contents(
+    b: &Broker,
+    meta: &crate::topics::TopicMeta,
+    name: &str,
+    records: &[u8],
+    h: &batch::BatchHeader<'_>,
+) -> Result<(BytesMut, i64), Refusal> {
+    let max = b.topics.max_message_bytes(meta);
+    if records.len() as i64 > max {
+        return Err(Refusal::new(
+            ErrorCode::MessageTooLarge,
+            format!(
+                "batch of {} bytes exceeds max.message.bytes {max}",
+                records.len()
+            ),
+        ));
+    }
+    if b.topics.cleanup_policy(meta).compact {
+        check_keys(records, name).map_err(|r| Refusal {
+            code: r.code,
+            message: r.message,
+            record_errors: r.record_errors,
+        })?;
+    }
+    let mut data = BytesMut::from(records);
+    let log_append_time = b
+        .topics
+        .topic_config(meta, "message.timestamp.type")
+        .is_some_and(|v| v == "LogAppendTime");
+    if log_append_time {
+        let now = crate::now_ms();
+        batch::set_log_append_time(&mut data, now);
+        return Ok((data, now));
+    }
+    let limit = |k: &str| {
+        b.topics
+            .topic_config(meta, k)
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(i64::MAX)
+    };
+    let (before, after) = (
+        limit("message.timestamp.before.max.ms"),
+        limit("message.timestamp.after.max.ms"),
+    );
+    match check_timestamps(records, h, before, after, name) {
+        Ok(()) => Ok((data, -1)),
+        Err(Outcome::Done {
+            code,
+            message,
+            record_errors,
+            ..
+        }) => Err(Refusal {
+            code,
+            message: message.unwrap_or_default(),
+            record_errors,
+        }),
+        Err(Outcome::Waiting { .. }) => unreachable!("a timestamp check only refuses"),
+    }
+}
+
 /// KIP-937: with CreateTime, a record whose timestamp is more than `before`
 /// ms behind the broker's clock or more than `after` ms ahead of it is
 /// refused with INVALID_TIMESTAMP, naming each such record. The batch
@@ -188,31 +337,10 @@ fn append_one(
     let Some(records) = records.filter(|r| !r.is_empty()) else {
         return failed(ErrorCode::InvalidRecord, "no records");
     };
-    let h = match batch::validate_client_batch(&records) {
+    let h = match check_batch(&records, &p.name()) {
         Ok(h) => h,
-        Err(e) => {
-            tracing::warn!(partition = %p.name(), error = %e, "rejected produce batch");
-            return failed(batch_error_code(&e), e.to_string());
-        }
+        Err(r) => return r.into(),
     };
-    if h.total_size() != records.len() {
-        return failed(
-            ErrorCode::InvalidRecord,
-            "a produce request must carry exactly one record batch per partition",
-        );
-    }
-    if h.is_control() {
-        return failed(
-            ErrorCode::InvalidRecord,
-            "clients are not allowed to write control records",
-        );
-    }
-    if h.is_transactional() && h.producer_id() < 0 {
-        return failed(
-            ErrorCode::InvalidRecord,
-            "transactional batch without a producer id",
-        );
-    }
     if h.is_transactional() {
         // The add to the transaction was gated (a cut-over's old writer
         // may not add the topic); here only the writer itself is checked.
@@ -225,61 +353,11 @@ fn append_one(
             );
         }
     }
-    if h.producer_id() >= 0 && h.base_sequence() < 0 {
-        return failed(
-            ErrorCode::InvalidRecord,
-            "idempotent batch without a base sequence",
-        );
-    }
-    let max = b.topics.max_message_bytes(&meta);
-    if records.len() as i64 > max {
-        return failed(
-            ErrorCode::MessageTooLarge,
-            format!(
-                "batch of {} bytes exceeds max.message.bytes {max}",
-                records.len()
-            ),
-        );
-    }
-    if b.topics.cleanup_policy(&meta).compact {
-        if let Err(r) = check_keys(&records, &p.name()) {
-            return Outcome::Done {
-                code: r.code,
-                base_offset: -1,
-                message: Some(r.message),
-                record_errors: r.record_errors,
-                append_time: -1,
-            };
-        }
-    }
-    let pb = (h.producer_id() >= 0).then(|| producer_batch(&h));
-    let mut data = BytesMut::from(&records[..]);
-    let log_append_time = b
-        .topics
-        .topic_config(&meta, "message.timestamp.type")
-        .is_some_and(|v| v == "LogAppendTime");
-    if !log_append_time {
-        let limit = |k: &str| {
-            b.topics
-                .topic_config(&meta, k)
-                .and_then(|v| v.parse::<i64>().ok())
-                .unwrap_or(i64::MAX)
-        };
-        let (before, after) = (
-            limit("message.timestamp.before.max.ms"),
-            limit("message.timestamp.after.max.ms"),
-        );
-        if let Err(refused) = check_timestamps(&records, &h, before, after, &p.name()) {
-            return refused;
-        }
-    }
-    let append_time = if log_append_time {
-        let now = crate::now_ms();
-        batch::set_log_append_time(&mut data, now);
-        now
-    } else {
-        -1
+    let (mut data, append_time) = match check_contents(b, &meta, &p.name(), &records, &h) {
+        Ok(x) => x,
+        Err(r) => return r.into(),
     };
+    let pb = (h.producer_id() >= 0).then(|| producer_batch(&h));
     // The batch must belong to its producer's open transaction holding this
     // partition (zombies and late writes are refused).
     let verify = |pb: &ProducerBatch| b.txn.verify(pb.producer_id, pb.epoch, topic, index);

@@ -9,6 +9,8 @@
   (docs/configuration.md and docs/protocol.md are generated from the code).
 * README.md stays a front door: at most 200 lines, linking every page in
   docs/.
+* docs/conformance.md names tests that exist, and a behaviour it says
+  holds in both modes names a `@both_modes` test.
 """
 
 import re
@@ -24,7 +26,7 @@ REQUIRED = [
     "README.md", "CHANGELOG.md",
     "docs/exactly-once.md", "docs/operations.md", "docs/cluster.md", "docs/security.md",
     "docs/performance.md", "docs/architecture.md", "docs/testing.md",
-    "docs/configuration.md", "docs/protocol.md",
+    "docs/configuration.md", "docs/protocol.md", "docs/conformance.md",
 ]
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
@@ -246,3 +248,37 @@ def test_the_checker_finds_broken_links_and_anchors(tmp_path):
 ])
 def test_slugs_are_githubs(heading, anchor):
     assert slug(heading) == anchor
+
+
+_ROW_TEST = re.compile(r"`tests/([\w]+\.py)::(\w+)`")
+
+
+def _decorators_of(source, name):
+    """The decorator lines right above `def name(` in a test module."""
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(f"def {name}("):
+            out = []
+            j = i - 1
+            while j >= 0 and lines[j].startswith("@"):
+                out.append(lines[j])
+                j -= 1
+            return out
+    return None
+
+
+def test_the_conformance_table_names_real_tests():
+    rows = [l for l in (REPO_ROOT / "docs" / "conformance.md").read_text().splitlines()
+            if l.startswith("| ") and "`tests/" in l]
+    assert len(rows) >= 10
+    both = 0
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        for module, name in _ROW_TEST.findall(row):
+            decorators = _decorators_of((REPO_ROOT / "tests" / module).read_text(), name)
+            assert decorators is not None, f"docs/conformance.md names {module}::{name}, which does not exist"
+            if len(cells) >= 4 and cells[2] == "yes" and cells[3] == "yes" and cells[1].startswith(f"`tests/{module}"):
+                assert any("both_modes" in d for d in decorators), \
+                    f"{module}::{name} is said to hold in both modes but is not a @both_modes test"
+                both += 1
+    assert both >= 10

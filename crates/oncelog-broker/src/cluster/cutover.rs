@@ -592,7 +592,7 @@ pub async fn drive(cluster: &Cluster) -> Result<(), ClusterError> {
             }
         };
         if let Err(e) = step.await {
-            crate::cluster_warn!(cluster.outage, e, topic = %c.topic, phase = ?c.phase, error = %e, "cut-over: this step is not finished; retried");
+            crate::cluster::outage::cluster_warn!(cluster.outage, e, topic = %c.topic, phase = ?c.phase, error = %e, "cut-over: this step is not finished; retried");
         }
     }
     Ok(())

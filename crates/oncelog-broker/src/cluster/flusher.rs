@@ -279,7 +279,7 @@ async fn commit_in_order(
             }
             Err(e) => {
                 stats.failed_flushes.fetch_add(1, Ordering::Relaxed);
-                crate::cluster_warn!(cluster.outage, e, object = %f.key, error = %e, "cluster: a flush was not committed; its batches get a retriable error");
+                crate::cluster::outage::cluster_warn!(cluster.outage, e, object = %f.key, error = %e, "cluster: a flush was not committed; its batches get a retriable error");
                 let e = Arc::new(e);
                 for (reply, _) in f.replies {
                     let _ = reply.send(Err(e.clone()));

@@ -77,7 +77,7 @@ impl Front {
                         _ = f.cluster.catalogue_notify.notified() => {}
                     }
                     if let Err(e) = f.refresh().await {
-                        crate::cluster_warn!(f.cluster.outage, e, error = %e, "cluster: refreshing brokers and topics failed");
+                        crate::cluster::outage::cluster_warn!(f.cluster.outage, e, error = %e, "cluster: refreshing brokers and topics failed");
                     }
                 }
             });
@@ -95,7 +95,7 @@ impl Front {
                             .extend(fenced),
                         Ok(_) => {}
                         Err(e) => {
-                            crate::cluster_warn!(f.cluster.outage, e, error = %e, "cluster: the transaction timeout check failed")
+                            crate::cluster::outage::cluster_warn!(f.cluster.outage, e, error = %e, "cluster: the transaction timeout check failed")
                         }
                     }
                 }
@@ -111,7 +111,7 @@ impl Front {
                             tracing::info!(?r, "cluster: collected objects")
                         }
                         Ok(_) => {}
-                        Err(e) => crate::cluster_warn!(c.outage, e, error = %e, "cluster: the collector failed"),
+                        Err(e) => crate::cluster::outage::cluster_warn!(c.outage, e, error = %e, "cluster: the collector failed"),
                     }
                 }
             });
@@ -123,7 +123,7 @@ impl Front {
         // Each copy is taken on its own: a failure to read one leaves that
         // copy as it was and does not hold up the others.
         if let Err(e) = self.security.refresh(&self.cluster.pool).await {
-            crate::cluster_warn!(self.cluster.outage, e, error = %e, "cluster: reading the ACLs and SCRAM credentials failed; keeping the copy");
+            crate::cluster::outage::cluster_warn!(self.cluster.outage, e, error = %e, "cluster: reading the ACLs and SCRAM credentials failed; keeping the copy");
         }
         let live = session::live_brokers(&self.cluster.pool).await?;
         let topics = catalogue::topics(&self.cluster.pool).await?;
@@ -166,7 +166,7 @@ impl Front {
                 self.live()
             }
             Err(e) => {
-                crate::cluster_warn!(self.cluster.outage, e, error = %e, "cluster: listing live brokers failed; answering from the copy");
+                crate::cluster::outage::cluster_warn!(self.cluster.outage, e, error = %e, "cluster: listing live brokers failed; answering from the copy");
                 self.live()
             }
         }

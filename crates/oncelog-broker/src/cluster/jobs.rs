@@ -257,13 +257,13 @@ async fn run_every<F, Fut>(
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
-                crate::cluster_warn!(cluster.outage, e, job, error = %e, "cluster: taking a job's lease failed");
+                crate::cluster::outage::cluster_warn!(cluster.outage, e, job, error = %e, "cluster: taking a job's lease failed");
                 continue;
             }
         }
         let r = f(cluster.clone(), Held { job, ttl }).await;
         if let Err(e) = &r {
-            crate::cluster_warn!(cluster.outage, *e, job, error = %e, "cluster: a background job failed; it runs again");
+            crate::cluster::outage::cluster_warn!(cluster.outage, *e, job, error = %e, "cluster: a background job failed; it runs again");
         }
         if let Err(e) = ran(&cluster, job, r.err().map(|e| e.to_string())).await {
             tracing::debug!(job, error = %e, "cluster: recording a job's run failed");

@@ -188,7 +188,6 @@ impl Outage {
 
 /// Logs a cluster error with `tracing::warn!`, unless it says PostgreSQL is
 /// unreachable: the cluster's [`Outage`] says that once a minute instead.
-#[macro_export]
 macro_rules! cluster_warn {
     ($outage:expr, $err:expr, $($arg:tt)+) => {
         if !$outage.absorb(&$err) {
@@ -196,6 +195,7 @@ macro_rules! cluster_warn {
         }
     };
 }
+pub(crate) use cluster_warn;
 
 #[cfg(test)]
 mod tests {

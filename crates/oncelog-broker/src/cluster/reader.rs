@@ -343,7 +343,7 @@ fn push_patched(out: &mut Vec<u8>, batch: &[u8], base_offset: i64) {
 pub async fn listen(cluster: Arc<Cluster>) {
     loop {
         if let Err(e) = listen_once(&cluster).await {
-            crate::cluster_warn!(cluster.outage, e, error = %e, "cluster: the LISTEN connection failed; reconnecting");
+            crate::cluster::outage::cluster_warn!(cluster.outage, e, error = %e, "cluster: the LISTEN connection failed; reconnecting");
         }
         cluster.data_notify.notify_waiters();
         cluster.catalogue_notify.notify_one();

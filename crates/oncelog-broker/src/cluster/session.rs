@@ -352,12 +352,12 @@ impl Session {
                             return;
                         }
                         Err(e) => {
-                            crate::cluster_warn!(outage, e, error = %e, "cluster: re-registering failed")
+                            crate::cluster::outage::cluster_warn!(outage, e, error = %e, "cluster: re-registering failed")
                         }
                     }
                 }
                 Err(e) => {
-                    crate::cluster_warn!(outage, e, error = %e, "cluster: renewing the lease failed");
+                    crate::cluster::outage::cluster_warn!(outage, e, error = %e, "cluster: renewing the lease failed");
                 }
             }
         }

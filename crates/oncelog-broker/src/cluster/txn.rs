@@ -385,7 +385,7 @@ pub async fn abort_expired(cluster: &Cluster) -> Result<Vec<String>, ClusterErro
                 }
             }
             Err(e) => {
-                crate::cluster_warn!(cluster.outage, e, transactional_id = %id, error = %e, "cluster: timeout abort not committed")
+                crate::cluster::outage::cluster_warn!(cluster.outage, e, transactional_id = %id, error = %e, "cluster: timeout abort not committed")
             }
         }
     }

@@ -452,7 +452,7 @@ async fn metadata(
         None => match catalogue::topics(&front.cluster.pool).await {
             Ok(all) => all.iter().map(entry).collect(),
             Err(e) => {
-                crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: listing topics failed; answering from the copy");
+                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: listing topics failed; answering from the copy");
                 front.topics().iter().map(entry).collect()
             }
         },
@@ -462,7 +462,7 @@ async fn metadata(
                 let found = match front.topic(&name).await {
                     Ok(t) => t,
                     Err(e) => {
-                        crate::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
                         out.push(error_entry(&name, ErrorCode::LeaderNotAvailable));
                         continue;
                     }
@@ -489,7 +489,7 @@ async fn metadata(
                                 error_entry(&name, ErrorCode::InvalidTopicException)
                             }
                             Err(e) => {
-                                crate::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: auto-create failed");
+                                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: auto-create failed");
                                 error_entry(&name, ErrorCode::LeaderNotAvailable)
                             }
                         }
@@ -554,7 +554,7 @@ async fn decide(
             Err(ErrorCode::TransactionalIdAuthorizationFailed)
         }
         Err(e) => {
-            crate::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: coordinator decision not committed");
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: coordinator decision not committed");
             Err(ErrorCode::CoordinatorNotAvailable)
         }
     }
@@ -658,7 +658,7 @@ async fn init_producer_id(
             .with_producer_id(ProducerId(pid))
             .with_producer_epoch(0),
         Err(e) => {
-            crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: could not allocate a producer id");
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: could not allocate a producer id");
             resp.with_error_code(ErrorCode::CoordinatorNotAvailable.code())
         }
     }
@@ -1312,7 +1312,7 @@ async fn fetch_once(b: &Broker, front: &Front, req: &FetchRequest, version: i16)
                     has_error = true;
                 }
                 Err(e) => {
-                    crate::cluster_warn!(front.cluster.outage, e, partition = %format!("{}-{}", t.name, fp.partition), error = %e,
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, partition = %format!("{}-{}", t.name, fp.partition), error = %e,
                         "cluster: read failed");
                     pd.error_code = ErrorCode::KafkaStorageError.code();
                     has_error = true;
@@ -1413,7 +1413,7 @@ async fn offset_for(
     read_committed: bool,
 ) -> Result<Option<(i64, i64)>, ErrorCode> {
     let storage = |e: ClusterError| {
-        crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: offset lookup failed");
+        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: offset lookup failed");
         ErrorCode::KafkaStorageError
     };
     let Some(o) = reader::offsets(&front.cluster, topic_id, partition)

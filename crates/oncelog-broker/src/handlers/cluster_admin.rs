@@ -70,7 +70,7 @@ pub async fn describe_producers(
             }
             Ok(None) => {}
             Err(e) => {
-                crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: DescribeProducers could not read the catalogue");
+                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: DescribeProducers could not read the catalogue");
                 failed = true;
             }
         }
@@ -82,7 +82,7 @@ pub async fn describe_producers(
         match describe::producers(&front.cluster, &keys).await {
             Ok(rows) => Some(rows),
             Err(e) => {
-                crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: DescribeProducers could not read producer state");
+                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: DescribeProducers could not read producer state");
                 None
             }
         }
@@ -111,7 +111,7 @@ pub async fn describe_transactions(
     let states = match describe::transactions(&front.cluster, Some(&ids)).await {
         Ok(m) => m,
         Err(e) => {
-            crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: DescribeTransactions could not read the coordinator");
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: DescribeTransactions could not read the coordinator");
             let out = req
                 .transactional_ids
                 .into_iter()
@@ -157,7 +157,7 @@ pub async fn list_transactions(
             admin_txn::list_response(req, version, mine, now)
         }
         Err(e) => {
-            crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListTransactions could not read the coordinator");
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListTransactions could not read the coordinator");
             ListTransactionsResponse::default()
                 .with_error_code(ErrorCode::CoordinatorNotAvailable.code())
         }
@@ -186,7 +186,7 @@ pub async fn write_txn_markers(
                     ErrorCode::None
                 }
                 Err(e) => {
-                    crate::cluster_warn!(front.cluster.outage, e, producer_id = pid, error = %e, "cluster: admin abort not committed");
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, producer_id = pid, error = %e, "cluster: admin abort not committed");
                     ErrorCode::ConcurrentTransactions
                 }
             }
@@ -238,7 +238,7 @@ pub async fn delete_records(
             let code = match &row {
                 _ if crate::datadir::is_internal_topic(&name) => ErrorCode::InvalidTopicException,
                 Err(e) => {
-                    crate::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: DeleteRecords could not read the catalogue");
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: DeleteRecords could not read the catalogue");
                     ErrorCode::KafkaStorageError
                 }
                 Ok(None) => ErrorCode::UnknownTopicOrPartition,
@@ -270,7 +270,7 @@ pub async fn delete_records(
                             Ok(Err(Refused::OutOfRange { .. })) => ErrorCode::OffsetOutOfRange,
                             Ok(Err(Refused::Unknown)) => ErrorCode::UnknownTopicOrPartition,
                             Err(e) => {
-                                crate::cluster_warn!(front.cluster.outage, e, topic = %name, partition = p.partition_index, error = %e,
+                                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, partition = p.partition_index, error = %e,
                                     "cluster: DeleteRecords not committed");
                                 ErrorCode::KafkaStorageError
                             }
@@ -311,7 +311,7 @@ pub async fn describe_configs(
         let got = match catalogue::topic(&front.cluster.pool, &name).await {
             Ok(row) => Ok(row.map(|t| t.configs)),
             Err(e) => {
-                crate::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: DescribeConfigs could not read the catalogue");
+                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: DescribeConfigs could not read the catalogue");
                 Err(format!("the catalogue could not be read: {e}"))
             }
         };
@@ -355,7 +355,7 @@ pub async fn alter_configs(
                     }
                     Err(CatalogueError::Topic(e)) => Err(admin::alter_error(&e)),
                     Err(CatalogueError::Cluster(e)) => {
-                        crate::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: altering a topic's configs failed");
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: altering a topic's configs failed");
                         Err((
                             ErrorCode::KafkaStorageError,
                             format!("the catalogue could not be changed: {e}"),
@@ -375,7 +375,7 @@ pub async fn alter_configs(
 /// their next refresh. A failure to reach PostgreSQL is KAFKA_STORAGE_ERROR
 /// for every valid change, and nothing changed.
 fn security_failed(front: &Front, what: &str, e: &ClusterError) -> String {
-    crate::cluster_warn!(front.cluster.outage, *e, error = %e, "cluster: changing the {what} failed; nothing changed");
+    crate::cluster::outage::cluster_warn!(front.cluster.outage, *e, error = %e, "cluster: changing the {what} failed; nothing changed");
     format!("the cluster's {what} could not be changed: {e}")
 }
 
@@ -437,7 +437,7 @@ pub async fn describe_acls(
     match security::load(&front.cluster.pool, security::ACLS).await {
         Ok((acls, version)) => front.security.set_acls(acls, version),
         Err(e) => {
-            crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the ACLs failed; answering from the copy")
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the ACLs failed; answering from the copy")
         }
     }
     b.authz.describe(&req)
@@ -473,7 +473,7 @@ pub async fn describe_user_scram_credentials(
     match security::load(&front.cluster.pool, security::USERS).await {
         Ok((users, version)) => front.security.set_users(users, version),
         Err(e) => {
-            crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the SCRAM credentials failed; answering from the copy")
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the SCRAM credentials failed; answering from the copy")
         }
     }
     b.users.describe(&req)

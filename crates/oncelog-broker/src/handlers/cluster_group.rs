@@ -64,7 +64,7 @@ fn storage_code(front: &Front, group: &str, e: &ClusterError) -> ErrorCode {
     match e {
         ClusterError::NotCoordinator(_) | ClusterError::Fenced { .. } => ErrorCode::NotCoordinator,
         e => {
-            crate::cluster_warn!(front.cluster.outage, *e, group, error = %e, "cluster: group coordination failed");
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, *e, group, error = %e, "cluster: group coordination failed");
             ErrorCode::CoordinatorNotAvailable
         }
     }
@@ -202,7 +202,7 @@ pub async fn list_groups(
     let all = match cg::all_groups(&front.cluster).await {
         Ok(all) => all,
         Err(e) => {
-            crate::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListGroups could not read the groups");
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListGroups could not read the groups");
             return ListGroupsResponse::default()
                 .with_error_code(ErrorCode::CoordinatorNotAvailable.code());
         }
@@ -461,7 +461,7 @@ pub async fn group_coordinator(front: &Front, group: &str, live: &[i32]) -> Opti
         Ok(Some(id)) if live.contains(&id) => Some(id),
         Ok(_) => crate::cluster::rendezvous(group.as_bytes(), live),
         Err(e) => {
-            crate::cluster_warn!(front.cluster.outage, e, group, error = %e, "cluster: looking up a group's coordinator failed");
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, group, error = %e, "cluster: looking up a group's coordinator failed");
             None
         }
     }

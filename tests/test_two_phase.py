@@ -27,7 +27,7 @@ import pytest
 
 import txn_wire as tw
 from clients import cli, create_topic, metric, unique_topic
-from conftest import wait_until
+from conftest import both_modes, wait_until
 
 TIMEOUT_MS = 2000
 
@@ -111,40 +111,42 @@ def test_a_parked_transaction_survives_its_timeout_and_a_broker_crash_then_commi
     assert committed_values(b, topic) == VALUES
 
 
+@both_modes()
 def test_recommit_after_a_transaction_version_2_commit_is_a_success(broker):
     """The ERROR Flink's KafkaCommitter logs on every restore: the commit
     went through EndTxn v5 (epoch bumped), the re-commit comes with the old
     epoch. Only the identity that committed gets success; a commit of an
     aborted transaction and a fenced producer's end stay refused."""
+    bs = broker.bootstrap.split(",")[0]  # one broker: the raw requests go to one address
     topic = unique_topic("recommit")
     create_topic(broker.bootstrap, topic)
     txn = "orders-sink-1-9"
-    pid, epoch = tw.prepared_transaction(broker.bootstrap, txn, 60000, topic, VALUES)
-    err, npid, nepoch = tw.end_txn(broker.bootstrap, txn, pid, epoch, commit=True, version=5)
+    pid, epoch = tw.prepared_transaction(bs, txn, 60000, topic, VALUES)
+    err, npid, nepoch = tw.end_txn(bs, txn, pid, epoch, commit=True, version=5)
     assert (err, npid, nepoch) == (tw.NONE, pid, epoch + 1)
     for version in (1, 5):
-        err, _, _ = tw.end_txn(broker.bootstrap, txn, pid, epoch, commit=True, version=version)
+        err, _, _ = tw.end_txn(bs, txn, pid, epoch, commit=True, version=version)
         assert err == tw.NONE, (version, err)
         # The other outcome is never "already done".
-        err, _, _ = tw.end_txn(broker.bootstrap, txn, pid, epoch, commit=False, version=version)
+        err, _, _ = tw.end_txn(bs, txn, pid, epoch, commit=False, version=version)
         assert err != tw.NONE, version
     assert committed_values(broker, topic) == VALUES
 
     # An aborted transaction: its abort repeats fine, its commit fails.
     aborted = "orders-sink-2-9"
-    apid, aepoch = tw.prepared_transaction(broker.bootstrap, aborted, 60000, topic, [b"x"])
-    assert tw.end_txn(broker.bootstrap, aborted, apid, aepoch, commit=False, version=5)[0] == tw.NONE
+    apid, aepoch = tw.prepared_transaction(bs, aborted, 60000, topic, [b"x"])
+    assert tw.end_txn(bs, aborted, apid, aepoch, commit=False, version=5)[0] == tw.NONE
     for version in (1, 5):
-        assert tw.end_txn(broker.bootstrap, aborted, apid, aepoch, commit=False, version=version)[0] == tw.NONE
-        assert tw.end_txn(broker.bootstrap, aborted, apid, aepoch, commit=True, version=version)[0] != tw.NONE
+        assert tw.end_txn(bs, aborted, apid, aepoch, commit=False, version=version)[0] == tw.NONE
+        assert tw.end_txn(bs, aborted, apid, aepoch, commit=True, version=version)[0] != tw.NONE
 
     # A zombie: a new instance took the id over; the old one's commit and
     # abort of its committed transaction are refused now.
-    err, pid2, epoch2 = tw.init_producer_id(broker.bootstrap, txn, 60000)
+    err, pid2, epoch2 = tw.init_producer_id(bs, txn, 60000)
     assert (err, pid2) == (tw.NONE, pid) and epoch2 > epoch + 1
     for version in (1, 5):
         for commit in (True, False):
-            err, _, _ = tw.end_txn(broker.bootstrap, txn, pid, epoch, commit=commit, version=version)
+            err, _, _ = tw.end_txn(bs, txn, pid, epoch, commit=commit, version=version)
             assert err in (tw.PRODUCER_FENCED, tw.INVALID_PRODUCER_EPOCH), (version, commit, err)
     assert committed_values(broker, topic) == VALUES
 

@@ -15,12 +15,14 @@ broker's place (issue #34, point 3).
 """
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from confluent_kafka import Producer
 
@@ -169,3 +171,53 @@ def test_a_port_in_use_stops_a_broker_before_it_registers(cluster_factory, tmp_p
         assert cl.sql("SELECT count(*) FROM brokers WHERE id = 9")[0][0] == 0
     finally:
         holder.close()
+
+
+class Diskless(Broker):
+    """A broker started with the cluster recipe's flags alone: no --data-dir."""
+
+    def argv(self):
+        a = super().argv()
+        i = a.index("--data-dir")
+        return a[:i] + a[i + 2:]
+
+
+def test_three_brokers_from_the_recipe_alone(cluster_services, tmp_path):
+    """docs/cluster.md's recipe: `--cluster`, `--object-store`, `--listen`
+    and `--metrics-listen`, nothing else (no data directory, no node.id):
+    three brokers on one host start, are assigned ids, serve, write nothing
+    where they were started, and remove their scratch at a clean stop."""
+    db = fresh_database(cluster_services)
+    store = f"file://{tmp_path / 'objects'}"
+    brokers = []
+    try:
+        for i in range(3):
+            root = tmp_path / f"b{i}"
+            b = Diskless(oncelog_bin(), root / "cwd" / "unused", free_port(), root / "broker.log",
+                         {"cluster.postgres": db, "cluster.object.store": store})
+            brokers.append(b.start())
+        with psycopg.connect(db, autocommit=True) as c:
+            ids = [r[0] for r in c.execute(
+                "SELECT id FROM brokers WHERE lease_expires_at > clock_timestamp() ORDER BY id")]
+        assert ids == [1, 2, 3]
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        create_topic(bootstrap, "recipe", 3)
+        for b in brokers:
+            produce_one(b.bootstrap, "recipe", b.bootstrap.encode())
+        got = [v for p in range(3) for v in read_all(bootstrap, "recipe", partition=p)]
+        assert sorted(got) == sorted(b.bootstrap.encode() for b in brokers)
+        scratch = []
+        for b in brokers:
+            m = re.search(r"local scratch \(nothing durable\) in (\S+),", b.log_text())
+            assert m, b.log_tail()
+            scratch.append(Path(m.group(1)))
+            assert scratch[-1].is_dir()
+            # the harness makes (and runs it beside) b.data_dir, which it does not get
+            assert [p.name for p in b.data_dir.parent.iterdir()] == ["unused"]
+            assert list(b.data_dir.iterdir()) == [], "the broker wrote where it was started"
+        for b in brokers:
+            b.stop()
+        assert not any(d.exists() for d in scratch), scratch
+    finally:
+        for b in brokers:
+            b.kill9()

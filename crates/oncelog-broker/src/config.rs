@@ -130,6 +130,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
     pub data_dir: PathBuf,
+    /// Whether `data.dir` was given (a cluster-mode broker without one
+    /// works in a scratch directory of its own: [`Self::scratch_data_dir`]).
+    pub data_dir_set: bool,
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
     pub advertised_host: String,
@@ -321,6 +324,7 @@ impl BrokerConfig {
         };
         let c = Self {
             data_dir: PathBuf::from(get("data.dir")),
+            data_dir_set: overrides.contains_key("data.dir"),
             listen,
             metrics_listen,
             advertised_host,
@@ -618,6 +622,26 @@ impl BrokerConfig {
     }
 
     /// The broker-level value behind a topic-level config name, as text.
+    /// Cluster mode without `data.dir`: a new directory of this process's
+    /// own under the system's temp dir becomes the data directory, and is
+    /// returned (the caller removes it at a clean stop). A cluster-mode
+    /// broker keeps nothing durable on its disk, so several brokers on one
+    /// host need no directory each. `None` in local mode or when `data.dir`
+    /// was given.
+    pub fn use_scratch_data_dir(&mut self) -> std::io::Result<Option<PathBuf>> {
+        if self.cluster_postgres.is_empty() || self.data_dir_set {
+            return Ok(None);
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "oncelog-cluster-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        self.data_dir = dir.clone();
+        Ok(Some(dir))
+    }
+
     pub fn topic_default(&self, topic_key: &str) -> Option<String> {
         Some(match topic_key {
             "segment.bytes" => self.segment_bytes.to_string(),

@@ -638,6 +638,14 @@ fn serve(args: ServeArgs) -> Result<()> {
         Broker::assign_node_id(&mut config)
             .await
             .context("starting cluster mode")?;
+        let scratch = config
+            .use_scratch_data_dir()
+            .context("making a scratch directory")?;
+        if let Some(d) = &scratch {
+            tracing::info!(scratch = %d.display(),
+                "cluster mode without data.dir: local scratch (nothing durable) in {}, removed at stop",
+                d.display());
+        }
         let broker = Broker::open(config).context("opening the data directory")?;
         broker
             .start_cluster()
@@ -704,6 +712,12 @@ fn serve(args: ServeArgs) -> Result<()> {
             bail!("{failed} partitions could not be flushed at shutdown");
         }
         let (syncs, appended_bytes) = broker.io_counters();
+        if let Some(d) = &scratch {
+            drop(broker);
+            if let Err(e) = std::fs::remove_dir_all(d) {
+                tracing::warn!(scratch = %d.display(), error = %e, "could not remove the scratch directory");
+            }
+        }
         tracing::info!(syncs, appended_bytes, "flushed; stopped cleanly");
         Ok(())
     })

@@ -267,6 +267,33 @@ class Reader:
     def remaining(self):
         return len(self.data) - self.pos
 
+    # the flexible versions' compact fields
+
+    def uvarint(self):
+        shift = out = 0
+        while True:
+            b = self.take(1)[0]
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+
+    def compact_string(self):
+        """A compact (nullable) string: None for null."""
+        n = self.uvarint()
+        return None if n == 0 else self.take(n - 1).decode()
+
+    def tagged(self):
+        """Skips a tagged-fields section."""
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.take(self.uvarint())
+
+    def array(self, item):
+        """A compact (nullable) array of item() each: None for null."""
+        n = self.uvarint()
+        return None if n == 0 else [item() for _ in range(n - 1)]
+
 
 def parse_produce_v3_response(body):
     """Body after the v0 response header. Returns ({(topic, partition): (error,
@@ -364,32 +391,6 @@ def _compact_array(items):
     return uvarint(len(items) + 1) + b"".join(items)
 
 
-class _Flex(Reader):
-    """Reads the flexible versions' compact fields."""
-
-    def uvarint(self):
-        shift = out = 0
-        while True:
-            b = self.take(1)[0]
-            out |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return out
-            shift += 7
-
-    def compact_string(self):
-        n = self.uvarint()
-        return None if n == 0 else self.take(n - 1).decode()
-
-    def tagged(self):
-        for _ in range(self.uvarint()):
-            self.uvarint()
-            self.take(self.uvarint())
-
-    def array(self, item):
-        n = self.uvarint()
-        return None if n == 0 else [item() for _ in range(n - 1)]
-
-
 def create_topics_v7(host, port, topics, validate_only=False, timeout_ms=30000):
     """CreateTopics v7 (the flexible version with topic ids and configs in
     the answer) to host:port. `topics`: dicts with name, and optionally
@@ -411,7 +412,7 @@ def create_topics_v7(host, port, topics, validate_only=False, timeout_ms=30000):
     body += _compact_array(entries) + i32(timeout_ms) + i8(1 if validate_only else 0) + uvarint(0)
     with Conn(host, port, timeout=timeout_ms / 1000 + 10) as c:
         c.send(frame(request_header_v2(API_CREATE_TOPICS, 7, cid) + bytes(body)))
-        r = _Flex(c.recv_response(cid))
+        r = Reader(c.recv_response(cid))
     r.tagged()                                # response header v1
     r.i32()                                   # throttle_time_ms
 

@@ -374,28 +374,6 @@ def wait_balanced(members, partitions, sizes=None, timeout=60, stable_for=2.0, b
 
 # ---------------------------------------------------------- raw OffsetFetch
 
-def _read_uvarint(r):
-    shift = 0
-    value = 0
-    while True:
-        b = r.take(1)[0]
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value
-        shift += 7
-
-
-def _skip_tags(r):
-    for _ in range(_read_uvarint(r)):
-        _read_uvarint(r)
-        r.take(_read_uvarint(r))
-
-
-def _compact_nullable_string(r):
-    n = _read_uvarint(r)
-    return None if n == 0 else r.take(n - 1).decode()
-
-
 def api_versions(broker):
     with kw.Conn(broker.host, broker.port) as c:
         c.send(kw.api_versions_request(0, 1))
@@ -420,23 +398,23 @@ def offset_fetch(broker, group, topic, partitions, require_stable):
     with kw.Conn(*kw.find_coordinator(broker.host, broker.port, group)) as c:
         c.send(kw.frame(kw.request_header_v2(API_OFFSET_FETCH, 7, cid) + body))
         r = kw.Reader(c.recv_response(cid))
-    _skip_tags(r)                                # response header v1
+    r.tagged()                                   # response header v1
     r.i32()                                      # throttle_time_ms
     out = {}
-    for _ in range(_read_uvarint(r) - 1):
-        name = _compact_nullable_string(r)
+    for _ in range(r.uvarint() - 1):
+        name = r.compact_string()
         assert name == topic, name
-        for _ in range(_read_uvarint(r) - 1):
+        for _ in range(r.uvarint() - 1):
             p = r.i32()
             offset = r.i64()
             r.i32()                              # committed_leader_epoch
-            _compact_nullable_string(r)          # metadata
+            r.compact_string()          # metadata
             err = r.i16()
-            _skip_tags(r)
+            r.tagged()
             out[p] = (offset, err)
-        _skip_tags(r)
+        r.tagged()
     top_err = r.i16()
-    _skip_tags(r)
+    r.tagged()
     assert top_err == kw.NONE, f"OffsetFetch error {top_err}"
     assert r.remaining() == 0, f"{r.remaining()} trailing bytes in OffsetFetch v7 response"
     return out

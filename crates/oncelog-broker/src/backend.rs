@@ -143,9 +143,11 @@ impl Catalogue<'_> {
                 .map(|t| t.meta())
                 .find(|m| m.id == id)
                 .map(|m| m.name),
-            Catalogue::Cluster(_, front) => {
-                front.topics().into_iter().find(|t| t.id == id).map(|t| t.name)
-            }
+            Catalogue::Cluster(_, front) => front
+                .topics()
+                .into_iter()
+                .find(|t| t.id == id)
+                .map(|t| t.name),
         }
     }
 

@@ -539,7 +539,12 @@ impl Topics {
         } else {
             partitions
         };
-        check_new_topic(name, partitions, &configs, self.config.max_partitions_per_topic)?;
+        check_new_topic(
+            name,
+            partitions,
+            &configs,
+            self.config.max_partitions_per_topic,
+        )?;
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         if self.get(name).is_some() {
             return Err(TopicError::AlreadyExists(name.into()));

@@ -139,7 +139,8 @@ async fn bind(
         return Ok(());
     }
     if let Some((objects, marker)) = with {
-        let body = serde_json::to_vec(marker).map_err(|e| ClusterError::Invariant(e.to_string()))?;
+        let body =
+            serde_json::to_vec(marker).map_err(|e| ClusterError::Invariant(e.to_string()))?;
         objects.put(MARKER, body.into()).await?;
     }
     tx.execute(
@@ -148,6 +149,9 @@ async fn bind(
     )
     .await?;
     tx.commit().await?;
-    tracing::info!(store_id, "cluster: the object store is bound to this cluster");
+    tracing::info!(
+        store_id,
+        "cluster: the object store is bound to this cluster"
+    );
     Ok(())
 }

@@ -97,8 +97,10 @@ pub async fn run(
                     );
                 }
                 Ok(None) => {}
-                Err(e) => crate::cluster::outage::cluster_warn!(cluster.outage, e, partition = %format!("{}-{p}", t.name), error = %e,
-                    "cluster: a compaction pass failed; it runs again"),
+                Err(e) => {
+                    crate::cluster::outage::cluster_warn!(cluster.outage, e, partition = %format!("{}-{p}", t.name), error = %e,
+                    "cluster: a compaction pass failed; it runs again")
+                }
             }
         }
     }

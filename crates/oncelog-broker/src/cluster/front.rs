@@ -111,7 +111,9 @@ impl Front {
                             tracing::info!(?r, "cluster: collected objects")
                         }
                         Ok(_) => {}
-                        Err(e) => crate::cluster::outage::cluster_warn!(c.outage, e, error = %e, "cluster: the collector failed"),
+                        Err(e) => {
+                            crate::cluster::outage::cluster_warn!(c.outage, e, error = %e, "cluster: the collector failed")
+                        }
                     }
                 }
             });

@@ -214,7 +214,13 @@ pub fn hide_password(url: &str) -> String {
     }
     key_values(url)
         .into_iter()
-        .map(|(k, _, raw)| if k == "password" { "password=***".to_string() } else { raw })
+        .map(|(k, _, raw)| {
+            if k == "password" {
+                "password=***".to_string()
+            } else {
+                raw
+            }
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -310,18 +316,17 @@ fn connector(mode: SslMode, root: Option<&str>) -> Result<Connector, String> {
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| e.to_string())?;
-    let verifier: Arc<dyn rustls::client::danger::ServerCertVerifier> = match roots {
-        None => Arc::new(verify::Unchecked(provider)),
-        Some(roots) => {
-            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider)
+    let chain = match roots {
+        None => None,
+        Some(roots) => Some(
+            WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                 .build()
-                .map_err(|e| e.to_string())?;
-            if mode == SslMode::VerifyFull {
-                webpki
-            } else {
-                Arc::new(verify::ChainOnly(webpki))
-            }
-        }
+                .map_err(|e| e.to_string())?,
+        ),
+    };
+    let verifier: Arc<dyn rustls::client::danger::ServerCertVerifier> = match chain {
+        Some(webpki) if mode == SslMode::VerifyFull => webpki,
+        chain => Arc::new(verify::Lenient { chain, provider }),
     };
     let config = builder
         .dangerous()
@@ -330,7 +335,7 @@ fn connector(mode: SslMode, root: Option<&str>) -> Result<Connector, String> {
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
-/// The two server-certificate checks libpq makes short of `verify-full`.
+/// The server-certificate checks libpq makes short of `verify-full`.
 #[cfg(feature = "tls")]
 mod verify {
     use std::sync::Arc;
@@ -341,12 +346,18 @@ mod verify {
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
     use rustls::{CertificateError, DigitallySignedStruct, Error, SignatureScheme};
 
-    /// `verify-ca` (and `require` with a root certificate): the chain must
-    /// lead to the root; the name in the certificate is not compared.
+    /// With `chain` (`verify-ca`, or `require` with a root certificate): the
+    /// certificate must chain to the root; the name in it is not compared.
+    /// Without (`prefer`, `require`): the certificate is taken as it comes
+    /// (libpq's behaviour; say `verify-full` to check it). Either way the
+    /// handshake's signatures are checked.
     #[derive(Debug)]
-    pub struct ChainOnly(pub Arc<WebPkiServerVerifier>);
+    pub struct Lenient {
+        pub chain: Option<Arc<WebPkiServerVerifier>>,
+        pub provider: Arc<CryptoProvider>,
+    }
 
-    impl ServerCertVerifier for ChainOnly {
+    impl ServerCertVerifier for Lenient {
         fn verify_server_cert(
             &self,
             end_entity: &CertificateDer<'_>,
@@ -355,10 +366,10 @@ mod verify {
             ocsp: &[u8],
             now: UnixTime,
         ) -> Result<ServerCertVerified, Error> {
-            match self
-                .0
-                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-            {
+            let Some(chain) = &self.chain else {
+                return Ok(ServerCertVerified::assertion());
+            };
+            match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
                 Err(Error::InvalidCertificate(
                     CertificateError::NotValidForName
                     | CertificateError::NotValidForNameContext { .. },
@@ -373,7 +384,8 @@ mod verify {
             cert: &CertificateDer<'_>,
             dss: &DigitallySignedStruct,
         ) -> Result<HandshakeSignatureValid, Error> {
-            self.0.verify_tls12_signature(message, cert, dss)
+            let algs = &self.provider.signature_verification_algorithms;
+            rustls::crypto::verify_tls12_signature(message, cert, dss, algs)
         }
 
         fn verify_tls13_signature(
@@ -382,62 +394,14 @@ mod verify {
             cert: &CertificateDer<'_>,
             dss: &DigitallySignedStruct,
         ) -> Result<HandshakeSignatureValid, Error> {
-            self.0.verify_tls13_signature(message, cert, dss)
+            let algs = &self.provider.signature_verification_algorithms;
+            rustls::crypto::verify_tls13_signature(message, cert, dss, algs)
         }
 
         fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.supported_verify_schemes()
-        }
-    }
-
-    /// `prefer` and `require` without a root certificate: encrypted, and
-    /// the handshake's signatures checked, but the certificate is taken as
-    /// it comes (libpq's behaviour; say `verify-full` to check it).
-    #[derive(Debug)]
-    pub struct Unchecked(pub Arc<CryptoProvider>);
-
-    impl ServerCertVerifier for Unchecked {
-        fn verify_server_cert(
-            &self,
-            _end_entity: &CertificateDer<'_>,
-            _intermediates: &[CertificateDer<'_>],
-            _server_name: &ServerName<'_>,
-            _ocsp: &[u8],
-            _now: UnixTime,
-        ) -> Result<ServerCertVerified, Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, Error> {
-            rustls::crypto::verify_tls12_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, Error> {
-            rustls::crypto::verify_tls13_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
+            self.provider
+                .signature_verification_algorithms
+                .supported_schemes()
         }
     }
 }
@@ -451,7 +415,10 @@ mod tests {
         let (rest, p) = split_tls(
             "postgres://u:pw@db.example:5432/oncelog?sslmode=verify-full&application_name=x&sslrootcert=%2Ftmp%2Fca.pem",
         );
-        assert_eq!(rest, "postgres://u:pw@db.example:5432/oncelog?application_name=x");
+        assert_eq!(
+            rest,
+            "postgres://u:pw@db.example:5432/oncelog?application_name=x"
+        );
         assert_eq!(p.sslmode.as_deref(), Some("verify-full"));
         assert_eq!(p.sslrootcert.as_deref(), Some("/tmp/ca.pem"));
         let (rest, p) = split_tls("postgresql://h/db?sslmode=require");
@@ -489,7 +456,10 @@ mod tests {
     fn bad_settings_are_named() {
         let e = target("postgres://u:pw@h/db?sslmode=verify-everything").unwrap_err();
         let s = e.to_string();
-        assert!(s.contains("sslmode=verify-everything") && !s.contains("pw@"), "{s}");
+        assert!(
+            s.contains("sslmode=verify-everything") && !s.contains("pw@"),
+            "{s}"
+        );
         let e = target("postgres://h/db?sslcert=/c.pem").unwrap_err();
         assert!(e.to_string().contains("client certificates"), "{e}");
         let t = target("postgres://h/db?sslmode=disable").unwrap();
@@ -502,8 +472,8 @@ mod tests {
     fn verification_needs_a_root() {
         let e = target("postgres://h/db?sslmode=verify-full").unwrap_err();
         assert!(e.to_string().contains("sslrootcert"), "{e}");
-        let e = target("postgres://h/db?sslmode=verify-ca&sslrootcert=/nonexistent.pem")
-            .unwrap_err();
+        let e =
+            target("postgres://h/db?sslmode=verify-ca&sslrootcert=/nonexistent.pem").unwrap_err();
         assert!(e.to_string().contains("/nonexistent.pem"), "{e}");
         assert!(target("postgres://h/db?sslmode=require").is_ok());
     }

@@ -996,7 +996,8 @@ async fn queue_one(
         return bad(ErrorCode::InvalidRecord, "no records".into());
     };
     let name = format!("{topic}-{index}");
-    let refused = |r: super::produce::Refusal| Queued::Done(r.code, Some(r.message), r.record_errors);
+    let refused =
+        |r: super::produce::Refusal| Queued::Done(r.code, Some(r.message), r.record_errors);
     let h = match super::produce::check_batch(&records, &name) {
         Ok(h) => h,
         Err(r) => return refused(r),
@@ -1008,7 +1009,11 @@ async fn queue_one(
         Ok(x) => x,
         Err(r) => return refused(r),
     };
-    match front.flusher.submit(t.id, &t.name, index, data.freeze()).await {
+    match front
+        .flusher
+        .submit(t.id, &t.name, index, data.freeze())
+        .await
+    {
         Ok(rx) => Queued::Waiting(rx, append_time),
         Err(e) => bad(ErrorCode::KafkaStorageError, e.to_string()),
     }

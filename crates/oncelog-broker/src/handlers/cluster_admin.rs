@@ -456,9 +456,10 @@ pub async fn alter_user_scram_credentials(
         }
         Err(e) => {
             let empty = UserMap::default();
-            plan_alter(&empty, &req)
-                .1
-                .answer(&Err(security_failed(front, "SCRAM credentials", &e)), &empty)
+            plan_alter(&empty, &req).1.answer(
+                &Err(security_failed(front, "SCRAM credentials", &e)),
+                &empty,
+            )
         }
     }
 }

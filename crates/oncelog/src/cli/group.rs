@@ -63,31 +63,24 @@ pub async fn group(bootstrap: &str, json_out: bool, cmd: GroupCmd) -> Result<()>
         GroupCmd::List => {
             // Each broker lists the groups it coordinates: ask them all, as
             // Kafka's admin client does.
-            let mut rows: Vec<Vec<String>> = Vec::new();
-            for id in cl.brokers().await? {
-                let addr = cl.address(id).unwrap_or("?").to_string();
-                let answer = match cl.node(id).await {
-                    Ok(c) => c
-                        .call::<_, ListGroupsResponse>(ApiKey::ListGroups, &ListGroupsRequest::default())
-                        .await
-                        .map_err(anyhow::Error::from)
-                        .and_then(|(r, _)| {
-                            check(r.error_code, "list groups")?;
-                            Ok(r)
-                        }),
-                    Err(e) => Err(e.into()),
-                };
-                match answer {
-                    Ok(r) => rows.extend(r.groups.iter().map(|g| {
-                        vec![
-                            g.group_id.0.to_string(),
-                            g.group_state.to_string(),
-                            g.protocol_type.to_string(),
-                        ]
-                    })),
-                    Err(e) => eprintln!("warning: broker {id} ({addr}) did not list its groups: {e:#}"),
-                }
-            }
+            let mut rows: Vec<Vec<String>> = super::ask_every_broker(
+                &mut cl,
+                ApiKey::ListGroups,
+                &ListGroupsRequest::default(),
+                "list its groups",
+                |r: &ListGroupsResponse| r.error_code,
+            )
+            .await?
+            .iter()
+            .flat_map(|(_, r)| r.groups.iter())
+            .map(|g| {
+                vec![
+                    g.group_id.0.to_string(),
+                    g.group_state.to_string(),
+                    g.protocol_type.to_string(),
+                ]
+            })
+            .collect();
             rows.sort();
             rows.dedup_by(|a, b| a[0] == b[0]);
             let v = json!(rows

@@ -59,7 +59,9 @@ async fn expected_cluster() -> Option<&'static (String, Option<String>)> {
             .get_or_init(|| async {
                 let id = async {
                     let mut c = oncelog_client::Client::connect(bootstrap).await.ok()?;
-                    let md = oncelog_client::admin::metadata(&mut c, Some(vec![])).await.ok()?;
+                    let md = oncelog_client::admin::metadata(&mut c, Some(vec![]))
+                        .await
+                        .ok()?;
                     md.cluster_id.map(|s| s.to_string())
                 };
                 let id = tokio::time::timeout(DEADLINE, id).await.ok().flatten();
@@ -414,7 +416,10 @@ mod tests {
     #[test]
     fn answers_are_split() {
         let (head, body) = split_answer(b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n{}").unwrap();
-        assert_eq!((head.as_str(), body), ("HTTP/1.1 200 OK\r\nA: b", &b"{}"[..]));
+        assert_eq!(
+            (head.as_str(), body),
+            ("HTTP/1.1 200 OK\r\nA: b", &b"{}"[..])
+        );
         assert!(split_answer(b"garbage").is_none());
     }
 }

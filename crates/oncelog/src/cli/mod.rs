@@ -4,7 +4,9 @@
 //! What is here is the command line's own: arguments, input parsing and
 //! output; the protocol is the client crate's.
 
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::messages::ApiKey;
+use kafka_protocol::protocol::{Decodable, Encodable, Message, StrBytes};
+use oncelog_client::Cluster;
 use serde_json::Value;
 
 mod cluster;
@@ -66,4 +68,42 @@ fn emit(json_out: bool, v: &Value, headers: &[&str], rows: Vec<Vec<String>>) {
     } else {
         table(headers, &rows);
     }
+}
+
+/// Sends `req` to every broker Metadata names, as Kafka's admin client does
+/// for the listings each broker answers for itself (the groups and
+/// transactional ids it coordinates). Returns the answers whose
+/// `error_code` is none, by broker id; a broker that did not answer or
+/// answered an error is named on stderr, and the others still count.
+pub(crate) async fn ask_every_broker<Req, Resp>(
+    cl: &mut Cluster,
+    key: ApiKey,
+    req: &Req,
+    what: &str,
+    error_code: impl Fn(&Resp) -> i16,
+) -> anyhow::Result<Vec<(i32, Resp)>>
+where
+    Req: Encodable + Message,
+    Resp: Decodable + Message,
+{
+    let mut out = Vec::new();
+    for id in cl.brokers().await? {
+        let addr = cl.address(id).unwrap_or("?").to_string();
+        let answer = match cl.node(id).await {
+            Ok(c) => c
+                .call::<Req, Resp>(key, req)
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|(r, _)| {
+                    oncelog_client::check(error_code(&r), what)?;
+                    Ok(r)
+                }),
+            Err(e) => Err(e.into()),
+        };
+        match answer {
+            Ok(r) => out.push((id, r)),
+            Err(e) => eprintln!("warning: broker {id} ({addr}) did not {what}: {e:#}"),
+        }
+    }
+    Ok(out)
 }

@@ -423,33 +423,19 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
     Ok(())
 }
 
-/// ListTransactions to every broker the cluster lists (each lists the ids
-/// it coordinates, as Kafka's admin client asks them all); a broker that
-/// does not answer is named on stderr and the others still count.
+/// ListTransactions to every broker (each lists the ids it coordinates).
 async fn list_everywhere(
     cl: &mut Cluster,
     req: &ListTransactionsRequest,
 ) -> Result<Vec<(i32, ListTransactionsResponse)>> {
-    let mut out = Vec::new();
-    for id in cl.brokers().await? {
-        let addr = cl.address(id).unwrap_or("?").to_string();
-        let answer = match cl.node(id).await {
-            Ok(c) => c
-                .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, req)
-                .await
-                .map_err(anyhow::Error::from)
-                .and_then(|(r, _)| {
-                    check(r.error_code, "list transactions")?;
-                    Ok(r)
-                }),
-            Err(e) => Err(e.into()),
-        };
-        match answer {
-            Ok(r) => out.push((id, r)),
-            Err(e) => eprintln!("warning: broker {id} ({addr}) did not list its transactions: {e:#}"),
-        }
-    }
-    Ok(out)
+    super::ask_every_broker(
+        cl,
+        ApiKey::ListTransactions,
+        req,
+        "list its transactions",
+        |r: &ListTransactionsResponse| r.error_code,
+    )
+    .await
 }
 
 /// `txn commit` / `txn abort ID`: EndTxn to the id's coordinator, as the

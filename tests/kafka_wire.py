@@ -387,7 +387,7 @@ def _compact_nullable_string(v):
     return uvarint(0) if v is None else compact_string(v)
 
 
-def _compact_array(items):
+def compact_array(items):
     return uvarint(len(items) + 1) + b"".join(items)
 
 
@@ -402,14 +402,14 @@ def create_topics_v7(host, port, topics, validate_only=False, timeout_ms=30000):
     body = bytearray()
     entries = []
     for t in topics:
-        assignments = [i32(p) + _compact_array([i32(b) for b in ids]) + uvarint(0)
+        assignments = [i32(p) + compact_array([i32(b) for b in ids]) + uvarint(0)
                        for p, ids in (t.get("assignments") or {}).items()]
         configs = [compact_string(k) + _compact_nullable_string(v) + uvarint(0)
                    for k, v in (t.get("configs") or {}).items()]
         entries.append(compact_string(t["name"]) + i32(t.get("partitions", -1))
-                       + i16(t.get("replication_factor", -1)) + _compact_array(assignments)
-                       + _compact_array(configs) + uvarint(0))
-    body += _compact_array(entries) + i32(timeout_ms) + i8(1 if validate_only else 0) + uvarint(0)
+                       + i16(t.get("replication_factor", -1)) + compact_array(assignments)
+                       + compact_array(configs) + uvarint(0))
+    body += compact_array(entries) + i32(timeout_ms) + i8(1 if validate_only else 0) + uvarint(0)
     with Conn(host, port, timeout=timeout_ms / 1000 + 10) as c:
         c.send(frame(request_header_v2(API_CREATE_TOPICS, 7, cid) + bytes(body)))
         r = Reader(c.recv_response(cid))

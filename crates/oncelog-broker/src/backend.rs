@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+
 use crate::cluster::catalogue::CatalogueError;
 use crate::cluster::front::Front;
 use crate::error::TopicError;
@@ -23,6 +25,15 @@ pub enum Catalogue<'a> {
 }
 
 impl Broker {
+    /// The APIs and versions this broker's ApiVersions answers with
+    /// (docs/protocol.md lists both modes').
+    pub fn served_apis(&self) -> Vec<ApiVersion> {
+        match self.cluster.get() {
+            Some(_) => crate::handlers::cluster_api_keys(),
+            None => crate::handlers::local_api_keys(self.config.two_phase_commit_enable),
+        }
+    }
+
     /// This broker's catalogue.
     pub fn catalogue(&self) -> Catalogue<'_> {
         match self.cluster.get() {
@@ -48,7 +59,95 @@ fn from_catalogue(e: CatalogueError) -> TopicError {
     }
 }
 
+/// A live broker as a client that came in on one listener is told of it.
+pub struct Node {
+    pub id: i32,
+    /// Where that client reaches it: `None` when it has no endpoint on
+    /// that listener (an address on another would take the client to a
+    /// port that speaks another protocol).
+    pub address: Option<(String, i32)>,
+}
+
 impl Catalogue<'_> {
+    /// The cluster's id, as Metadata gives it.
+    pub fn cluster_id(&self) -> String {
+        match self {
+            Catalogue::Local(b) => b.topics.cluster_id().to_string(),
+            Catalogue::Cluster(_, front) => front.cluster_id.clone(),
+        }
+    }
+
+    /// The live brokers, each with its address on the listener
+    /// `listener` (an index into `config.listeners`). In cluster mode read
+    /// now, so that a broker that registered a moment ago is named.
+    pub async fn nodes(&self, listener: usize) -> Vec<Node> {
+        match self {
+            Catalogue::Local(b) => {
+                let address = match b.config.listeners.get(listener) {
+                    Some(l) => (l.advertised_host.clone(), l.advertised_port),
+                    None => (b.config.advertised_host.clone(), b.config.advertised_port),
+                };
+                vec![Node {
+                    id: b.config.node_id,
+                    address: Some(address),
+                }]
+            }
+            Catalogue::Cluster(b, front) => {
+                let name = b
+                    .config
+                    .listeners
+                    .get(listener)
+                    .map(|l| l.name.as_str())
+                    .unwrap_or_default();
+                front
+                    .live_now()
+                    .await
+                    .iter()
+                    .map(|row| Node {
+                        id: row.id,
+                        address: row.serves(name).then(|| row.address(name)),
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Every topic (in cluster mode read from PostgreSQL, so that a topic
+    /// another broker created a moment ago is listed; this broker's copy
+    /// only if that read fails).
+    pub async fn topics(&self) -> Vec<TopicMeta> {
+        match self {
+            Catalogue::Local(b) => b.topics.all().iter().map(|t| t.meta()).collect(),
+            Catalogue::Cluster(_, front) => {
+                match crate::cluster::catalogue::topics(&front.cluster.pool).await {
+                    Ok(all) => all.into_iter().map(meta_of).collect(),
+                    Err(e) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: listing topics failed; answering from the copy");
+                        front.topics().into_iter().map(meta_of).collect()
+                    }
+                }
+            }
+        }
+    }
+
+    /// The broker among `live` that coordinates `group`: this one on a
+    /// single node; in cluster mode the group's owner, or the one
+    /// rendezvous hashing picks when none of the live ones owns it.
+    pub async fn group_coordinator(&self, group: &str, live: &[i32]) -> Option<i32> {
+        match self {
+            Catalogue::Local(b) => Some(b.config.node_id),
+            Catalogue::Cluster(_, front) => {
+                match crate::cluster::groups::owner(&front.cluster, group).await {
+                    Ok(Some(id)) if live.contains(&id) => Some(id),
+                    Ok(_) => crate::cluster::rendezvous(group.as_bytes(), live),
+                    Err(e) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, group, error = %e, "cluster: looking up a group's coordinator failed");
+                        None
+                    }
+                }
+            }
+        }
+    }
     /// The brokers Metadata lists, by id: the only ones a replica
     /// assignment may name.
     pub async fn broker_ids(&self) -> Vec<i32> {
@@ -85,6 +184,11 @@ impl Catalogue<'_> {
                 b.topics
                     .create(name, partitions, configs, validate_only)
                     .map(|t| t.meta())
+            })
+            .inspect_err(|e| {
+                if matches!(e, TopicError::Storage(_) | TopicError::DataDir(_)) {
+                    tracing::error!(topic = %name, error = %e, "creating a topic failed");
+                }
             }),
             Catalogue::Cluster(b, front) => {
                 let max = b.config.max_partitions_per_topic;
@@ -98,7 +202,10 @@ impl Catalogue<'_> {
                             partitions,
                             configs,
                         }),
-                        Err(e) => Err(TopicError::Storage(e.to_string())),
+                        Err(e) => {
+                            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
+                            Err(TopicError::Storage(e.to_string()))
+                        }
                     };
                 }
                 let row = crate::cluster::catalogue::create_topic(
@@ -109,7 +216,12 @@ impl Catalogue<'_> {
                     max,
                 )
                 .await
-                .map_err(from_catalogue)?;
+                .map_err(|e| {
+                    if let CatalogueError::Cluster(c) = &e {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, *c, topic = %name, error = %c, "cluster: creating a topic failed");
+                    }
+                    from_catalogue(e)
+                })?;
                 front.remember(row.clone());
                 Ok(meta_of(row))
             }
@@ -121,11 +233,10 @@ impl Catalogue<'_> {
     pub async fn topic(&self, name: &str) -> Result<Option<TopicMeta>, TopicError> {
         match self {
             Catalogue::Local(b) => Ok(b.topics.get(name).map(|t| t.meta())),
-            Catalogue::Cluster(_, front) => front
-                .topic(name)
-                .await
-                .map(|t| t.map(meta_of))
-                .map_err(|e| TopicError::Storage(e.to_string())),
+            Catalogue::Cluster(_, front) => front.topic(name).await.map(|t| t.map(meta_of)).map_err(|e| {
+                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
+                TopicError::Storage(e.to_string())
+            }),
         }
     }
 
@@ -171,6 +282,80 @@ impl Catalogue<'_> {
                     front.forget(name);
                 }
                 r
+            }
+        }
+    }
+}
+
+/// Why a partition's offsets could not be looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetError {
+    /// No such topic or partition.
+    Unknown,
+    /// The storage failed (logged where it failed).
+    Storage,
+}
+
+/// The partitions' logs.
+pub enum Logs<'a> {
+    Local(&'a Broker),
+    Cluster(&'a Front),
+}
+
+impl Broker {
+    /// This broker's partition logs.
+    pub fn logs(&self) -> Logs<'_> {
+        match self.cluster.get() {
+            Some(front) => Logs::Cluster(front),
+            None => Logs::Local(self),
+        }
+    }
+}
+
+impl Logs<'_> {
+    /// ListOffsets' answer for one partition as (offset, timestamp), or
+    /// `None` when there is no such offset. `spec`: -1 the high watermark
+    /// (the LSO for read_committed), -2 the log start, -3 the batch with the
+    /// largest timestamp, else a timestamp (≥ 0): the first batch whose
+    /// largest timestamp reaches it, below that bound.
+    pub async fn offset_for(
+        &self,
+        topic: &str,
+        partition: i32,
+        spec: i64,
+        read_committed: bool,
+    ) -> Result<Option<(i64, i64)>, OffsetError> {
+        match self {
+            Logs::Local(b) => {
+                let Some(p) = b.topics.get(topic).and_then(|t| t.store(partition)) else {
+                    return Err(OffsetError::Unknown);
+                };
+                p.offset_for(spec, read_committed).map_err(|e| {
+                    tracing::error!(partition = %p.name(), error = %e, "offset lookup failed");
+                    OffsetError::Storage
+                })
+            }
+            Logs::Cluster(front) => {
+                let warn = |e: crate::cluster::ClusterError| {
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: offset lookup failed");
+                    OffsetError::Storage
+                };
+                let Some(t) = front.topic(topic).await.map_err(warn)? else {
+                    return Err(OffsetError::Unknown);
+                };
+                if !(0..t.partitions).contains(&partition) {
+                    return Err(OffsetError::Unknown);
+                }
+                crate::cluster::reader::offset_for(
+                    &front.cluster,
+                    &t.id,
+                    partition,
+                    spec,
+                    read_committed,
+                )
+                .await
+                .map_err(warn)?
+                .ok_or(OffsetError::Unknown)
             }
         }
     }

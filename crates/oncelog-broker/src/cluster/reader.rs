@@ -41,6 +41,59 @@ pub struct PartitionOffsets {
     pub log_start_offset: i64,
 }
 
+/// ListOffsets' answer for one partition as (offset, timestamp): `spec`
+/// -1 the high watermark (the LSO for read_committed), -2 the log start, -3
+/// the batch with the largest timestamp (as Kafka, control batches count), a timestamp the first batch whose
+/// largest timestamp reaches it (each an answer only below that bound). The outer `None`:
+/// no such partition; the inner: no such offset.
+pub async fn offset_for(
+    cluster: &Cluster,
+    topic_id: &Uuid,
+    partition: i32,
+    spec: i64,
+    read_committed: bool,
+) -> Result<Option<Option<(i64, i64)>>, ClusterError> {
+    let Some(o) = offsets(cluster, topic_id, partition).await? else {
+        return Ok(None);
+    };
+    let upper = if read_committed {
+        o.last_stable_offset
+    } else {
+        o.high_watermark
+    };
+    match spec {
+        -1 => return Ok(Some(Some((upper, -1)))),
+        -2 => return Ok(Some(Some((o.log_start_offset, -1)))),
+        _ => {}
+    }
+    let client = cluster.pool.get().await?;
+    let row = if spec == -3 {
+        client
+            .query_opt(
+                "SELECT base_offset, max_timestamp FROM batches WHERE topic_id = $1 \
+                 AND partition = $2 \
+                 ORDER BY max_timestamp DESC, base_offset LIMIT 1",
+                &[topic_id, &partition],
+            )
+            .await?
+    } else {
+        client
+            .query_opt(
+                "SELECT base_offset, max_timestamp FROM batches WHERE topic_id = $1 \
+                 AND partition = $2 AND base_offset < $3 AND max_timestamp >= $4 \
+                 ORDER BY base_offset LIMIT 1",
+                &[topic_id, &partition, &upper, &spec],
+            )
+            .await?
+    };
+    // as Kafka: found beyond the bound (the largest timestamp above the
+    // LSO, for read_committed) is no answer
+    Ok(Some(
+        row.map(|r| (r.get(0), r.get(1)))
+            .filter(|(offset, _)| *offset < upper),
+    ))
+}
+
 /// A partition's high watermark, LSO and log start; `None` if it does not exist.
 pub async fn offsets(
     cluster: &Cluster,

@@ -50,7 +50,7 @@ fn s(v: impl Into<String>) -> StrBytes {
     StrBytes::from_string(v.into())
 }
 
-fn topic_error_code(e: &TopicError) -> ErrorCode {
+pub(super) fn topic_error_code(e: &TopicError) -> ErrorCode {
     match e {
         TopicError::AlreadyExists(_) => ErrorCode::TopicAlreadyExists,
         TopicError::Unknown(_) => ErrorCode::UnknownTopicOrPartition,
@@ -192,7 +192,13 @@ pub async fn create_topics(
             {
                 Ok(meta) => created(b, r, &meta, version),
                 Err(e) => {
-                    if !matches!(e, TopicError::AlreadyExists(_)) {
+                    // a storage failure is logged by the catalogue
+                    if !matches!(
+                        e,
+                        TopicError::AlreadyExists(_)
+                            | TopicError::Storage(_)
+                            | TopicError::DataDir(_)
+                    ) {
                         tracing::warn!(topic = %name, error = %e, "create topic refused");
                     }
                     fail(r, topic_error_code(&e), e.to_string())

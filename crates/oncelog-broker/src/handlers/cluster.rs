@@ -1,11 +1,10 @@
-//! The requests a broker in cluster mode serves from the cluster backend
-//! directly (docs/cluster.md): ApiVersions, Metadata,
-//! Produce, Fetch, ListOffsets, FindCoordinator, transactions
-//! (InitProducerId, AddPartitionsToTxn, EndTxn; transaction versions 1 and
-//! 2), and through `cluster_group`/`cluster_admin` consumer groups,
-//! transactional offsets and the operator APIs. The requests in
-//! `handlers::SHARED` (CreateTopics, DeleteTopics) are not here: one handler serves them
-//! in both modes over `crate::backend`. An API in neither closes the
+//! The requests a broker in cluster mode still serves from the cluster
+//! backend directly (docs/cluster.md): Produce, Fetch, transactions (InitProducerId, AddPartitionsToTxn, EndTxn; transaction
+//! versions 1 and 2), and through `cluster_group`/`cluster_admin` consumer
+//! groups, transactional offsets and the operator APIs. The requests in
+//! `handlers::SHARED` (ApiVersions, Metadata, FindCoordinator,
+//! ListOffsets, CreateTopics, DeleteTopics) are not here: one handler serves them in
+//! both modes over `crate::backend`. An API in neither closes the
 //! connection with a log line, as any unsupported API does.
 
 use std::collections::{BTreeMap, HashMap};
@@ -19,48 +18,34 @@ use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnR
 use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResponse, AddPartitionsToTxnTopicResult,
 };
-use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 use kafka_protocol::messages::end_txn_request::EndTxnRequest;
 use kafka_protocol::messages::end_txn_response::EndTxnResponse;
 use kafka_protocol::messages::fetch_request::FetchRequest;
 use kafka_protocol::messages::fetch_response::{
     AbortedTransaction, FetchResponse, FetchableTopicResponse, PartitionData,
 };
-use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
-use kafka_protocol::messages::find_coordinator_response::{Coordinator, FindCoordinatorResponse};
 use kafka_protocol::messages::incremental_alter_configs_response::IncrementalAlterConfigsResponse;
 use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
 use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
-use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
-use kafka_protocol::messages::list_offsets_response::{
-    ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
-};
-use kafka_protocol::messages::metadata_request::MetadataRequest;
-use kafka_protocol::messages::metadata_response::{
-    MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
-};
 use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{
     PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
 };
-use kafka_protocol::messages::{
-    ApiKey, BrokerId, ProducerId, RequestKind, ResponseKind, TopicName,
-};
+use kafka_protocol::messages::{ApiKey, ProducerId, RequestKind, ResponseKind, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{cluster_admin, cluster_group, ready, FrameError, Pending};
-use crate::cluster::catalogue::{self, CatalogueError, TopicRow};
+use crate::cluster::catalogue::TopicRow;
 use crate::cluster::cutover::Gates;
 use crate::cluster::flusher::{ProduceResult, PRODUCE_TIMEOUT};
 use crate::cluster::front::Front;
 use crate::cluster::reader::{self, ReadRefusal};
 use crate::cluster::sequencer::BatchOutcome;
-use crate::cluster::session::BrokerRow;
 use crate::cluster::txn::Refusal;
-use crate::cluster::{preferred_broker, ClusterError};
-use crate::error::{ErrorCode, Gate, TopicError};
+use crate::cluster::ClusterError;
+use crate::error::{ErrorCode, Gate};
 use crate::producer_state::ProduceReject;
 use crate::topics::TopicMeta;
 use crate::txn_coordinator::{self as tc, CoordError, TxnMeta, VerifyError};
@@ -119,16 +104,13 @@ fn s(x: impl Into<String>) -> StrBytes {
     StrBytes::from_string(x.into())
 }
 
-/// Runs one request in cluster mode.
 /// Who sent a request: its client id and address (JoinGroup keeps them).
 pub struct Sender {
     pub client_id: String,
     pub host: String,
-    /// The name of the listener the request came on (Metadata and
-    /// FindCoordinator answer with that listener's addresses).
-    pub listener: String,
 }
 
+/// Runs one request in cluster mode.
 pub async fn handle(
     b: Arc<Broker>,
     front: Arc<Front>,
@@ -143,26 +125,9 @@ pub async fn handle(
         return Err(FrameError::UnsupportedApi(key));
     }
     Ok(match req {
-        RequestKind::ApiVersions(_) => {
-            let mut resp = api_versions(ErrorCode::None);
-            if version >= 3 {
-                resp = super::meta::with_transaction_version(resp, b.config.transaction_version);
-            }
-            ready(respond(ResponseKind::ApiVersions(resp)))
-        }
-        RequestKind::Metadata(r) => Box::pin(async move {
-            respond(ResponseKind::Metadata(
-                metadata(&b, &front, r, version, &sender.listener).await,
-            ))
-        }),
         RequestKind::InitProducerId(r) => Box::pin(async move {
             respond(ResponseKind::InitProducerId(
                 init_producer_id(&b, &front, r, version, sender).await,
-            ))
-        }),
-        RequestKind::FindCoordinator(r) => Box::pin(async move {
-            respond(ResponseKind::FindCoordinator(
-                find_coordinator(&front, r, version, &sender.listener).await,
             ))
         }),
         RequestKind::AddPartitionsToTxn(r) => Box::pin(async move {
@@ -188,11 +153,6 @@ pub async fn handle(
                 async move { respond(ResponseKind::Fetch(fetch(&b, &front, r, version).await)) },
             )
         }
-        RequestKind::ListOffsets(r) => Box::pin(async move {
-            respond(ResponseKind::ListOffsets(
-                list_offsets(&front, r, version).await,
-            ))
-        }),
         RequestKind::JoinGroup(r) => Box::pin(async move {
             let resp =
                 cluster_group::join_group(b, &front, r, version, sender.client_id, sender.host)
@@ -336,22 +296,6 @@ pub async fn handle(
     })
 }
 
-pub fn api_versions(code: ErrorCode) -> ApiVersionsResponse {
-    ApiVersionsResponse::default()
-        .with_error_code(code.code())
-        .with_api_keys(
-            CLUSTER_SUPPORTED
-                .iter()
-                .map(|(k, lo, hi)| {
-                    ApiVersion::default()
-                        .with_api_key(*k as i16)
-                        .with_min_version(*lo)
-                        .with_max_version(*hi)
-                })
-                .collect(),
-        )
-}
-
 fn meta_of(t: &TopicRow) -> TopicMeta {
     TopicMeta {
         name: t.name.clone(),
@@ -359,148 +303,6 @@ fn meta_of(t: &TopicRow) -> TopicMeta {
         partitions: t.partitions,
         configs: t.configs.clone(),
     }
-}
-
-async fn metadata(
-    b: &Broker,
-    front: &Front,
-    req: MetadataRequest,
-    version: i16,
-    listener: &str,
-) -> MetadataResponse {
-    let live = front.live_now().await;
-    // As Kafka does, only the brokers with an endpoint on the listener the
-    // client came in on are listed (another listener's address would take
-    // it to a port that speaks another protocol); any broker serves any
-    // partition here, so each partition is named to one of those.
-    let reachable: Vec<&BrokerRow> = live.iter().filter(|x| x.serves(listener)).collect();
-    let ids: Vec<i32> = reachable.iter().map(|x| x.id).collect();
-    let missing_listener = ids.is_empty() && !live.is_empty();
-    if missing_listener {
-        tracing::warn!(
-            listener,
-            "cluster: no live broker has this listener; Metadata names no leader"
-        );
-    }
-    let brokers = reachable
-        .iter()
-        .map(|x| {
-            let (host, port) = x.address(listener);
-            MetadataResponseBroker::default()
-                .with_node_id(BrokerId(x.id))
-                .with_host(s(host))
-                .with_port(port)
-        })
-        .collect();
-    let mut resp = MetadataResponse::default().with_brokers(brokers);
-    if version >= 1 {
-        resp.controller_id = BrokerId(ids.first().copied().unwrap_or(-1));
-    }
-    if version >= 2 {
-        resp.cluster_id = Some(s(front.cluster_id.clone()));
-    }
-    let entry = |t: &TopicRow| {
-        let parts = (0..t.partitions)
-            .map(|i| {
-                let leader = preferred_broker(&t.id, i, &ids).unwrap_or(-1);
-                let mut p = MetadataResponsePartition::default()
-                    .with_partition_index(i)
-                    .with_leader_id(BrokerId(leader))
-                    .with_replica_nodes(vec![BrokerId(leader)])
-                    .with_isr_nodes(vec![BrokerId(leader)]);
-                if version >= 7 {
-                    p.leader_epoch = 0;
-                }
-                if leader < 0 {
-                    // Kafka's answer for a leader without the listener,
-                    // from the version that knows the code
-                    p.error_code = if missing_listener && version >= 6 {
-                        ErrorCode::ListenerNotFound.code()
-                    } else {
-                        ErrorCode::LeaderNotAvailable.code()
-                    };
-                }
-                p
-            })
-            .collect();
-        let mut e = MetadataResponseTopic::default()
-            .with_name(Some(TopicName(s(t.name.clone()))))
-            .with_partitions(parts);
-        if version >= 10 {
-            e.topic_id = t.id;
-        }
-        e
-    };
-    let error_entry = |name: &str, code: ErrorCode| {
-        MetadataResponseTopic::default()
-            .with_name(Some(TopicName(s(name))))
-            .with_error_code(code.code())
-    };
-    let auto_create = b.config.auto_create_topics && (version < 4 || req.allow_auto_topic_creation);
-    let wanted: Option<Vec<String>> = match req.topics {
-        None => None,
-        Some(v) if v.is_empty() && version == 0 => None,
-        Some(v) => Some(
-            v.into_iter()
-                .filter_map(|t| t.name.map(|n| n.0.to_string()))
-                .collect(),
-        ),
-    };
-    resp.topics = match wanted {
-        // All topics: from PostgreSQL (a topic another broker created a
-        // moment ago is listed), the copy only if that read fails.
-        None => match catalogue::topics(&front.cluster.pool).await {
-            Ok(all) => all.iter().map(entry).collect(),
-            Err(e) => {
-                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: listing topics failed; answering from the copy");
-                front.topics().iter().map(entry).collect()
-            }
-        },
-        Some(names) => {
-            let mut out = Vec::with_capacity(names.len());
-            for name in names {
-                let found = match front.topic(&name).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
-                        out.push(error_entry(&name, ErrorCode::LeaderNotAvailable));
-                        continue;
-                    }
-                };
-                out.push(match found {
-                    Some(t) => entry(&t),
-                    None if auto_create => {
-                        let n = b.config.num_partitions;
-                        let max = b.config.max_partitions_per_topic;
-                        match catalogue::create_topic(&front.cluster.pool, &name, n, &BTreeMap::new(), max)
-                            .await
-                        {
-                            Ok(t) => {
-                                front.remember(t.clone());
-                                entry(&t)
-                            }
-                            Err(CatalogueError::Topic(TopicError::AlreadyExists(_))) => {
-                                match front.topic(&name).await {
-                                    Ok(Some(t)) => entry(&t),
-                                    _ => error_entry(&name, ErrorCode::LeaderNotAvailable),
-                                }
-                            }
-                            Err(CatalogueError::Topic(TopicError::InvalidName(..))) => {
-                                error_entry(&name, ErrorCode::InvalidTopicException)
-                            }
-                            Err(e) => {
-                                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: auto-create failed");
-                                error_entry(&name, ErrorCode::LeaderNotAvailable)
-                            }
-                        }
-                    }
-                    None => error_entry(&name, ErrorCode::UnknownTopicOrPartition),
-                });
-            }
-            out
-        }
-    };
-    resp
 }
 
 /// The wire code of a coordinator refusal; PRODUCER_FENCED only where the
@@ -662,104 +464,6 @@ async fn init_producer_id(
             resp.with_error_code(ErrorCode::CoordinatorNotAvailable.code())
         }
     }
-}
-
-/// What FindCoordinator says of one key.
-struct CoordAnswer {
-    code: ErrorCode,
-    message: Option<String>,
-    node: i32,
-    host: String,
-    port: i32,
-}
-
-impl CoordAnswer {
-    fn none(code: ErrorCode, message: String) -> Self {
-        Self {
-            code,
-            message: Some(message),
-            node: -1,
-            host: String::new(),
-            port: -1,
-        }
-    }
-}
-
-/// FindCoordinator: a transactional id's coordinator is the live broker
-/// rendezvous hashing picks (any broker could decide for it; this spreads
-/// the load). Groups are not served in cluster mode yet.
-async fn find_coordinator(
-    front: &Front,
-    req: FindCoordinatorRequest,
-    version: i16,
-    listener: &str,
-) -> FindCoordinatorResponse {
-    let live = front.live_now().await;
-    let ids: Vec<i32> = live.iter().map(|x| x.id).collect();
-    // any broker decides for a transactional id: one the client can reach
-    let reachable: Vec<i32> = live
-        .iter()
-        .filter(|x| x.serves(listener))
-        .map(|x| x.id)
-        .collect();
-    let answer = |chosen: Option<i32>| match chosen.and_then(|id| live.iter().find(|x| x.id == id))
-    {
-        // a group's coordinator is its owner: one without this listener
-        // is not available to this client (Kafka answers the same)
-        Some(x) if !x.serves(listener) => CoordAnswer::none(
-            ErrorCode::CoordinatorNotAvailable,
-            format!("coordinator {} has no listener {listener}", x.id),
-        ),
-        Some(x) => {
-            let (host, port) = x.address(listener);
-            CoordAnswer {
-                code: ErrorCode::None,
-                message: None,
-                node: x.id,
-                host,
-                port,
-            }
-        }
-        None => CoordAnswer::none(ErrorCode::CoordinatorNotAvailable, "no live broker".into()),
-    };
-    let keys: Vec<StrBytes> = if version >= 4 {
-        req.coordinator_keys.clone()
-    } else {
-        vec![req.key.clone()]
-    };
-    let mut answers = Vec::with_capacity(keys.len());
-    for key in &keys {
-        answers.push(match req.key_type {
-            0 => answer(cluster_group::group_coordinator(front, key.as_str(), &ids).await),
-            1 => answer(crate::cluster::rendezvous(key.as_bytes(), &reachable)),
-            k => CoordAnswer::none(ErrorCode::InvalidRequest, format!("unknown key type {k}")),
-        });
-    }
-    let mut resp = FindCoordinatorResponse::default();
-    if version >= 4 {
-        resp.coordinators = keys
-            .into_iter()
-            .zip(answers)
-            .map(|(key, a)| {
-                Coordinator::default()
-                    .with_key(key)
-                    .with_error_code(a.code.code())
-                    .with_error_message(a.message.map(s))
-                    .with_node_id(BrokerId(a.node))
-                    .with_host(s(a.host))
-                    .with_port(a.port)
-            })
-            .collect();
-    } else if let Some(a) = answers.pop() {
-        resp.error_code = a.code.code();
-        if version >= 1 {
-            resp.error_message = a.message.map(s);
-        }
-        resp.node_id = BrokerId(a.node);
-        resp.host = s(a.host);
-        resp.port = a.port;
-    }
-    resp
 }
 
 async fn add_partitions_to_txn(
@@ -1356,113 +1060,4 @@ async fn fetch(b: &Broker, front: &Front, req: FetchRequest, version: i16) -> Fe
             _ = tokio::time::sleep_until(deadline) => {}
         }
     }
-}
-
-async fn list_offsets(front: &Front, req: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
-    let read_committed = version >= 2 && req.isolation_level == 1;
-    let mut topics = Vec::with_capacity(req.topics.len());
-    for lt in req.topics {
-        let topic = front.topic(lt.name.0.as_str()).await.ok().flatten();
-        let mut parts = Vec::with_capacity(lt.partitions.len());
-        for lp in lt.partitions {
-            let mut r = ListOffsetsPartitionResponse::default()
-                .with_partition_index(lp.partition_index)
-                .with_timestamp(-1)
-                .with_offset(-1);
-            let Some(t) = topic
-                .as_ref()
-                .filter(|t| lp.partition_index >= 0 && lp.partition_index < t.partitions)
-            else {
-                r.error_code = ErrorCode::UnknownTopicOrPartition.code();
-                parts.push(r);
-                continue;
-            };
-            if version >= 4 {
-                r.leader_epoch = 0;
-            }
-            match offset_for(
-                front,
-                &t.id,
-                lp.partition_index,
-                lp.timestamp,
-                read_committed,
-            )
-            .await
-            {
-                Ok(Some((off, ts))) => {
-                    r.offset = off;
-                    r.timestamp = ts;
-                }
-                Ok(None) => {}
-                Err(code) => r.error_code = code.code(),
-            }
-            parts.push(r);
-        }
-        topics.push(
-            ListOffsetsTopicResponse::default()
-                .with_name(lt.name)
-                .with_partitions(parts),
-        );
-    }
-    ListOffsetsResponse::default().with_topics(topics)
-}
-
-/// ListOffsets for one partition: -1 latest (LSO for read_committed), -2
-/// earliest, -3 the batch with the largest timestamp, else the first batch
-/// whose largest timestamp reaches the one asked.
-async fn offset_for(
-    front: &Front,
-    topic_id: &uuid::Uuid,
-    partition: i32,
-    spec: i64,
-    read_committed: bool,
-) -> Result<Option<(i64, i64)>, ErrorCode> {
-    let storage = |e: ClusterError| {
-        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: offset lookup failed");
-        ErrorCode::KafkaStorageError
-    };
-    let Some(o) = reader::offsets(&front.cluster, topic_id, partition)
-        .await
-        .map_err(storage)?
-    else {
-        return Err(ErrorCode::UnknownTopicOrPartition);
-    };
-    let upper = if read_committed {
-        o.last_stable_offset
-    } else {
-        o.high_watermark
-    };
-    match spec {
-        -1 => return Ok(Some((upper, -1))),
-        -2 => return Ok(Some((o.log_start_offset, -1))),
-        s if s < -3 => return Err(ErrorCode::InvalidRequest),
-        _ => {}
-    }
-    let client = front
-        .cluster
-        .pool
-        .get()
-        .await
-        .map_err(|e| storage(e.into()))?;
-    let row = if spec == -3 {
-        client
-            .query_opt(
-                "SELECT base_offset, max_timestamp FROM batches WHERE topic_id = $1 \
-                 AND partition = $2 AND base_offset < $3 AND NOT control \
-                 ORDER BY max_timestamp DESC, base_offset LIMIT 1",
-                &[topic_id, &partition, &upper],
-            )
-            .await
-    } else {
-        client
-            .query_opt(
-                "SELECT base_offset, max_timestamp FROM batches WHERE topic_id = $1 \
-                 AND partition = $2 AND base_offset < $3 AND max_timestamp >= $4 \
-                 ORDER BY base_offset LIMIT 1",
-                &[topic_id, &partition, &upper, &spec],
-            )
-            .await
-    }
-    .map_err(|e| storage(e.into()))?;
-    Ok(row.map(|r| (r.get(0), r.get(1))))
 }

@@ -453,16 +453,3 @@ pub async fn txn_offset_commit(
     }
     group::txn_commit_response(&req, code)
 }
-
-/// FindCoordinator for a group: its live coordinator, else the live broker
-/// rendezvous hashing picks (which claims it at the group's first request).
-pub async fn group_coordinator(front: &Front, group: &str, live: &[i32]) -> Option<i32> {
-    match cg::owner(&front.cluster, group).await {
-        Ok(Some(id)) if live.contains(&id) => Some(id),
-        Ok(_) => crate::cluster::rendezvous(group.as_bytes(), live),
-        Err(e) => {
-            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, group, error = %e, "cluster: looking up a group's coordinator failed");
-            None
-        }
-    }
-}

@@ -22,8 +22,9 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::ProducerId;
 use tokio::time::Instant;
 
+use crate::backend::OffsetError;
 use crate::error::ErrorCode;
-use crate::partition::{OffsetLookupError, ReadError};
+use crate::partition::ReadError;
 use crate::Broker;
 
 /// Longest long poll we honour, whatever the client asks.
@@ -127,49 +128,62 @@ pub async fn fetch(b: Arc<Broker>, req: FetchRequest, version: i16) -> FetchResp
     }
 }
 
-pub fn list_offsets(b: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
+/// ListOffsets, in both modes: -1 latest (the LSO for read_committed), -2
+/// earliest (and KIP-405's -4, earliest local: every offset here is
+/// local), -3 the largest timestamp (KIP-734), else the first offset whose
+/// timestamp reaches the one asked. Other negative specs are
+/// INVALID_REQUEST.
+pub async fn list_offsets(
+    b: &Arc<Broker>,
+    req: ListOffsetsRequest,
+    version: i16,
+) -> ListOffsetsResponse {
     let read_committed = version >= 2 && req.isolation_level == 1;
-    let topics = req
-        .topics
-        .into_iter()
-        .map(|lt| {
-            let topic = b.topics.get(lt.name.0.as_str());
-            let parts = lt
-                .partitions
-                .into_iter()
-                .map(|lp| {
-                    let mut r = ListOffsetsPartitionResponse::default()
-                        .with_partition_index(lp.partition_index)
-                        .with_timestamp(-1)
-                        .with_offset(-1);
-                    let Some(p) = topic.as_ref().and_then(|t| t.store(lp.partition_index)) else {
-                        r.error_code = ErrorCode::UnknownTopicOrPartition.code();
-                        return r;
-                    };
-                    if version >= 4 {
-                        r.leader_epoch = 0;
-                    }
-                    match p.offset_for(lp.timestamp, read_committed) {
-                        Ok(Some((off, ts))) => {
-                            r.offset = off;
-                            r.timestamp = ts;
-                        }
-                        Ok(None) => {}
-                        Err(OffsetLookupError::InvalidSpec) => {
-                            r.error_code = ErrorCode::InvalidRequest.code()
-                        }
-                        Err(e) => {
-                            tracing::error!(partition = %p.name(), error = %e, "timestamp lookup failed");
-                            r.error_code = ErrorCode::KafkaStorageError.code();
-                        }
-                    }
-                    r
-                })
-                .collect();
+    let logs = b.logs();
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for lt in req.topics {
+        let mut parts = Vec::with_capacity(lt.partitions.len());
+        for lp in lt.partitions {
+            let mut r = ListOffsetsPartitionResponse::default()
+                .with_partition_index(lp.partition_index)
+                .with_timestamp(-1)
+                .with_offset(-1);
+            let spec = match lp.timestamp {
+                -4 => Some(-2),
+                s if s >= -3 => Some(s),
+                _ => None,
+            };
+            let found = match spec {
+                Some(spec) => {
+                    logs.offset_for(lt.name.0.as_str(), lp.partition_index, spec, read_committed)
+                        .await
+                }
+                None => Err(OffsetError::Unknown),
+            };
+            if spec.is_some() && found != Err(OffsetError::Unknown) && version >= 4 {
+                r.leader_epoch = 0;
+            }
+            match (spec, found) {
+                (None, _) => r.error_code = ErrorCode::InvalidRequest.code(),
+                (_, Ok(Some((off, ts)))) => {
+                    r.offset = off;
+                    r.timestamp = ts;
+                }
+                (_, Ok(None)) => {}
+                (_, Err(OffsetError::Unknown)) => {
+                    r.error_code = ErrorCode::UnknownTopicOrPartition.code()
+                }
+                (_, Err(OffsetError::Storage)) => {
+                    r.error_code = ErrorCode::KafkaStorageError.code()
+                }
+            }
+            parts.push(r);
+        }
+        topics.push(
             ListOffsetsTopicResponse::default()
                 .with_name(lt.name)
-                .with_partitions(parts)
-        })
-        .collect();
+                .with_partitions(parts),
+        );
+    }
     ListOffsetsResponse::default().with_topics(topics)
 }

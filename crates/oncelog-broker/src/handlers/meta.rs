@@ -17,7 +17,7 @@ use kafka_protocol::protocol::StrBytes;
 use super::SUPPORTED;
 use crate::error::ErrorCode;
 use crate::error::TopicError;
-use crate::topics::Topic;
+use crate::topics::TopicMeta;
 use crate::Broker;
 
 /// The APIs and versions local mode's ApiVersions answers with (and
@@ -39,8 +39,9 @@ pub fn served_api_keys(two_phase_commit_enable: bool) -> Vec<ApiVersion> {
         .collect()
 }
 
+/// ApiVersions, in both modes: what this broker's backend serves.
 pub fn api_versions(b: &Broker, version: i16, unsupported: bool) -> ApiVersionsResponse {
-    let keys = served_api_keys(b.config.two_phase_commit_enable);
+    let keys = b.served_apis();
     let code = if unsupported {
         ErrorCode::UnsupportedVersion
     } else {
@@ -71,18 +72,35 @@ pub fn with_transaction_version(mut resp: ApiVersionsResponse, tv: i16) -> ApiVe
     resp
 }
 
-fn topic_entry(b: &Broker, t: &Topic, version: i16) -> MetadataResponseTopic {
-    let meta = t.meta();
-    let node = BrokerId(b.config.node_id);
-    let parts = (0..t.partition_count())
+/// A topic's entry: each partition led by the broker
+/// [`crate::cluster::preferred_broker`] picks among `ids` (the brokers the
+/// client can reach; any broker serves any partition), or none with the
+/// code a client retries on.
+fn topic_entry(
+    meta: &TopicMeta,
+    ids: &[i32],
+    missing_listener: bool,
+    version: i16,
+) -> MetadataResponseTopic {
+    let parts = (0..meta.partitions)
         .map(|i| {
+            let leader = crate::cluster::preferred_broker(&meta.id, i, ids).unwrap_or(-1);
             let mut p = MetadataResponsePartition::default()
                 .with_partition_index(i)
-                .with_leader_id(node)
-                .with_replica_nodes(vec![node])
-                .with_isr_nodes(vec![node]);
+                .with_leader_id(BrokerId(leader))
+                .with_replica_nodes(vec![BrokerId(leader)])
+                .with_isr_nodes(vec![BrokerId(leader)]);
             if version >= 7 {
                 p.leader_epoch = 0;
+            }
+            if leader < 0 {
+                // Kafka's answer for a leader without the listener, from
+                // the version that knows the code
+                p.error_code = if missing_listener && version >= 6 {
+                    ErrorCode::ListenerNotFound.code()
+                } else {
+                    ErrorCode::LeaderNotAvailable.code()
+                };
             }
             p
         })
@@ -102,37 +120,48 @@ fn error_entry(name: &str, code: ErrorCode) -> MetadataResponseTopic {
         .with_error_code(code.code())
 }
 
-/// The address a client that came in on listener `listener` is told.
-fn advertised(b: &Broker, listener: usize) -> (StrBytes, i32) {
-    match b.config.listeners.get(listener) {
-        Some(l) => (
-            StrBytes::from_string(l.advertised_host.clone()),
-            l.advertised_port,
-        ),
-        None => (
-            StrBytes::from_string(b.config.advertised_host.clone()),
-            b.config.advertised_port,
-        ),
-    }
-}
-
-pub fn metadata(
+/// Metadata, in both modes: the live brokers with an endpoint on the
+/// listener the client came in on (as Kafka, another listener's address
+/// would take it to a port that speaks another protocol), and the topics
+/// asked for, auto-created where allowed.
+pub async fn metadata(
     b: &Arc<Broker>,
     req: MetadataRequest,
     version: i16,
     listener: usize,
 ) -> MetadataResponse {
-    let (host, port) = advertised(b, listener);
-    let brokers = vec![MetadataResponseBroker::default()
-        .with_node_id(BrokerId(b.config.node_id))
-        .with_host(host)
-        .with_port(port)];
+    let catalogue = b.catalogue();
+    let nodes = catalogue.nodes(listener).await;
+    let ids: Vec<i32> = nodes
+        .iter()
+        .filter(|n| n.address.is_some())
+        .map(|n| n.id)
+        .collect();
+    let missing_listener = ids.is_empty() && !nodes.is_empty();
+    if missing_listener {
+        tracing::warn!(
+            listener,
+            "no live broker has this listener; Metadata names no leader"
+        );
+    }
+    let brokers = nodes
+        .iter()
+        .filter_map(|n| {
+            let (host, port) = n.address.clone()?;
+            Some(
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(n.id))
+                    .with_host(StrBytes::from_string(host))
+                    .with_port(port),
+            )
+        })
+        .collect();
     let mut resp = MetadataResponse::default().with_brokers(brokers);
     if version >= 1 {
-        resp.controller_id = BrokerId(b.config.node_id);
+        resp.controller_id = BrokerId(ids.first().copied().unwrap_or(-1));
     }
     if version >= 2 {
-        resp.cluster_id = Some(StrBytes::from_string(b.topics.cluster_id().to_string()));
+        resp.cluster_id = Some(StrBytes::from_string(catalogue.cluster_id()));
     }
     let auto_create = b.config.auto_create_topics && (version < 4 || req.allow_auto_topic_creation);
     let wanted: Option<Vec<String>> = match req.topics {
@@ -144,99 +173,150 @@ pub fn metadata(
                 .collect(),
         ),
     };
-    resp.topics = match wanted {
-        None => b
-            .topics
-            .all()
-            .iter()
-            .map(|t| topic_entry(b, t, version))
-            .collect(),
-        Some(names) => names
-            .iter()
-            .map(|name| match b.topics.get(name) {
-                Some(t) => topic_entry(b, &t, version),
-                // The coordinators' logs are not served as topics, and
-                // their names are never auto-created.
-                None if crate::datadir::is_internal_topic(name) => {
-                    error_entry(name, ErrorCode::InvalidTopicException)
-                }
-                None if auto_create => {
-                    match b.topics.create(name, -1, Default::default(), false) {
-                        Ok(t) => topic_entry(b, &t, version),
-                        // Raced with another creator: serve what exists.
-                        Err(TopicError::AlreadyExists(_)) => match b.topics.get(name) {
-                            Some(t) => topic_entry(b, &t, version),
-                            None => error_entry(name, ErrorCode::LeaderNotAvailable),
-                        },
-                        Err(TopicError::InvalidName(..)) => {
-                            error_entry(name, ErrorCode::InvalidTopicException)
+    let entry = |t: &TopicMeta| topic_entry(t, &ids, missing_listener, version);
+    let Some(names) = wanted else {
+        resp.topics = catalogue.topics().await.iter().map(entry).collect();
+        return resp;
+    };
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        out.push(match catalogue.topic(&name).await {
+            Ok(Some(t)) => entry(&t),
+            // the catalogue could not be read (logged there): retriable
+            Err(_) => error_entry(&name, ErrorCode::LeaderNotAvailable),
+            // The coordinators' logs are not served as topics, and their
+            // names are never auto-created.
+            Ok(None) if crate::datadir::is_internal_topic(&name) => {
+                error_entry(&name, ErrorCode::InvalidTopicException)
+            }
+            Ok(None) if auto_create => {
+                let n = b.config.num_partitions;
+                match catalogue
+                    .create_topic(&name, n, Default::default(), false)
+                    .await
+                {
+                    Ok(t) => entry(&t),
+                    // Raced with another creator: serve what exists.
+                    Err(TopicError::AlreadyExists(_)) => match catalogue.topic(&name).await {
+                        Ok(Some(t)) => entry(&t),
+                        _ => error_entry(&name, ErrorCode::LeaderNotAvailable),
+                    },
+                    Err(TopicError::InvalidName(..)) => {
+                        error_entry(&name, ErrorCode::InvalidTopicException)
+                    }
+                    Err(e) => {
+                        // a storage failure is logged by the catalogue
+                        if !matches!(e, TopicError::Storage(_) | TopicError::DataDir(_)) {
+                            tracing::warn!(topic = %name, error = %e, "auto-create refused");
                         }
-                        Err(e) => {
-                            tracing::error!(topic = %name, error = %e, "auto-create failed");
-                            error_entry(name, ErrorCode::KafkaStorageError)
-                        }
+                        error_entry(&name, super::admin::topic_error_code(&e))
                     }
                 }
-                None => error_entry(name, ErrorCode::UnknownTopicOrPartition),
-            })
-            .collect(),
-    };
+            }
+            Ok(None) => error_entry(&name, ErrorCode::UnknownTopicOrPartition),
+        });
+    }
+    resp.topics = out;
     resp
 }
 
-/// FindCoordinator: on a single node this broker coordinates every group
-/// and transactional id. Key types other than group (0) and transaction (1)
-/// get INVALID_REQUEST.
-pub fn find_coordinator(
+/// What FindCoordinator says of one key.
+struct CoordAnswer {
+    code: ErrorCode,
+    message: Option<String>,
+    node: i32,
+    host: String,
+    port: i32,
+}
+
+impl CoordAnswer {
+    fn none(code: ErrorCode, message: String) -> Self {
+        Self {
+            code,
+            message: Some(message),
+            node: -1,
+            host: String::new(),
+            port: -1,
+        }
+    }
+}
+
+/// FindCoordinator, in both modes. A group's coordinator is the broker that
+/// owns it ([`crate::backend::Catalogue::group_coordinator`]); a
+/// transactional id's is the live broker rendezvous hashing picks among
+/// those the client can reach (any broker can decide for it; this spreads
+/// the load). On one node both are this broker. Key types other than group
+/// (0) and transaction (1) get INVALID_REQUEST.
+pub async fn find_coordinator(
     b: &Arc<Broker>,
     req: FindCoordinatorRequest,
     version: i16,
     listener: usize,
 ) -> FindCoordinatorResponse {
-    let (host, port) = advertised(b, listener);
-    let node = BrokerId(b.config.node_id);
-    let known = matches!(req.key_type, 0 | 1);
-    let code = if known {
-        ErrorCode::None
-    } else {
-        ErrorCode::InvalidRequest
+    let catalogue = b.catalogue();
+    let nodes = catalogue.nodes(listener).await;
+    let live: Vec<i32> = nodes.iter().map(|n| n.id).collect();
+    let reachable: Vec<i32> = nodes
+        .iter()
+        .filter(|n| n.address.is_some())
+        .map(|n| n.id)
+        .collect();
+    let answer = |chosen: Option<i32>| match chosen.and_then(|id| nodes.iter().find(|n| n.id == id))
+    {
+        Some(n) => match &n.address {
+            Some((host, port)) => CoordAnswer {
+                code: ErrorCode::None,
+                message: None,
+                node: n.id,
+                host: host.clone(),
+                port: *port,
+            },
+            // a group's coordinator is its owner: one without this
+            // listener is not available to this client (Kafka answers the
+            // same)
+            None => CoordAnswer::none(
+                ErrorCode::CoordinatorNotAvailable,
+                format!("coordinator {} has no endpoint on this listener", n.id),
+            ),
+        },
+        None => CoordAnswer::none(ErrorCode::CoordinatorNotAvailable, "no live broker".into()),
     };
-    let message =
-        (!known).then(|| StrBytes::from_string(format!("unknown key type {}", req.key_type)));
+    let keys: Vec<StrBytes> = if version >= 4 {
+        req.coordinator_keys.clone()
+    } else {
+        vec![req.key.clone()]
+    };
+    let mut answers = Vec::with_capacity(keys.len());
+    for key in &keys {
+        answers.push(match req.key_type {
+            0 => answer(catalogue.group_coordinator(key.as_str(), &live).await),
+            1 => answer(crate::cluster::rendezvous(key.as_bytes(), &reachable)),
+            k => CoordAnswer::none(ErrorCode::InvalidRequest, format!("unknown key type {k}")),
+        });
+    }
     let mut resp = FindCoordinatorResponse::default();
     if version >= 4 {
-        resp.coordinators = req
-            .coordinator_keys
+        resp.coordinators = keys
             .into_iter()
-            .map(|key| {
-                let mut c = Coordinator::default()
+            .zip(answers)
+            .map(|(key, a)| {
+                Coordinator::default()
                     .with_key(key)
-                    .with_error_code(code.code())
-                    .with_error_message(message.clone());
-                if known {
-                    c.node_id = node;
-                    c.host = host.clone();
-                    c.port = port;
-                } else {
-                    c.node_id = BrokerId(-1);
-                    c.port = -1;
-                }
-                c
+                    .with_error_code(a.code.code())
+                    .with_error_message(a.message.map(StrBytes::from_string))
+                    .with_node_id(BrokerId(a.node))
+                    .with_host(StrBytes::from_string(a.host))
+                    .with_port(a.port)
             })
             .collect();
-    } else {
-        resp.error_code = code.code();
+    } else if let Some(a) = answers.pop() {
+        resp.error_code = a.code.code();
         if version >= 1 {
-            resp.error_message = message;
+            resp.error_message = a.message.map(StrBytes::from_string);
         }
-        if known {
-            resp.node_id = node;
-            resp.host = host;
-            resp.port = port;
-        } else {
-            resp.node_id = BrokerId(-1);
-            resp.port = -1;
-        }
+        resp.node_id = BrokerId(a.node);
+        resp.host = StrBytes::from_string(a.host);
+        resp.port = a.port;
     }
     resp
 }

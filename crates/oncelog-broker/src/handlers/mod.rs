@@ -80,7 +80,15 @@ pub use meta::served_api_keys as local_api_keys;
 
 /// What cluster mode's ApiVersions answers (docs/protocol.md).
 pub fn cluster_api_keys() -> Vec<kafka_protocol::messages::api_versions_response::ApiVersion> {
-    cluster::api_versions(crate::error::ErrorCode::None).api_keys
+    cluster::CLUSTER_SUPPORTED
+        .iter()
+        .map(|(k, lo, hi)| {
+            kafka_protocol::messages::api_versions_response::ApiVersion::default()
+                .with_api_key(*k as i16)
+                .with_min_version(*lo)
+                .with_max_version(*hi)
+        })
+        .collect()
 }
 
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
@@ -299,10 +307,7 @@ pub async fn dispatch(
             // KIP-511: answer in v0 with UNSUPPORTED_VERSION and our ranges, so
             // the client can retry with a version we know.
             tracing::debug!(version, "ApiVersions version unsupported, answering v0");
-            let body = ResponseKind::ApiVersions(match broker.cluster.get() {
-                Some(_) => cluster::api_versions(crate::error::ErrorCode::UnsupportedVersion),
-                None => meta::api_versions(broker, 0, true),
-            });
+            let body = ResponseKind::ApiVersions(meta::api_versions(broker, 0, true));
             return Ok(ready(encode_response(
                 ApiKey::ApiVersions,
                 0,
@@ -378,7 +383,14 @@ fn requester(header: &RequestHeader, peer: std::net::SocketAddr) -> crate::txn_h
 /// The requests one handler serves in both modes, over [`crate::backend`].
 /// In cluster mode every other request still goes to cluster mode's own
 /// handlers (`cluster::handle`), until they are folded in here too.
-pub(crate) const SHARED: &[ApiKey] = &[ApiKey::CreateTopics, ApiKey::DeleteTopics];
+pub(crate) const SHARED: &[ApiKey] = &[
+    ApiKey::ApiVersions,
+    ApiKey::Metadata,
+    ApiKey::FindCoordinator,
+    ApiKey::ListOffsets,
+    ApiKey::CreateTopics,
+    ApiKey::DeleteTopics,
+];
 
 /// Runs the handler of one decoded request.
 async fn handle(
@@ -399,12 +411,6 @@ async fn handle(
                 .map(|c| c.to_string())
                 .unwrap_or_default(),
             host: format!("/{}", conn.peer.ip()),
-            listener: b
-                .config
-                .listeners
-                .get(conn.listener)
-                .map(|l| l.name.clone())
-                .unwrap_or_default(),
         };
         return cluster::handle(b, front, key, req, version, sender, respond).await;
     }
@@ -413,15 +419,20 @@ async fn handle(
         RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(
             meta::api_versions(&b, version, false),
         ))),
-        RequestKind::Metadata(r) => ready(respond(ResponseKind::Metadata(meta::metadata(
-            &b,
-            r,
-            version,
-            conn.listener,
-        )))),
-        RequestKind::FindCoordinator(r) => ready(respond(ResponseKind::FindCoordinator(
-            meta::find_coordinator(&b, r, version, conn.listener),
-        ))),
+        RequestKind::Metadata(r) => {
+            let listener = conn.listener;
+            Box::pin(async move {
+                let resp = meta::metadata(&b, r, version, listener).await;
+                respond(ResponseKind::Metadata(resp))
+            })
+        }
+        RequestKind::FindCoordinator(r) => {
+            let listener = conn.listener;
+            Box::pin(async move {
+                let resp = meta::find_coordinator(&b, r, version, listener).await;
+                respond(ResponseKind::FindCoordinator(resp))
+            })
+        }
         RequestKind::InitProducerId(r) => {
             let who = requester(&header, peer);
             Box::pin(async move {
@@ -544,9 +555,10 @@ async fn handle(
         RequestKind::AlterConfigs(r) => ready(respond(ResponseKind::AlterConfigs(
             admin::alter_configs(&b, r),
         ))),
-        RequestKind::ListOffsets(r) => ready(respond(ResponseKind::ListOffsets(
-            fetch::list_offsets(&b, r, version),
-        ))),
+        RequestKind::ListOffsets(r) => Box::pin(async move {
+            let resp = fetch::list_offsets(&b, r, version).await;
+            respond(ResponseKind::ListOffsets(resp))
+        }),
         RequestKind::Produce(r) => {
             let wait = produce::produce(&b, r, version, &requester(&header, peer)).await;
             Box::pin(async move {

@@ -1,9 +1,10 @@
 //! The requests a broker in cluster mode still serves from the cluster
-//! backend directly (docs/cluster.md): Produce, Fetch, transactions (InitProducerId, AddPartitionsToTxn, EndTxn; transaction
-//! versions 1 and 2), and through `cluster_group`/`cluster_admin` consumer
-//! groups, transactional offsets and the operator APIs. The requests in
-//! `handlers::SHARED` (ApiVersions, Metadata, FindCoordinator,
-//! ListOffsets, CreateTopics, DeleteTopics) are not here: one handler serves them in
+//! backend directly (docs/cluster.md): Produce, Fetch, transactions
+//! (InitProducerId, AddPartitionsToTxn, EndTxn; transaction versions 1 and
+//! 2), and through `cluster_group`/`cluster_admin` consumer groups,
+//! transactional offsets and the operator APIs. The requests in
+//! `handlers::SHARED` (ApiVersions, Metadata, FindCoordinator, ListOffsets,
+//! CreateTopics, DeleteTopics) are not here: one handler serves them in
 //! both modes over `crate::backend`. An API in neither closes the
 //! connection with a log line, as any unsupported API does.
 

@@ -410,3 +410,43 @@ def test_orphaned_transaction_is_reported_and_healed(broker_factory):
                20, interval=0.2, what="the orphan to be healed")
     c.close()
     assert "orphaned transaction found; aborting it" in b.log_text(since_last_start=True)
+
+
+@both_modes()
+def test_add_partitions_v4_verifies_and_adds_in_a_batch(broker):
+    """AddPartitionsToTxn v4 (KIP-890 part 1): a batch of transactions, each
+    added, or with verify_only checked: a partition in the producer's open
+    transaction verifies, one outside it is INVALID_TXN_STATE, a fenced
+    epoch INVALID_PRODUCER_EPOCH, and an unknown partition fails its set."""
+    import txn_wire as tw
+    boot = broker.bootstrap
+    t = unique_topic("apv4")
+    create_topic(boot, t, partitions=3)
+    a, b = unique_topic("apv4-a"), unique_topic("apv4-b")
+    err, pa, ea = tw.init_producer_id(boot, a, 60000)
+    assert err == tw.NONE, err
+    err, pb, eb = tw.init_producer_id(boot, b, 60000)
+    assert err == tw.NONE, err
+    # a's transaction holds partition 0; b's gets 1 and 2 through v4
+    assert tw.add_partition(boot, a, pa, ea, t, 0) == tw.NONE
+    top, got = tw.add_partitions_v4(boot, [(b, pb, eb, False, {t: [1, 2]}),
+                                           (a, pa, ea, True, {t: [0, 1]})])
+    assert top == tw.NONE and got == [
+        (b, {(t, 1): tw.NONE, (t, 2): tw.NONE}),
+        (a, {(t, 0): tw.NONE, (t, 1): tw.INVALID_TXN_STATE}),
+    ], got
+    _, got = tw.add_partitions_v4(boot, [(b, pb, eb, True, {t: [1, 2]}),
+                                         (a, pa, ea, True, {t: [0, 9]})])
+    assert got == [
+        (b, {(t, 1): tw.NONE, (t, 2): tw.NONE}),
+        (a, {(t, 0): tw.OPERATION_NOT_ATTEMPTED, (t, 9): tw.UNKNOWN_TOPIC_OR_PARTITION}),
+    ], got
+    # a new producer of a fences the old epoch (and aborts its transaction)
+    err, pa2, ea2 = tw.init_producer_id(boot, a, 60000)
+    assert err == tw.NONE and (pa2, ea2) != (pa, ea), (err, pa2, ea2)
+    _, got = tw.add_partitions_v4(boot, [(a, pa, ea, True, {t: [0]})])
+    assert got == [(a, {(t, 0): tw.INVALID_PRODUCER_EPOCH})], got
+    # b's transaction ends, and its partitions with it
+    assert tw.end_txn(boot, b, pb, eb, commit=True)[0] == tw.NONE
+    _, got = tw.add_partitions_v4(boot, [(b, pb, eb, True, {t: [1]})])
+    assert got == [(b, {(t, 1): tw.INVALID_TXN_STATE})], got

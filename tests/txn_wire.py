@@ -20,11 +20,13 @@ ATTR_TRANSACTIONAL = 0x10
 
 NONE = 0
 COORDINATOR_LOAD_IN_PROGRESS = 14
+UNKNOWN_TOPIC_OR_PARTITION = 3
 INVALID_PRODUCER_EPOCH = 47
 INVALID_TXN_STATE = 48
 INVALID_PRODUCER_ID_MAPPING = 49
 CONCURRENT_TRANSACTIONS = 51
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+OPERATION_NOT_ATTEMPTED = 55
 PRODUCER_FENCED = 90
 
 
@@ -90,6 +92,47 @@ def add_partition(bootstrap, txn_id, pid, epoch, topic, partition):
             codes.append(r.i16())
     assert len(codes) == 1, codes
     return codes[0]
+
+
+def add_partitions_v4(bootstrap, transactions):
+    """AddPartitionsToTxn v4 (KIP-890 part 1, broker to broker in Kafka):
+    a batch of transactions, each (txn_id, pid, epoch, verify_only,
+    {topic: [partitions]}). Returns (top-level error, [(txn_id, {(topic,
+    partition): error})] in request order)."""
+    def compact_array(items):
+        return w.uvarint(len(items) + 1) + b"".join(items)
+    entries = []
+    for txn_id, pid, epoch, verify_only, topics in transactions:
+        ts = [w.compact_string(t) + compact_array([w.i32(p) for p in ps]) + w.uvarint(0)
+              for t, ps in topics.items()]
+        entries.append(w.compact_string(txn_id) + w.i64(pid) + w.i16(epoch)
+                       + w.i8(1 if verify_only else 0) + compact_array(ts) + w.uvarint(0))
+    req = w.frame(w.request_header_v2(API_ADD_PARTITIONS_TO_TXN, 4, 7)
+                  + compact_array(entries) + w.uvarint(0))
+    r = _call(bootstrap, req, 7, flexible_response=True)
+    r.i32()  # throttle
+    top = r.i16()
+    out = []
+
+    def result():
+        txn_id = r.compact_string()
+        codes = {}
+
+        def topic():
+            name = r.compact_string()
+
+            def partition():
+                p, code = r.i32(), r.i16()
+                r.tagged()
+                codes[(name, p)] = code
+            r.array(partition)
+            r.tagged()
+        r.array(topic)
+        r.tagged()
+        out.append((txn_id, codes))
+    r.array(result)
+    r.tagged()
+    return top, out
 
 
 def produce(bootstrap, txn_id, pid, epoch, topic, partition, values, base_sequence):

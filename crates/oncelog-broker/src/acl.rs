@@ -373,17 +373,9 @@ impl Authorizer {
         crate::datadir::write_atomically(&self.dir, FILE, &bytes).map_err(|e| e.to_string())
     }
 
-    pub fn create(&self, req: &CreateAclsRequest) -> CreateAclsResponse {
-        if !self.enabled {
-            return create_disabled(req);
-        }
-        let (stored, plan) = self.change(|acls| plan_create(acls, req));
-        plan.answer(&stored)
-    }
-
     /// Runs `plan` on the ACLs under the lock and stores what it makes of
     /// them (when that differs), taking it only once stored.
-    fn change<P>(&self, plan: impl FnOnce(&[Acl]) -> (Vec<Acl>, P)) -> (Result<(), String>, P) {
+    pub fn change<P>(&self, plan: impl FnOnce(&[Acl]) -> (Vec<Acl>, P)) -> (Result<(), String>, P) {
         let mut acls = self.lock();
         let (next, p) = plan(&acls);
         let stored = if next != *acls {
@@ -450,14 +442,6 @@ impl Authorizer {
                 })
                 .collect(),
         )
-    }
-
-    pub fn delete(&self, r: &DeleteAclsRequest) -> DeleteAclsResponse {
-        if !self.enabled {
-            return delete_disabled(r);
-        }
-        let (stored, plan) = self.change(|acls| plan_delete(acls, r));
-        plan.answer(&stored)
     }
 }
 
@@ -790,14 +774,16 @@ mod tests {
                 .with_operation(op)
                 .with_permission_type(perm)
         };
-        let r = a.create(&CreateAclsRequest::default().with_creations(vec![
+        let create = CreateAclsRequest::default().with_creations(vec![
             c(2, "orders", 3, "User:alice", 4, 3),
             c(5, "orders-sink", 4, "User:alice", 4, 3),
             c(1, "x", 3, "User:alice", 4, 3),
             c(4, "other", 3, "User:alice", 7, 3),
             c(2, "t", 3, "alice", 4, 3),
             c(2, "*", 4, "User:alice", 4, 3),
-        ]));
+        ]);
+        let (stored, plan) = a.change(|acls| plan_create(acls, &create));
+        let r = plan.answer(&stored);
         let codes: Vec<i16> = r.results.iter().map(|x| x.error_code).collect();
         assert_eq!(codes, vec![0, 0, 42, 42, 42, 42]);
         let again = Authorizer::open(dir.path(), true, "", false).unwrap();
@@ -814,16 +800,16 @@ mod tests {
         );
         assert_eq!(d.resources.len(), 1);
         assert_eq!(d.resources[0].resource_name.as_str(), "orders-sink");
-        let del = again.delete(&DeleteAclsRequest::default().with_filters(
-            vec![DeleteAclsFilter::default()
+        let delete = DeleteAclsRequest::default().with_filters(vec![DeleteAclsFilter::default()
             .with_resource_type_filter(2)
             .with_resource_name_filter(None)
             .with_principal_filter(None)
             .with_host_filter(None)
             .with_pattern_type_filter(ANY)
             .with_operation(ANY)
-            .with_permission_type(ANY)],
-        ));
+            .with_permission_type(ANY)]);
+        let (stored, plan) = again.change(|acls| plan_delete(acls, &delete));
+        let del = plan.answer(&stored);
         assert_eq!(del.filter_results[0].matching_acls.len(), 1);
         assert_eq!(
             Authorizer::open(dir.path(), true, "", false)
@@ -832,8 +818,9 @@ mod tests {
             1
         );
         let off = Authorizer::open(dir.path(), false, "", false).unwrap();
+        assert!(!off.enabled);
         assert_eq!(
-            off.create(
+            create_disabled(
                 &CreateAclsRequest::default().with_creations(vec![c(2, "a", 3, "User:a", 4, 3)])
             )
             .results[0]

@@ -312,15 +312,16 @@ impl ScramUsers {
         DescribeUserScramCredentialsResponse::default().with_results(results)
     }
 
-    /// Applies the request: a user with any invalid change gets its error
-    /// and keeps its credentials; the valid users' changes are made durable
-    /// in one atomic write before the answer.
-    pub fn alter(
+    /// Runs `plan` on the credentials under the lock and stores what it
+    /// makes of them (when that differs) in one atomic write, taking it
+    /// only once stored. Returns whether it was stored, what `plan` made,
+    /// and its answer.
+    pub fn change<P>(
         &self,
-        req: &AlterUserScramCredentialsRequest,
-    ) -> AlterUserScramCredentialsResponse {
+        plan: impl FnOnce(&UserMap) -> (UserMap, P),
+    ) -> (Result<(), String>, UserMap, P) {
         let mut state = self.lock();
-        let (next, plan) = plan_alter(&state, req);
+        let (next, p) = plan(&state);
         let stored = if next != *state {
             serde_json::to_vec_pretty(&next)
                 .map_err(|e| e.to_string())
@@ -331,11 +332,10 @@ impl ScramUsers {
         } else {
             Ok(())
         };
-        let resp = plan.answer(&stored, &next);
         if stored.is_ok() {
-            *state = next;
+            *state = next.clone();
         }
-        resp
+        (stored, next, p)
     }
 
     /// Every user's credentials as they stand.

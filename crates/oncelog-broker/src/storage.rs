@@ -14,10 +14,9 @@
 //!
 //! The local backend implements them with segment files and group commit:
 //! [`crate::partition::Partition`] and [`crate::internal_log::LogWriter`].
-//! Cluster mode does not implement them (yet): most of its requests are
-//! served by `handlers/cluster*.rs` from `crate::cluster` directly, and the
-//! requests already written once go through [`crate::backend`]
-//! (docs/architecture.md). What stays on the local side of the line:
+//! The handlers reach them through [`crate::backend`]'s local arms; cluster
+//! mode's arms call `crate::cluster` directly and does not implement these
+//! traits (docs/architecture.md). What stays on the local side of the line:
 //! the topic catalogue (`topics`), group commit's sync threads
 //! (`durability`), retention and page-cache hygiene, which are how the
 //! local backend keeps its promises, not part of them.

@@ -332,13 +332,28 @@ pub fn create_partitions(
     CreatePartitionsResponse::default().with_results(results)
 }
 
-pub fn describe_configs(
+/// DescribeConfigs, in both modes: a topic's configs from the catalogue,
+/// the broker's from its own settings.
+pub async fn describe_configs(
     b: &Arc<Broker>,
     req: DescribeConfigsRequest,
     version: i16,
 ) -> DescribeConfigsResponse {
-    let topic = |name: &str| Ok(b.topics.get(name).map(|t| t.meta().configs));
-    describe_configs_with(b, req, version, b.config.node_id, topic)
+    let catalogue = b.catalogue();
+    let mut rows: std::collections::HashMap<
+        String,
+        Result<Option<BTreeMap<String, String>>, String>,
+    > = std::collections::HashMap::new();
+    for res in &req.resources {
+        let name = res.resource_name.to_string();
+        if res.resource_type != RESOURCE_TOPIC || rows.contains_key(&name) {
+            continue;
+        }
+        let got = catalogue.configs(&name).await;
+        rows.insert(name, got);
+    }
+    let topic = |name: &str| rows.get(name).cloned().unwrap_or(Ok(None));
+    describe_configs_with(b, req, version, catalogue.node_id(), topic)
 }
 
 /// DescribeConfigs, for either mode: `topic` gives a topic's own configs
@@ -679,48 +694,35 @@ pub(crate) fn alter_configs_response(
     )
 }
 
-/// Alters one topic's configs in local mode.
-fn alter_local(
-    b: &Broker,
-    resource_type: i8,
-    name: &str,
-    change: &ConfigChange,
-    validate_only: bool,
-) -> Result<(), (ErrorCode, String)> {
-    alterable_topic(resource_type, name)?;
-    let default = |k: &str| b.config.topic_default(k);
-    if validate_only {
-        let t = b
-            .topics
-            .get(name)
-            .ok_or_else(|| alter_error(&TopicError::Unknown(name.into())))?;
-        change
-            .apply(&t.meta().configs, default)
-            .map_err(|e| alter_error(&e))?;
-        return Ok(());
-    }
-    b.topics
-        .update_configs(name, |current| change.apply(current, default))
-        .map_err(|e| alter_error(&e))
-}
-
-fn alter_all_local(
+/// Alters each resource's configs (both AlterConfigs APIs, both modes):
+/// each topic's change is one step of the catalogue.
+async fn alter_all(
     b: &Broker,
     entries: Vec<AlterEntry>,
     validate_only: bool,
 ) -> Vec<AlterConfigsResourceResponse> {
-    refuse_duplicate_resources(entries)
-        .into_iter()
-        .map(|(resource_type, resource_name, change)| {
-            let result = change.and_then(|change| {
-                alter_local(b, resource_type, &resource_name, &change, validate_only)
-            });
-            alter_result(resource_type, resource_name, result)
-        })
-        .collect()
+    let catalogue = b.catalogue();
+    let default = |k: &str| b.config.topic_default(k);
+    let mut out = Vec::with_capacity(entries.len());
+    for (resource_type, resource_name, change) in refuse_duplicate_resources(entries) {
+        let name = resource_name.to_string();
+        let result = match change
+            .and_then(|change| alterable_topic(resource_type, &name).map(|()| change))
+        {
+            Err(e) => Err(e),
+            Ok(change) => catalogue
+                .alter_configs(&name, validate_only, |current| {
+                    change.apply(current, default)
+                })
+                .await
+                .map_err(|e| alter_error(&e)),
+        };
+        out.push(alter_result(resource_type, resource_name, result));
+    }
+    out
 }
 
-pub fn incremental_alter_configs(
+pub async fn incremental_alter_configs(
     b: &Arc<Broker>,
     req: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
@@ -732,16 +734,13 @@ pub fn incremental_alter_configs(
             (res.resource_type, res.resource_name, change)
         })
         .collect();
-    IncrementalAlterConfigsResponse::default().with_responses(alter_all_local(
-        b,
-        entries,
-        req.validate_only,
-    ))
+    IncrementalAlterConfigsResponse::default()
+        .with_responses(alter_all(b, entries, req.validate_only).await)
 }
 
 /// AlterConfigs, the older API (kafka-python's `alter_configs`): each
 /// topic's configs are replaced by the ones given.
-pub fn alter_configs(b: &Arc<Broker>, req: AlterConfigsRequest) -> AlterConfigsResponse {
+pub async fn alter_configs(b: &Arc<Broker>, req: AlterConfigsRequest) -> AlterConfigsResponse {
     let entries = req
         .resources
         .into_iter()
@@ -750,7 +749,7 @@ pub fn alter_configs(b: &Arc<Broker>, req: AlterConfigsRequest) -> AlterConfigsR
             (res.resource_type, res.resource_name, change)
         })
         .collect();
-    alter_configs_response(alter_all_local(b, entries, req.validate_only))
+    alter_configs_response(alter_all(b, entries, req.validate_only).await)
 }
 
 /// DeleteRecords (KIP-107): moves each partition's log start offset to the
@@ -759,64 +758,54 @@ pub fn alter_configs(b: &Arc<Broker>, req: AlterConfigsRequest) -> AlterConfigsR
 /// (OFFSET_OUT_OF_RANGE), on a topic whose cleanup.policy lacks `delete`
 /// (POLICY_VIOLATION), and on the internal topics (INVALID_TOPIC_EXCEPTION).
 /// The answer's low watermark is the new log start offset.
-pub fn delete_records(b: &Arc<Broker>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
-    use crate::partition::DeleteRecordsError;
-    let topics = req
-        .topics
-        .into_iter()
-        .map(|t| {
-            let name = t.name.0.to_string();
-            let topic = b.topics.get(&name);
-            let partitions = t
-                .partitions
-                .into_iter()
-                .map(|p| {
-                    let mut r = DeleteRecordsPartitionResult::default();
-                    r.partition_index = p.partition_index;
-                    r.low_watermark = -1;
-                    let code = if crate::datadir::is_internal_topic(&name) {
-                        ErrorCode::InvalidTopicException
-                    } else {
-                        match topic.as_ref().map(|t| (t.meta(), t.partition(p.partition_index))) {
-                            Some((meta, Some(part))) => {
-                                if !b.topics.cleanup_policy(&meta).delete {
-                                    tracing::info!(topic = %name, "DeleteRecords refused: cleanup.policy has no delete");
-                                    ErrorCode::PolicyViolation
-                                } else {
-                                    match part.delete_records(p.offset) {
-                                        Ok(start) => {
-                                            r.low_watermark = start;
-                                            ErrorCode::None
-                                        }
-                                        Err(DeleteRecordsError::OutOfRange { .. }) => {
-                                            ErrorCode::OffsetOutOfRange
-                                        }
-                                        Err(DeleteRecordsError::Closed(_)) => {
-                                            ErrorCode::UnknownTopicOrPartition
-                                        }
-                                        Err(DeleteRecordsError::Storage(e)) => {
-                                            tracing::error!(partition = %part.name(), error = %e, "DeleteRecords failed");
-                                            ErrorCode::KafkaStorageError
-                                        }
-                                    }
-                                }
-                            }
-                            _ => ErrorCode::UnknownTopicOrPartition,
-                        }
-                    };
-                    r.error_code = code.code();
-                    r
-                })
-                .collect();
-            let mut tr = DeleteRecordsTopicResult::default();
-            tr.name = t.name;
-            tr.partitions = partitions;
-            tr
-        })
-        .collect();
-    let mut resp = DeleteRecordsResponse::default();
-    resp.topics = topics;
-    resp
+pub async fn delete_records(b: &Arc<Broker>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    use crate::backend::DeleteError;
+    let catalogue = b.catalogue();
+    let logs = b.logs();
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let topic = if crate::datadir::is_internal_topic(&name) {
+            Err(ErrorCode::InvalidTopicException)
+        } else {
+            match catalogue.topic(&name).await {
+                Ok(Some(meta)) => Ok(meta),
+                Ok(None) => Err(ErrorCode::UnknownTopicOrPartition),
+                // logged by the catalogue
+                Err(_) => Err(ErrorCode::KafkaStorageError),
+            }
+        };
+        let mut partitions = Vec::with_capacity(t.partitions.len());
+        for p in t.partitions {
+            let mut r = DeleteRecordsPartitionResult::default()
+                .with_partition_index(p.partition_index)
+                .with_low_watermark(-1);
+            let code = match &topic {
+                Err(code) => *code,
+                Ok(meta) if !b.topics.cleanup_policy(meta).delete => {
+                    tracing::info!(topic = %name, "DeleteRecords refused: cleanup.policy has no delete");
+                    ErrorCode::PolicyViolation
+                }
+                Ok(meta) => match logs.delete_records(meta, p.partition_index, p.offset).await {
+                    Ok(start) => {
+                        r.low_watermark = start;
+                        ErrorCode::None
+                    }
+                    Err(DeleteError::OutOfRange) => ErrorCode::OffsetOutOfRange,
+                    Err(DeleteError::Unknown) => ErrorCode::UnknownTopicOrPartition,
+                    Err(DeleteError::Storage) => ErrorCode::KafkaStorageError,
+                },
+            };
+            r.error_code = code.code();
+            partitions.push(r);
+        }
+        topics.push(
+            DeleteRecordsTopicResult::default()
+                .with_name(t.name)
+                .with_partitions(partitions),
+        );
+    }
+    DeleteRecordsResponse::default().with_topics(topics)
 }
 
 #[cfg(test)]
@@ -942,4 +931,66 @@ mod tests {
         let refused_at: Vec<bool> = entries.iter().map(|(_, _, c)| c.is_err()).collect();
         assert_eq!(refused_at, [true, false, true, false]);
     }
+}
+
+/// CreateAcls, in both modes: one change of the catalogue's ACLs.
+pub async fn create_acls(
+    b: &Arc<Broker>,
+    req: kafka_protocol::messages::CreateAclsRequest,
+) -> kafka_protocol::messages::CreateAclsResponse {
+    if !b.authz.enabled {
+        return crate::acl::create_disabled(&req);
+    }
+    let (stored, plan) = b
+        .catalogue()
+        .change_acls(|acls| crate::acl::plan_create(acls, &req))
+        .await;
+    plan.answer(&stored)
+}
+
+/// DeleteAcls, in both modes: one change of the catalogue's ACLs.
+pub async fn delete_acls(
+    b: &Arc<Broker>,
+    req: kafka_protocol::messages::DeleteAclsRequest,
+) -> kafka_protocol::messages::DeleteAclsResponse {
+    if !b.authz.enabled {
+        return crate::acl::delete_disabled(&req);
+    }
+    let (stored, plan) = b
+        .catalogue()
+        .change_acls(|acls| crate::acl::plan_delete(acls, &req))
+        .await;
+    plan.answer(&stored)
+}
+
+/// DescribeAcls, in both modes, from the catalogue's ACLs as they stand.
+pub async fn describe_acls(
+    b: &Arc<Broker>,
+    req: kafka_protocol::messages::DescribeAclsRequest,
+) -> kafka_protocol::messages::DescribeAclsResponse {
+    b.catalogue().refresh_acls().await;
+    b.authz.describe(&req)
+}
+
+/// AlterUserScramCredentials, in both modes: a user with any invalid
+/// change gets its error and keeps its credentials; the valid users'
+/// changes are stored in one step before the answer.
+pub async fn alter_user_scram_credentials(
+    b: &Arc<Broker>,
+    req: kafka_protocol::messages::AlterUserScramCredentialsRequest,
+) -> kafka_protocol::messages::AlterUserScramCredentialsResponse {
+    let (stored, next, plan) = b
+        .catalogue()
+        .change_users(|users| crate::security::plan_alter(users, &req))
+        .await;
+    plan.answer(&stored, &next)
+}
+
+/// DescribeUserScramCredentials, in both modes.
+pub async fn describe_user_scram_credentials(
+    b: &Arc<Broker>,
+    req: kafka_protocol::messages::DescribeUserScramCredentialsRequest,
+) -> kafka_protocol::messages::DescribeUserScramCredentialsResponse {
+    b.catalogue().refresh_users().await;
+    b.users.describe(&req)
 }

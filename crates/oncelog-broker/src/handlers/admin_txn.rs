@@ -24,28 +24,41 @@ use kafka_protocol::messages::write_txn_markers_response::{
 use kafka_protocol::messages::{ProducerId, TopicName, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::backend::PartitionError;
 use crate::error::ErrorCode;
 use crate::producer_state::ProducerEntry;
 use crate::txn_coordinator::{TxnMeta, TxnState};
 use crate::txn_history::Requester;
-use crate::txn_service::{AdminAbort, TxnError};
 use crate::Broker;
-use oncelog_log::now_ms;
 
 fn s(v: impl Into<String>) -> StrBytes {
     StrBytes::from_string(v.into())
 }
 
-pub fn describe_producers(
+/// DescribeProducers, in both modes.
+pub async fn describe_producers(
     b: &Arc<Broker>,
     req: DescribeProducersRequest,
 ) -> DescribeProducersResponse {
+    let logs = b.logs();
+    let mut found = std::collections::HashMap::new();
+    for t in &req.topics {
+        for i in &t.partition_indexes {
+            let got = logs
+                .producers(t.name.0.as_str(), *i)
+                .await
+                .map_err(|e| match e {
+                    PartitionError::Unknown => ErrorCode::UnknownTopicOrPartition,
+                    // retriable: the client asks again
+                    PartitionError::Storage => ErrorCode::NotLeaderOrFollower,
+                });
+            found.insert((t.name.0.to_string(), *i), got);
+        }
+    }
     producers_response(req, |topic, i| {
-        b.topics
-            .get(topic)
-            .and_then(|x| x.store(i))
-            .map(|p| p.producers())
-            .ok_or(ErrorCode::UnknownTopicOrPartition)
+        found
+            .remove(&(topic.to_string(), i))
+            .unwrap_or(Err(ErrorCode::UnknownTopicOrPartition))
     })
 }
 
@@ -98,15 +111,29 @@ pub fn producers_response(
     DescribeProducersResponse::default().with_topics(topics)
 }
 
+/// DescribeTransactions, in both modes.
 pub async fn describe_transactions(
     b: Arc<Broker>,
     req: DescribeTransactionsRequest,
 ) -> DescribeTransactionsResponse {
-    let mut out = Vec::new();
-    for id in req.transactional_ids {
-        let meta = b.txn.describe(id.0.as_str()).await;
-        out.push(described(id, meta.as_ref()));
-    }
+    let ids: Vec<String> = req
+        .transactional_ids
+        .iter()
+        .map(|i| i.0.to_string())
+        .collect();
+    let out = match b.txns().describe(&ids).await {
+        Ok(metas) => req
+            .transactional_ids
+            .into_iter()
+            .zip(metas)
+            .map(|(id, meta)| described(id, meta.as_ref()))
+            .collect(),
+        Err(code) => req
+            .transactional_ids
+            .into_iter()
+            .map(|id| described(id, None).with_error_code(code.code()))
+            .collect(),
+    };
     DescribeTransactionsResponse::default().with_transaction_states(out)
 }
 
@@ -152,13 +179,16 @@ const STATES: &[&str] = &[
     "PrepareEpochFence",
 ];
 
+/// ListTransactions, in both modes.
 pub async fn list_transactions(
     b: Arc<Broker>,
     req: ListTransactionsRequest,
     version: i16,
 ) -> ListTransactionsResponse {
-    let known = b.txn.list().await;
-    list_response(req, version, known, now_ms())
+    match b.txns().list().await {
+        Ok((known, now)) => list_response(req, version, known, now),
+        Err(code) => ListTransactionsResponse::default().with_error_code(code.code()),
+    }
 }
 
 /// ListTransactions' answer over the coordinator's `known` transactions at
@@ -244,11 +274,15 @@ pub fn list_response(
 /// its partitions); an orphan gets one ABORT marker at the named partition.
 /// One the coordinator is completing is answered CONCURRENT_TRANSACTIONS
 /// (retriable): an orphan marker then could tear it.
+/// WriteTxnMarkers from an admin tool (KIP-664), in both modes: only
+/// ABORT, run as the coordinator's abort of the producer's transaction, or
+/// for a transaction no coordinator knows, a marker on each partition.
 pub async fn write_txn_markers(
     b: Arc<Broker>,
     req: WriteTxnMarkersRequest,
     who: Requester,
 ) -> WriteTxnMarkersResponse {
+    let txns = b.txns();
     let mut results = Vec::with_capacity(req.markers.len());
     for m in req.markers {
         let pid = m.producer_id.0;
@@ -256,16 +290,10 @@ pub async fn write_txn_markers(
         if m.transaction_result {
             shared = Some(ErrorCode::InvalidRequest);
         } else {
-            match b.txn.admin_abort(&b, pid, &who).await {
-                Ok(AdminAbort::Aborted) => shared = Some(ErrorCode::None),
-                Ok(AdminAbort::Completing) => shared = Some(ErrorCode::ConcurrentTransactions),
-                Ok(AdminAbort::NotKnown) => {}
-                // The transaction's id is busy with another change: retriable.
-                Err(TxnError::Coord(_)) => shared = Some(ErrorCode::ConcurrentTransactions),
-                Err(e) => {
-                    tracing::error!(producer_id = pid, error = %e, "admin abort failed");
-                    shared = Some(ErrorCode::KafkaStorageError);
-                }
+            match txns.admin_abort(pid, &who).await {
+                Ok(true) => shared = Some(ErrorCode::None),
+                Ok(false) => {}
+                Err(code) => shared = Some(code),
             }
         }
         let mut topics = Vec::with_capacity(m.topics.len());
@@ -275,8 +303,7 @@ pub async fn write_txn_markers(
                 let code = match shared {
                     Some(c) => c,
                     None => {
-                        crate::txn_service::abort_hanging(
-                            &b,
+                        txns.abort_hanging(
                             t.name.0.as_str(),
                             *p,
                             pid,

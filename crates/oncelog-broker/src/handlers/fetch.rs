@@ -1,4 +1,5 @@
-//! Fetch (with long poll) and ListOffsets.
+//! Fetch (with long poll) and ListOffsets, in both modes over
+//! [`crate::backend::Logs`].
 //!
 //! Reads never go past the high watermark (the durable prefix);
 //! read_committed reads stop at the last stable offset (the first offset of
@@ -22,7 +23,7 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::ProducerId;
 use tokio::time::Instant;
 
-use crate::backend::OffsetError;
+use crate::backend::PartitionError;
 use crate::error::ErrorCode;
 use crate::partition::ReadError;
 use crate::Broker;
@@ -36,26 +37,43 @@ struct Round {
     has_error: bool,
 }
 
-fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
+async fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
     let read_committed = req.isolation_level == 1;
+    let logs = b.logs();
     let mut remaining = (req.max_bytes.max(0) as usize).min(b.config.fetch_max_bytes);
     let mut total = 0usize;
     let mut has_error = false;
     let mut topics = Vec::with_capacity(req.topics.len());
     for ft in &req.topics {
-        let topic = b.topics.get(ft.topic.0.as_str());
         let mut parts = Vec::with_capacity(ft.partitions.len());
         for fp in &ft.partitions {
-            let mut pd = PartitionData::default().with_partition_index(fp.partition);
-            let Some(p) = topic.as_ref().and_then(|t| t.store(fp.partition)) else {
-                pd.error_code = ErrorCode::UnknownTopicOrPartition.code();
-                has_error = true;
-                parts.push(pd);
-                continue;
-            };
-            let offset = fp.fetch_offset;
+            let mut pd = PartitionData::default()
+                .with_partition_index(fp.partition)
+                .with_records(Some(Bytes::new()));
             let limit = (fp.partition_max_bytes.max(0) as usize).min(remaining);
-            let read = p.read(offset, limit, read_committed, total == 0);
+            let read = match logs
+                .read(
+                    ft.topic.0.as_str(),
+                    fp.partition,
+                    fp.fetch_offset,
+                    limit,
+                    read_committed,
+                    total == 0,
+                )
+                .await
+            {
+                Ok(read) => read,
+                Err(e) => {
+                    pd.error_code = match e {
+                        PartitionError::Unknown => ErrorCode::UnknownTopicOrPartition,
+                        PartitionError::Storage => ErrorCode::KafkaStorageError,
+                    }
+                    .code();
+                    has_error = true;
+                    parts.push(pd);
+                    continue;
+                }
+            };
             pd.high_watermark = read.high_watermark;
             pd.last_stable_offset = read.last_stable_offset;
             if version >= 5 {
@@ -84,14 +102,11 @@ fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
                     pd.error_code = ErrorCode::OffsetOutOfRange.code();
                     has_error = true;
                 }
-                Err(e) => {
-                    tracing::error!(partition = %p.name(), error = %e, "read failed");
+                // logged by the log that failed
+                Err(ReadError::Storage(_)) => {
                     pd.error_code = ErrorCode::KafkaStorageError.code();
                     has_error = true;
                 }
-            }
-            if pd.records.is_none() {
-                pd.records = Some(Bytes::new());
             }
             parts.push(pd);
         }
@@ -108,16 +123,19 @@ fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
     }
 }
 
+/// Fetch, in both modes: reads until `min_bytes` are found, an error, or
+/// the client's wait (at most [`MAX_WAIT`]) is over.
 pub async fn fetch(b: Arc<Broker>, req: FetchRequest, version: i16) -> FetchResponse {
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT);
     let deadline = Instant::now() + wait;
     let min_bytes = req.min_bytes.max(1) as usize;
+    let logs = b.logs();
     loop {
         // Register for wake-ups before reading, so no append slips between.
-        let notified = b.data_notify.notified();
+        let notified = logs.data_notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let round = fetch_once(&b, &req, version);
+        let round = fetch_once(&b, &req, version).await;
         if round.bytes >= min_bytes || round.has_error || Instant::now() >= deadline {
             return round.resp;
         }
@@ -158,9 +176,9 @@ pub async fn list_offsets(
                     logs.offset_for(lt.name.0.as_str(), lp.partition_index, spec, read_committed)
                         .await
                 }
-                None => Err(OffsetError::Unknown),
+                None => Err(PartitionError::Unknown),
             };
-            if spec.is_some() && found != Err(OffsetError::Unknown) && version >= 4 {
+            if spec.is_some() && found != Err(PartitionError::Unknown) && version >= 4 {
                 r.leader_epoch = 0;
             }
             match (spec, found) {
@@ -170,10 +188,10 @@ pub async fn list_offsets(
                     r.timestamp = ts;
                 }
                 (_, Ok(None)) => {}
-                (_, Err(OffsetError::Unknown)) => {
+                (_, Err(PartitionError::Unknown)) => {
                     r.error_code = ErrorCode::UnknownTopicOrPartition.code()
                 }
-                (_, Err(OffsetError::Storage)) => {
+                (_, Err(PartitionError::Storage)) => {
                     r.error_code = ErrorCode::KafkaStorageError.code()
                 }
             }

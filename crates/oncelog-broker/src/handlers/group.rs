@@ -3,6 +3,7 @@
 //! OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete,
 //! AddOffsetsToTxn, TxnOffsetCommit.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use kafka_protocol::messages::add_offsets_to_txn_request::AddOffsetsToTxnRequest;
@@ -45,8 +46,7 @@ use kafka_protocol::messages::{GroupId, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::error::ErrorCode;
-use crate::groups::{FetchedOffset, JoinRequest, OffsetMeta, OFFSETS_TOPIC};
-use crate::txn_coordinator::VerifyError;
+use crate::groups::{FetchedOffset, JoinRequest, OffsetMeta};
 use crate::Broker;
 use oncelog_log::now_ms;
 
@@ -61,6 +61,12 @@ pub async fn join_group(
     client_id: String,
     client_host: String,
 ) -> JoinGroupResponse {
+    if let Err(code) = b.group_store().coordinate(req.group_id.0.as_str()).await {
+        return JoinGroupResponse::default()
+            .with_error_code(code.code())
+            .with_generation_id(-1)
+            .with_member_id(req.member_id);
+    }
     let r = b
         .groups
         .join(JoinRequest {
@@ -113,6 +119,9 @@ pub async fn join_group(
 }
 
 pub async fn sync_group(b: Arc<Broker>, req: SyncGroupRequest, version: i16) -> SyncGroupResponse {
+    if let Err(code) = b.group_store().coordinate(req.group_id.0.as_str()).await {
+        return SyncGroupResponse::default().with_error_code(code.code());
+    }
     let assignments = req
         .assignments
         .iter()
@@ -139,6 +148,9 @@ pub async fn sync_group(b: Arc<Broker>, req: SyncGroupRequest, version: i16) -> 
 }
 
 pub async fn heartbeat(b: Arc<Broker>, req: HeartbeatRequest) -> HeartbeatResponse {
+    if let Err(code) = b.group_store().coordinate(req.group_id.0.as_str()).await {
+        return HeartbeatResponse::default().with_error_code(code.code());
+    }
     let code = b
         .groups
         .heartbeat(
@@ -156,6 +168,9 @@ pub async fn leave_group(
     req: LeaveGroupRequest,
     version: i16,
 ) -> LeaveGroupResponse {
+    if let Err(code) = b.group_store().coordinate(req.group_id.0.as_str()).await {
+        return LeaveGroupResponse::default().with_error_code(code.code());
+    }
     let members: Vec<(String, Option<String>)> = if version >= 3 {
         req.members
             .iter()
@@ -266,20 +281,44 @@ pub fn commit_response(
     OffsetCommitResponse::default().with_topics(topics)
 }
 
+/// The partitions of `topics` that exist, by topic: its partition count.
+async fn partition_counts<'a>(
+    b: &Broker,
+    topics: impl Iterator<Item = &'a str>,
+) -> HashMap<String, i32> {
+    let catalogue = b.catalogue();
+    let mut out = HashMap::new();
+    for t in topics {
+        if out.contains_key(t) {
+            continue;
+        }
+        if let Ok(Some(meta)) = catalogue.topic(t).await {
+            out.insert(t.to_string(), meta.partitions);
+        }
+    }
+    out
+}
+
+/// OffsetCommit, in both modes, on the group's coordinator.
 pub async fn offset_commit(
     b: Arc<Broker>,
     req: OffsetCommitRequest,
     version: i16,
 ) -> OffsetCommitResponse {
     let group = req.group_id.0.to_string();
+    let store = b.group_store();
+    if let Err(code) = store.coordinate(&group).await {
+        return commit_response(&req, &[], code);
+    }
+    let counts = partition_counts(&b, req.topics.iter().map(|t| t.name.0.as_str())).await;
     let (offsets, unknown) = commit_request_offsets(&req, version, |t, p| {
-        b.topics.get(t).and_then(|x| x.store(p)).is_some()
+        counts.get(t).is_some_and(|n| (0..*n).contains(&p))
     });
     let iid = commit_instance_id(&req, version);
     let code = if offsets.is_empty() {
         ErrorCode::None
     } else {
-        b.groups
+        store
             .commit(
                 &group,
                 req.generation_id_or_member_epoch,
@@ -330,46 +369,46 @@ pub fn fetch_response(rows: Vec<FetchedOffset>, version: i16) -> OffsetFetchResp
     )
 }
 
+/// OffsetFetch, in both modes, on the group's coordinator.
 pub async fn offset_fetch(
     b: Arc<Broker>,
     req: OffsetFetchRequest,
     version: i16,
 ) -> OffsetFetchResponse {
+    let group = req.group_id.0.as_str();
+    let store = b.group_store();
     let require_stable = version >= 7 && req.require_stable;
-    let rows = b
-        .groups
-        .fetch_offsets(
-            req.group_id.0.as_str(),
-            fetch_request_topics(&req),
-            require_stable,
-        )
-        .await;
-    fetch_response(rows, version)
+    let rows = match store.coordinate(group).await {
+        Ok(()) => {
+            store
+                .fetch_offsets(group, fetch_request_topics(&req), require_stable)
+                .await
+        }
+        Err(code) => Err(code),
+    };
+    match rows {
+        Ok(rows) => fetch_response(rows, version),
+        Err(code) => {
+            let mut resp = OffsetFetchResponse::default();
+            if version >= 2 {
+                resp.error_code = code.code();
+            }
+            resp
+        }
+    }
 }
 
+/// ListGroups, in both modes: the groups this broker coordinates
+/// ([`crate::backend::Groups::list`]; clients ask every broker).
 pub async fn list_groups(
     b: Arc<Broker>,
     req: ListGroupsRequest,
     version: i16,
 ) -> ListGroupsResponse {
-    list_groups_where(b, req, version, |_| true).await
-}
-
-/// ListGroups of the groups `keep` names.
-pub async fn list_groups_where(
-    b: Arc<Broker>,
-    req: ListGroupsRequest,
-    version: i16,
-    keep: impl Fn(&str) -> bool,
-) -> ListGroupsResponse {
-    let groups = b
-        .groups
-        .list()
-        .await
-        .into_iter()
-        .filter(|(id, _, _)| keep(id))
-        .collect();
-    list_groups_response(&req, version, groups)
+    match b.group_store().list().await {
+        Ok(groups) => list_groups_response(&req, version, groups),
+        Err(code) => ListGroupsResponse::default().with_error_code(code.code()),
+    }
 }
 
 /// ListGroups' answer over `groups` (id, protocol type, state name), with
@@ -407,8 +446,18 @@ pub async fn describe_groups(
     req: DescribeGroupsRequest,
     version: i16,
 ) -> DescribeGroupsResponse {
+    let store = b.group_store();
     let mut out = Vec::new();
     for gid in req.groups {
+        if let Err(code) = store.coordinate(gid.0.as_str()).await {
+            out.push(
+                DescribedGroup::default()
+                    .with_group_id(gid)
+                    .with_error_code(code.code())
+                    .with_group_state(s("")),
+            );
+            continue;
+        }
         let described = b
             .groups
             .with_group(gid.0.as_str(), |g| {
@@ -446,17 +495,28 @@ pub async fn describe_groups(
                 d.protocol_data = s(proto);
                 d.members = members;
             }
-            None => d.group_state = s("Dead"),
+            None => match store.state_without_members(d.group_id.0.as_str()).await {
+                Ok(state) => d.group_state = s(state),
+                Err(code) => {
+                    d.group_state = s("Dead");
+                    d.error_code = code.code();
+                }
+            },
         }
         out.push(d);
     }
     DescribeGroupsResponse::default().with_groups(out)
 }
 
+/// DeleteGroups, in both modes, on each group's coordinator.
 pub async fn delete_groups(b: Arc<Broker>, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let store = b.group_store();
     let mut results = Vec::new();
     for gid in req.groups_names {
-        let code = b.groups.delete(gid.0.as_str()).await;
+        let code = match store.coordinate(gid.0.as_str()).await {
+            Ok(()) => store.delete(gid.0.as_str()).await,
+            Err(code) => code,
+        };
         results.push(
             DeletableGroupResult::default()
                 .with_group_id(gid)
@@ -534,16 +594,17 @@ pub fn offset_delete_response(
 /// group's committed offsets of the partitions asked for go, where the
 /// group's rule allows ([`crate::groups::Group::offset_delete_codes`]).
 pub async fn offset_delete(b: Arc<Broker>, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    let group = req.group_id.0.as_str();
+    let counts = partition_counts(&b, req.topics.iter().map(|t| t.name.0.as_str())).await;
     let parts = offset_delete_partitions(&req, |t, p| {
-        b.topics
-            .get(t)
-            .is_some_and(|t| p >= 0 && p < t.partition_count())
+        counts.get(t).is_some_and(|n| (0..*n).contains(&p))
     });
     let known = offset_delete_known(&parts);
-    let result = b
-        .groups
-        .delete_offsets(req.group_id.0.as_str(), &known)
-        .await;
+    let store = b.group_store();
+    let result = match store.coordinate(group).await {
+        Ok(()) => store.delete_offsets(group, &known).await,
+        Err(code) => Err(code),
+    };
     offset_delete_response(&parts, result)
 }
 
@@ -554,18 +615,18 @@ pub async fn add_offsets_to_txn(
     req: AddOffsetsToTxnRequest,
     version: i16,
 ) -> AddOffsetsToTxnResponse {
-    let res = b
-        .txn
-        .add_partitions(
+    let code = match b
+        .txns()
+        .add_offsets(
             req.transactional_id.0.as_str(),
             req.producer_id.0,
             req.producer_epoch,
-            &[(OFFSETS_TOPIC.to_string(), 0)],
+            version >= 2,
         )
-        .await;
-    let code = match res {
+        .await
+    {
         Ok(()) => ErrorCode::None,
-        Err(e) => super::txn::txn_error_code(&e, version >= 2),
+        Err(code) => code,
     };
     AddOffsetsToTxnResponse::default().with_error_code(code.code())
 }
@@ -581,40 +642,34 @@ pub async fn txn_offset_commit(
     let mut code = ErrorCode::None;
     if version >= 5 {
         // KIP-890 transaction version 2: the offsets join the transaction implicitly.
-        if let Err(e) = b
-            .txn
-            .add_partitions(
-                req.transactional_id.0.as_str(),
-                pid,
-                epoch,
-                &[(OFFSETS_TOPIC.to_string(), 0)],
-            )
+        // (never PRODUCER_FENCED in this answer)
+        if let Err(c) = b
+            .txns()
+            .add_offsets(req.transactional_id.0.as_str(), pid, epoch, false)
             .await
         {
-            code = match super::txn::txn_error_code(&e, true) {
-                ErrorCode::ProducerFenced => ErrorCode::InvalidProducerEpoch,
-                c => c,
-            };
+            code = c;
+        }
+    }
+    let store = b.group_store();
+    if code == ErrorCode::None {
+        if let Err(c) = store.coordinate(&group).await {
+            code = c;
         }
     }
     if code == ErrorCode::None {
         let offsets = txn_commit_offsets(&req, version);
         let (generation, member, iid) = txn_commit_member(&req, version);
-        let verify = || match b.txn.verify(pid, epoch, OFFSETS_TOPIC, 0) {
-            Ok(()) => ErrorCode::None,
-            Err(VerifyError::StaleEpoch) => ErrorCode::InvalidProducerEpoch,
-            Err(VerifyError::NotInTransaction) => ErrorCode::InvalidTxnState,
-        };
-        code = b
-            .groups
+        code = store
             .txn_commit(
                 &group,
+                req.transactional_id.0.as_str(),
                 pid,
+                epoch,
                 generation,
                 &member,
                 iid.as_deref(),
                 offsets,
-                verify,
             )
             .await;
     }

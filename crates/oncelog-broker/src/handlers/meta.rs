@@ -41,7 +41,7 @@ pub fn served_api_keys(two_phase_commit_enable: bool) -> Vec<ApiVersion> {
 
 /// ApiVersions, in both modes: what this broker's backend serves.
 pub fn api_versions(b: &Broker, version: i16, unsupported: bool) -> ApiVersionsResponse {
-    let keys = b.served_apis();
+    let keys = super::served_apis(b);
     let code = if unsupported {
         ErrorCode::UnsupportedVersion
     } else {

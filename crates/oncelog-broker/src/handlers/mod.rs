@@ -4,9 +4,6 @@
 mod admin;
 mod admin_txn;
 mod authz;
-mod cluster;
-mod cluster_admin;
-mod cluster_group;
 mod fetch;
 mod group;
 mod meta;
@@ -78,16 +75,24 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
 /// What local mode's ApiVersions answers (docs/protocol.md).
 pub use meta::served_api_keys as local_api_keys;
 
-/// What cluster mode's ApiVersions answers (docs/protocol.md).
+/// The APIs and versions this broker's ApiVersions answers with: its
+/// backend's (docs/protocol.md lists both).
+pub fn served_apis(
+    b: &crate::Broker,
+) -> Vec<kafka_protocol::messages::api_versions_response::ApiVersion> {
+    match b.catalogue() {
+        crate::backend::Catalogue::Local(_) => local_api_keys(b.config.two_phase_commit_enable),
+        crate::backend::Catalogue::Cluster(..) => cluster_api_keys(),
+    }
+}
+
+/// What cluster mode's ApiVersions answers (docs/protocol.md): local
+/// mode's, less what its backend does not serve yet
+/// ([`crate::backend::cluster_serves`]).
 pub fn cluster_api_keys() -> Vec<kafka_protocol::messages::api_versions_response::ApiVersion> {
-    cluster::CLUSTER_SUPPORTED
-        .iter()
-        .map(|(k, lo, hi)| {
-            kafka_protocol::messages::api_versions_response::ApiVersion::default()
-                .with_api_key(*k as i16)
-                .with_min_version(*lo)
-                .with_max_version(*hi)
-        })
+    local_api_keys(false)
+        .into_iter()
+        .filter(|a| ApiKey::try_from(a.api_key).is_ok_and(crate::backend::cluster_serves))
         .collect()
 }
 
@@ -365,34 +370,15 @@ impl Conn {
     }
 }
 
-/// Who sent a request, for the transaction history.
-/// Runs file-heavy work (a topic's directories, their fsyncs) without
-/// stalling the other tasks of an async worker thread, where the runtime
-/// allows it.
-pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
+pub(crate) use crate::backend::blocking;
 
+/// Who sent a request, for the transaction history.
 fn requester(header: &RequestHeader, peer: std::net::SocketAddr) -> crate::txn_history::Requester {
     crate::txn_history::Requester::new(header.client_id.as_ref().map(|c| c.as_str()), peer)
 }
 
-/// The requests one handler serves in both modes, over [`crate::backend`].
-/// In cluster mode every other request still goes to cluster mode's own
-/// handlers (`cluster::handle`), until they are folded in here too.
-pub(crate) const SHARED: &[ApiKey] = &[
-    ApiKey::ApiVersions,
-    ApiKey::Metadata,
-    ApiKey::FindCoordinator,
-    ApiKey::ListOffsets,
-    ApiKey::CreateTopics,
-    ApiKey::DeleteTopics,
-];
-
-/// Runs the handler of one decoded request.
+/// Runs the handler of one decoded request: one handler per API, over
+/// [`crate::backend`], in both modes.
 async fn handle(
     b: Arc<Broker>,
     key: ApiKey,
@@ -402,17 +388,9 @@ async fn handle(
     version: i16,
     respond: impl Fn(ResponseKind) -> Option<Bytes> + Send + Sync + 'static,
 ) -> Result<Pending, FrameError> {
-    if let Some(front) = b.cluster.get().filter(|_| !SHARED.contains(&key)) {
-        let front = front.clone();
-        let sender = cluster::Sender {
-            client_id: header
-                .client_id
-                .as_ref()
-                .map(|c| c.to_string())
-                .unwrap_or_default(),
-            host: format!("/{}", conn.peer.ip()),
-        };
-        return cluster::handle(b, front, key, req, version, sender, respond).await;
+    if !b.serves(key) {
+        tracing::warn!(api = ?key, "not served in cluster mode yet");
+        return Err(FrameError::UnsupportedApi(key));
     }
     let peer = conn.peer;
     Ok(match req {
@@ -440,9 +418,10 @@ async fn handle(
                 respond(ResponseKind::InitProducerId(resp))
             })
         }
-        RequestKind::DescribeProducers(r) => ready(respond(ResponseKind::DescribeProducers(
-            admin_txn::describe_producers(&b, r),
-        ))),
+        RequestKind::DescribeProducers(r) => Box::pin(async move {
+            let resp = admin_txn::describe_producers(&b, r).await;
+            respond(ResponseKind::DescribeProducers(resp))
+        }),
         RequestKind::DescribeTransactions(r) => Box::pin(async move {
             let resp = admin_txn::describe_transactions(b, r).await;
             respond(ResponseKind::DescribeTransactions(resp))
@@ -536,25 +515,27 @@ async fn handle(
             let resp = admin::delete_topics(&b, r, version).await;
             respond(ResponseKind::DeleteTopics(resp))
         }),
-        RequestKind::DeleteRecords(r) => {
-            ready(respond(ResponseKind::DeleteRecords(blocking(|| {
-                admin::delete_records(&b, r)
-            }))))
-        }
+        RequestKind::DeleteRecords(r) => Box::pin(async move {
+            let resp = admin::delete_records(&b, r).await;
+            respond(ResponseKind::DeleteRecords(resp))
+        }),
         RequestKind::CreatePartitions(r) => {
             ready(respond(ResponseKind::CreatePartitions(blocking(|| {
                 admin::create_partitions(&b, r)
             }))))
         }
-        RequestKind::DescribeConfigs(r) => ready(respond(ResponseKind::DescribeConfigs(
-            admin::describe_configs(&b, r, version),
-        ))),
-        RequestKind::IncrementalAlterConfigs(r) => ready(respond(
-            ResponseKind::IncrementalAlterConfigs(admin::incremental_alter_configs(&b, r)),
-        )),
-        RequestKind::AlterConfigs(r) => ready(respond(ResponseKind::AlterConfigs(
-            admin::alter_configs(&b, r),
-        ))),
+        RequestKind::DescribeConfigs(r) => Box::pin(async move {
+            let resp = admin::describe_configs(&b, r, version).await;
+            respond(ResponseKind::DescribeConfigs(resp))
+        }),
+        RequestKind::IncrementalAlterConfigs(r) => Box::pin(async move {
+            let resp = admin::incremental_alter_configs(&b, r).await;
+            respond(ResponseKind::IncrementalAlterConfigs(resp))
+        }),
+        RequestKind::AlterConfigs(r) => Box::pin(async move {
+            let resp = admin::alter_configs(&b, r).await;
+            respond(ResponseKind::AlterConfigs(resp))
+        }),
         RequestKind::ListOffsets(r) => Box::pin(async move {
             let resp = fetch::list_offsets(&b, r, version).await;
             respond(ResponseKind::ListOffsets(resp))
@@ -570,21 +551,27 @@ async fn handle(
             let resp = fetch::fetch(b, r, version).await;
             respond(ResponseKind::Fetch(resp))
         }),
-        RequestKind::DescribeUserScramCredentials(r) => ready(respond(
-            ResponseKind::DescribeUserScramCredentials(b.users.describe(&r)),
-        )),
-        RequestKind::AlterUserScramCredentials(r) => ready(respond(
-            ResponseKind::AlterUserScramCredentials(blocking(|| b.users.alter(&r))),
-        )),
-        RequestKind::CreateAcls(r) => ready(respond(ResponseKind::CreateAcls(blocking(|| {
-            b.authz.create(&r)
-        })))),
-        RequestKind::DescribeAcls(r) => {
-            ready(respond(ResponseKind::DescribeAcls(b.authz.describe(&r))))
-        }
-        RequestKind::DeleteAcls(r) => ready(respond(ResponseKind::DeleteAcls(blocking(|| {
-            b.authz.delete(&r)
-        })))),
+        RequestKind::DescribeUserScramCredentials(r) => Box::pin(async move {
+            let resp = admin::describe_user_scram_credentials(&b, r).await;
+            respond(ResponseKind::DescribeUserScramCredentials(resp))
+        }),
+        RequestKind::AlterUserScramCredentials(r) => Box::pin(async move {
+            let resp = admin::alter_user_scram_credentials(&b, r).await;
+            respond(ResponseKind::AlterUserScramCredentials(resp))
+        }),
+        RequestKind::CreateAcls(r) => Box::pin(async move {
+            let resp = admin::create_acls(&b, r).await;
+            respond(ResponseKind::CreateAcls(resp))
+        }),
+        RequestKind::DescribeAcls(r) => Box::pin(async move {
+            let resp = admin::describe_acls(&b, r).await;
+            respond(ResponseKind::DescribeAcls(resp))
+        }),
+        RequestKind::DeleteAcls(r) => Box::pin(async move {
+            let resp = admin::delete_acls(&b, r).await;
+            respond(ResponseKind::DeleteAcls(resp))
+        }),
+        // No client quotas are kept, in either mode.
         RequestKind::DescribeClientQuotas(_) => ready(respond(ResponseKind::DescribeClientQuotas(
             kafka_protocol::messages::DescribeClientQuotasResponse::default()
                 .with_entries(Some(Vec::new())),

@@ -12,15 +12,12 @@ use kafka_protocol::messages::produce_response::{
 };
 use kafka_protocol::protocol::StrBytes;
 use oncelog_log::batch::{self, BatchError};
-use oncelog_log::LogError;
 
+pub(crate) use crate::backend::Refusal;
+use crate::backend::{Appending, Durable};
 use crate::error::ErrorCode;
-use crate::partition::{durable, AppendError, SyncReply};
-use crate::producer_state::{ProduceReject, ProducerBatch};
 use crate::topics::producer_batch;
-use crate::txn_coordinator::CoordError;
 use crate::txn_history::Requester;
-use crate::txn_service::{TxnError, VerifyError};
 use crate::Broker;
 use kafka_protocol::messages::produce_response::BatchIndexAndErrorMessage;
 
@@ -28,6 +25,7 @@ enum Outcome {
     Done {
         code: ErrorCode,
         base_offset: i64,
+        log_start_offset: i64,
         message: Option<String>,
         /// KIP-467: (index in the batch, why) of each refused record.
         record_errors: Vec<(i32, String)>,
@@ -35,38 +33,13 @@ enum Outcome {
         append_time: i64,
     },
     Waiting {
-        base_offset: i64,
-        rx: SyncReply,
+        durable: Durable,
         append_time: i64,
     },
 }
 
 fn failed(code: ErrorCode, message: impl Into<String>) -> Outcome {
-    Outcome::Done {
-        code,
-        base_offset: -1,
-        message: Some(message.into()),
-        record_errors: Vec::new(),
-        append_time: -1,
-    }
-}
-
-/// Why a partition's batch is refused before it is stored: the code, the
-/// message, and (KIP-467) each refused record's index and reason.
-pub(crate) struct Refusal {
-    pub code: ErrorCode,
-    pub message: String,
-    pub record_errors: Vec<(i32, String)>,
-}
-
-impl Refusal {
-    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            record_errors: Vec::new(),
-        }
-    }
+    Refusal::new(code, message).into()
 }
 
 impl From<Refusal> for Outcome {
@@ -74,6 +47,7 @@ impl From<Refusal> for Outcome {
         Outcome::Done {
             code: r.code,
             base_offset: -1,
+            log_start_offset: -1,
             message: Some(r.message),
             record_errors: r.record_errors,
             append_time: -1,
@@ -184,20 +158,8 @@ pub(crate) fn check_contents(
         limit("message.timestamp.before.max.ms"),
         limit("message.timestamp.after.max.ms"),
     );
-    match check_timestamps(records, h, before, after, name) {
-        Ok(()) => Ok((data, -1)),
-        Err(Outcome::Done {
-            code,
-            message,
-            record_errors,
-            ..
-        }) => Err(Refusal {
-            code,
-            message: message.unwrap_or_default(),
-            record_errors,
-        }),
-        Err(Outcome::Waiting { .. }) => unreachable!("a timestamp check only refuses"),
-    }
+    check_timestamps(records, h, before, after, name)?;
+    Ok((data, -1))
 }
 
 /// KIP-937: with CreateTime, a record whose timestamp is more than `before`
@@ -211,7 +173,7 @@ fn check_timestamps(
     before: i64,
     after: i64,
     name: &str,
-) -> Result<(), Outcome> {
+) -> Result<(), Refusal> {
     let now = crate::now_ms();
     let (lo, hi) = (now.saturating_sub(before), now.saturating_add(after));
     // The header's max timestamp bounds every record from above; nothing
@@ -221,7 +183,7 @@ fn check_timestamps(
         return Ok(());
     }
     let recs = oncelog_log::records::batch_records(records).map_err(|e| {
-        failed(
+        Refusal::new(
             ErrorCode::CorruptMessage,
             format!("records do not decode: {e}"),
         )
@@ -247,12 +209,10 @@ fn check_timestamps(
         records = bad.len(),
         "produce refused: record timestamps out of range (message.timestamp.before/after.max.ms)"
     );
-    Err(Outcome::Done {
+    Err(Refusal {
         code: ErrorCode::InvalidTimestamp,
-        base_offset: -1,
-        message: Some(bad[0].1.clone()),
+        message: bad[0].1.clone(),
         record_errors: bad,
-        append_time: -1,
     })
 }
 
@@ -306,7 +266,10 @@ fn batch_error_code(e: &BatchError) -> ErrorCode {
     }
 }
 
-fn append_one(
+/// Checks one partition's batch and appends it (both modes): the checks
+/// here and in [`check_batch`]/[`check_contents`], the append and its
+/// producer's checks in [`crate::backend::Logs::append`].
+async fn append_one(
     b: &Arc<Broker>,
     topic: &str,
     index: i32,
@@ -321,31 +284,39 @@ fn append_one(
             format!("cannot append to internal topic {topic}: it belongs to the broker"),
         );
     }
-    let Some(t) = b.topics.get(topic) else {
-        return failed(
-            ErrorCode::UnknownTopicOrPartition,
-            format!("unknown topic {topic}"),
-        );
+    let meta = match b.catalogue().topic(topic).await {
+        Ok(Some(meta)) => meta,
+        Ok(None) => {
+            return failed(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("unknown topic {topic}"),
+            )
+        }
+        // logged by the catalogue
+        Err(e) => return failed(ErrorCode::KafkaStorageError, e.to_string()),
     };
-    let Some(p) = t.store(index) else {
+    if !(0..meta.partitions).contains(&index) {
         return failed(
             ErrorCode::UnknownTopicOrPartition,
             format!("unknown partition {topic}-{index}"),
         );
-    };
-    let meta = t.meta();
+    }
     let Some(records) = records.filter(|r| !r.is_empty()) else {
         return failed(ErrorCode::InvalidRecord, "no records");
     };
-    let h = match check_batch(&records, &p.name()) {
+    let name = format!("{topic}-{index}");
+    let h = match check_batch(&records, &name) {
         Ok(h) => h,
         Err(r) => return r.into(),
     };
     if h.is_transactional() {
         // The add to the transaction was gated (a cut-over's old writer
         // may not add the topic); here only the writer itself is checked.
-        if let Err(why) = b.write_gate(topic, transactional_id.unwrap_or(""), true) {
-            tracing::warn!(partition = %p.name(), transactional_id = transactional_id.unwrap_or(""),
+        if let Err(why) = b
+            .catalogue()
+            .write_gate(topic, transactional_id.unwrap_or(""))
+        {
+            tracing::warn!(partition = %name, transactional_id = transactional_id.unwrap_or(""),
                 reason = %why, "second transactional writer refused");
             return failed(
                 ErrorCode::TransactionalIdAuthorizationFailed,
@@ -353,94 +324,29 @@ fn append_one(
             );
         }
     }
-    let (mut data, append_time) = match check_contents(b, &meta, &p.name(), &records, &h) {
+    let (data, append_time) = match check_contents(b, &meta, &name, &records, &h) {
         Ok(x) => x,
         Err(r) => return r.into(),
     };
-    let pb = (h.producer_id() >= 0).then(|| producer_batch(&h));
-    // The batch must belong to its producer's open transaction holding this
-    // partition (zombies and late writes are refused).
-    let verify = |pb: &ProducerBatch| b.txn.verify(pb.producer_id, pb.epoch, topic, index);
-    match p.append(&mut data, pb.as_ref(), &verify) {
-        Ok(a) => {
-            if !a.duplicate {
-                b.appended_bytes
-                    .fetch_add(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            }
-            match a.durable {
-                None => Outcome::Done {
-                    code: ErrorCode::None,
-                    base_offset: a.base_offset,
-                    message: None,
-                    record_errors: Vec::new(),
-                    append_time,
-                },
-                Some(rx) => Outcome::Waiting {
-                    base_offset: a.base_offset,
-                    rx,
-                    append_time,
-                },
-            }
-        }
-        Err(AppendError::Closed(_)) => failed(
-            ErrorCode::UnknownTopicOrPartition,
-            format!("topic {topic} was deleted"),
-        ),
-        Err(AppendError::Unverified(e)) => {
-            // checked only for a batch with a producer id
-            let Some(pb) = &pb else {
-                return failed(ErrorCode::InvalidTxnState, e.to_string());
-            };
-            let code = match e {
-                VerifyError::StaleEpoch => ErrorCode::InvalidProducerEpoch,
-                VerifyError::NotInTransaction => ErrorCode::InvalidTxnState,
-            };
-            let why = e.to_string();
-            let tp = (topic.to_string(), index);
-            let tid =
-                b.txn
-                    .rejected_write(pb.producer_id, pb.epoch, &tp, transactional_id, &why, who);
-            tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
-                producer_id = pb.producer_id, epoch = pb.epoch, reason = why.as_str(), "transactional produce refused");
-            failed(code, why)
-        }
-        Err(AppendError::Rejected(r)) => {
-            // refused only for a batch with a producer id
-            let Some(pb) = &pb else {
-                return failed(ErrorCode::InvalidRecord, r.to_string());
-            };
-            let code = match r {
-                ProduceReject::InvalidProducerEpoch { .. } => ErrorCode::InvalidProducerEpoch,
-                ProduceReject::OutOfOrderSequence { .. }
-                | ProduceReject::NewEpochNotAtZero { .. } => ErrorCode::OutOfOrderSequenceNumber,
-                ProduceReject::InvalidTxnState => ErrorCode::InvalidTxnState,
-            };
-            // A transactional batch at a stale epoch is a zombie's late write.
-            let tid = match r {
-                ProduceReject::InvalidProducerEpoch { .. } if pb.transactional => {
-                    let tp = (topic.to_string(), index);
-                    let why = r.to_string();
-                    b.txn
-                        .rejected_write(pb.producer_id, pb.epoch, &tp, transactional_id, &why, who)
-                }
-                _ => b.txn.transactional_id_of(pb.producer_id),
-            };
-            tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
-                producer_id = pb.producer_id, epoch = pb.epoch, first_seq = pb.first_seq, reason = %r, "produce rejected");
-            failed(code, r.to_string())
-        }
-        Err(AppendError::Storage(LogError::Io { op, path, source })) => {
-            tracing::error!(partition = %p.name(), op, path = %path.display(), error = %source,
-                "append failed; not acknowledged");
-            failed(
-                ErrorCode::KafkaStorageError,
-                format!("{op} failed: {source}"),
-            )
-        }
-        Err(AppendError::Storage(e)) => {
-            tracing::error!(partition = %p.name(), error = %e, "append failed; not acknowledged");
-            failed(ErrorCode::KafkaStorageError, e.to_string())
-        }
+    let producer = (h.producer_id() >= 0).then(|| producer_batch(&h));
+    match b
+        .logs()
+        .append(&meta, index, data, producer.as_ref(), transactional_id, who)
+        .await
+    {
+        Ok(Appending::Now(a)) => Outcome::Done {
+            code: ErrorCode::None,
+            base_offset: a.base_offset,
+            log_start_offset: a.log_start_offset,
+            message: None,
+            record_errors: Vec::new(),
+            append_time,
+        },
+        Ok(Appending::Later(durable)) => Outcome::Waiting {
+            durable,
+            append_time,
+        },
+        Err(r) => r.into(),
     }
 }
 
@@ -452,8 +358,9 @@ pub(super) fn transactional_identity(records: Option<&[u8]>) -> Option<(i64, i16
 }
 
 /// KIP-890 part 2 (Produce v12): a transactional batch adds its partition
-/// to its producer's transaction on the client's behalf. Returns the
-/// partitions that could not be added, with the code and message to answer.
+/// to its producer's transaction on the client's behalf (both modes, by
+/// [`crate::backend::Txns::implicit_add`]). Returns the partitions that
+/// could not be added, with the code and message to answer.
 async fn implicit_add(
     b: &Arc<Broker>,
     req: &ProduceRequest,
@@ -463,80 +370,40 @@ async fn implicit_add(
     let Some(id) = req.transactional_id.as_ref().filter(|_| version >= 12) else {
         return Vec::new();
     };
+    let catalogue = b.catalogue();
     let mut ident = None;
     let mut parts = Vec::new();
     for td in &req.topic_data {
+        let Ok(Some(meta)) = catalogue.topic(td.name.0.as_str()).await else {
+            continue;
+        };
         for pd in &td.partition_data {
             let Some(who) = transactional_identity(pd.records.as_deref()) else {
                 continue;
             };
-            let exists = b
-                .topics
-                .get(td.name.0.as_str())
-                .and_then(|t| t.store(pd.index))
-                .is_some();
-            if exists {
+            if (0..meta.partitions).contains(&pd.index) {
                 ident = Some(who);
-                parts.push((td.name.0.to_string(), pd.index));
+                parts.push((meta.name.clone(), pd.index));
             }
         }
     }
     let Some((pid, epoch)) = ident else {
         return Vec::new();
     };
-    tracing::debug!(transactional_id = %id.0.as_str(), producer_id = pid, epoch, partitions = ?parts, "implicit add to transaction");
     let tid = id.0.as_str();
-    match b
-        .txn
-        .add_partitions_by(tid, pid, epoch, &parts, who, &|t, holds| {
-            b.write_gate(t, tid, holds)
-        })
-        .await
-    {
+    tracing::debug!(transactional_id = tid, producer_id = pid, epoch, partitions = ?parts, "implicit add to transaction");
+    match b.txns().implicit_add(tid, pid, epoch, &parts, who).await {
         Ok(()) => Vec::new(),
-        Err(TxnError::Refused(why)) => parts
+        Err((code, why)) => parts
             .into_iter()
-            .map(|(t, i)| {
-                (
-                    t,
-                    i,
-                    ErrorCode::TransactionalIdAuthorizationFailed,
-                    why.clone(),
-                )
-            })
+            .map(|(t, i)| (t, i, code, why.clone()))
             .collect(),
-        Err(e) => {
-            // Never PRODUCER_FENCED in a produce answer; retriable coordinator
-            // states become NOT_ENOUGH_REPLICAS, which every client retries.
-            let code = match e {
-                TxnError::Coord(CoordError::ProducerFenced) => ErrorCode::InvalidProducerEpoch,
-                TxnError::Coord(CoordError::ConcurrentTransactions)
-                | TxnError::Persist(_)
-                | TxnError::ProducerIds(_)
-                | TxnError::NoAnswer => ErrorCode::NotEnoughReplicas,
-                TxnError::Coord(_) => ErrorCode::InvalidTxnState,
-                TxnError::Refused(_) => ErrorCode::TransactionalIdAuthorizationFailed,
-            };
-            tracing::warn!(transactional_id = %id.0.as_str(), producer_id = pid, epoch, error = %e,
-                "implicit add to transaction refused");
-            if matches!(e, TxnError::Coord(CoordError::ProducerFenced)) {
-                for tp in &parts {
-                    let why = "producer fenced";
-                    b.txn
-                        .rejected_write(pid, epoch, tp, Some(id.0.as_str()), why, who);
-                }
-            }
-            let why = "the partition could not be added to the transaction".to_string();
-            parts
-                .into_iter()
-                .map(|(t, i)| (t, i, code, why.clone()))
-                .collect()
-        }
     }
 }
 
-/// Appends now; the returned future waits for durability and yields the
-/// response (`None` for acks=0, which gets no response).
+/// Produce, in both modes: appends now, in arrival order; the returned
+/// future waits for durability and yields the response (`None` for
+/// acks=0, which gets no response).
 pub async fn produce(
     b: &Arc<Broker>,
     req: ProduceRequest,
@@ -564,71 +431,64 @@ pub async fn produce(
             } else if let Some((_, _, code, why)) = refused {
                 failed(*code, why.clone())
             } else {
-                append_one(b, &name, pd.index, pd.records, txn_id.as_deref(), who)
+                append_one(b, &name, pd.index, pd.records, txn_id.as_deref(), who).await
             };
             parts.push((pd.index, out));
         }
         results.push((name, parts));
     }
-    let b = b.clone();
     Box::pin(async move {
         let mut topics = Vec::with_capacity(results.len());
         for (name, parts) in results {
             let mut responses = Vec::with_capacity(parts.len());
             for (index, out) in parts {
-                let (code, base_offset, message, record_errors, append_time) = match out {
-                    Outcome::Done {
-                        code,
-                        base_offset,
-                        message,
-                        record_errors,
-                        append_time,
-                    } => (code, base_offset, message, record_errors, append_time),
-                    Outcome::Waiting {
-                        base_offset,
-                        rx,
-                        append_time,
-                    } => match durable(rx).await {
-                        Ok(()) => {
-                            // Durable but not yet answered: a crash here loses the ack.
-                            crate::faults::fail_point("produce-before-ack");
-                            (ErrorCode::None, base_offset, None, Vec::new(), append_time)
-                        }
-                        Err(e) => (
-                            ErrorCode::KafkaStorageError,
-                            -1,
-                            Some(e.to_string()),
-                            Vec::new(),
-                            -1,
+                let (code, base_offset, log_start, message, record_errors_of, append_time) =
+                    match out {
+                        Outcome::Done {
+                            code,
+                            base_offset,
+                            log_start_offset,
+                            message,
+                            record_errors,
+                            append_time,
+                        } => (
+                            code,
+                            base_offset,
+                            log_start_offset,
+                            message,
+                            record_errors,
+                            append_time,
                         ),
-                    },
-                };
+                        Outcome::Waiting {
+                            durable,
+                            append_time,
+                        } => match durable.await {
+                            Ok(a) => {
+                                // Durable but not yet answered: a crash here loses the ack.
+                                crate::faults::fail_point("produce-before-ack");
+                                (
+                                    ErrorCode::None,
+                                    a.base_offset,
+                                    a.log_start_offset,
+                                    None,
+                                    Vec::new(),
+                                    append_time,
+                                )
+                            }
+                            Err(r) => (r.code, -1, -1, Some(r.message), r.record_errors, -1),
+                        },
+                    };
                 let mut r = PartitionProduceResponse::default()
                     .with_index(index)
                     .with_error_code(code.code())
                     .with_base_offset(base_offset)
                     .with_log_append_time_ms(append_time);
-                if version >= 8 {
-                    r.record_errors = record_errors
-                        .into_iter()
-                        .map(|(i, why)| {
-                            BatchIndexAndErrorMessage::default()
-                                .with_batch_index(i)
-                                .with_batch_index_error_message(Some(StrBytes::from_string(why)))
-                        })
-                        .collect();
-                }
                 if version >= 5 {
-                    let log_start = b
-                        .topics
-                        .get(&name)
-                        .and_then(|t| t.store(index))
-                        .map(|p| p.log_start_offset())
-                        .unwrap_or(-1);
                     r.log_start_offset = log_start;
                 }
                 if version >= 8 {
                     r.error_message = message.map(StrBytes::from_string);
+                    r.record_errors = record_errors(record_errors_of);
                 }
                 responses.push(r);
             }

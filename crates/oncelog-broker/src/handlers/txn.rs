@@ -22,29 +22,11 @@ use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
 use kafka_protocol::messages::ProducerId;
 
 use crate::error::ErrorCode;
-use crate::txn_coordinator::CoordError;
 use crate::txn_history::Requester;
-use crate::txn_service::{EndRequest, TxnError, VerifyError};
+use crate::txn_service::{EndRequest, VerifyError};
 use crate::Broker;
 
-/// The wire code for a coordinator error; PRODUCER_FENCED only where the
-/// request version knows it.
-pub(crate) fn txn_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
-    match e {
-        TxnError::Coord(CoordError::ConcurrentTransactions) => ErrorCode::ConcurrentTransactions,
-        TxnError::Coord(CoordError::ProducerFenced) if fenced_known => ErrorCode::ProducerFenced,
-        TxnError::Coord(CoordError::ProducerFenced) => ErrorCode::InvalidProducerEpoch,
-        TxnError::Coord(CoordError::InvalidProducerIdMapping) => {
-            ErrorCode::InvalidProducerIdMapping
-        }
-        TxnError::Coord(CoordError::InvalidTxnState) => ErrorCode::InvalidTxnState,
-        TxnError::Persist(_) | TxnError::ProducerIds(_) | TxnError::NoAnswer => {
-            ErrorCode::CoordinatorNotAvailable
-        }
-        TxnError::Refused(_) => ErrorCode::TransactionalIdAuthorizationFailed,
-    }
-}
-
+/// InitProducerId, in both modes (over [`crate::backend::Txns`]).
 pub async fn init_producer_id(
     b: Arc<Broker>,
     req: InitProducerIdRequest,
@@ -54,17 +36,15 @@ pub async fn init_producer_id(
     let resp = InitProducerIdResponse::default()
         .with_producer_id(ProducerId(-1))
         .with_producer_epoch(-1);
+    let txns = b.txns();
     let Some(id) = req.transactional_id.as_ref().map(|t| t.0.to_string()) else {
-        return match b.producer_ids.next() {
+        return match txns.new_producer_id().await {
             Ok(pid) => {
                 tracing::debug!(producer_id = pid, "idempotent producer id allocated");
                 resp.with_producer_id(ProducerId(pid))
                     .with_producer_epoch(0)
             }
-            Err(e) => {
-                tracing::error!(error = %e, "could not allocate a producer id");
-                resp.with_error_code(ErrorCode::CoordinatorNotAvailable.code())
-            }
+            Err(code) => resp.with_error_code(code.code()),
         };
     };
     if req.transaction_timeout_ms <= 0
@@ -89,15 +69,14 @@ pub async fn init_producer_id(
     let resp = resp
         .with_ongoing_txn_producer_id(ProducerId(-1))
         .with_ongoing_txn_producer_epoch(-1);
-    match b
-        .txn
+    match txns
         .init_producer_id(
-            &b,
             &id,
             req.transaction_timeout_ms,
             expected,
             two_phase,
             &who,
+            version >= 4,
         )
         .await
     {
@@ -108,11 +87,11 @@ pub async fn init_producer_id(
                 .with_ongoing_txn_producer_id(ProducerId(kpid))
                 .with_ongoing_txn_producer_epoch(kepoch)
         }
-        Err(e) => resp.with_error_code(txn_error_code(&e, version >= 4).code()),
+        Err(code) => resp.with_error_code(code.code()),
     }
 }
 
-/// AddPartitionsToTxn. v0–3: one transaction, from a client. v4–5 (broker
+/// AddPartitionsToTxn, in both modes. v0–3: one transaction, from a client. v4–5 (broker
 /// to broker in Kafka, KIP-890 part 1): a batch of transactions, each either
 /// added or, with `verify_only`, only checked.
 pub async fn add_partitions_to_txn(
@@ -166,34 +145,52 @@ async fn add_one(
     who: &Requester,
 ) -> Vec<AddPartitionsToTxnTopicResult> {
     let TxnRef { id, pid, epoch } = txn;
-    let exists = |t: &str, p: i32| b.topics.get(t).and_then(|x| x.store(p)).is_some();
+    let catalogue = b.catalogue();
+    let mut known: std::collections::BTreeMap<String, i32> = std::collections::BTreeMap::new();
+    for t in topics {
+        if let Ok(Some(meta)) = catalogue.topic(t.name.0.as_str()).await {
+            known.insert(meta.name, meta.partitions);
+        }
+    }
+    let exists = |t: &str, p: i32| known.get(t).is_some_and(|n| (0..*n).contains(&p));
     let unknown = topics
         .iter()
         .any(|t| t.partitions.iter().any(|p| !exists(t.name.0.as_str(), *p)));
     let mut shared = None;
     // A topic reserved for one writer refuses everyone else (S6); a topic
     // being cut over refuses new transactions of its old writer (S10). The
-    // add itself asks again under the id's lock.
+    // add itself asks again in its step.
     for t in topics {
-        if let Err(why) = b.write_gate(t.name.0.as_str(), id, true) {
+        if let Err(why) = catalogue.write_gate(t.name.0.as_str(), id) {
             tracing::warn!(transactional_id = id, topic = %t.name.0.as_str(), reason = %why,
                 "second transactional writer refused");
             shared = Some(ErrorCode::TransactionalIdAuthorizationFailed);
         }
     }
+    let txns = b.txns();
     if !unknown && !verify_only && shared.is_none() {
         let parts: Vec<(String, i32)> = topics
             .iter()
             .flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), *p)))
             .collect();
-        shared = b
-            .txn
-            .add_partitions_by(id, pid, epoch, &parts, who, &|t, holds| {
-                b.write_gate(t, id, holds)
-            })
+        shared = txns
+            .add_partitions(id, pid, epoch, &parts, who, fenced_known)
             .await
-            .err()
-            .map(|e| txn_error_code(&e, fenced_known));
+            .err();
+    }
+    let mut verified = std::collections::HashMap::new();
+    if verify_only && !unknown && shared.is_none() {
+        for t in topics {
+            for p in &t.partitions {
+                let code = match txns.verify(id, pid, epoch, t.name.0.as_str(), *p).await {
+                    Ok(Ok(())) => ErrorCode::None,
+                    Ok(Err(VerifyError::StaleEpoch)) => ErrorCode::InvalidProducerEpoch,
+                    Ok(Err(VerifyError::NotInTransaction)) => ErrorCode::InvalidTxnState,
+                    Err(code) => code,
+                };
+                verified.insert((t.name.0.to_string(), *p), code);
+            }
+        }
     }
     topics
         .iter()
@@ -211,11 +208,10 @@ async fn add_one(
                             ErrorCode::UnknownTopicOrPartition
                         }
                     } else if verify_only {
-                        match b.txn.verify(pid, epoch, t.name.0.as_str(), *p) {
-                            Ok(()) => ErrorCode::None,
-                            Err(VerifyError::StaleEpoch) => ErrorCode::InvalidProducerEpoch,
-                            Err(VerifyError::NotInTransaction) => ErrorCode::InvalidTxnState,
-                        }
+                        verified
+                            .get(&(t.name.0.to_string(), *p))
+                            .copied()
+                            .unwrap_or(ErrorCode::InvalidTxnState)
                     } else {
                         shared.unwrap_or(ErrorCode::None)
                     };
@@ -231,6 +227,7 @@ async fn add_one(
         .collect()
 }
 
+/// EndTxn, in both modes.
 pub async fn end_txn(
     b: Arc<Broker>,
     req: EndTxnRequest,
@@ -248,9 +245,8 @@ pub async fn end_txn(
         return resp;
     }
     let res = b
-        .txn
+        .txns()
         .end_txn(
-            &b,
             EndRequest {
                 id: &id,
                 producer_id: req.producer_id.0,
@@ -259,6 +255,7 @@ pub async fn end_txn(
                 tv2,
             },
             &who,
+            version >= 2,
         )
         .await;
     match res {
@@ -268,8 +265,8 @@ pub async fn end_txn(
                 resp.producer_epoch = epoch;
             }
         }
-        Err(e) => {
-            resp.error_code = txn_error_code(&e, version >= 2).code();
+        Err(code) => {
+            resp.error_code = code.code();
             if tv2 {
                 resp.producer_id = ProducerId(-1);
                 resp.producer_epoch = -1;

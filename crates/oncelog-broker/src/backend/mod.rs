@@ -3,14 +3,21 @@
 //! (docs/cluster.md). A handler written once calls these and never asks
 //! which mode it is in; what differs between the modes lives here.
 //!
-//! This is where the protocol layer and the two backends meet while the
-//! rest of cluster mode's second dispatcher (`handlers/cluster*.rs`) is
-//! folded into the handlers that local mode uses: each request moved here
-//! is served by one handler in both modes (see `handlers::SHARED`).
+//! Every request is served by one handler in both modes (`handlers`),
+//! which calls these: the catalogue (topics and configs, brokers, ACLs and
+//! SCRAM credentials), the partitions' logs, the transaction store and the
+//! group store. The backend is chosen once, at start.
 
 use std::collections::BTreeMap;
 
-use kafka_protocol::messages::api_versions_response::ApiVersion;
+mod groups;
+mod logs;
+mod security;
+mod txns;
+
+pub use groups::Groups;
+pub use logs::{Acked, Appending, DeleteError, Durable, Logs, PartitionError, Refusal};
+pub use txns::Txns;
 
 use crate::cluster::catalogue::CatalogueError;
 use crate::cluster::front::Front;
@@ -18,19 +25,36 @@ use crate::error::TopicError;
 use crate::topics::TopicMeta;
 use crate::Broker;
 
+/// Runs file-heavy work (a topic's directories, their fsyncs) without
+/// stalling the other tasks of an async worker thread, where the runtime
+/// allows it.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Topics and their configs.
 pub enum Catalogue<'a> {
     Local(&'a Broker),
     Cluster(&'a Broker, &'a Front),
 }
 
+/// Whether cluster mode's backend serves `key`: every API local mode
+/// serves but CreatePartitions (its catalogue cannot add partitions to a
+/// topic yet).
+pub fn cluster_serves(key: kafka_protocol::messages::ApiKey) -> bool {
+    key != kafka_protocol::messages::ApiKey::CreatePartitions
+}
+
 impl Broker {
-    /// The APIs and versions this broker's ApiVersions answers with
-    /// (docs/protocol.md lists both modes').
-    pub fn served_apis(&self) -> Vec<ApiVersion> {
-        match self.cluster.get() {
-            Some(_) => crate::handlers::cluster_api_keys(),
-            None => crate::handlers::local_api_keys(self.config.two_phase_commit_enable),
+    /// Whether this broker's backend serves `key` (docs/protocol.md lists
+    /// both modes').
+    pub fn serves(&self, key: kafka_protocol::messages::ApiKey) -> bool {
+        match self.catalogue() {
+            Catalogue::Local(_) => true,
+            Catalogue::Cluster(..) => cluster_serves(key),
         }
     }
 
@@ -180,7 +204,7 @@ impl Catalogue<'_> {
         validate_only: bool,
     ) -> Result<TopicMeta, TopicError> {
         match self {
-            Catalogue::Local(b) => crate::handlers::blocking(|| {
+            Catalogue::Local(b) => blocking(|| {
                 b.topics
                     .create(name, partitions, configs, validate_only)
                     .map(|t| t.meta())
@@ -228,6 +252,99 @@ impl Catalogue<'_> {
         }
     }
 
+    /// Whether `transactional_id` may write transactionally to `topic`
+    /// (holding it in its transaction) by the topic's writer fence and
+    /// cut-over. In cluster mode the gates are checked inside the
+    /// coordinator's decision that adds a partition to a transaction, which
+    /// every transactional batch passes (its verification refuses a
+    /// partition not added), so nothing more is checked here.
+    pub fn write_gate(
+        &self,
+        topic: &str,
+        transactional_id: &str,
+    ) -> Result<(), crate::error::Gate> {
+        match self {
+            Catalogue::Local(b) => b.write_gate(topic, transactional_id, true),
+            Catalogue::Cluster(..) => Ok(()),
+        }
+    }
+
+    /// This broker's id (in cluster mode the one it registered with,
+    /// assigned from PostgreSQL when `node.id` is unset).
+    pub fn node_id(&self) -> i32 {
+        match self {
+            Catalogue::Local(b) => b.config.node_id,
+            Catalogue::Cluster(_, front) => front.cluster.config.broker_id,
+        }
+    }
+
+    /// A topic's own configs (`None`: no such topic), read afresh in
+    /// cluster mode (not from this broker's copy); `Err` says why they
+    /// could not be read.
+    pub async fn configs(&self, name: &str) -> Result<Option<BTreeMap<String, String>>, String> {
+        match self {
+            Catalogue::Local(b) => Ok(b.topics.get(name).map(|t| t.meta().configs)),
+            Catalogue::Cluster(_, front) => {
+                match crate::cluster::catalogue::topic(&front.cluster.pool, name).await {
+                    Ok(row) => Ok(row.map(|t| t.configs)),
+                    Err(e) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: reading a topic's configs failed");
+                        Err(format!("the catalogue could not be read: {e}"))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Changes a topic's configs to what `change` makes of them (or with
+    /// `validate_only` checks that it could), in one step: local mode
+    /// under the catalogue's write lock, cluster mode in one PostgreSQL
+    /// transaction on its row (every broker's copy follows through the
+    /// catalogue channel).
+    pub async fn alter_configs(
+        &self,
+        name: &str,
+        validate_only: bool,
+        change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, TopicError>,
+    ) -> Result<(), TopicError> {
+        match self {
+            Catalogue::Local(b) => {
+                if validate_only {
+                    let t = b
+                        .topics
+                        .get(name)
+                        .ok_or_else(|| TopicError::Unknown(name.into()))?;
+                    return change(&t.meta().configs).map(|_| ());
+                }
+                blocking(|| b.topics.update_configs(name, change))
+            }
+            Catalogue::Cluster(_, front) => {
+                match crate::cluster::catalogue::alter_topic_configs(
+                    &front.cluster.pool,
+                    name,
+                    validate_only,
+                    change,
+                )
+                .await
+                {
+                    Ok(row) => {
+                        if !validate_only {
+                            front.remember(row);
+                        }
+                        Ok(())
+                    }
+                    Err(CatalogueError::Topic(e)) => Err(e),
+                    Err(CatalogueError::Cluster(e)) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: altering a topic's configs failed");
+                        Err(TopicError::Storage(format!(
+                            "the catalogue could not be changed: {e}"
+                        )))
+                    }
+                }
+            }
+        }
+    }
+
     /// The topic named `name`, if there is one (in cluster mode read from
     /// PostgreSQL when this broker's copy lacks it).
     pub async fn topic(&self, name: &str) -> Result<Option<TopicMeta>, TopicError> {
@@ -269,7 +386,7 @@ impl Catalogue<'_> {
         let id = id.filter(|id| !id.is_nil());
         match self {
             Catalogue::Local(b) => {
-                crate::handlers::blocking(|| b.topics.delete(name, id))?;
+                blocking(|| b.topics.delete(name, id))?;
                 b.groups.topic_deleted(name).await;
                 Ok(())
             }
@@ -282,80 +399,6 @@ impl Catalogue<'_> {
                     front.forget(name);
                 }
                 r
-            }
-        }
-    }
-}
-
-/// Why a partition's offsets could not be looked up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OffsetError {
-    /// No such topic or partition.
-    Unknown,
-    /// The storage failed (logged where it failed).
-    Storage,
-}
-
-/// The partitions' logs.
-pub enum Logs<'a> {
-    Local(&'a Broker),
-    Cluster(&'a Front),
-}
-
-impl Broker {
-    /// This broker's partition logs.
-    pub fn logs(&self) -> Logs<'_> {
-        match self.cluster.get() {
-            Some(front) => Logs::Cluster(front),
-            None => Logs::Local(self),
-        }
-    }
-}
-
-impl Logs<'_> {
-    /// ListOffsets' answer for one partition as (offset, timestamp), or
-    /// `None` when there is no such offset. `spec`: -1 the high watermark
-    /// (the LSO for read_committed), -2 the log start, -3 the batch with the
-    /// largest timestamp, else a timestamp (≥ 0): the first batch whose
-    /// largest timestamp reaches it, below that bound.
-    pub async fn offset_for(
-        &self,
-        topic: &str,
-        partition: i32,
-        spec: i64,
-        read_committed: bool,
-    ) -> Result<Option<(i64, i64)>, OffsetError> {
-        match self {
-            Logs::Local(b) => {
-                let Some(p) = b.topics.get(topic).and_then(|t| t.store(partition)) else {
-                    return Err(OffsetError::Unknown);
-                };
-                p.offset_for(spec, read_committed).map_err(|e| {
-                    tracing::error!(partition = %p.name(), error = %e, "offset lookup failed");
-                    OffsetError::Storage
-                })
-            }
-            Logs::Cluster(front) => {
-                let warn = |e: crate::cluster::ClusterError| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: offset lookup failed");
-                    OffsetError::Storage
-                };
-                let Some(t) = front.topic(topic).await.map_err(warn)? else {
-                    return Err(OffsetError::Unknown);
-                };
-                if !(0..t.partitions).contains(&partition) {
-                    return Err(OffsetError::Unknown);
-                }
-                crate::cluster::reader::offset_for(
-                    &front.cluster,
-                    &t.id,
-                    partition,
-                    spec,
-                    read_committed,
-                )
-                .await
-                .map_err(warn)?
-                .ok_or(OffsetError::Unknown)
             }
         }
     }

@@ -1,0 +1,494 @@
+//! The partitions' logs: reads with their bounds, offsets by spec and time,
+//! and appends, over a data directory or PostgreSQL and the object store.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::BytesMut;
+use oncelog_log::LogError;
+
+use crate::cluster::front::Front;
+use crate::cluster::sequencer::BatchOutcome;
+use crate::cluster::ClusterError;
+use crate::error::ErrorCode;
+use crate::partition::AppendError;
+use crate::producer_state::{ProduceReject, ProducerBatch};
+use crate::topics::TopicMeta;
+use crate::txn_coordinator::VerifyError;
+use crate::txn_history::Requester;
+use crate::Broker;
+
+/// Why a partition's batch is refused: the code, the message, and
+/// (KIP-467) each refused record's index and reason. Nothing of it is
+/// stored.
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+    pub record_errors: Vec<(i32, String)>,
+}
+
+impl Refusal {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            record_errors: Vec::new(),
+        }
+    }
+}
+
+/// A batch acknowledged: its first offset, and the partition's log start.
+#[derive(Debug, Clone, Copy)]
+pub struct Acked {
+    pub base_offset: i64,
+    pub log_start_offset: i64,
+}
+
+/// An append's acknowledgement, once it is durable.
+pub type Durable = Pin<Box<dyn Future<Output = Result<Acked, Refusal>> + Send>>;
+
+/// What an append returned.
+pub enum Appending {
+    /// Acknowledged now (visible already, or a retry of a stored batch).
+    Now(Acked),
+    /// Acknowledged when this resolves; the append's place in its
+    /// partition is already taken, in the order appends were made.
+    Later(Durable),
+}
+
+fn reject_code(r: &ProduceReject) -> ErrorCode {
+    match r {
+        ProduceReject::InvalidProducerEpoch { .. } => ErrorCode::InvalidProducerEpoch,
+        ProduceReject::OutOfOrderSequence { .. } | ProduceReject::NewEpochNotAtZero { .. } => {
+            ErrorCode::OutOfOrderSequenceNumber
+        }
+        ProduceReject::InvalidTxnState => ErrorCode::InvalidTxnState,
+    }
+}
+
+// as Kafka: a fenced epoch is INVALID_PRODUCER_EPOCH in a produce answer, a
+// partition outside the transaction INVALID_TXN_STATE
+fn unverified_code(e: &VerifyError) -> ErrorCode {
+    match e {
+        VerifyError::StaleEpoch => ErrorCode::InvalidProducerEpoch,
+        VerifyError::NotInTransaction => ErrorCode::InvalidTxnState,
+    }
+}
+
+/// Why a partition could not be read or its offsets looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartitionError {
+    /// No such topic or partition.
+    Unknown,
+    /// The storage failed (logged where it failed).
+    Storage,
+}
+
+/// Why DeleteRecords refused a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteError {
+    /// No such partition (or its topic was deleted).
+    Unknown,
+    /// Past the high watermark.
+    OutOfRange,
+    /// The storage failed (logged where it failed).
+    Storage,
+}
+
+/// The partitions' logs.
+pub enum Logs<'a> {
+    Local(&'a Broker),
+    Cluster(&'a Front),
+}
+
+impl Broker {
+    /// This broker's partition logs.
+    pub fn logs(&self) -> Logs<'_> {
+        match self.cluster.get() {
+            Some(front) => Logs::Cluster(front),
+            None => Logs::Local(self),
+        }
+    }
+}
+
+impl Logs<'_> {
+    /// What a fetch from `offset` of `topic`'s `partition` sees: the
+    /// offsets that bound it and up to `max_bytes` of data, below the last
+    /// stable offset for read_committed, else below the high watermark,
+    /// with the aborted transactions overlapping it (read_committed).
+    /// `min_one`: a whole first batch even if it is larger. A storage
+    /// failure is logged here and is [`PartitionError::Storage`].
+    pub async fn read(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: usize,
+        read_committed: bool,
+        min_one: bool,
+    ) -> Result<crate::partition::Read, PartitionError> {
+        use crate::partition::{Read, ReadError};
+        match self {
+            Logs::Local(b) => {
+                let Some(p) = b.topics.get(topic).and_then(|t| t.store(partition)) else {
+                    return Err(PartitionError::Unknown);
+                };
+                let read = p.read(offset, max_bytes, read_committed, min_one);
+                if let Err(ReadError::Storage(e)) = &read.data {
+                    tracing::error!(partition = %p.name(), error = %e, "read failed");
+                    return Err(PartitionError::Storage);
+                }
+                Ok(read)
+            }
+            Logs::Cluster(front) => {
+                let warn = |e: crate::cluster::ClusterError| {
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: read failed");
+                    PartitionError::Storage
+                };
+                let Some(t) = front.topic(topic).await.map_err(warn)? else {
+                    return Err(PartitionError::Unknown);
+                };
+                if !(0..t.partitions).contains(&partition) {
+                    return Err(PartitionError::Unknown);
+                }
+                let read = crate::cluster::reader::read(
+                    &front.cluster,
+                    &t.id,
+                    partition,
+                    offset,
+                    max_bytes,
+                    read_committed,
+                    min_one,
+                )
+                .await
+                .map_err(warn)?
+                .ok_or(PartitionError::Unknown)?;
+                Ok(Read {
+                    high_watermark: read.high_watermark,
+                    last_stable_offset: read.last_stable_offset,
+                    log_start_offset: read.log_start_offset,
+                    aborted: read.aborted,
+                    data: read
+                        .data
+                        .map_err(|crate::cluster::reader::ReadRefusal::OutOfRange| {
+                            ReadError::OutOfRange
+                        }),
+                })
+            }
+        }
+    }
+
+    /// Appends `data`, a client batch already checked (its producer's
+    /// batch `producer` when it has a producer id), to `topic`'s
+    /// `partition`. The batch takes its place now, in the order of calls;
+    /// it is acknowledged when it is durable. A zombie's or a late
+    /// transactional write is refused (and in local mode kept in the
+    /// transaction history), as are idempotence violations.
+    pub async fn append(
+        &self,
+        topic: &TopicMeta,
+        partition: i32,
+        mut data: BytesMut,
+        producer: Option<&ProducerBatch>,
+        transactional_id: Option<&str>,
+        who: &Requester,
+    ) -> Result<Appending, Refusal> {
+        let unknown = || {
+            Refusal::new(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("unknown partition {}-{partition}", topic.name),
+            )
+        };
+        match self {
+            Logs::Local(b) => {
+                let name = topic.name.as_str();
+                let p = b
+                    .topics
+                    .get(name)
+                    .and_then(|t| t.store(partition))
+                    .ok_or_else(unknown)?;
+                // The batch must belong to its producer's open transaction
+                // holding this partition (zombies and late writes are refused).
+                let verify =
+                    |pb: &ProducerBatch| b.txn.verify(pb.producer_id, pb.epoch, name, partition);
+                let refused = match p.append(&mut data, producer, &verify) {
+                    Ok(a) => {
+                        if !a.duplicate {
+                            b.appended_bytes
+                                .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        let base_offset = a.base_offset;
+                        return Ok(match a.durable {
+                            None => Appending::Now(Acked {
+                                base_offset,
+                                log_start_offset: p.log_start_offset(),
+                            }),
+                            Some(rx) => Appending::Later(Box::pin(async move {
+                                match crate::partition::durable(rx).await {
+                                    Ok(()) => Ok(Acked {
+                                        base_offset,
+                                        log_start_offset: p.log_start_offset(),
+                                    }),
+                                    Err(e) => Err(Refusal::new(
+                                        ErrorCode::KafkaStorageError,
+                                        e.to_string(),
+                                    )),
+                                }
+                            })),
+                        });
+                    }
+                    Err(e) => e,
+                };
+                let tp = (name.to_string(), partition);
+                Err(match refused {
+                    AppendError::Closed(_) => Refusal::new(
+                        ErrorCode::UnknownTopicOrPartition,
+                        format!("topic {name} was deleted"),
+                    ),
+                    AppendError::Unverified(e) => {
+                        // checked only for a batch with a producer id
+                        let Some(pb) = producer else {
+                            return Err(Refusal::new(ErrorCode::InvalidTxnState, e.to_string()));
+                        };
+                        let why = e.to_string();
+                        let tid = b.txn.rejected_write(
+                            pb.producer_id,
+                            pb.epoch,
+                            &tp,
+                            transactional_id,
+                            &why,
+                            who,
+                        );
+                        tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
+                            producer_id = pb.producer_id, epoch = pb.epoch, reason = why.as_str(), "transactional produce refused");
+                        Refusal::new(unverified_code(&e), why)
+                    }
+                    AppendError::Rejected(r) => {
+                        // refused only for a batch with a producer id
+                        let Some(pb) = producer else {
+                            return Err(Refusal::new(ErrorCode::InvalidRecord, r.to_string()));
+                        };
+                        // A transactional batch at a stale epoch is a zombie's late write.
+                        let tid = match r {
+                            ProduceReject::InvalidProducerEpoch { .. } if pb.transactional => {
+                                let why = r.to_string();
+                                b.txn.rejected_write(
+                                    pb.producer_id,
+                                    pb.epoch,
+                                    &tp,
+                                    transactional_id,
+                                    &why,
+                                    who,
+                                )
+                            }
+                            _ => b.txn.transactional_id_of(pb.producer_id),
+                        };
+                        tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
+                            producer_id = pb.producer_id, epoch = pb.epoch, first_seq = pb.first_seq, reason = %r, "produce rejected");
+                        Refusal::new(reject_code(&r), r.to_string())
+                    }
+                    AppendError::Storage(LogError::Io { op, path, source }) => {
+                        tracing::error!(partition = %p.name(), op, path = %path.display(), error = %source,
+                            "append failed; not acknowledged");
+                        Refusal::new(
+                            ErrorCode::KafkaStorageError,
+                            format!("{op} failed: {source}"),
+                        )
+                    }
+                    AppendError::Storage(e) => {
+                        tracing::error!(partition = %p.name(), error = %e, "append failed; not acknowledged");
+                        Refusal::new(ErrorCode::KafkaStorageError, e.to_string())
+                    }
+                })
+            }
+            Logs::Cluster(front) => {
+                if !(0..topic.partitions).contains(&partition) {
+                    return Err(unknown());
+                }
+                // The stored bytes are the client's (offsets are patched
+                // when served); the flusher commits them with the batch's
+                // idempotence and transaction checks, in submission order.
+                let rx = front
+                    .flusher
+                    .submit(topic.id, &topic.name, partition, data.freeze())
+                    .await
+                    .map_err(|e| Refusal::new(ErrorCode::KafkaStorageError, e.to_string()))?;
+                Ok(Appending::Later(Box::pin(async move {
+                    use crate::cluster::flusher::PRODUCE_TIMEOUT;
+                    match tokio::time::timeout(PRODUCE_TIMEOUT, rx).await {
+                        Ok(Ok(o)) => committed(o),
+                        Ok(Err(_)) => Err(Refusal::new(
+                            ErrorCode::KafkaStorageError,
+                            "the flusher stopped",
+                        )),
+                        Err(_) => Err(Refusal::new(
+                            ErrorCode::RequestTimedOut,
+                            "the commit did not finish in time; it may still",
+                        )),
+                    }
+                })))
+            }
+        }
+    }
+
+    /// The producers a partition keeps state for (DescribeProducers).
+    pub async fn producers(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Vec<(i64, crate::producer_state::ProducerEntry)>, PartitionError> {
+        match self {
+            Logs::Local(b) => b
+                .topics
+                .get(topic)
+                .and_then(|t| t.store(partition))
+                .map(|p| p.producers())
+                .ok_or(PartitionError::Unknown),
+            Logs::Cluster(front) => {
+                let warn = |e: ClusterError| {
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading producer state failed");
+                    PartitionError::Storage
+                };
+                let Some(t) = front.topic(topic).await.map_err(warn)? else {
+                    return Err(PartitionError::Unknown);
+                };
+                if !(0..t.partitions).contains(&partition) {
+                    return Err(PartitionError::Unknown);
+                }
+                let key = (t.id, partition);
+                let mut rows = crate::cluster::describe::producers(&front.cluster, &[key])
+                    .await
+                    .map_err(warn)?;
+                Ok(rows.remove(&key).unwrap_or_default())
+            }
+        }
+    }
+
+    /// DeleteRecords of one partition of `topic`: its log start moves to
+    /// `offset` (-1: the high watermark). Returns the new log start.
+    pub async fn delete_records(
+        &self,
+        topic: &TopicMeta,
+        partition: i32,
+        offset: i64,
+    ) -> Result<i64, DeleteError> {
+        match self {
+            Logs::Local(b) => {
+                use crate::partition::DeleteRecordsError;
+                let p = b
+                    .topics
+                    .get(&topic.name)
+                    .and_then(|t| t.partition(partition))
+                    .ok_or(DeleteError::Unknown)?;
+                super::blocking(|| p.delete_records(offset)).map_err(|e| match e {
+                    DeleteRecordsError::OutOfRange { .. } => DeleteError::OutOfRange,
+                    DeleteRecordsError::Closed(_) => DeleteError::Unknown,
+                    DeleteRecordsError::Storage(e) => {
+                        tracing::error!(partition = %p.name(), error = %e, "DeleteRecords failed");
+                        DeleteError::Storage
+                    }
+                })
+            }
+            Logs::Cluster(front) => {
+                use crate::cluster::records::{self, Refused};
+                if !(0..topic.partitions).contains(&partition) {
+                    return Err(DeleteError::Unknown);
+                }
+                match records::delete_records(&front.cluster, topic.id, partition, offset).await {
+                    Ok(Ok(start)) => Ok(start),
+                    Ok(Err(Refused::OutOfRange { .. })) => Err(DeleteError::OutOfRange),
+                    Ok(Err(Refused::Unknown)) => Err(DeleteError::Unknown),
+                    Err(e) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %topic.name, partition, error = %e,
+                            "cluster: DeleteRecords not committed");
+                        Err(DeleteError::Storage)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Woken whenever data becomes readable (a long poll waits on it).
+    pub fn data_notify(&self) -> &tokio::sync::Notify {
+        match self {
+            Logs::Local(b) => &b.data_notify,
+            Logs::Cluster(front) => &front.cluster.data_notify,
+        }
+    }
+
+    /// ListOffsets' answer for one partition as (offset, timestamp), or
+    /// `None` when there is no such offset. `spec`: -1 the high watermark
+    /// (the LSO for read_committed), -2 the log start, -3 the batch with the
+    /// largest timestamp, else a timestamp (≥ 0): the first batch whose
+    /// largest timestamp reaches it, below that bound.
+    pub async fn offset_for(
+        &self,
+        topic: &str,
+        partition: i32,
+        spec: i64,
+        read_committed: bool,
+    ) -> Result<Option<(i64, i64)>, PartitionError> {
+        match self {
+            Logs::Local(b) => {
+                let Some(p) = b.topics.get(topic).and_then(|t| t.store(partition)) else {
+                    return Err(PartitionError::Unknown);
+                };
+                p.offset_for(spec, read_committed).map_err(|e| {
+                    tracing::error!(partition = %p.name(), error = %e, "offset lookup failed");
+                    PartitionError::Storage
+                })
+            }
+            Logs::Cluster(front) => {
+                let warn = |e: crate::cluster::ClusterError| {
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: offset lookup failed");
+                    PartitionError::Storage
+                };
+                let Some(t) = front.topic(topic).await.map_err(warn)? else {
+                    return Err(PartitionError::Unknown);
+                };
+                if !(0..t.partitions).contains(&partition) {
+                    return Err(PartitionError::Unknown);
+                }
+                crate::cluster::reader::offset_for(
+                    &front.cluster,
+                    &t.id,
+                    partition,
+                    spec,
+                    read_committed,
+                )
+                .await
+                .map_err(warn)?
+                .ok_or(PartitionError::Unknown)
+            }
+        }
+    }
+}
+
+/// A cluster-mode batch's answer from its commit's outcome.
+fn committed(o: crate::cluster::flusher::ProduceResult) -> Result<Acked, Refusal> {
+    match o {
+        Ok(BatchOutcome::Appended {
+            base_offset,
+            log_start_offset,
+        })
+        | Ok(BatchOutcome::Duplicate {
+            base_offset,
+            log_start_offset,
+        }) => Ok(Acked {
+            base_offset,
+            log_start_offset,
+        }),
+        Ok(BatchOutcome::Rejected(r)) => Err(Refusal::new(reject_code(&r), r.to_string())),
+        Ok(BatchOutcome::UnknownPartition) => Err(Refusal::new(
+            ErrorCode::UnknownTopicOrPartition,
+            "the partition does not exist",
+        )),
+        Ok(BatchOutcome::Unverified(v)) => Err(Refusal::new(unverified_code(&v), v.to_string())),
+        // Fenced: this broker's session ended; NOT_LEADER makes the client
+        // refresh its metadata and retry (elsewhere, or here once re-registered).
+        Err(e) if matches!(*e, ClusterError::Fenced { .. }) => {
+            Err(Refusal::new(ErrorCode::NotLeaderOrFollower, e.to_string()))
+        }
+        Err(e) => Err(Refusal::new(ErrorCode::KafkaStorageError, e.to_string())),
+    }
+}

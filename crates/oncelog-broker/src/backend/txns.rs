@@ -1,0 +1,628 @@
+//! The transaction store: the coordinator's decisions for a transactional
+//! id, run in local mode by `txn_service` under the id's lock and in
+//! cluster mode by `cluster/txn.rs` inside one PostgreSQL transaction. Both
+//! answer with the wire code a refusal is given (PRODUCER_FENCED only
+//! where the request version knows it: `fenced_known`).
+
+use std::sync::Arc;
+
+use crate::cluster::cutover::Gates;
+use crate::cluster::front::Front;
+use crate::cluster::txn::Refusal;
+use crate::cluster::ClusterError;
+use crate::error::{ErrorCode, Gate};
+use crate::txn_coordinator::{self as tc, CoordError, TxnMeta, VerifyError};
+use crate::txn_history::Requester;
+use crate::txn_service::{EndRequest, Init, TxnError};
+use crate::Broker;
+
+/// The transaction coordinator's store.
+pub enum Txns<'a> {
+    Local(&'a Arc<Broker>),
+    Cluster(&'a Arc<Broker>, &'a Arc<Front>),
+}
+
+impl Broker {
+    /// This broker's transaction store.
+    pub fn txns(self: &Arc<Self>) -> Txns<'_> {
+        match self.cluster.get() {
+            Some(front) => Txns::Cluster(self, front),
+            None => Txns::Local(self),
+        }
+    }
+}
+
+/// The wire code for a local coordinator error; PRODUCER_FENCED only where
+/// the request version knows it.
+fn txn_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
+    match e {
+        TxnError::Coord(c) => coord_code(*c, fenced_known),
+        TxnError::Persist(_) | TxnError::ProducerIds(_) | TxnError::NoAnswer => {
+            ErrorCode::CoordinatorNotAvailable
+        }
+        TxnError::Refused(_) => ErrorCode::TransactionalIdAuthorizationFailed,
+    }
+}
+
+/// Why partitions could not be added to a transaction on a Produce's
+/// behalf: the code and message each of them is answered with.
+pub type AddRefused = (ErrorCode, String);
+
+const NOT_ADDED: &str = "the partition could not be added to the transaction";
+
+impl Txns<'_> {
+    /// A new producer id for an idempotent producer (epoch 0), as Kafka
+    /// gives one on every InitProducerId without a transactional id.
+    pub async fn new_producer_id(&self) -> Result<i64, ErrorCode> {
+        match self {
+            Txns::Local(b) => b.producer_ids.next().map_err(|e| {
+                tracing::error!(error = %e, "could not allocate a producer id");
+                ErrorCode::CoordinatorNotAvailable
+            }),
+            Txns::Cluster(_, front) => {
+                let next = async {
+                    let client = front.cluster.pool.get().await.map_err(ClusterError::from)?;
+                    let row = client
+                        .query_one("SELECT nextval('producer_ids')", &[])
+                        .await
+                        .map_err(ClusterError::from)?;
+                    Ok::<i64, ClusterError>(row.get(0))
+                };
+                next.await.map_err(|e| {
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: could not allocate a producer id");
+                    ErrorCode::CoordinatorNotAvailable
+                })
+            }
+        }
+    }
+
+    /// InitProducerId for transactional id `id`: a new epoch (or producer
+    /// id) that fences the previous one and aborts its open transaction,
+    /// unless that transaction holds a topic being cut over. `expected`:
+    /// the producer's own identity on a re-initialisation (KIP-360).
+    /// `two_phase` (KIP-939) is served in local mode only; cluster mode
+    /// does not advertise InitProducerId v6.
+    pub async fn init_producer_id(
+        &self,
+        id: &str,
+        timeout_ms: i32,
+        expected: Option<(i64, i16)>,
+        two_phase: tc::TwoPhase,
+        who: &Requester,
+        fenced_known: bool,
+    ) -> Result<Init, ErrorCode> {
+        match self {
+            Txns::Local(b) => b
+                .txn
+                .init_producer_id(b, id, timeout_ms, expected, two_phase, who)
+                .await
+                .map_err(|e| txn_error_code(&e, fenced_known)),
+            Txns::Cluster(b, front) => {
+                if two_phase.enable || two_phase.keep_prepared {
+                    tracing::warn!(transactional_id = id, "InitProducerId asked for two-phase commit (KIP-939), which cluster mode does not serve yet");
+                    return Err(ErrorCode::TransactionalIdAuthorizationFailed);
+                }
+                let tid = id.to_string();
+                let before: std::sync::Mutex<Option<TxnMeta>> = std::sync::Mutex::new(None);
+                let seen = &before;
+                let f = Box::new(
+                    move |m: Option<&TxnMeta>,
+                          now: i64,
+                          new_pid: &mut dyn FnMut() -> i64,
+                          g: &Gates| {
+                        if let Ok(mut b) = seen.lock() {
+                            *b = m.cloned();
+                        }
+                        if let Some((m, t)) = m.and_then(|m| g.protected(m).map(|t| (m, t))) {
+                            tracing::warn!(transactional_id = %tid, topic = t, producer_id = m.producer_id, epoch = m.epoch,
+                                "InitProducerId refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): it would abort a transaction holding a topic being cut over");
+                            return Err(Gate::Refused(format!(
+                                "transactional id {tid:?} has an open transaction holding topic {t:?}, which is being cut over (oncelog cutover): \
+                                 it ends only by its own EndTxn (the new writer's restored committer) or at the drain deadline, \
+                                 so a new producer may not take the id and abort it"
+                            ))
+                            .into());
+                        }
+                        Ok(tc::decide_init(
+                            m, &tid, timeout_ms, expected, now, new_pid,
+                        )?)
+                    },
+                );
+                let (pid, epoch) =
+                    decide(front, id, "InitProducerId", &[], f, fenced_known).await?;
+                let before = before.into_inner().unwrap_or_else(|p| p.into_inner());
+                log_fence(b, id, before.as_ref(), expected, (pid, epoch), who);
+                tracing::debug!(transactional_id = %id, producer_id = pid, epoch, "cluster: producer initialised");
+                Ok(Init {
+                    producer_id: pid,
+                    epoch,
+                    kept: None,
+                })
+            }
+        }
+    }
+
+    /// AddPartitionsToTxn: `parts` join the transaction of `id` (producer
+    /// `pid` at `epoch`), each topic's writer fence and cut-over checked in
+    /// the same step.
+    pub async fn add_partitions(
+        &self,
+        id: &str,
+        pid: i64,
+        epoch: i16,
+        parts: &[(String, i32)],
+        who: &Requester,
+        fenced_known: bool,
+    ) -> Result<(), ErrorCode> {
+        match self {
+            Txns::Local(b) => {
+                let gate = |t: &str, holds: bool| b.write_gate(t, id, holds);
+                b.txn
+                    .add_partitions_by(id, pid, epoch, parts, who, &gate)
+                    .await
+                    .map_err(|e| txn_error_code(&e, fenced_known))
+            }
+            Txns::Cluster(_, front) => {
+                let add = parts.to_vec();
+                let names: Vec<String> = parts.iter().map(|(t, _)| t.clone()).collect();
+                let tid = id.to_string();
+                let f = Box::new(
+                    move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64, g: &Gates| {
+                        let effects = tc::decide_add_partitions(m, pid, epoch, &add, now)?;
+                        g.check_adds(m, &tid, add.iter().map(|(t, _)| t.as_str()))?;
+                        Ok(effects)
+                    },
+                );
+                decide(front, id, "AddPartitionsToTxn", &names, f, fenced_known)
+                    .await
+                    .map(|_| ())
+            }
+        }
+    }
+
+    /// AddOffsetsToTxn (and TxnOffsetCommit v5 implicitly): the group
+    /// offsets' partition joins the transaction of `id`; EndTxn then
+    /// completes the pending offsets instead of writing a marker there.
+    pub async fn add_offsets(
+        &self,
+        id: &str,
+        pid: i64,
+        epoch: i16,
+        fenced_known: bool,
+    ) -> Result<(), ErrorCode> {
+        let parts = vec![(crate::groups::OFFSETS_TOPIC.to_string(), 0)];
+        match self {
+            Txns::Local(b) => b
+                .txn
+                .add_partitions(id, pid, epoch, &parts)
+                .await
+                .map_err(|e| txn_error_code(&e, fenced_known)),
+            Txns::Cluster(_, front) => {
+                let f = Box::new(
+                    move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64, _: &Gates| {
+                        Ok(tc::decide_add_partitions(m, pid, epoch, &parts, now)?)
+                    },
+                );
+                decide(front, id, "AddOffsetsToTxn", &[], f, fenced_known)
+                    .await
+                    .map(|_| ())
+            }
+        }
+    }
+
+    /// KIP-890 verification (AddPartitionsToTxn v4+ `verify_only`): may
+    /// producer `pid` of `id` at `epoch` write a transactional batch to
+    /// `topic`-`partition`?
+    pub async fn verify(
+        &self,
+        id: &str,
+        pid: i64,
+        epoch: i16,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Result<(), VerifyError>, ErrorCode> {
+        match self {
+            Txns::Local(b) => Ok(b.txn.verify(pid, epoch, topic, partition)),
+            Txns::Cluster(_, front) => {
+                let meta = crate::cluster::txn::describe(&front.cluster.pool, id)
+                    .await
+                    .map_err(|e| {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: reading a transaction failed");
+                        ErrorCode::CoordinatorNotAvailable
+                    })?;
+                let view = meta
+                    .filter(|m| m.producer_id == pid)
+                    .map(|m| tc::ProducerView::of(&m));
+                Ok(tc::verify_write(view.as_ref(), epoch, topic, partition))
+            }
+        }
+    }
+
+    /// What the coordinator knows of `id` (DescribeTransactions); `None`
+    /// for an id it does not know.
+    pub async fn describe(&self, ids: &[String]) -> Result<Vec<Option<TxnMeta>>, ErrorCode> {
+        match self {
+            Txns::Local(b) => {
+                let mut out = Vec::with_capacity(ids.len());
+                for id in ids {
+                    out.push(b.txn.describe(id).await);
+                }
+                Ok(out)
+            }
+            Txns::Cluster(_, front) => {
+                let states = crate::cluster::describe::transactions(&front.cluster, Some(ids))
+                    .await
+                    .map_err(|e| {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: DescribeTransactions could not read the coordinator");
+                        ErrorCode::CoordinatorNotAvailable
+                    })?;
+                Ok(ids
+                    .iter()
+                    .map(|id| states.iter().find(|m| &m.transactional_id == id).cloned())
+                    .collect())
+            }
+        }
+    }
+
+    /// The transactions this broker coordinates (ListTransactions), and
+    /// the coordinator's time now (ms). In cluster mode, the ids
+    /// FindCoordinator names this broker for, so that an admin client that
+    /// asks every broker lists each id once.
+    pub async fn list(&self) -> Result<(Vec<TxnMeta>, i64), ErrorCode> {
+        match self {
+            Txns::Local(b) => Ok((b.txn.list().await, oncelog_log::now_ms())),
+            Txns::Cluster(_, front) => {
+                let me = front.cluster.config.broker_id;
+                let live: Vec<i32> = front.live_now().await.iter().map(|x| x.id).collect();
+                let read = async {
+                    let all = crate::cluster::describe::transactions(&front.cluster, None).await?;
+                    let now = crate::cluster::describe::now_ms(&front.cluster).await?;
+                    Ok::<_, ClusterError>((all, now))
+                };
+                let (all, now) = read.await.map_err(|e| {
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListTransactions could not read the coordinator");
+                    ErrorCode::CoordinatorNotAvailable
+                })?;
+                let mine = all
+                    .into_iter()
+                    .filter(|m| {
+                        crate::cluster::rendezvous(m.transactional_id.as_bytes(), &live) == Some(me)
+                    })
+                    .collect();
+                Ok((mine, now))
+            }
+        }
+    }
+
+    /// An operator's abort of producer `pid`'s transaction (WriteTxnMarkers
+    /// ABORT from an admin tool), run as its coordinator's abort: markers on
+    /// all of its partitions. `Ok(false)`: no transactional id has this
+    /// producer (a hanging transaction, if any, is ended partition by
+    /// partition by [`Txns::abort_hanging`]).
+    pub async fn admin_abort(&self, pid: i64, who: &Requester) -> Result<bool, ErrorCode> {
+        match self {
+            Txns::Local(b) => {
+                use crate::txn_service::AdminAbort;
+                match b.txn.admin_abort(b, pid, who).await {
+                    Ok(AdminAbort::Aborted) => Ok(true),
+                    Ok(AdminAbort::Completing) => Err(ErrorCode::ConcurrentTransactions),
+                    Ok(AdminAbort::NotKnown) => Ok(false),
+                    // The transaction's id is busy with another change: retriable.
+                    Err(TxnError::Coord(_)) => Err(ErrorCode::ConcurrentTransactions),
+                    Err(e) => {
+                        tracing::error!(producer_id = pid, error = %e, "admin abort failed");
+                        Err(ErrorCode::KafkaStorageError)
+                    }
+                }
+            }
+            Txns::Cluster(_, front) => {
+                use crate::cluster::txn::AdminAbort;
+                match crate::cluster::txn::admin_abort(&front.cluster, pid).await {
+                    Ok(AdminAbort::Done) => Ok(true),
+                    Ok(AdminAbort::NotKnown) => Ok(false),
+                    Err(e) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, producer_id = pid, error = %e, "cluster: admin abort not committed");
+                        Err(ErrorCode::ConcurrentTransactions)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends a hanging transaction of producer `pid` on one partition with
+    /// an ABORT marker (KIP-664's `--abort` of a transaction no
+    /// coordinator knows). Cluster mode has no such transactions (a
+    /// partition takes transactional data only for a partition its
+    /// coordinator added), so there is nothing to end there.
+    pub async fn abort_hanging(
+        &self,
+        topic: &str,
+        partition: i32,
+        pid: i64,
+        epoch: i16,
+        coordinator_epoch: i32,
+    ) -> ErrorCode {
+        match self {
+            Txns::Local(b) => {
+                crate::txn_service::abort_hanging(
+                    b,
+                    topic,
+                    partition,
+                    pid,
+                    epoch,
+                    coordinator_epoch,
+                )
+                .await
+            }
+            Txns::Cluster(..) => {
+                tracing::info!(
+                    producer_id = pid,
+                    topic,
+                    partition,
+                    "cluster: admin abort of a producer no transactional id has; nothing to abort"
+                );
+                ErrorCode::None
+            }
+        }
+    }
+
+    /// EndTxn: commits or aborts the transaction of `req.id` (the writer
+    /// fence and a cut-over checked in the step that commits). Returns the
+    /// identity the producer's next transaction uses (a new epoch under
+    /// transaction version 2).
+    pub async fn end_txn(
+        &self,
+        req: EndRequest<'_>,
+        who: &Requester,
+        fenced_known: bool,
+    ) -> Result<(i64, i16), ErrorCode> {
+        match self {
+            Txns::Local(b) => b
+                .txn
+                .end_txn(b, req, who)
+                .await
+                .map_err(|e| txn_error_code(&e, fenced_known)),
+            Txns::Cluster(b, front) => {
+                let EndRequest {
+                    id,
+                    producer_id: pid,
+                    epoch,
+                    commit,
+                    tv2,
+                } = req;
+                // The topics an open transaction commits to (for the record
+                // of each topic's writers).
+                let committed: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+                let seen = &committed;
+                let tid = id.to_string();
+                let f = Box::new(
+                    move |m: Option<&TxnMeta>,
+                          now: i64,
+                          new_pid: &mut dyn FnMut() -> i64,
+                          g: &Gates| {
+                        if let (true, Some(m), Ok(mut c)) = (commit, m, seen.lock()) {
+                            if m.state == tc::TxnState::Ongoing && m.producer_id == pid {
+                                *c = m.partitions.iter().map(|(t, _)| t.clone()).collect();
+                            }
+                        }
+                        let effects = tc::decide_end(m, pid, epoch, commit, tv2, now, new_pid)?;
+                        // The writer fence and a cut-over, in the step that commits.
+                        g.check_commit(&tid, &effects)?;
+                        Ok(effects)
+                    },
+                );
+                let next = decide(front, id, "EndTxn", &[], f, fenced_known).await?;
+                tracing::debug!(transactional_id = %id, commit, "cluster: transaction ended");
+                let mut topics = committed.into_inner().unwrap_or_else(|p| p.into_inner());
+                topics.retain(|t| t != crate::groups::OFFSETS_TOPIC);
+                topics.sort();
+                topics.dedup();
+                if !topics.is_empty() {
+                    let (b, front) = ((*b).clone(), (*front).clone());
+                    let writer = crate::writers::prefix_of(id).to_string();
+                    tokio::spawn(async move {
+                        if let Err(e) = crate::cluster::writers::record_commit(
+                            &front.cluster,
+                            &front.writers,
+                            &b.writers,
+                            &topics,
+                            &writer,
+                            oncelog_log::now_ms(),
+                        )
+                        .await
+                        {
+                            tracing::debug!(error = %e, "cluster: recording a topic's writers failed");
+                        }
+                    });
+                }
+                Ok(next)
+            }
+        }
+    }
+
+    /// KIP-890 part 2 (Produce v12): adds `parts` to the transaction of
+    /// `tid` (producer `pid` at `epoch`) on the client's behalf, with the
+    /// topics' gates (a cut-over's old writer may not add them). Never
+    /// PRODUCER_FENCED in a produce answer (INVALID_PRODUCER_EPOCH); the
+    /// retriable coordinator states become NOT_ENOUGH_REPLICAS, which every
+    /// client retries.
+    pub async fn implicit_add(
+        &self,
+        tid: &str,
+        pid: i64,
+        epoch: i16,
+        parts: &[(String, i32)],
+        who: &Requester,
+    ) -> Result<(), AddRefused> {
+        match self {
+            Txns::Local(b) => {
+                let gate = |t: &str, holds: bool| b.write_gate(t, tid, holds);
+                let e = match b
+                    .txn
+                    .add_partitions_by(tid, pid, epoch, parts, who, &gate)
+                    .await
+                {
+                    Ok(()) => return Ok(()),
+                    Err(e) => e,
+                };
+                if let TxnError::Refused(why) = e {
+                    return Err((ErrorCode::TransactionalIdAuthorizationFailed, why));
+                }
+                let code = match e {
+                    TxnError::Coord(CoordError::ProducerFenced) => ErrorCode::InvalidProducerEpoch,
+                    TxnError::Coord(CoordError::ConcurrentTransactions)
+                    | TxnError::Persist(_)
+                    | TxnError::ProducerIds(_)
+                    | TxnError::NoAnswer => ErrorCode::NotEnoughReplicas,
+                    TxnError::Coord(_) => ErrorCode::InvalidTxnState,
+                    TxnError::Refused(_) => ErrorCode::TransactionalIdAuthorizationFailed,
+                };
+                tracing::warn!(transactional_id = tid, producer_id = pid, epoch, error = %e,
+                    "implicit add to transaction refused");
+                if matches!(e, TxnError::Coord(CoordError::ProducerFenced)) {
+                    for tp in parts {
+                        b.txn
+                            .rejected_write(pid, epoch, tp, Some(tid), "producer fenced", who);
+                    }
+                }
+                Err((code, NOT_ADDED.to_string()))
+            }
+            Txns::Cluster(_, front) => {
+                let add = parts.to_vec();
+                let names: Vec<String> = parts.iter().map(|(t, _)| t.clone()).collect();
+                // the gate's reason, for the answer's message
+                let gate: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+                let why = &gate;
+                let id = tid.to_string();
+                let f = Box::new(
+                    move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64, g: &Gates| {
+                        let effects = tc::decide_add_partitions(m, pid, epoch, &add, now)?;
+                        if let Err(e) = g.check_adds(m, &id, add.iter().map(|(t, _)| t.as_str())) {
+                            if let Ok(mut w) = why.lock() {
+                                *w = Some(e.to_string());
+                            }
+                            return Err(e);
+                        }
+                        Ok(effects)
+                    },
+                );
+                let code = match decide(front, tid, "Produce", &names, f, false).await {
+                    Ok(_) => return Ok(()),
+                    Err(code) => code,
+                };
+                let code = match code {
+                    ErrorCode::InvalidProducerEpoch | ErrorCode::ProducerFenced => {
+                        ErrorCode::InvalidProducerEpoch
+                    }
+                    ErrorCode::ConcurrentTransactions | ErrorCode::CoordinatorNotAvailable => {
+                        ErrorCode::NotEnoughReplicas
+                    }
+                    ErrorCode::TransactionalIdAuthorizationFailed => {
+                        ErrorCode::TransactionalIdAuthorizationFailed
+                    }
+                    _ => ErrorCode::InvalidTxnState,
+                };
+                let why = gate
+                    .into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .unwrap_or_else(|| NOT_ADDED.to_string());
+                Err((code, why))
+            }
+        }
+    }
+}
+
+/// The wire code of a coordinator refusal; PRODUCER_FENCED only where the
+/// request version knows it (as local mode).
+fn coord_code(e: CoordError, fenced_known: bool) -> ErrorCode {
+    match e {
+        CoordError::ConcurrentTransactions => ErrorCode::ConcurrentTransactions,
+        CoordError::ProducerFenced if fenced_known => ErrorCode::ProducerFenced,
+        CoordError::ProducerFenced => ErrorCode::InvalidProducerEpoch,
+        CoordError::InvalidProducerIdMapping => ErrorCode::InvalidProducerIdMapping,
+        CoordError::InvalidTxnState => ErrorCode::InvalidTxnState,
+    }
+}
+
+/// Runs a coordinator decision (with the gates of `topics`); storage
+/// failures are retriable (COORDINATOR_NOT_AVAILABLE: the client looks the
+/// coordinator up again). `what` names the request in the log lines.
+async fn decide(
+    front: &Front,
+    id: &str,
+    what: &str,
+    topics: &[String],
+    f: Box<crate::cluster::txn::Decide<'_>>,
+    fenced_known: bool,
+) -> Result<(i64, i16), ErrorCode> {
+    match crate::cluster::txn::run(&front.cluster, id, topics, f).await {
+        Ok(Ok(identity)) => Ok(identity),
+        Ok(Err(Refusal::Coord(CoordError::ProducerFenced))) => {
+            tracing::warn!(
+                transactional_id = id,
+                request = what,
+                "{what} from a fenced producer"
+            );
+            Err(coord_code(CoordError::ProducerFenced, fenced_known))
+        }
+        Ok(Err(Refusal::Coord(e))) => {
+            tracing::debug!(transactional_id = id, error = %e, "cluster: coordinator refused");
+            Err(coord_code(e, fenced_known))
+        }
+        // As local mode: a held commit is retried by the client.
+        Ok(Err(Refusal::Gate(Gate::Held(why)))) => {
+            tracing::debug!(transactional_id = id, request = what, reason = %why, "commit held");
+            Err(ErrorCode::ConcurrentTransactions)
+        }
+        Ok(Err(Refusal::SecondWriter(why))) => {
+            tracing::warn!(transactional_id = id, request = what, reason = %why, "second transactional writer refused");
+            Err(ErrorCode::TransactionalIdAuthorizationFailed)
+        }
+        Ok(Err(Refusal::Gate(Gate::Refused(why)))) => {
+            tracing::warn!(transactional_id = id, request = what, reason = %why, "transactional write refused");
+            Err(ErrorCode::TransactionalIdAuthorizationFailed)
+        }
+        Err(e) => {
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: coordinator decision not committed");
+            Err(ErrorCode::CoordinatorNotAvailable)
+        }
+    }
+}
+
+/// Logs what an InitProducerId did to the id's previous producer, as local
+/// mode does: a newer producer fences the old epoch, and aborts the
+/// transaction it had open.
+fn log_fence(
+    b: &Broker,
+    id: &str,
+    before: Option<&TxnMeta>,
+    expected: Option<(i64, i16)>,
+    after: (i64, i16),
+    who: &Requester,
+) {
+    let Some(before) = before else { return };
+    if expected == Some((before.producer_id, before.epoch))
+        || (before.producer_id, before.epoch) == after
+    {
+        return;
+    }
+    b.txn.count_fence(id, "newer_producer");
+    let client_id = who.client_id.as_deref().unwrap_or("");
+    let peer = who.peer.map(|p| p.to_string()).unwrap_or_default();
+    let m = before;
+    if m.state == tc::TxnState::Ongoing {
+        let partitions: Vec<String> = m
+            .partitions
+            .iter()
+            .map(|(t, p)| format!("{t}-{p}"))
+            .collect();
+        tracing::warn!(transactional_id = %id, producer_id = m.producer_id, old_epoch = m.epoch,
+            new_epoch = after.1, client_id, peer = %peer,
+            aborted = %partitions.join(","),
+            "a newer producer took the transactional id; the previous epoch is fenced and its open transaction aborted");
+    } else {
+        tracing::info!(transactional_id = %id, producer_id = m.producer_id, old_epoch = m.epoch,
+            new_epoch = after.1, client_id, peer = %peer,
+            "a newer producer took the transactional id; the previous epoch is fenced");
+    }
+}

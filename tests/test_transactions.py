@@ -419,9 +419,9 @@ def test_add_partitions_v4_verifies_and_adds_in_a_batch(broker):
     transaction verifies, one outside it is INVALID_TXN_STATE, a fenced
     epoch INVALID_PRODUCER_EPOCH, and an unknown partition fails its set."""
     import txn_wire as tw
-    boot = broker.bootstrap
+    boot = f"{broker.host}:{broker.port}"  # any broker decides for any id
     t = unique_topic("apv4")
-    create_topic(boot, t, partitions=3)
+    create_topic(broker.bootstrap, t, partitions=3)
     a, b = unique_topic("apv4-a"), unique_topic("apv4-b")
     err, pa, ea = tw.init_producer_id(boot, a, 60000)
     assert err == tw.NONE, err

@@ -109,3 +109,45 @@ def test_delete_topics_alike_and_takes_the_groups_offsets(broker):
     for f in a.create_topics([NewTopic(t, 1, 1)]).values():
         f.result(30)
     assert committed_offsets(broker.bootstrap, f"{t}-g", t, [0]) == {0: -1001}
+
+
+@both_modes()
+def test_create_partitions_alike_and_every_broker_sees_them(broker):
+    """CreatePartitions, one handler in both modes (cluster mode did not
+    serve it): a topic grows and its new partitions take records; a count
+    that is not an increase, one past max.partitions.per.topic, an
+    assignment naming a stranger and the broker's own topics are refused;
+    validate_only changes nothing; every broker names the new partitions."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import NewPartitions, NewTopic
+
+    from clients import produce, read_all
+    a = AdminClient({"bootstrap.servers": broker.bootstrap})
+    t = unique_topic("cp")
+    a.create_topics([NewTopic(t, 2, 1)])[t].result(30)
+
+    def grow(count, **kw):
+        validate = kw.pop("validate_only", False)
+        f = a.create_partitions([NewPartitions(t if "topic" not in kw else kw.pop("topic"),
+                                               count, **kw)],
+                                validate_only=validate)
+        try:
+            list(f.values())[0].result(30)
+            return "ok", ""
+        except KafkaException as e:
+            return e.args[0].name(), e.args[0].str()
+
+    assert grow(5, validate_only=True) == ("ok", "")
+    assert grow(4) == ("ok", "")
+    code, why = grow(4)
+    assert code == "INVALID_PARTITIONS" and "would not be an increase" in why, (code, why)
+    code, why = grow(100000)
+    assert code == "INVALID_PARTITIONS" and "max.partitions.per.topic" in why, (code, why)
+    code, _ = grow(5, replica_assignment=[[999]])
+    assert code == "INVALID_REPLICA_ASSIGNMENT", code
+    assert grow(4, topic="__consumer_offsets")[0] == "TOPIC_AUTHORIZATION_FAILED"
+    for b in getattr(broker, "brokers", None) or [broker]:
+        seen = AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(t, timeout=30)
+        assert sorted(seen.topics[t].partitions) == [0, 1, 2, 3], (b.port, seen.topics[t])
+    produce(broker.bootstrap, t, [b"on-three"], partition=3)
+    assert read_all(broker.bootstrap, t, 3) == [b"on-three"]

@@ -413,38 +413,36 @@ impl Broker {
     /// Consumer lag of a group, per partition it has committed offsets for:
     /// against the last stable offset (what a read_committed consumer can
     /// reach) and the high watermark.
-    pub async fn group_lag(&self, group: &str) -> Vec<LagRow> {
-        let committed = self.groups.fetch_offsets(group, None, false).await;
-        committed
-            .into_iter()
-            .map(|row| {
-                let (topic, partition, offset) = (row.topic, row.partition, row.offset);
-                let (hw, lso) = match self.topics.get(&topic).and_then(|t| t.partition(partition)) {
-                    Some(p) => {
-                        let s = p.status();
-                        (s.high_watermark, s.last_stable_offset)
-                    }
-                    None => (-1, -1),
-                };
-                LagRow {
-                    topic,
-                    partition,
-                    committed: offset,
-                    last_stable_offset: lso,
-                    high_watermark: hw,
-                    lag_committed: if offset >= 0 && lso >= 0 {
-                        (lso - offset).max(0)
-                    } else {
-                        -1
-                    },
-                    lag_uncommitted: if offset >= 0 && hw >= 0 {
-                        (hw - offset).max(0)
-                    } else {
-                        -1
-                    },
-                }
-            })
-            .collect()
+    pub async fn group_lag(self: &Arc<Self>, group: &str) -> Vec<LagRow> {
+        let committed = self
+            .group_store()
+            .fetch_offsets(group, None, false)
+            .await
+            .unwrap_or_default();
+        let logs = self.logs();
+        let mut out = Vec::with_capacity(committed.len());
+        for row in committed {
+            let (topic, partition, offset) = (row.topic, row.partition, row.offset);
+            let (hw, lso) = logs.bounds(&topic, partition).await.unwrap_or((-1, -1));
+            out.push(LagRow {
+                topic,
+                partition,
+                committed: offset,
+                last_stable_offset: lso,
+                high_watermark: hw,
+                lag_committed: if offset >= 0 && lso >= 0 {
+                    (lso - offset).max(0)
+                } else {
+                    -1
+                },
+                lag_uncommitted: if offset >= 0 && hw >= 0 {
+                    (hw - offset).max(0)
+                } else {
+                    -1
+                },
+            });
+        }
+        out
     }
 
     /// Open transactions at partitions that the coordinator does not hold open.

@@ -22,26 +22,27 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// (topic, partition, high watermark, LSO, log start, size in bytes)
-type Row = (String, i32, i64, i64, i64, u64);
+type Row = (String, i32, i64, i64, i64, Option<u64>);
 
-/// (metric name, help, value of a partition row)
-type Gauge = (&'static str, &'static str, fn(&Row) -> i64);
+/// (metric name, help, value of a partition row, if it has one)
+type Gauge = (&'static str, &'static str, fn(&Row) -> Option<i64>);
 
 /// The whole exposition.
 pub async fn render(b: &Arc<Broker>) -> String {
     let mut out = String::with_capacity(4096);
-    let parts = b.topics.all_partitions();
-    let rows: Vec<Row> = parts
-        .iter()
+    let rows: Vec<Row> = b
+        .logs()
+        .statuses()
+        .await
+        .into_iter()
         .map(|p| {
-            let s = p.status();
             (
-                p.topic.clone(),
-                p.index,
-                s.high_watermark,
-                s.last_stable_offset,
-                s.log_start_offset,
-                s.size_bytes,
+                p.topic,
+                p.partition,
+                p.high_watermark,
+                p.last_stable_offset,
+                p.log_start_offset,
+                p.size_bytes,
             )
         })
         .collect();
@@ -49,42 +50,42 @@ pub async fn render(b: &Arc<Broker>) -> String {
         (
             "oncelog_partition_high_watermark",
             "Offset after the last durable record.",
-            |r| r.2,
+            |r| Some(r.2),
         ),
         (
             "oncelog_partition_last_stable_offset",
             "Offset read_committed consumers can read up to.",
-            |r| r.3,
+            |r| Some(r.3),
         ),
         (
             "oncelog_partition_lso_gap",
             "High watermark minus last stable offset (records held back by open transactions).",
-            |r| r.2 - r.3,
+            |r| Some(r.2 - r.3),
         ),
         (
             "oncelog_partition_log_start_offset",
             "First offset still in the log.",
-            |r| r.4,
+            |r| Some(r.4),
         ),
         (
             "oncelog_partition_size_bytes",
-            "Bytes of log segments.",
-            |r| r.5 as i64,
+            "Bytes of log segments (local mode).",
+            |r| r.5.map(|n| n as i64),
         ),
     ];
     for (name, help, get) in gauges {
         family(&mut out, name, "gauge", help);
         for r in &rows {
+            let Some(v) = get(r) else { continue };
             let _ = writeln!(
                 out,
-                "{name}{{topic=\"{}\",partition=\"{}\"}} {}",
+                "{name}{{topic=\"{}\",partition=\"{}\"}} {v}",
                 esc(&r.0),
                 r.1,
-                get(r)
             );
         }
     }
-    let (open, oldest) = b.txn.open_transactions().await;
+    let (open, oldest) = b.txns().open_transactions().await;
     family(
         &mut out,
         "oncelog_transactions_open",
@@ -369,7 +370,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
         "gauge",
         "Records between a group's committed offset and the last stable offset.",
     );
-    for (group, _, _) in b.groups.list().await {
+    for (group, _, _) in b.group_store().list().await.unwrap_or_default() {
         for r in b.group_lag(&group).await {
             if r.lag_committed >= 0 {
                 let _ = writeln!(

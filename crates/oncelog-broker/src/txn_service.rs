@@ -751,6 +751,23 @@ impl TxnService {
         );
     }
 
+    /// Counts a transaction a cluster-mode decision completed (its
+    /// commits and aborts are counted by the broker that ran it).
+    pub fn count_completed(&self, commit: bool, start_ms: i64) {
+        {
+            let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            if commit {
+                st.commits += 1;
+            } else {
+                st.aborts += 1;
+            }
+        }
+        if start_ms >= 0 {
+            let secs = (now_ms() - start_ms).max(0) as f64 / 1000.0;
+            self.durations[usize::from(!commit)].observe(secs);
+        }
+    }
+
     pub fn stats(&self) -> TxnStats {
         self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -933,18 +950,7 @@ impl TxnService {
                 b.record_commit(t, &prepared.transactional_id, now);
             }
         }
-        {
-            let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
-            if commit {
-                st.commits += 1;
-            } else {
-                st.aborts += 1;
-            }
-        }
-        if prepared.start_ms >= 0 {
-            let secs = (now_ms() - prepared.start_ms).max(0) as f64 / 1000.0;
-            self.durations[usize::from(!commit)].observe(secs);
-        }
+        self.count_completed(commit, prepared.start_ms);
         // Per transaction, so at debug: thousands a second are normal. The
         // id's history (metrics port) and the counters keep them for operators.
         tracing::debug!(transactional_id = %prepared.transactional_id, producer_id = prepared.producer_id,

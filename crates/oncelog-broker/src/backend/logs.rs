@@ -84,6 +84,18 @@ pub enum PartitionError {
     Storage,
 }
 
+/// One partition as `/metrics` reports it.
+pub struct PartitionRow {
+    pub topic: String,
+    pub partition: i32,
+    pub high_watermark: i64,
+    pub last_stable_offset: i64,
+    pub log_start_offset: i64,
+    /// Bytes of its log segments (local mode; cluster mode's objects are
+    /// shared between partitions).
+    pub size_bytes: Option<u64>,
+}
+
 /// Why DeleteRecords refused a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeleteError {
@@ -402,6 +414,85 @@ impl Logs<'_> {
                         crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %topic.name, partition, error = %e,
                             "cluster: DeleteRecords not committed");
                         Err(DeleteError::Storage)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The offsets bounding one partition: (high watermark, last stable
+    /// offset).
+    pub async fn bounds(&self, topic: &str, partition: i32) -> Result<(i64, i64), PartitionError> {
+        match self {
+            Logs::Local(b) => {
+                let p = b
+                    .topics
+                    .get(topic)
+                    .and_then(|t| t.partition(partition))
+                    .ok_or(PartitionError::Unknown)?;
+                let s = p.status();
+                Ok((s.high_watermark, s.last_stable_offset))
+            }
+            Logs::Cluster(front) => {
+                let warn = |e: ClusterError| {
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading a partition's offsets failed");
+                    PartitionError::Storage
+                };
+                let Some(t) = front.topic(topic).await.map_err(warn)? else {
+                    return Err(PartitionError::Unknown);
+                };
+                let o = crate::cluster::reader::offsets(&front.cluster, &t.id, partition)
+                    .await
+                    .map_err(warn)?
+                    .ok_or(PartitionError::Unknown)?;
+                Ok((o.high_watermark, o.last_stable_offset))
+            }
+        }
+    }
+
+    /// The partitions this broker reports in `/metrics`, with their
+    /// offsets: every one in local mode; in cluster mode those Metadata
+    /// names this broker the leader of, so that each partition is reported
+    /// once across the cluster.
+    pub async fn statuses(&self) -> Vec<PartitionRow> {
+        match self {
+            Logs::Local(b) => b
+                .topics
+                .all_partitions()
+                .iter()
+                .map(|p| {
+                    let s = p.status();
+                    PartitionRow {
+                        topic: p.topic.clone(),
+                        partition: p.index,
+                        high_watermark: s.high_watermark,
+                        last_stable_offset: s.last_stable_offset,
+                        log_start_offset: s.log_start_offset,
+                        size_bytes: Some(s.size_bytes),
+                    }
+                })
+                .collect(),
+            Logs::Cluster(front) => {
+                let me = front.cluster.config.broker_id;
+                let live: Vec<i32> = front.live().iter().map(|x| x.id).collect();
+                match crate::cluster::reader::all_offsets(&front.cluster).await {
+                    Ok(rows) => rows
+                        .into_iter()
+                        .filter(|(id, _, p, _)| {
+                            crate::cluster::preferred_broker(id, *p, &live) == Some(me)
+                        })
+                        .map(|(_, topic, partition, o)| PartitionRow {
+                            topic,
+                            partition,
+                            high_watermark: o.high_watermark,
+                            last_stable_offset: o.last_stable_offset,
+                            log_start_offset: o.log_start_offset,
+                            size_bytes: None,
+                        })
+                        .collect(),
+                    Err(e) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the partitions' offsets for /metrics failed");
+                        Vec::new()
                     }
                 }
             }

@@ -16,7 +16,9 @@ mod security;
 mod txns;
 
 pub use groups::Groups;
-pub use logs::{Acked, Appending, DeleteError, Durable, Logs, PartitionError, Refusal};
+pub use logs::{
+    Acked, Appending, DeleteError, Durable, Logs, PartitionError, PartitionRow, Refusal,
+};
 pub use txns::Txns;
 
 use crate::cluster::catalogue::CatalogueError;
@@ -41,23 +43,7 @@ pub enum Catalogue<'a> {
     Cluster(&'a Broker, &'a Front),
 }
 
-/// Whether cluster mode's backend serves `key`: every API local mode
-/// serves but CreatePartitions (its catalogue cannot add partitions to a
-/// topic yet).
-pub fn cluster_serves(key: kafka_protocol::messages::ApiKey) -> bool {
-    key != kafka_protocol::messages::ApiKey::CreatePartitions
-}
-
 impl Broker {
-    /// Whether this broker's backend serves `key` (docs/protocol.md lists
-    /// both modes').
-    pub fn serves(&self, key: kafka_protocol::messages::ApiKey) -> bool {
-        match self.catalogue() {
-            Catalogue::Local(_) => true,
-            Catalogue::Cluster(..) => cluster_serves(key),
-        }
-    }
-
     /// This broker's catalogue.
     pub fn catalogue(&self) -> Catalogue<'_> {
         match self.cluster.get() {
@@ -339,6 +325,44 @@ impl Catalogue<'_> {
                         Err(TopicError::Storage(format!(
                             "the catalogue could not be changed: {e}"
                         )))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Raises `name`'s partition count to `count` (or with
+    /// `validate_only` checks that it could be).
+    pub async fn add_partitions(
+        &self,
+        name: &str,
+        count: i32,
+        validate_only: bool,
+    ) -> Result<(), TopicError> {
+        match self {
+            Catalogue::Local(b) => blocking(|| b.topics.add_partitions(name, count, validate_only)),
+            Catalogue::Cluster(b, front) => {
+                let max = b.config.max_partitions_per_topic;
+                match crate::cluster::catalogue::add_partitions(
+                    &front.cluster.pool,
+                    name,
+                    count,
+                    max,
+                    validate_only,
+                )
+                .await
+                {
+                    Ok(row) => {
+                        if !validate_only {
+                            front.remember(row);
+                        }
+                        Ok(())
+                    }
+                    Err(e) => {
+                        if let CatalogueError::Cluster(c) = &e {
+                            crate::cluster::outage::cluster_warn!(front.cluster.outage, *c, topic = %name, error = %c, "cluster: adding partitions failed");
+                        }
+                        Err(from_catalogue(e))
                     }
                 }
             }

@@ -366,6 +366,26 @@ impl Txns<'_> {
         }
     }
 
+    /// (open transactions, start time of the oldest in ms) of those this
+    /// broker coordinates (in cluster mode, the ids FindCoordinator names
+    /// it for, so that each is counted once across the cluster).
+    pub async fn open_transactions(&self) -> (usize, Option<i64>) {
+        match self {
+            Txns::Local(b) => b.txn.open_transactions().await,
+            Txns::Cluster(..) => match self.list().await {
+                Ok((mine, _)) => {
+                    let open: Vec<i64> = mine
+                        .iter()
+                        .filter(|m| m.state == tc::TxnState::Ongoing)
+                        .map(|m| m.start_ms)
+                        .collect();
+                    (open.len(), open.into_iter().filter(|t| *t >= 0).min())
+                }
+                Err(_) => (0, None),
+            },
+        }
+    }
+
     /// EndTxn: commits or aborts the transaction of `req.id` (the writer
     /// fence and a cut-over checked in the step that commits). Returns the
     /// identity the producer's next transaction uses (a new epoch under
@@ -394,15 +414,23 @@ impl Txns<'_> {
                 // of each topic's writers).
                 let committed: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
                 let seen = &committed;
+                // the open transaction's start, when this end completes one
+                let started: std::sync::Mutex<Option<i64>> = std::sync::Mutex::new(None);
+                let start = &started;
                 let tid = id.to_string();
                 let f = Box::new(
                     move |m: Option<&TxnMeta>,
                           now: i64,
                           new_pid: &mut dyn FnMut() -> i64,
                           g: &Gates| {
-                        if let (true, Some(m), Ok(mut c)) = (commit, m, seen.lock()) {
-                            if m.state == tc::TxnState::Ongoing && m.producer_id == pid {
+                        if let Some(m) =
+                            m.filter(|m| m.state == tc::TxnState::Ongoing && m.producer_id == pid)
+                        {
+                            if let (true, Ok(mut c)) = (commit, seen.lock()) {
                                 *c = m.partitions.iter().map(|(t, _)| t.clone()).collect();
+                            }
+                            if let Ok(mut s) = start.lock() {
+                                *s = Some(m.start_ms);
                             }
                         }
                         let effects = tc::decide_end(m, pid, epoch, commit, tv2, now, new_pid)?;
@@ -413,6 +441,9 @@ impl Txns<'_> {
                 );
                 let next = decide(front, id, "EndTxn", &[], f, fenced_known).await?;
                 tracing::debug!(transactional_id = %id, commit, "cluster: transaction ended");
+                if let Some(start_ms) = started.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                    b.txn.count_completed(commit, start_ms);
+                }
                 let mut topics = committed.into_inner().unwrap_or_else(|p| p.into_inner());
                 topics.retain(|t| t != crate::groups::OFFSETS_TOPIC);
                 topics.sort();
@@ -611,6 +642,7 @@ fn log_fence(
     let peer = who.peer.map(|p| p.to_string()).unwrap_or_default();
     let m = before;
     if m.state == tc::TxnState::Ongoing {
+        b.txn.count_completed(false, m.start_ms);
         let partitions: Vec<String> = m
             .partitions
             .iter()

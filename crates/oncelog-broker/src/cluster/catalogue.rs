@@ -155,6 +155,69 @@ pub async fn alter_topic_configs(
     Ok(t)
 }
 
+/// Raises a topic's partition count to `count` (CreatePartitions), in one
+/// PostgreSQL transaction holding the topic's row: the new partitions'
+/// rows with it, announced so that every broker's copy follows. Refused
+/// for an internal topic, a count that is not an increase, and past
+/// `max_partitions`. With `validate_only` nothing is written. The topic's
+/// row after the change.
+pub async fn add_partitions(
+    pool: &Pool,
+    name: &str,
+    count: i32,
+    max_partitions: i32,
+    validate_only: bool,
+) -> Result<TopicRow, CatalogueError> {
+    if crate::datadir::is_internal_topic(name) {
+        return Err(TopicError::Internal {
+            topic: name.into(),
+            action: "add partitions to",
+        }
+        .into());
+    }
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let row = tx
+        .query_opt(
+            "SELECT id, name, partitions, configs FROM topics WHERE name = $1 FOR NO KEY UPDATE",
+            &[&name],
+        )
+        .await?
+        .ok_or_else(|| TopicError::Unknown(name.to_string()))?;
+    let mut t = topic_row(&row);
+    let cur = t.partitions;
+    if count <= cur {
+        return Err(TopicError::InvalidPartitions(format!(
+            "topic currently has {cur} partitions, {count} would not be an increase"
+        ))
+        .into());
+    }
+    if count > max_partitions {
+        return Err(TopicError::InvalidPartitions(format!(
+            "{count} partitions exceeds max.partitions.per.topic ({max_partitions})"
+        ))
+        .into());
+    }
+    if validate_only {
+        return Ok(t);
+    }
+    tx.execute(
+        "UPDATE topics SET partitions = $2 WHERE id = $1",
+        &[&t.id, &count],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO partitions (topic_id, partition) SELECT $1, generate_series($2, $3 - 1)",
+        &[&t.id, &cur, &count],
+    )
+    .await?;
+    tx.execute("SELECT pg_notify($1, $2)", &[&CATALOGUE_CHANNEL, &name])
+        .await?;
+    tx.commit().await?;
+    t.partitions = count;
+    Ok(t)
+}
+
 fn topic_row(r: &tokio_postgres::Row) -> TopicRow {
     let configs: serde_json::Value = r.get(3);
     TopicRow {

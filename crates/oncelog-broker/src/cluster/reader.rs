@@ -122,6 +122,41 @@ pub async fn offsets(
     }))
 }
 
+/// Every partition's offsets, as (topic id, topic, partition, offsets).
+pub async fn all_offsets(
+    cluster: &Cluster,
+) -> Result<Vec<(Uuid, String, i32, PartitionOffsets)>, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT t.id, t.name, p.partition, p.next_offset, p.log_start_offset, \
+               (SELECT min(txn_first_offset) FROM producers r \
+                 WHERE r.topic_id = p.topic_id AND r.partition = p.partition \
+                   AND r.txn_first_offset IS NOT NULL) \
+             FROM partitions p JOIN topics t ON t.id = p.topic_id \
+             ORDER BY t.name, p.partition",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let hw: i64 = r.get(3);
+            let open: Option<i64> = r.get(5);
+            (
+                r.get(0),
+                r.get(1),
+                r.get(2),
+                PartitionOffsets {
+                    high_watermark: hw,
+                    last_stable_offset: open.map_or(hw, |o| o.min(hw)),
+                    log_start_offset: r.get(4),
+                },
+            )
+        })
+        .collect())
+}
+
 /// Reads from `offset`: up to `max_bytes` of whole batches (at least one
 /// when `min_one`), below the LSO for read_committed, else below the high
 /// watermark. `Ok(None)`: no such partition.

@@ -292,43 +292,50 @@ pub async fn delete_topics(
     DeleteTopicsResponse::default().with_responses(responses)
 }
 
-pub fn create_partitions(
+/// CreatePartitions, in both modes: each topic's partition count raised
+/// in one step of the catalogue. Assignments, when given, name one live
+/// broker per new partition (every backend keeps one copy).
+pub async fn create_partitions(
     b: &Arc<Broker>,
     req: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
-    let results = req
-        .topics
-        .into_iter()
-        .map(|t| {
-            let name = t.name.0.to_string();
-            let mut r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
-            let cur = b
-                .topics
-                .get(&name)
-                .map(|t| t.partition_count())
-                .unwrap_or(0);
-            let bad_assign = t.assignments.as_ref().is_some_and(|a| {
-                a.len() as i64 != i64::from(t.count) - i64::from(cur)
-                    || a.iter()
-                        .any(|x| x.broker_ids.len() != 1 || x.broker_ids[0].0 != b.config.node_id)
-            });
-            let res = if bad_assign {
-                r.error_code = ErrorCode::InvalidReplicaAssignment.code();
-                r.error_message = Some(s(format!(
-                    "one assignment per new partition, each on broker {}",
-                    b.config.node_id
-                )));
-                return r;
-            } else {
-                b.topics.add_partitions(&name, t.count, req.validate_only)
-            };
-            if let Err(e) = res {
+    let catalogue = b.catalogue();
+    let brokers = catalogue.broker_ids().await;
+    let mut results = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let mut r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+        let cur = match catalogue.topic(&name).await {
+            Ok(meta) => meta.map(|m| m.partitions).unwrap_or(0),
+            Err(e) => {
                 r.error_code = topic_error_code(&e).code();
                 r.error_message = Some(s(e.to_string()));
+                results.push(r);
+                continue;
             }
-            r
-        })
-        .collect();
+        };
+        let bad_assign = t.assignments.as_ref().is_some_and(|a| {
+            a.len() as i64 != i64::from(t.count) - i64::from(cur)
+                || a.iter()
+                    .any(|x| x.broker_ids.len() != 1 || !brokers.contains(&x.broker_ids[0].0))
+        });
+        if bad_assign {
+            r.error_code = ErrorCode::InvalidReplicaAssignment.code();
+            r.error_message = Some(s(format!(
+                "one assignment per new partition, each naming one of the brokers {brokers:?}"
+            )));
+            results.push(r);
+            continue;
+        }
+        if let Err(e) = catalogue
+            .add_partitions(&name, t.count, req.validate_only)
+            .await
+        {
+            r.error_code = topic_error_code(&e).code();
+            r.error_message = Some(s(e.to_string()));
+        }
+        results.push(r);
+    }
     CreatePartitionsResponse::default().with_results(results)
 }
 

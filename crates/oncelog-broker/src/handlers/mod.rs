@@ -87,13 +87,10 @@ pub fn served_apis(
 }
 
 /// What cluster mode's ApiVersions answers (docs/protocol.md): local
-/// mode's, less what its backend does not serve yet
-/// ([`crate::backend::cluster_serves`]).
+/// mode's, but KIP-939's InitProducerId v6, whose parked transactions are
+/// local mode's only.
 pub fn cluster_api_keys() -> Vec<kafka_protocol::messages::api_versions_response::ApiVersion> {
     local_api_keys(false)
-        .into_iter()
-        .filter(|a| ApiKey::try_from(a.api_key).is_ok_and(crate::backend::cluster_serves))
-        .collect()
 }
 
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
@@ -370,8 +367,6 @@ impl Conn {
     }
 }
 
-pub(crate) use crate::backend::blocking;
-
 /// Who sent a request, for the transaction history.
 fn requester(header: &RequestHeader, peer: std::net::SocketAddr) -> crate::txn_history::Requester {
     crate::txn_history::Requester::new(header.client_id.as_ref().map(|c| c.as_str()), peer)
@@ -388,10 +383,6 @@ async fn handle(
     version: i16,
     respond: impl Fn(ResponseKind) -> Option<Bytes> + Send + Sync + 'static,
 ) -> Result<Pending, FrameError> {
-    if !b.serves(key) {
-        tracing::warn!(api = ?key, "not served in cluster mode yet");
-        return Err(FrameError::UnsupportedApi(key));
-    }
     let peer = conn.peer;
     Ok(match req {
         RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(
@@ -519,11 +510,10 @@ async fn handle(
             let resp = admin::delete_records(&b, r).await;
             respond(ResponseKind::DeleteRecords(resp))
         }),
-        RequestKind::CreatePartitions(r) => {
-            ready(respond(ResponseKind::CreatePartitions(blocking(|| {
-                admin::create_partitions(&b, r)
-            }))))
-        }
+        RequestKind::CreatePartitions(r) => Box::pin(async move {
+            let resp = admin::create_partitions(&b, r).await;
+            respond(ResponseKind::CreatePartitions(resp))
+        }),
         RequestKind::DescribeConfigs(r) => Box::pin(async move {
             let resp = admin::describe_configs(&b, r, version).await;
             respond(ResponseKind::DescribeConfigs(resp))

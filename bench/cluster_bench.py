@@ -287,6 +287,9 @@ def main():
     import signal
     signal.signal(signal.SIGTERM, exit_on_signal)
     tmp = tempfile.mkdtemp(dir=os.path.join(ROOT, "target"), prefix="cluster-bench-")
+    # PostgreSQL runs as its own user, who must pass through to services/
+    # (mkdtemp makes the directory 0700)
+    os.chmod(tmp, 0o711)
     a.tmp = tmp
     private = os.path.join(tmp, "oncelog-under-test")
     shutil.copy2(a.binary, private)

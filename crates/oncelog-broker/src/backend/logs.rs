@@ -157,12 +157,7 @@ impl Logs<'_> {
                     crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: read failed");
                     PartitionError::Storage
                 };
-                let Some(t) = front.topic(topic).await.map_err(warn)? else {
-                    return Err(PartitionError::Unknown);
-                };
-                if !(0..t.partitions).contains(&partition) {
-                    return Err(PartitionError::Unknown);
-                }
+                let t = cluster_topic(front, topic, partition).await?;
                 let read = crate::cluster::reader::read(
                     &front.cluster,
                     &t.id,
@@ -361,12 +356,7 @@ impl Logs<'_> {
                     crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading producer state failed");
                     PartitionError::Storage
                 };
-                let Some(t) = front.topic(topic).await.map_err(warn)? else {
-                    return Err(PartitionError::Unknown);
-                };
-                if !(0..t.partitions).contains(&partition) {
-                    return Err(PartitionError::Unknown);
-                }
+                let t = cluster_topic(front, topic, partition).await?;
                 let key = (t.id, partition);
                 let mut rows = crate::cluster::describe::producers(&front.cluster, &[key])
                     .await
@@ -438,9 +428,7 @@ impl Logs<'_> {
                     crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading a partition's offsets failed");
                     PartitionError::Storage
                 };
-                let Some(t) = front.topic(topic).await.map_err(warn)? else {
-                    return Err(PartitionError::Unknown);
-                };
+                let t = cluster_topic(front, topic, partition).await?;
                 let o = crate::cluster::reader::offsets(&front.cluster, &t.id, partition)
                     .await
                     .map_err(warn)?
@@ -534,12 +522,7 @@ impl Logs<'_> {
                     crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: offset lookup failed");
                     PartitionError::Storage
                 };
-                let Some(t) = front.topic(topic).await.map_err(warn)? else {
-                    return Err(PartitionError::Unknown);
-                };
-                if !(0..t.partitions).contains(&partition) {
-                    return Err(PartitionError::Unknown);
-                }
+                let t = cluster_topic(front, topic, partition).await?;
                 crate::cluster::reader::offset_for(
                     &front.cluster,
                     &t.id,
@@ -581,5 +564,22 @@ fn committed(o: crate::cluster::flusher::ProduceResult) -> Result<Acked, Refusal
             Err(Refusal::new(ErrorCode::NotLeaderOrFollower, e.to_string()))
         }
         Err(e) => Err(Refusal::new(ErrorCode::KafkaStorageError, e.to_string())),
+    }
+}
+
+/// `topic`'s row when it has `partition` (cluster mode); a failed lookup
+/// is logged here.
+async fn cluster_topic(
+    front: &Front,
+    topic: &str,
+    partition: i32,
+) -> Result<crate::cluster::catalogue::TopicRow, PartitionError> {
+    match front.topic(topic).await {
+        Ok(Some(t)) if (0..t.partitions).contains(&partition) => Ok(t),
+        Ok(_) => Err(PartitionError::Unknown),
+        Err(e) => {
+            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: topic lookup failed");
+            Err(PartitionError::Storage)
+        }
     }
 }

@@ -511,7 +511,13 @@ def value(samples, name, **labels):
 
 
 def metric(broker, name, **labels):
-    """One sample of the broker's /metrics now, None when there is none."""
+    """One sample of the broker's /metrics now, None when there is none. For
+    a cluster, the sum over its brokers (each reports the partitions it
+    leads, the transactions and groups it coordinates, what it counted)."""
+    if hasattr(broker, "brokers"):
+        found = [v for b in broker.brokers
+                 if (v := value(scrape(b.metrics_url), name, **labels)) is not None]
+        return sum(found) if found else None
     return value(scrape(broker.metrics_url), name, **labels)
 
 

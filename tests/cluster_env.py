@@ -140,6 +140,12 @@ class Cluster:
         self.stop()
         return self.start()
 
+    @property
+    def metrics_url(self):
+        """The first broker's HTTP listener: its admin endpoints answer for
+        the whole cluster (its /metrics for that broker only)."""
+        return self.brokers[0].metrics_url
+
     def stored_logs(self, topic, partition):
         """The partition's batches as stored (in objects), as the brokers
         serve them: read_uncommitted, markers included, base offsets set."""

@@ -18,6 +18,10 @@ wire (tests/txn_wire.py), so each step is exact:
 * an operator resolves a parked transaction by producer id and epoch, and a
   mismatch is refused;
 * `transaction.two.phase.commit.max.park.ms` bounds the park.
+
+Every test runs in both modes: one broker, and three `--cluster` brokers
+whose coordinator state lives in PostgreSQL (a kill -9 there is of all
+three).
 """
 
 import json
@@ -59,6 +63,7 @@ def past_timeout():
 VALUES = [b"order-1", b"order-2", b"order-3"]
 
 
+@both_modes()
 def test_without_the_policy_a_late_commit_loses_the_checkpoint(broker):
     """What Kafka does to Flink today: the broker aborts the prepared
     transaction at its timeout; the commit after the restart is refused."""
@@ -74,6 +79,7 @@ def test_without_the_policy_a_late_commit_loses_the_checkpoint(broker):
     assert "transaction timed out; aborting it" in broker.log_text()
 
 
+@both_modes("broker_factory")
 def test_a_parked_transaction_survives_its_timeout_and_a_broker_crash_then_commits(broker_factory):
     b = broker_factory(overrides={"transaction.two.phase.commit.prefixes": "orders-sink"})
     topic = unique_topic("s9-parked")
@@ -151,6 +157,7 @@ def test_recommit_after_a_transaction_version_2_commit_is_a_success(broker):
     assert committed_values(broker, topic) == VALUES
 
 
+@both_modes("broker_factory")
 def test_an_operator_resolves_a_parked_transaction_by_producer_id_and_epoch(broker_factory):
     b = broker_factory(overrides={"transaction.two.phase.commit.prefixes": "orders-sink"})
     topic = unique_topic("s9-operator")
@@ -187,6 +194,7 @@ def test_an_operator_resolves_a_parked_transaction_by_producer_id_and_epoch(brok
     assert committed_values(b, topic) == VALUES
 
 
+@both_modes("broker_factory")
 def test_the_maximum_park_time_ends_a_park(broker_factory):
     b = broker_factory(overrides={"transaction.two.phase.commit.prefixes": "orders-*",
                                   "transaction.two.phase.commit.max.park.ms": "5000"})
@@ -203,11 +211,13 @@ def test_the_maximum_park_time_ends_a_park(broker_factory):
     wait_until(lambda: described_lso(b, topic) == 4, 10, what="the LSO to pass the abort marker")
 
 
+@both_modes("broker_factory")
 def test_the_fault_that_holds_commits_is_scoped_to_its_prefix(broker_factory):
     """The S9 Flink test keeps a job's commits pending with this fault; it
     must hold only the named ids, and only commits."""
     b = broker_factory(start=False)
-    b.env["ONCELOG_FAULTS"] = "end-txn-unavailable:held-"
+    for one in getattr(b, "brokers", [b]):
+        one.env["ONCELOG_FAULTS"] = "end-txn-unavailable:held-"
     b.start()
     topic = unique_topic("fault")
     create_topic(b.bootstrap, topic)
@@ -219,6 +229,7 @@ def test_the_fault_that_holds_commits_is_scoped_to_its_prefix(broker_factory):
     assert committed_values(b, topic) == [b"b"]
 
 
+@both_modes()
 @pytest.mark.parametrize("prefix", ["orders-sink-2", "app-0_1"])
 def test_an_ambiguous_writer_prefix_is_refused(broker, prefix):
     topic = unique_topic("ambiguous")
@@ -227,6 +238,7 @@ def test_an_ambiguous_writer_prefix_is_refused(broker, prefix):
     assert p.returncode != 0 and "ambiguous" in p.stderr, p.stderr
 
 
+@both_modes("broker_factory")
 def test_kip939_two_phase_commit_on_the_wire(broker_factory):
     """InitProducerId v6 (KIP-939), for the day a client library ships it:
     `enable2Pc` parks the producer's transactions at their timeout without

@@ -30,8 +30,14 @@ OPERATION_NOT_ATTEMPTED = 55
 PRODUCER_FENCED = 90
 
 
+def _first(bootstrap):
+    """(host, port) of a bootstrap's first address: these requests go to one
+    broker (in a cluster, any broker serves any of them)."""
+    return bootstrap.split(",")[0].rsplit(":", 1)
+
+
 def _call(bootstrap, request, correlation_id, flexible_response=False):
-    host, port = bootstrap.rsplit(":", 1)
+    host, port = _first(bootstrap)
     with w.Conn(host, int(port)) as c:
         c.send(request)
         body = c.recv_response(correlation_id)
@@ -68,7 +74,7 @@ def init_producer_id_v6(bootstrap, txn_id, timeout_ms, enable_2pc, keep_prepared
 
 def max_version(bootstrap, api_key):
     """The highest version of `api_key` the broker advertises (ApiVersions v0)."""
-    host, port = bootstrap.rsplit(":", 1)
+    host, port = _first(bootstrap)
     with w.Conn(host, int(port)) as c:
         c.send(w.api_versions_request(0, 6))
         body = c.recv_response(6)

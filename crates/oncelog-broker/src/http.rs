@@ -57,9 +57,13 @@ async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
                 .collect();
             Reply::json("200 OK", serde_json::json!({ "partitions": parts }))
         }
-        "/v1/transactions/parked" => {
-            Reply::json("200 OK", serde_json::json!({ "parked": b.txn.parked() }))
-        }
+        "/v1/transactions/parked" => match b.txns().parked(crate::backend::Scope::All).await {
+            Ok((parked, _)) => Reply::json("200 OK", serde_json::json!({ "parked": parked })),
+            Err(code) => Reply::error(
+                "503 Service Unavailable",
+                format!("the transaction coordinator could not be read ({code:?})"),
+            ),
+        },
         _ => match history_id(path) {
             Some(Ok(id)) => Reply::json("200 OK", b.txn.history_json(&id)),
             Some(Err(why)) => Reply::text("400 Bad Request", format!("{why}\n")),

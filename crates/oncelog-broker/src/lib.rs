@@ -626,7 +626,7 @@ impl Broker {
                 tokio::time::interval(std::time::Duration::from_millis(TXN_REAPER_INTERVAL_MS));
             loop {
                 tick.tick().await;
-                b.txn.abort_timed_out(&b);
+                b.txns().time_out().await;
                 cutover::drive(&b).await;
                 let cutoff = now_ms() - b.config.transactional_id_expiration_ms;
                 b.txn.expire_ids(cutoff).await;

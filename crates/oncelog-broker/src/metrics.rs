@@ -156,7 +156,12 @@ pub async fn render(b: &Arc<Broker>) -> String {
             esc(&c.topic),
         );
     }
-    let parked = b.txn.parked();
+    // In a cluster, those this broker coordinates (sum across brokers).
+    let (parked, now) = b
+        .txns()
+        .parked(crate::backend::Scope::Mine)
+        .await
+        .unwrap_or_else(|_| (Vec::new(), now_ms()));
     family(
         &mut out,
         "oncelog_transactions_parked",
@@ -170,9 +175,9 @@ pub async fn render(b: &Arc<Broker>) -> String {
         "gauge",
         "How long the oldest parked transaction has been parked (0 when none).",
     );
-    let age = parked.first().map_or(0.0, |p| {
-        (now_ms() - p.parked_since_ms).max(0) as f64 / 1000.0
-    });
+    let age = parked
+        .first()
+        .map_or(0.0, |p| (now - p.parked_since_ms).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "oncelog_transaction_oldest_parked_age_seconds {age}");
     family(
         &mut out,
@@ -181,18 +186,6 @@ pub async fn render(b: &Arc<Broker>) -> String {
         "Transactions whose markers have failed to be written several times in a row (retried until durable).",
     );
     let _ = writeln!(out, "oncelog_transactions_stuck {}", b.txn.stuck_count());
-    if let Some(front) = b.cluster.get() {
-        // Cluster mode's timeout aborts run outside the local coordinator.
-        let fenced = std::mem::take(
-            &mut *front
-                .timeout_fences
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        for id in fenced {
-            b.txn.count_fence(&id, "timeout");
-        }
-    }
     let stats = b.txn.stats();
     family(
         &mut out,

@@ -83,35 +83,29 @@ fn versions(keys: &[ApiVersion], key: ApiKey) -> String {
 
 /// The generated part of docs/protocol.md.
 pub fn protocol() -> String {
-    let local = crate::handlers::local_api_keys(false);
-    let local_2pc = crate::handlers::local_api_keys(true);
-    let cluster = crate::handlers::cluster_api_keys();
-    let mut keys: Vec<ApiKey> = local
+    let plain = crate::handlers::api_keys(false);
+    let with_2pc = crate::handlers::api_keys(true);
+    let mut keys: Vec<ApiKey> = plain
         .iter()
-        .chain(cluster.iter())
+        .chain(with_2pc.iter())
         .filter_map(|v| ApiKey::try_from(v.api_key).ok())
         .collect();
     keys.sort_by_key(|k| *k as i16);
     keys.dedup();
     let mut out = String::new();
     out.push_str(&format!(
-        "{} APIs in local mode, {} in cluster mode: the versions each mode's \
-         ApiVersions answers with.\n\n",
-        local.len(),
-        cluster.len()
+        "{} APIs, the versions ApiVersions answers with: the same in local \
+         and cluster mode (one handler serves each request in both).\n\n",
+        keys.len(),
     ));
-    out.push_str("| API | key | local mode | cluster mode |\n|---|---|---|---|\n");
+    out.push_str("| API | key | versions |\n|---|---|---|\n");
     for key in keys {
-        let mut here = versions(&local, key);
-        let with_2pc = versions(&local_2pc, key);
-        if with_2pc != here {
-            here = format!("{here} ({with_2pc} with `transaction.two.phase.commit.enable=true`)");
+        let mut here = versions(&plain, key);
+        let two_pc = versions(&with_2pc, key);
+        if two_pc != here {
+            here = format!("{here} ({two_pc} with `transaction.two.phase.commit.enable=true`)");
         }
-        out.push_str(&format!(
-            "| {key:?} | {} | {here} | {} |\n",
-            key as i16,
-            versions(&cluster, key)
-        ));
+        out.push_str(&format!("| {key:?} | {} | {here} |\n", key as i16));
     }
     out
 }

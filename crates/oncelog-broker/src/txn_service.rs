@@ -435,8 +435,9 @@ impl TxnService {
     }
 
     /// What `m`'s transaction becomes at its timeout: a two-phase-commit
-    /// producer's (KIP-939) and a policy writer's park, others abort.
-    fn on_timeout(&self, m: &TxnMeta) -> tc::OnTimeout {
+    /// producer's (KIP-939) and a policy writer's park, others abort. The
+    /// one rule of both modes.
+    pub fn on_timeout(&self, m: &TxnMeta) -> tc::OnTimeout {
         if m.two_phase {
             tc::OnTimeout::Park {
                 max_park_ms: self.park.max_park_ms,
@@ -446,12 +447,14 @@ impl TxnService {
         }
     }
 
-    /// Transactions parked now, oldest first.
-    pub fn parked(&self) -> Vec<Parked> {
-        let now = now_ms();
-        let mut out: Vec<Parked> = self
-            .snapshot()
-            .values()
+    /// Those of `metas` parked at `now`, oldest first.
+    pub fn parked_among<'m>(
+        &self,
+        metas: impl IntoIterator<Item = &'m TxnMeta>,
+        now: i64,
+    ) -> Vec<Parked> {
+        let mut out: Vec<Parked> = metas
+            .into_iter()
             .filter_map(|m| {
                 let since = tc::parked_since(m, now, self.on_timeout(m))?;
                 Some(Parked {
@@ -473,16 +476,21 @@ impl TxnService {
         out
     }
 
-    /// Reports parked transactions in the log, each at most once per interval.
-    fn report_parked(&self) {
-        let parked = self.parked();
-        let now = now_ms();
+    /// Transactions parked now in this coordinator (local mode), oldest
+    /// first.
+    pub fn parked(&self) -> Vec<Parked> {
+        self.parked_among(self.snapshot().values(), now_ms())
+    }
+
+    /// Reports `parked` (those parked at `now`) in the log, each at most
+    /// once per interval.
+    pub fn report_parked(&self, parked: &[Parked], now: i64) {
         let mut reported = self
             .parked_reported
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         reported.retain(|id, _| parked.iter().any(|p| &p.transactional_id == id));
-        for p in &parked {
+        for p in parked {
             let last = reported.get(&p.transactional_id).copied();
             if last.is_some_and(|t| now - t < PARKED_REPORT_INTERVAL_MS) {
                 continue;
@@ -1270,7 +1278,7 @@ impl TxnService {
     /// is looked at again on the next call.
     pub fn abort_timed_out<R: TxnRuntime>(&self, b: &Arc<R>) {
         let now = now_ms();
-        self.report_parked();
+        self.report_parked(&self.parked(), now);
         let expired: Vec<String> = self
             .snapshot()
             .values()

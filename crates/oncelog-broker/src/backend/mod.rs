@@ -19,7 +19,7 @@ pub use groups::Groups;
 pub use logs::{
     Acked, Appending, DeleteError, Durable, Logs, PartitionError, PartitionRow, Refusal,
 };
-pub use txns::Txns;
+pub use txns::{Scope, Txns};
 
 use crate::cluster::catalogue::CatalogueError;
 use crate::cluster::front::Front;

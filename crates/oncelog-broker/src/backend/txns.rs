@@ -13,7 +13,7 @@ use crate::cluster::ClusterError;
 use crate::error::{ErrorCode, Gate};
 use crate::txn_coordinator::{self as tc, CoordError, TxnMeta, VerifyError};
 use crate::txn_history::Requester;
-use crate::txn_service::{EndRequest, Init, TxnError};
+use crate::txn_service::{EndRequest, Init, Parked, TxnError};
 use crate::Broker;
 
 /// The transaction coordinator's store.
@@ -42,6 +42,16 @@ fn txn_error_code(e: &TxnError, fenced_known: bool) -> ErrorCode {
         }
         TxnError::Refused(_) => ErrorCode::TransactionalIdAuthorizationFailed,
     }
+}
+
+/// Which transactions a cluster-wide view covers: those this broker
+/// coordinates (so that a sum over brokers counts each once: metrics, the
+/// log), or all (the same answer through every broker: the admin
+/// endpoints). Local mode coordinates all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Mine,
+    All,
 }
 
 /// Why partitions could not be added to a transaction on a Produce's
@@ -80,8 +90,8 @@ impl Txns<'_> {
     /// id) that fences the previous one and aborts its open transaction,
     /// unless that transaction holds a topic being cut over. `expected`:
     /// the producer's own identity on a re-initialisation (KIP-360).
-    /// `two_phase` (KIP-939) is served in local mode only; cluster mode
-    /// does not advertise InitProducerId v6.
+    /// `two_phase`: KIP-939's fields (the handler refuses them unless
+    /// `transaction.two.phase.commit.enable`).
     pub async fn init_producer_id(
         &self,
         id: &str,
@@ -98,13 +108,11 @@ impl Txns<'_> {
                 .await
                 .map_err(|e| txn_error_code(&e, fenced_known)),
             Txns::Cluster(b, front) => {
-                if two_phase.enable || two_phase.keep_prepared {
-                    tracing::warn!(transactional_id = id, "InitProducerId asked for two-phase commit (KIP-939), which cluster mode does not serve yet");
-                    return Err(ErrorCode::TransactionalIdAuthorizationFailed);
-                }
                 let tid = id.to_string();
                 let before: std::sync::Mutex<Option<TxnMeta>> = std::sync::Mutex::new(None);
                 let seen = &before;
+                let kept: std::sync::Mutex<Option<(i64, i16)>> = std::sync::Mutex::new(None);
+                let keeps = &kept;
                 let f = Box::new(
                     move |m: Option<&TxnMeta>,
                           now: i64,
@@ -113,7 +121,11 @@ impl Txns<'_> {
                         if let Ok(mut b) = seen.lock() {
                             *b = m.cloned();
                         }
-                        if let Some((m, t)) = m.and_then(|m| g.protected(m).map(|t| (m, t))) {
+                        // Keeping the prepared transaction aborts nothing.
+                        if let Some((m, t)) = m
+                            .filter(|_| !two_phase.keep_prepared)
+                            .and_then(|m| g.protected(m).map(|t| (m, t)))
+                        {
                             tracing::warn!(transactional_id = %tid, topic = t, producer_id = m.producer_id, epoch = m.epoch,
                                 "InitProducerId refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): it would abort a transaction holding a topic being cut over");
                             return Err(Gate::Refused(format!(
@@ -123,20 +135,30 @@ impl Txns<'_> {
                             ))
                             .into());
                         }
-                        Ok(tc::decide_init(
-                            m, &tid, timeout_ms, expected, now, new_pid,
-                        )?)
+                        let (effects, k) = tc::decide_init_2pc(
+                            m, &tid, timeout_ms, expected, two_phase, now, new_pid,
+                        )?;
+                        if let Ok(mut kept) = keeps.lock() {
+                            *kept = k;
+                        }
+                        Ok(effects)
                     },
                 );
                 let (pid, epoch) =
                     decide(front, id, "InitProducerId", &[], f, fenced_known).await?;
                 let before = before.into_inner().unwrap_or_else(|p| p.into_inner());
-                log_fence(b, id, before.as_ref(), expected, (pid, epoch), who);
+                let kept = kept.into_inner().unwrap_or_else(|p| p.into_inner());
+                if let Some((kpid, kepoch)) = kept {
+                    tracing::info!(transactional_id = id, producer_id = pid, epoch, prepared_producer_id = kpid, prepared_epoch = kepoch,
+                        "InitProducerId kept the prepared transaction (KIP-939 keepPreparedTxn); the new producer commits or aborts it");
+                } else {
+                    log_fence(b, id, before.as_ref(), expected, (pid, epoch), who);
+                }
                 tracing::debug!(transactional_id = %id, producer_id = pid, epoch, "cluster: producer initialised");
                 Ok(Init {
                     producer_id: pid,
                     epoch,
-                    kept: None,
+                    kept,
                 })
             }
         }
@@ -362,6 +384,60 @@ impl Txns<'_> {
                     "cluster: admin abort of a producer no transactional id has; nothing to abort"
                 );
                 ErrorCode::None
+            }
+        }
+    }
+
+    /// One pass of the timeout driver: each transaction past its timeout
+    /// is aborted and its producer fenced, or parked, as
+    /// [`TxnService::on_timeout`](crate::txn_service::TxnService::on_timeout)
+    /// says (one rule for both modes); parked ones are reported in the log
+    /// by their coordinator.
+    pub async fn time_out(&self) {
+        match self {
+            Txns::Local(b) => b.txn.abort_timed_out(b),
+            Txns::Cluster(b, front) => {
+                let policy = |m: &TxnMeta| b.txn.on_timeout(m);
+                match crate::cluster::txn::abort_expired(&front.cluster, &policy).await {
+                    Ok(ended) => {
+                        for t in ended {
+                            b.txn.count_fence(&t.before.transactional_id, "timeout");
+                            b.txn.count_completed(false, t.before.start_ms);
+                        }
+                    }
+                    Err(e) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the transaction timeout check failed")
+                    }
+                }
+                if let Ok((mine, now)) = self.parked(Scope::Mine).await {
+                    b.txn.report_parked(&mine, now);
+                }
+            }
+        }
+    }
+
+    /// The transactions parked past their timeout (oldest first), and the
+    /// coordinator's time now; `scope` as [`Scope`] says.
+    pub async fn parked(&self, scope: Scope) -> Result<(Vec<Parked>, i64), ErrorCode> {
+        match self {
+            Txns::Local(b) => Ok((b.txn.parked(), oncelog_log::now_ms())),
+            Txns::Cluster(b, front) => {
+                let (open, now) = match scope {
+                    Scope::Mine => self.list().await?,
+                    Scope::All => {
+                        let read = async {
+                            let all = crate::cluster::describe::transactions(&front.cluster, None)
+                                .await?;
+                            let now = crate::cluster::describe::now_ms(&front.cluster).await?;
+                            Ok::<_, ClusterError>((all, now))
+                        };
+                        read.await.map_err(|e| {
+                            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the parked transactions could not be read");
+                            ErrorCode::CoordinatorNotAvailable
+                        })?
+                    }
+                };
+                Ok((b.txn.parked_among(&open, now), now))
             }
         }
     }

@@ -17,7 +17,6 @@ use super::{collector, reader, Cluster, ClusterConfig, ClusterError};
 /// How often the copies of the live brokers and the topics are refreshed.
 const REFRESH: Duration = Duration::from_millis(500);
 /// How often transactions past their timeout are looked for.
-const TIMEOUTS_EVERY: Duration = Duration::from_secs(1);
 /// How often the collector runs.
 const COLLECT_EVERY: Duration = Duration::from_secs(60);
 
@@ -32,8 +31,6 @@ pub struct Front {
     /// When this broker last recorded each topic's writers.
     pub writers: super::writers::Recorded,
     /// Transactional ids this broker fenced by a timeout abort, not yet
-    /// counted in /metrics (which drains them into the fence counters).
-    pub timeout_fences: std::sync::Mutex<Vec<String>>,
     /// The authorizer's ACLs and the SASL listeners' credentials, replaced
     /// from the cluster's rows at each refresh.
     pub security: super::security::Copies,
@@ -56,7 +53,6 @@ impl Front {
             cluster_id,
             groups: Ownership::default(),
             writers: Default::default(),
-            timeout_fences: Default::default(),
             security,
         });
         front.refresh().await?;
@@ -78,25 +74,6 @@ impl Front {
                     }
                     if let Err(e) = f.refresh().await {
                         crate::cluster::outage::cluster_warn!(f.cluster.outage, e, error = %e, "cluster: refreshing brokers and topics failed");
-                    }
-                }
-            });
-        }
-        {
-            let f = front.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(TIMEOUTS_EVERY).await;
-                    match super::txn::abort_expired(&f.cluster).await {
-                        Ok(fenced) if !fenced.is_empty() => f
-                            .timeout_fences
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .extend(fenced),
-                        Ok(_) => {}
-                        Err(e) => {
-                            crate::cluster::outage::cluster_warn!(f.cluster.outage, e, error = %e, "cluster: the transaction timeout check failed")
-                        }
                     }
                 }
             });

@@ -23,7 +23,7 @@ use super::session::check_fence;
 use super::{Cluster, ClusterError};
 use crate::error::Gate;
 use crate::producer_state::{ProducerEntry, ProducerState};
-use crate::txn_coordinator::{CoordError, Effect, ProducerView, TxnMeta};
+use crate::txn_coordinator::{self as tc, CoordError, Effect, OnTimeout, ProducerView, TxnMeta};
 
 /// Cluster mode has one coordinator epoch: PostgreSQL orders every marker.
 const COORDINATOR_EPOCH: i32 = 0;
@@ -305,20 +305,32 @@ pub async fn views_for_produce(
     Ok(out)
 }
 
-/// Transactional ids whose open transaction outlived its timeout (by
-/// PostgreSQL's clock).
-pub async fn expired(pool: &Pool) -> Result<Vec<String>, ClusterError> {
+/// The open transactions that outlived their timeout (by PostgreSQL's
+/// clock), with that clock's time now.
+pub async fn expired(pool: &Pool) -> Result<(Vec<TxnMeta>, i64), ClusterError> {
     let client = pool.get().await?;
     let rows = client
         .query(
-            "SELECT transactional_id FROM transactions WHERE meta->>'state' = 'Ongoing' \
+            "SELECT meta, (extract(epoch from clock_timestamp()) * 1000)::bigint \
+             FROM transactions WHERE meta->>'state' = 'Ongoing' \
              AND (meta->>'start_ms')::bigint >= 0 \
              AND (meta->>'start_ms')::bigint + (meta->>'timeout_ms')::bigint \
                  < (extract(epoch from clock_timestamp()) * 1000)::bigint",
             &[],
         )
         .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    let now = match rows.first() {
+        Some(r) => r.get::<_, i64>(1),
+        None => return Ok((Vec::new(), 0)),
+    };
+    let metas = rows
+        .iter()
+        .map(|r| {
+            serde_json::from_value(r.get::<_, serde_json::Value>(0))
+                .map_err(|e| ClusterError::Invariant(format!("a transactions row: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((metas, now))
 }
 
 /// The state of one transactional id.
@@ -337,51 +349,74 @@ pub async fn describe(pool: &Pool, id: &str) -> Result<Option<TxnMeta>, ClusterE
     .transpose()
 }
 
+/// A transaction the timeout driver ended: aborted, its producer fenced.
+#[derive(Debug, Clone)]
+pub struct TimedOut {
+    /// The state before (its producer id and epoch, partitions, timeout).
+    pub before: TxnMeta,
+    /// The fenced producer's next epoch.
+    pub new_epoch: i16,
+    /// It had been parked (under the two-phase-commit policy) until the
+    /// maximum park time.
+    pub was_parked: bool,
+}
+
 /// Aborts (fencing their producers) the transactions that outlived their
-/// timeout, by PostgreSQL's clock. Safe on every broker at once: each abort
-/// is a decision under the id's row lock, and one that finds the
-/// transaction already ended does nothing. Returns the ids this call
-/// fenced.
-pub async fn abort_expired(cluster: &Cluster) -> Result<Vec<String>, ClusterError> {
-    let ids = expired(&cluster.pool).await?;
+/// timeout, by PostgreSQL's clock, unless `on_timeout` parks them (then
+/// only once parked longer than the maximum). Safe on every broker at
+/// once: each abort is a decision under the id's row lock, re-decided on
+/// the row as it is then, and one that finds the transaction already ended
+/// does nothing. Returns what this call ended.
+pub async fn abort_expired(
+    cluster: &Cluster,
+    on_timeout: &(dyn Fn(&TxnMeta) -> OnTimeout + Sync),
+) -> Result<Vec<TimedOut>, ClusterError> {
+    let (candidates, now) = expired(&cluster.pool).await?;
     let mut done = Vec::new();
-    for id in ids {
-        // (producer id, epoch, timeout) before, and the epoch after.
-        let fenced: std::sync::Mutex<Option<(i64, i16, i32, i16)>> = std::sync::Mutex::new(None);
-        let seen = &fenced;
+    for m in candidates {
+        if tc::plan_timeout(&m, now, on_timeout(&m)).is_none() {
+            continue; // parked, and not yet for the maximum
+        }
+        let id = m.transactional_id.clone();
+        let ended: std::sync::Mutex<Option<TimedOut>> = std::sync::Mutex::new(None);
+        let seen = &ended;
         let f = Box::new(
             move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64, g: &Gates| {
                 // A transaction a cut-over's drain waits for ends only by its
                 // own EndTxn or at the drain deadline.
-                let effects = m
-                    .filter(|m| g.protected(m).is_none())
-                    .map_or_else(Vec::new, |m| {
-                        crate::txn_coordinator::decide_timeout(
-                            m,
-                            now,
-                            crate::txn_coordinator::OnTimeout::Abort,
-                            new_pid,
-                        )
+                let Some(m) = m.filter(|m| g.protected(m).is_none()) else {
+                    return Ok(Vec::new());
+                };
+                let on = on_timeout(m);
+                let effects = tc::decide_timeout(m, now, on, new_pid);
+                if let (Some((f, _)), Ok(mut s)) = (tc::transition(&effects), seen.lock()) {
+                    *s = Some(TimedOut {
+                        before: m.clone(),
+                        new_epoch: f.epoch,
+                        was_parked: matches!(on, OnTimeout::Park { .. }),
                     });
-                let after = effects.iter().find_map(|e| match e {
-                    Effect::Persist(n) => Some(n.epoch),
-                    _ => None,
-                });
-                if let (Some(m), Some(after), Ok(mut f)) = (m, after, seen.lock()) {
-                    *f = Some((m.producer_id, m.epoch, m.timeout_ms, after));
                 }
                 Ok(effects)
             },
         );
         match run(cluster, &id, &[], f).await {
             Ok(_) => {
-                if let Some((pid, old, timeout_ms, new)) =
-                    fenced.into_inner().unwrap_or_else(|p| p.into_inner())
-                {
-                    tracing::warn!(transactional_id = %id, producer_id = pid, old_epoch = old,
-                        new_epoch = new, timeout_ms,
-                        "transaction timed out; aborting it and fencing its producer");
-                    done.push(id.clone());
+                if let Some(t) = ended.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                    let (pid, old, timeout_ms, new) = (
+                        t.before.producer_id,
+                        t.before.epoch,
+                        t.before.timeout_ms,
+                        t.new_epoch,
+                    );
+                    if t.was_parked {
+                        tracing::warn!(transactional_id = %id, producer_id = pid, old_epoch = old, new_epoch = new, timeout_ms,
+                            "parked transaction reached the maximum park time (transaction.two.phase.commit.max.park.ms); aborting it and fencing its producer");
+                    } else {
+                        tracing::warn!(transactional_id = %id, producer_id = pid, old_epoch = old,
+                            new_epoch = new, timeout_ms,
+                            "transaction timed out; aborting it and fencing its producer");
+                    }
+                    done.push(t);
                 }
             }
             Err(e) => {

@@ -72,25 +72,16 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteAcls, 1, 3),
 ];
 
-/// What local mode's ApiVersions answers (docs/protocol.md).
-pub use meta::served_api_keys as local_api_keys;
+/// What ApiVersions answers (docs/protocol.md), with or without KIP-939's
+/// InitProducerId v6.
+pub use meta::served_api_keys as api_keys;
 
-/// The APIs and versions this broker's ApiVersions answers with: its
-/// backend's (docs/protocol.md lists both).
+/// The APIs and versions this broker's ApiVersions answers with, alike in
+/// both modes (docs/protocol.md).
 pub fn served_apis(
     b: &crate::Broker,
 ) -> Vec<kafka_protocol::messages::api_versions_response::ApiVersion> {
-    match b.catalogue() {
-        crate::backend::Catalogue::Local(_) => local_api_keys(b.config.two_phase_commit_enable),
-        crate::backend::Catalogue::Cluster(..) => cluster_api_keys(),
-    }
-}
-
-/// What cluster mode's ApiVersions answers (docs/protocol.md): local
-/// mode's, but KIP-939's InitProducerId v6, whose parked transactions are
-/// local mode's only.
-pub fn cluster_api_keys() -> Vec<kafka_protocol::messages::api_versions_response::ApiVersion> {
-    local_api_keys(false)
+    api_keys(b.config.two_phase_commit_enable)
 }
 
 pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {

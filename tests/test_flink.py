@@ -41,7 +41,9 @@ What each test proves:
     (asserted: the loss is visible, nothing is doubled). With
     `transaction.two.phase.commit.prefixes=PREFIX` the transactions are
     parked instead (shown by `oncelog txn list` while Flink is down), the
-    restored job commits them, and the output is exact.
+    restored job commits them, and the output is exact. The park case runs
+    against one broker and against three `--cluster` brokers (all killed
+    and restarted together, the coordinator's state in PostgreSQL).
 (d) test_blue_green_cutover_exactly_once (S10): blue (prefix orders-sink,
     the topic's configured writer) runs while orders flow. Right after one
     of blue's checkpoints, once each subtask's current transaction has
@@ -613,15 +615,27 @@ S9_FEED_SECONDS = 20
 S9_TXN_TIMEOUT_MS = 10_000
 
 
+def set_fault(broker, fault):
+    """Sets (or with None clears) ONCELOG_FAULTS for the broker's next
+    start; for a cluster, each broker's."""
+    for one in getattr(broker, "brokers", [broker]):
+        if fault is None:
+            one.env.pop("ONCELOG_FAULTS", None)
+        else:
+            one.env["ONCELOG_FAULTS"] = fault
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("policy", ["abort", "park"])
+@pytest.mark.parametrize("policy,broker_factory",
+                         [("abort", "local"), ("park", "local"), ("park", "cluster")],
+                         indirect=["broker_factory"])
 def test_job_down_longer_than_transaction_timeout(policy, broker_factory, flink_jobs):
     t0 = time.monotonic()
     overrides = {}
     if policy == "park":
         overrides["transaction.two.phase.commit.prefixes"] = S9_PREFIX
     broker = broker_factory(overrides, start=False)
-    broker.env["ONCELOG_FAULTS"] = f"end-txn-unavailable:{S9_PREFIX}"
+    set_fault(broker, f"end-txn-unavailable:{S9_PREFIX}")
     broker.start()
     make_topics(broker)
     orders = make_orders(S9_ORDERS)
@@ -658,7 +672,7 @@ def test_job_down_longer_than_transaction_timeout(policy, broker_factory, flink_
     print(f"[{policy}] stuck transactions {stuck_ids}; restoring checkpoint {n}; output so far: {before}")
 
     broker.stop()
-    broker.env.pop("ONCELOG_FAULTS")
+    set_fault(broker, None)
     broker.start()
 
     # Flink stays down past the transaction timeout: the broker aborts the

@@ -254,17 +254,28 @@ _ROW_TEST = re.compile(r"`tests/([\w]+\.py)::(\w+)`")
 
 
 def _decorators_of(source, name):
-    """The decorator lines right above `def name(` in a test module."""
+    """The decorators right above `def name(` in a test module, each as one
+    string (a decorator written over several lines joined)."""
     lines = source.splitlines()
     for i, line in enumerate(lines):
         if line.startswith(f"def {name}("):
-            out = []
+            out, part = [], []
             j = i - 1
-            while j >= 0 and lines[j].startswith("@"):
-                out.append(lines[j])
+            while j >= 0 and (lines[j].startswith("@") or lines[j].startswith(" ")):
+                part.insert(0, lines[j].strip())
+                if lines[j].startswith("@"):
+                    out.append(" ".join(part))
+                    part = []
                 j -= 1
             return out
     return None
+
+
+def _runs_in_both_modes(decorator):
+    """`@both_modes`, or a parametrization of the broker fixture that
+    includes cluster mode."""
+    return "both_modes" in decorator or (
+        "broker_factory" in decorator and '"cluster"' in decorator and '"local"' in decorator)
 
 
 def test_the_conformance_table_names_real_tests():
@@ -278,7 +289,7 @@ def test_the_conformance_table_names_real_tests():
             decorators = _decorators_of((REPO_ROOT / "tests" / module).read_text(), name)
             assert decorators is not None, f"docs/conformance.md names {module}::{name}, which does not exist"
             if len(cells) >= 4 and cells[2] == "yes" and cells[3] == "yes" and cells[1].startswith(f"`tests/{module}"):
-                assert any("both_modes" in d for d in decorators), \
+                assert any(_runs_in_both_modes(d) for d in decorators), \
                     f"{module}::{name} is said to hold in both modes but is not a @both_modes test"
                 both += 1
     assert both >= 10

@@ -5,7 +5,10 @@ client's client.id and address; served from the broker's HTTP port), the
 zombie's late write is refused, logged with its transactional id and counted
 in /metrics; `oncelog txn abort` of nothing fails with "nothing open";
 `oncelog group describe` shows members and their decoded assignments and
-fails for an unknown group."""
+fails for an unknown group.
+
+Every test runs in both modes: in cluster mode the history is the
+cluster's (rows in PostgreSQL), so any broker's HTTP port answers it."""
 
 import json
 import re
@@ -15,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException
 
 from clients import cli, consumer_config, create_topic, metric, txn_producer, unique_topic
-from conftest import free_port, wait_until
+from conftest import both_modes, free_port, wait_until
 
 PEER = re.compile(r"^127\.0\.0\.1:\d+$")
 
@@ -26,12 +29,21 @@ def describe(b, tid, json_out=True):
 
 @pytest.fixture
 def hb(broker_factory):
-    """A broker whose HTTP port (metrics and histories) is a free port."""
+    """A broker whose HTTP port (metrics and histories) is a free port; a
+    cluster (each broker has its own), asked through its first broker."""
+    if getattr(broker_factory, "__name__", "") == "make":  # cluster mode
+        b = broker_factory({"group.initial.rebalance.delay.ms": 0})
+        b.admin = b.metrics_url
+        return b
     port = free_port()
     b = broker_factory({"metrics.listen": f"127.0.0.1:{port}",
                         "group.initial.rebalance.delay.ms": 0})
     b.admin = f"http://127.0.0.1:{port}"
     return b
+
+
+def in_cluster(b):
+    return getattr(b, "mode", "local") == "cluster"
 
 
 def late_write(p, topic):
@@ -52,6 +64,7 @@ def rejected_lines(b, tid):
 
 
 @pytest.mark.timeout(120)
+@both_modes("broker_factory")
 def test_two_fences_by_newer_producers(hb):
     topic = unique_topic("zh")
     create_topic(hb.bootstrap, topic)
@@ -81,7 +94,7 @@ def test_two_fences_by_newer_producers(hb):
     d = describe(hb, tid)
     assert (d["state"], d["producer_epoch"]) == ("CompleteAbort", 2)
     h = d["history"]
-    assert h["tracked"] is True and h["persisted"] is False
+    assert h["tracked"] is True and h["persisted"] is in_cluster(hb)
     fences = h["fences"]
     assert [(f["cause"], f["old_epoch"], f["new_epoch"], f["client_id"], f["open_transaction"],
              f["aborted_partitions"]) for f in fences] == [
@@ -119,7 +132,10 @@ def test_two_fences_by_newer_producers(hb):
     fence_rows = [x.split() for x in table.splitlines() if "newer_producer" in x and "fencer-" in x
                   and ("0 -> 1" in x or "1 -> 2" in x)]
     assert len(fence_rows) >= 2, table
-    assert "history kept in memory since" in table
+    if in_cluster(hb):
+        assert "history kept in the cluster's database since" in table
+    else:
+        assert "history kept in memory since" in table
 
     hist = cli(hb, "txn", "history", tid, "--admin", hb.admin)[0]
     assert hist["events"] == h["events"]
@@ -129,6 +145,7 @@ def test_two_fences_by_newer_producers(hb):
 
 
 @pytest.mark.timeout(120)
+@both_modes("broker_factory")
 def test_timeout_fence_and_the_late_write_after_it(hb):
     topic = unique_topic("zt")
     create_topic(hb.bootstrap, topic)
@@ -156,6 +173,7 @@ def test_timeout_fence_and_the_late_write_after_it(hb):
     assert metric(hb, "oncelog_rejected_zombie_writes_total", transactional_id=tid) == n
 
 
+@both_modes("broker_factory")
 def test_history_unavailable_still_describes(hb):
     topic = unique_topic("zu")
     create_topic(hb.bootstrap, topic)
@@ -179,6 +197,7 @@ def test_history_unavailable_still_describes(hb):
     assert (body["transactional_id"], body["tracked"], body["events"]) == ("no/such", False, [])
 
 
+@both_modes("broker_factory")
 def test_abort_of_nothing_open_fails(hb):
     topic = unique_topic("za")
     create_topic(hb.bootstrap, topic)
@@ -208,6 +227,7 @@ def test_abort_of_nothing_open_fails(hb):
 
 
 @pytest.mark.timeout(120)
+@both_modes("broker_factory")
 def test_group_describe_shows_members_and_assignments(hb):
     topic = unique_topic("zg")
     create_topic(hb.bootstrap, topic, partitions=2)
@@ -234,6 +254,7 @@ def test_group_describe_shows_members_and_assignments(hb):
         c.close()
 
 
+@both_modes("broker_factory")
 def test_group_describe_of_unknown_group_fails(hb):
     r = cli(hb, "group", "describe", "no-such-group", check=False)[1]
     assert (r.returncode, r.stdout, r.stderr) == (1, "", "error: group no-such-group does not exist\n")

@@ -65,7 +65,13 @@ async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
             ),
         },
         _ => match history_id(path) {
-            Some(Ok(id)) => Reply::json("200 OK", b.txn.history_json(&id)),
+            Some(Ok(id)) => match b.txns().history(&id).await {
+                Ok(v) => Reply::json("200 OK", v),
+                Err(code) => Reply::error(
+                    "503 Service Unavailable",
+                    format!("the transaction history could not be read ({code:?})"),
+                ),
+            },
             Some(Err(why)) => Reply::text("400 Bad Request", format!("{why}\n")),
             None => Reply::text("404 Not Found", "not found\n"),
         },

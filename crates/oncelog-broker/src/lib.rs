@@ -192,6 +192,9 @@ impl Broker {
             object_store = %front.cluster.objects.describe,
             "cluster mode: registered"
         );
+        // The transaction history is the cluster's: rows every broker reads.
+        self.txn
+            .journal_to(cluster::history::start(front.cluster.clone()));
         let _ = self.cluster.set(front);
         Ok(())
     }

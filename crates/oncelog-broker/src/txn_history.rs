@@ -23,7 +23,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Transactional ids whose history is kept.
 pub const MAX_IDS: usize = 2048;
@@ -60,7 +60,7 @@ impl Requester {
 }
 
 /// Why a producer was fenced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FenceCause {
     /// A producer with the same transactional id called InitProducerId.
@@ -85,7 +85,7 @@ impl FenceCause {
 }
 
 /// What an event was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     /// InitProducerId: a new id, or a producer re-initialising its own identity.
@@ -106,7 +106,7 @@ pub enum EventKind {
 }
 
 /// One thing that happened to a transactional id.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     pub time_ms: i64,
     pub event: EventKind,
@@ -119,9 +119,9 @@ pub struct Event {
     pub cause: Option<FenceCause>,
     pub client_id: Option<String>,
     pub peer: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partitions: Vec<String>,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
     /// How many times in a row this happened (refusals are folded).
     pub count: u64,
@@ -133,7 +133,7 @@ pub struct Event {
 }
 
 /// One fence of a transactional id.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fence {
     pub time_ms: i64,
     pub cause: FenceCause,
@@ -155,12 +155,12 @@ pub struct Epoch {
     pub epoch: i16,
     pub since_ms: i64,
     /// How the id got to this epoch: init, fence, timeout, administrator, end_txn.
-    pub via: &'static str,
+    pub via: String,
     /// The client the epoch was handed to, when one asked for it.
     pub client_id: Option<String>,
     pub peer: Option<String>,
     pub ended_ms: Option<i64>,
-    pub ended_by: Option<&'static str>,
+    pub ended_by: Option<String>,
 }
 
 /// Everything kept about one transactional id.
@@ -174,6 +174,30 @@ pub struct IdHistory {
     pub events_dropped: u64,
     #[serde(skip)]
     touched: u64,
+}
+
+/// One change to an id's history, as a value: local mode applies it to the
+/// broker's [`TxnHistory`] at once; cluster mode stores it (a row in
+/// PostgreSQL) and every broker replays an id's notes into a history when
+/// asked, so each answers alike.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "note", rename_all = "snake_case")]
+pub enum Note {
+    /// [`TxnHistory::event`].
+    Event { event: Event },
+    /// [`TxnHistory::event_if_known`].
+    EventIfKnown { event: Event },
+    /// [`TxnHistory::fence`].
+    Fence { fence: Fence },
+    /// [`TxnHistory::epoch`].
+    Epoch {
+        producer_id: i64,
+        epoch: i16,
+        time_ms: i64,
+        via: String,
+        client_id: Option<String>,
+        peer: Option<String>,
+    },
 }
 
 /// The histories of all tracked ids.
@@ -345,6 +369,23 @@ impl TxnHistory {
         }
     }
 
+    /// Applies one note.
+    pub fn apply(&mut self, id: &str, note: Note) {
+        match note {
+            Note::Event { event } => self.event(id, event),
+            Note::EventIfKnown { event } => self.event_if_known(id, event),
+            Note::Fence { fence } => self.fence(id, fence),
+            Note::Epoch {
+                producer_id,
+                epoch,
+                time_ms,
+                via,
+                client_id,
+                peer,
+            } => self.epoch_of(id, producer_id, epoch, time_ms, &via, client_id, peer),
+        }
+    }
+
     /// Notes that the id is now at (pid, epoch), reached `via` for `who`;
     /// closes the previous epoch. Nothing happens when the identity did not
     /// change.
@@ -354,8 +395,30 @@ impl TxnHistory {
         producer_id: i64,
         epoch: i16,
         now: i64,
-        via: &'static str,
+        via: &str,
         who: Option<&Requester>,
+    ) {
+        self.epoch_of(
+            id,
+            producer_id,
+            epoch,
+            now,
+            via,
+            who.and_then(Requester::client_id),
+            who.and_then(Requester::peer),
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn epoch_of(
+        &mut self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        now: i64,
+        via: &str,
+        client_id: Option<String>,
+        peer: Option<String>,
     ) {
         let Some(h) = self.entry(id, true) else {
             return;
@@ -366,16 +429,16 @@ impl TxnHistory {
             }
             if last.ended_ms.is_none() {
                 last.ended_ms = Some(now);
-                last.ended_by = Some(via);
+                last.ended_by = Some(via.to_string());
             }
         }
         let e = Epoch {
             producer_id,
             epoch,
             since_ms: now,
-            via,
-            client_id: who.and_then(Requester::client_id),
-            peer: who.and_then(Requester::peer),
+            via: via.to_string(),
+            client_id,
+            peer,
             ended_ms: None,
             ended_by: None,
         };
@@ -432,6 +495,38 @@ mod tests {
             open_transaction: true,
             aborted_partitions: vec!["t-0".into()],
         }
+    }
+
+    #[test]
+    fn notes_survive_a_round_trip_through_json() {
+        let w = who("c", 7);
+        let mut direct = TxnHistory::new(0);
+        let mut replayed = TxnHistory::new(0);
+        let notes = vec![
+            Note::Event {
+                event: Event::new(1, EventKind::Init, 5, 0).by(&w),
+            },
+            Note::Epoch {
+                producer_id: 5,
+                epoch: 0,
+                time_ms: 1,
+                via: "init".into(),
+                client_id: Some("c".into()),
+                peer: None,
+            },
+            Note::EventIfKnown {
+                event: Event::new(2, EventKind::RejectedWrite, 5, 0)
+                    .partitions([&("t".to_string(), 0)])
+                    .detail("stale"),
+            },
+        ];
+        for n in notes {
+            direct.apply("a", n.clone());
+            let text = serde_json::to_string(&n).unwrap();
+            replayed.apply("a", serde_json::from_str(&text).unwrap());
+        }
+        assert_eq!(direct.to_json("a"), replayed.to_json("a"));
+        assert_eq!(replayed.to_json("a")["epochs"][0]["via"], "init");
     }
 
     #[test]

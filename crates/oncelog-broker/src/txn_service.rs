@@ -48,7 +48,7 @@ use crate::partition::{Marker, MarkerError};
 use crate::storage::{PartitionStore, SharedStateLog};
 use crate::txn_coordinator::{self as tc, update_view, CoordError, Effect, TxnMeta, TxnState};
 pub use crate::txn_coordinator::{ParkPolicy, ProducerView, VerifyError};
-use crate::txn_history::{Event, EventKind, Fence, FenceCause, Requester, TxnHistory};
+use crate::txn_history::{Event, EventKind, Fence, FenceCause, Note, Requester, TxnHistory};
 use oncelog_log::now_ms;
 use oncelog_log::LogError;
 
@@ -192,11 +192,17 @@ pub struct TxnService {
     pub coordinator_epoch: i32,
     /// Recent history per transactional id, for operators (in memory only).
     history: std::sync::Mutex<TxnHistory>,
+    /// Where the history's notes go instead of `history` (cluster mode:
+    /// rows in PostgreSQL every broker reads).
+    journal: std::sync::OnceLock<HistoryJournal>,
     /// What a transaction past its timeout becomes (abort, or park).
     park: ParkPolicy,
     /// When each parked transaction was last reported in the log.
     parked_reported: std::sync::Mutex<HashMap<String, i64>>,
 }
+
+/// Where a shared history's notes are sent: (transactional id, note).
+pub type HistoryJournal = tokio::sync::mpsc::Sender<(String, Note)>;
 
 /// How often a parked transaction is reported in the log.
 pub const PARKED_REPORT_INTERVAL_MS: i64 = 60_000;
@@ -303,6 +309,7 @@ impl TxnService {
             producers: RwLock::new(producers),
             coordinator_epoch: 0,
             history: std::sync::Mutex::new(TxnHistory::new(now_ms())),
+            journal: std::sync::OnceLock::new(),
             park: ParkPolicy::default(),
             parked_reported: Default::default(),
         })
@@ -514,6 +521,56 @@ impl TxnService {
         self.history.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Sends the history's notes to `journal` from now on instead of
+    /// keeping them in this broker's memory (cluster mode).
+    pub fn journal_to(&self, journal: HistoryJournal) {
+        let _ = self.journal.set(journal);
+    }
+
+    /// Whether the history is kept elsewhere ([`Self::journal_to`]).
+    pub fn journaled(&self) -> bool {
+        self.journal.get().is_some()
+    }
+
+    /// Records one change to `id`'s history: in memory, or in the journal.
+    /// Never waits: a journal that is full drops the note (the history is
+    /// for operators; nothing reads it to decide).
+    fn record(&self, id: &str, note: Note) {
+        match self.journal.get() {
+            Some(j) => {
+                if j.try_send((id.to_string(), note)).is_err() {
+                    tracing::debug!(
+                        transactional_id = id,
+                        "transaction history note dropped: its journal is full or closed"
+                    );
+                }
+            }
+            None => self.history().apply(id, note),
+        }
+    }
+
+    fn record_epoch(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        now: i64,
+        via: &str,
+        who: Option<&Requester>,
+    ) {
+        self.record(
+            id,
+            Note::Epoch {
+                producer_id,
+                epoch,
+                time_ms: now,
+                via: via.to_string(),
+                client_id: who.and_then(|w| w.client_id.clone()),
+                peer: who.and_then(|w| w.peer.map(|p| p.to_string())),
+            },
+        );
+    }
+
     /// Reads the transaction history under its lock (the console's views).
     pub fn with_history<T>(&self, f: impl FnOnce(&TxnHistory) -> T) -> T {
         f(&self.history())
@@ -622,21 +679,70 @@ impl TxnService {
                 .by(who)
                 .partitions([partition])
                 .detail(reason);
-            self.history().event_if_known(id, e);
+            self.record(id, Note::EventIfKnown { event: e });
         }
         id
     }
 
+    /// A newer producer's InitProducerId fenced `old` and is aborting its
+    /// open transaction (`prepared`: the abort): logged, counted, noted.
+    pub fn fenced_by_init(&self, old: &TxnMeta, prepared: &TxnMeta, who: &Requester) {
+        tracing::warn!(
+            transactional_id = %old.transactional_id,
+            producer_id = prepared.producer_id,
+            old_epoch = old.epoch,
+            new_epoch = prepared.epoch,
+            partitions = prepared.partitions.len(),
+            client_id = who.client_id.as_deref().unwrap_or(""),
+            peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
+            "producer fenced by a new InitProducerId; aborting its open transaction"
+        );
+        self.count_fence(&old.transactional_id, "newer_producer");
+        self.note_fence(old, prepared, FenceCause::NewerProducer, Some(who));
+    }
+
+    /// An operator's abort fenced `old` (`prepared`: the abort): logged,
+    /// counted, noted.
+    pub fn fenced_by_admin(&self, old: &TxnMeta, prepared: &TxnMeta, who: &Requester) {
+        tracing::warn!(transactional_id = %old.transactional_id, producer_id = old.producer_id, old_epoch = old.epoch,
+            new_epoch = prepared.epoch, cause = "administrator", client_id = who.client_id.as_deref().unwrap_or(""),
+            peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
+            "transaction aborted by an administrator; its producer is fenced");
+        self.count_fence(&old.transactional_id, "administrator");
+        self.note_fence(old, prepared, FenceCause::Administrator, Some(who));
+    }
+
+    /// Notes partitions added to a transaction: its begin, or more
+    /// partitions (`before`: the id's state before the add).
+    pub fn note_added(&self, before: Option<&TxnMeta>, after: &TxnMeta, who: &Requester) {
+        let was_open = before.is_some_and(|m| m.state == TxnState::Ongoing);
+        let (kind, added): (EventKind, Vec<&(String, i32)>) = match before {
+            Some(b) if was_open => {
+                let added = after
+                    .partitions
+                    .iter()
+                    .filter(|p| !b.partitions.contains(p))
+                    .collect();
+                (EventKind::AddPartitions, added)
+            }
+            _ => (EventKind::Begin, after.partitions.iter().collect()),
+        };
+        let e = Event::new(now_ms(), kind, after.producer_id, after.epoch)
+            .by(who)
+            .partitions(added);
+        self.record(&after.transactional_id, Note::Event { event: e });
+    }
+
     /// Notes a request refused because its producer is fenced.
-    fn note_fenced_request(&self, id: &str, pid: i64, epoch: i16, what: &str, who: &Requester) {
+    pub fn note_fenced_request(&self, id: &str, pid: i64, epoch: i16, what: &str, who: &Requester) {
         let e = Event::new(now_ms(), EventKind::FencedRequest, pid, epoch)
             .by(who)
             .detail(format!("{what} refused: producer fenced"));
-        self.history().event_if_known(id, e);
+        self.record(id, Note::EventIfKnown { event: e });
     }
 
     /// Notes a fence (history only; the caller logs and counts it).
-    fn note_fence(
+    pub fn note_fence(
         &self,
         before: &TxnMeta,
         after: &TxnMeta,
@@ -663,12 +769,12 @@ impl TxnService {
                 Vec::new()
             },
         };
-        self.history().fence(&before.transactional_id, f);
+        self.record(&before.transactional_id, Note::Fence { fence: f });
     }
 
     /// Notes a completed transaction: its commit or abort event and, when
     /// the identity moved, the new epoch (`via` says how, `holder` who got it).
-    fn note_end(
+    pub fn note_end(
         &self,
         prepared: &TxnMeta,
         done: &TxnMeta,
@@ -704,14 +810,18 @@ impl TxnService {
             ));
         }
         let id = &prepared.transactional_id;
-        let mut h = self.history();
-        h.event(id, e.detail(detail.join("; ")));
-        h.epoch(id, done.producer_id, done.epoch, now, via, holder);
+        self.record(
+            id,
+            Note::Event {
+                event: e.detail(detail.join("; ")),
+            },
+        );
+        self.record_epoch(id, done.producer_id, done.epoch, now, via, holder);
     }
 
     /// Notes a successful InitProducerId: a new id, a retry, the producer's
     /// own bump (KIP-360), or a newer producer fencing an idle previous one.
-    fn note_init(
+    pub fn note_init(
         &self,
         before: Option<&TxnMeta>,
         after: &TxnMeta,
@@ -722,24 +832,22 @@ impl TxnService {
         let id = &after.transactional_id;
         let init = Event::new(now, EventKind::Init, after.producer_id, after.epoch).by(who);
         let Some(b) = before else {
-            let mut h = self.history();
-            h.event(id, init.detail("new transactional id"));
-            h.epoch(id, after.producer_id, after.epoch, now, "init", Some(who));
+            let event = init.detail("new transactional id");
+            self.record(id, Note::Event { event });
+            self.record_epoch(id, after.producer_id, after.epoch, now, "init", Some(who));
             return;
         };
         if (b.producer_id, b.epoch) == (after.producer_id, after.epoch) {
-            self.history()
-                .event(id, init.detail("retry: the same identity answered again"));
+            let event = init.detail("retry: the same identity answered again");
+            self.record(id, Note::Event { event });
             return;
         }
         if expected == Some((b.producer_id, b.epoch)) {
-            let mut h = self.history();
-            h.event(
-                id,
-                init.old_epoch(b.epoch)
-                    .detail("the producer re-initialised its own identity"),
-            );
-            h.epoch(id, after.producer_id, after.epoch, now, "init", Some(who));
+            let event = init
+                .old_epoch(b.epoch)
+                .detail("the producer re-initialised its own identity");
+            self.record(id, Note::Event { event });
+            self.record_epoch(id, after.producer_id, after.epoch, now, "init", Some(who));
             return;
         }
         // A new producer took the id: whoever held the old epoch is fenced.
@@ -749,7 +857,7 @@ impl TxnService {
             peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
             "a newer producer took the transactional id; the previous epoch is fenced");
         self.note_fence(b, after, FenceCause::NewerProducer, Some(who));
-        self.history().epoch(
+        self.record_epoch(
             id,
             after.producer_id,
             after.epoch,
@@ -1012,21 +1120,8 @@ impl TxnService {
             return Err(TxnError::ProducerIds(e));
         }
         let ends = tc::transition(&effects).map(|(p, d)| (p.clone(), d.clone()));
-        if let Some((f, _)) = &ends {
-            tracing::warn!(
-                transactional_id = id,
-                producer_id = f.producer_id,
-                old_epoch = f.epoch - 1,
-                new_epoch = f.epoch,
-                partitions = f.partitions.len(),
-                client_id = who.client_id.as_deref().unwrap_or(""),
-                peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
-                "producer fenced by a new InitProducerId; aborting its open transaction"
-            );
-            self.count_fence(id, "newer_producer");
-            if let Some(old) = &before {
-                self.note_fence(old, f, FenceCause::NewerProducer, Some(who));
-            }
+        if let (Some((f, _)), Some(old)) = (&ends, &before) {
+            self.fenced_by_init(old, f, who);
         }
         let answer = self.run(b, &held, effects).await?;
         match &ends {
@@ -1113,16 +1208,7 @@ impl TxnService {
                     }
                 }
                 let Some(m) = changed else { return Ok(()) };
-                let (kind, added): (EventKind, Vec<&(String, i32)>) = if was_open {
-                    let added = m.partitions.iter().filter(|p| !had.contains(p)).collect();
-                    (EventKind::AddPartitions, added)
-                } else {
-                    (EventKind::Begin, m.partitions.iter().collect())
-                };
-                let e = Event::new(now_ms(), kind, pid, epoch)
-                    .by(who)
-                    .partitions(added);
-                self.history().event(id, e);
+                self.note_added(before, &m, who);
                 Ok(())
             }
             Err(e) => {
@@ -1270,7 +1356,7 @@ impl TxnService {
         let e = Event::new(now_ms(), kind, m.producer_id, m.epoch)
             .partitions(&m.partitions)
             .detail("markers re-driven after a restart");
-        self.history().event(&m.transactional_id, e);
+        self.record(&m.transactional_id, Note::Event { event: e });
     }
 
     /// Starts the abort (with an epoch bump) of every transaction past its
@@ -1374,7 +1460,7 @@ impl TxnService {
                 view.remove(&m.producer_id);
                 drop(view);
                 let e = Event::new(now_ms(), EventKind::Expired, m.producer_id, m.epoch);
-                self.history().event_if_known(&id, e);
+                self.record(&id, Note::EventIfKnown { event: e });
             }
             tracing::info!(transactional_id = %id, "transactional id expired");
         }
@@ -1415,12 +1501,7 @@ impl TxnService {
             if let Some(e) = alloc_err {
                 return Err(TxnError::ProducerIds(e));
             }
-            tracing::warn!(transactional_id = %m.transactional_id, producer_id = pid, old_epoch = m.epoch,
-                new_epoch = f.epoch, cause = "administrator", client_id = who.client_id.as_deref().unwrap_or(""),
-                peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
-                "transaction aborted by an administrator; its producer is fenced");
-            self.count_fence(&m.transactional_id, "administrator");
-            self.note_fence(&m, &f, FenceCause::Administrator, Some(who));
+            self.fenced_by_admin(&m, &f, who);
             self.run(b, &held, effects).await?;
             self.note_end(&f, &done, f.epoch, "administrator", Some(who), None);
             return Ok(AdminAbort::Aborted);

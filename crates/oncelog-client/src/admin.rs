@@ -111,7 +111,14 @@ pub async fn open_transaction_of(c: &mut Client, pid: i64) -> Result<Option<Stri
         .call::<_, ListTransactionsResponse>(ApiKey::ListTransactions, &req)
         .await?;
     check(r.error_code, "list transactions")?;
-    Ok(r.transaction_states
+    Ok(open_transaction_in(&r, pid))
+}
+
+/// The transactional id whose transaction a ListTransactions answer shows
+/// open (or completing) for producer id `pid`, if any. (In a cluster each
+/// broker lists the ids it coordinates: look through every broker's.)
+pub fn open_transaction_in(r: &ListTransactionsResponse, pid: i64) -> Option<String> {
+    r.transaction_states
         .iter()
         .find(|t| {
             t.producer_id.0 == pid
@@ -120,7 +127,7 @@ pub async fn open_transaction_of(c: &mut Client, pid: i64) -> Result<Option<Stri
                     "Ongoing" | "PrepareCommit" | "PrepareAbort"
                 )
         })
-        .map(|t| t.transactional_id.0.to_string()))
+        .map(|t| t.transactional_id.0.to_string())
 }
 
 /// What holds a partition back at its last stable offset.

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use bytes::BytesMut;
 use oncelog_log::LogError;
@@ -110,14 +111,14 @@ pub enum DeleteError {
 /// The partitions' logs.
 pub enum Logs<'a> {
     Local(&'a Broker),
-    Cluster(&'a Front),
+    Cluster(&'a Arc<Broker>, &'a Front),
 }
 
 impl Broker {
     /// This broker's partition logs.
-    pub fn logs(&self) -> Logs<'_> {
+    pub fn logs(self: &Arc<Self>) -> Logs<'_> {
         match self.cluster.get() {
-            Some(front) => Logs::Cluster(front),
+            Some(front) => Logs::Cluster(self, front),
             None => Logs::Local(self),
         }
     }
@@ -152,7 +153,7 @@ impl Logs<'_> {
                 }
                 Ok(read)
             }
-            Logs::Cluster(front) => {
+            Logs::Cluster(_, front) => {
                 let warn = |e: crate::cluster::ClusterError| {
                     crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: read failed");
                     PartitionError::Storage
@@ -189,8 +190,8 @@ impl Logs<'_> {
     /// batch `producer` when it has a producer id), to `topic`'s
     /// `partition`. The batch takes its place now, in the order of calls;
     /// it is acknowledged when it is durable. A zombie's or a late
-    /// transactional write is refused (and in local mode kept in the
-    /// transaction history), as are idempotence violations.
+    /// transactional write is refused (and kept in the transaction
+    /// history), as are idempotence violations.
     pub async fn append(
         &self,
         topic: &TopicMeta,
@@ -252,48 +253,16 @@ impl Logs<'_> {
                         ErrorCode::UnknownTopicOrPartition,
                         format!("topic {name} was deleted"),
                     ),
-                    AppendError::Unverified(e) => {
+                    AppendError::Unverified(e) => match producer {
+                        Some(pb) => unverified(b, &tp, pb, transactional_id, &e, who),
                         // checked only for a batch with a producer id
-                        let Some(pb) = producer else {
-                            return Err(Refusal::new(ErrorCode::InvalidTxnState, e.to_string()));
-                        };
-                        let why = e.to_string();
-                        let tid = b.txn.rejected_write(
-                            pb.producer_id,
-                            pb.epoch,
-                            &tp,
-                            transactional_id,
-                            &why,
-                            who,
-                        );
-                        tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
-                            producer_id = pb.producer_id, epoch = pb.epoch, reason = why.as_str(), "transactional produce refused");
-                        Refusal::new(unverified_code(&e), why)
-                    }
-                    AppendError::Rejected(r) => {
+                        None => Refusal::new(ErrorCode::InvalidTxnState, e.to_string()),
+                    },
+                    AppendError::Rejected(r) => match producer {
+                        Some(pb) => rejected(b, &tp, pb, transactional_id, &r, who),
                         // refused only for a batch with a producer id
-                        let Some(pb) = producer else {
-                            return Err(Refusal::new(ErrorCode::InvalidRecord, r.to_string()));
-                        };
-                        // A transactional batch at a stale epoch is a zombie's late write.
-                        let tid = match r {
-                            ProduceReject::InvalidProducerEpoch { .. } if pb.transactional => {
-                                let why = r.to_string();
-                                b.txn.rejected_write(
-                                    pb.producer_id,
-                                    pb.epoch,
-                                    &tp,
-                                    transactional_id,
-                                    &why,
-                                    who,
-                                )
-                            }
-                            _ => b.txn.transactional_id_of(pb.producer_id),
-                        };
-                        tracing::warn!(partition = %p.name(), transactional_id = tid.as_deref().unwrap_or("-"),
-                            producer_id = pb.producer_id, epoch = pb.epoch, first_seq = pb.first_seq, reason = %r, "produce rejected");
-                        Refusal::new(reject_code(&r), r.to_string())
-                    }
+                        None => Refusal::new(ErrorCode::InvalidRecord, r.to_string()),
+                    },
                     AppendError::Storage(LogError::Io { op, path, source }) => {
                         tracing::error!(partition = %p.name(), op, path = %path.display(), error = %source,
                             "append failed; not acknowledged");
@@ -308,7 +277,7 @@ impl Logs<'_> {
                     }
                 })
             }
-            Logs::Cluster(front) => {
+            Logs::Cluster(b, front) => {
                 if !(0..topic.partitions).contains(&partition) {
                     return Err(unknown());
                 }
@@ -320,10 +289,25 @@ impl Logs<'_> {
                     .submit(topic.id, &topic.name, partition, data.freeze())
                     .await
                     .map_err(|e| Refusal::new(ErrorCode::KafkaStorageError, e.to_string()))?;
+                // What a refusal is noted with (a zombie's late write).
+                let (b, pb) = ((*b).clone(), producer.copied());
+                let (tp, tid) = (
+                    (topic.name.clone(), partition),
+                    transactional_id.map(str::to_string),
+                );
+                let who = who.clone();
                 Ok(Appending::Later(Box::pin(async move {
                     use crate::cluster::flusher::PRODUCE_TIMEOUT;
                     match tokio::time::timeout(PRODUCE_TIMEOUT, rx).await {
-                        Ok(Ok(o)) => committed(o),
+                        Ok(Ok(o)) => match (o, pb) {
+                            (Ok(BatchOutcome::Unverified(e)), Some(pb)) => {
+                                Err(unverified(&b, &tp, &pb, tid.as_deref(), &e, &who))
+                            }
+                            (Ok(BatchOutcome::Rejected(r)), Some(pb)) => {
+                                Err(rejected(&b, &tp, &pb, tid.as_deref(), &r, &who))
+                            }
+                            (o, _) => committed(o),
+                        },
                         Ok(Err(_)) => Err(Refusal::new(
                             ErrorCode::KafkaStorageError,
                             "the flusher stopped",
@@ -351,7 +335,7 @@ impl Logs<'_> {
                 .and_then(|t| t.store(partition))
                 .map(|p| p.producers())
                 .ok_or(PartitionError::Unknown),
-            Logs::Cluster(front) => {
+            Logs::Cluster(_, front) => {
                 let warn = |e: ClusterError| {
                     crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading producer state failed");
                     PartitionError::Storage
@@ -391,7 +375,7 @@ impl Logs<'_> {
                     }
                 })
             }
-            Logs::Cluster(front) => {
+            Logs::Cluster(_, front) => {
                 use crate::cluster::records::{self, Refused};
                 if !(0..topic.partitions).contains(&partition) {
                     return Err(DeleteError::Unknown);
@@ -423,7 +407,7 @@ impl Logs<'_> {
                 let s = p.status();
                 Ok((s.high_watermark, s.last_stable_offset))
             }
-            Logs::Cluster(front) => {
+            Logs::Cluster(_, front) => {
                 let warn = |e: ClusterError| {
                     crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading a partition's offsets failed");
                     PartitionError::Storage
@@ -460,7 +444,7 @@ impl Logs<'_> {
                     }
                 })
                 .collect(),
-            Logs::Cluster(front) => {
+            Logs::Cluster(_, front) => {
                 let me = front.cluster.config.broker_id;
                 let live: Vec<i32> = front.live().iter().map(|x| x.id).collect();
                 match crate::cluster::reader::all_offsets(&front.cluster).await {
@@ -491,7 +475,7 @@ impl Logs<'_> {
     pub fn data_notify(&self) -> &tokio::sync::Notify {
         match self {
             Logs::Local(b) => &b.data_notify,
-            Logs::Cluster(front) => &front.cluster.data_notify,
+            Logs::Cluster(_, front) => &front.cluster.data_notify,
         }
     }
 
@@ -517,7 +501,7 @@ impl Logs<'_> {
                     PartitionError::Storage
                 })
             }
-            Logs::Cluster(front) => {
+            Logs::Cluster(_, front) => {
                 let warn = |e: crate::cluster::ClusterError| {
                     crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: offset lookup failed");
                     PartitionError::Storage
@@ -539,6 +523,53 @@ impl Logs<'_> {
 }
 
 /// A cluster-mode batch's answer from its commit's outcome.
+/// A batch refused because its producer has no open transaction holding
+/// the partition at its epoch (a zombie's or a late write): noted in the
+/// id's history, counted, logged.
+fn unverified(
+    b: &Broker,
+    tp: &(String, i32),
+    pb: &ProducerBatch,
+    transactional_id: Option<&str>,
+    e: &VerifyError,
+    who: &Requester,
+) -> Refusal {
+    let why = e.to_string();
+    let tid = b
+        .txn
+        .rejected_write(pb.producer_id, pb.epoch, tp, transactional_id, &why, who);
+    tracing::warn!(partition = %format!("{}-{}", tp.0, tp.1), transactional_id = tid.as_deref().unwrap_or("-"),
+        producer_id = pb.producer_id, epoch = pb.epoch, reason = why.as_str(), "transactional produce refused");
+    Refusal::new(unverified_code(e), why)
+}
+
+/// A batch its producer's state refused (idempotence, or a stale epoch:
+/// a transactional one is a zombie's late write, noted in the id's history
+/// and counted); logged.
+fn rejected(
+    b: &Broker,
+    tp: &(String, i32),
+    pb: &ProducerBatch,
+    transactional_id: Option<&str>,
+    r: &ProduceReject,
+    who: &Requester,
+) -> Refusal {
+    let tid = match r {
+        ProduceReject::InvalidProducerEpoch { .. } if pb.transactional => {
+            let why = r.to_string();
+            b.txn
+                .rejected_write(pb.producer_id, pb.epoch, tp, transactional_id, &why, who)
+        }
+        _ => b
+            .txn
+            .transactional_id_of(pb.producer_id)
+            .or_else(|| transactional_id.map(str::to_string)),
+    };
+    tracing::warn!(partition = %format!("{}-{}", tp.0, tp.1), transactional_id = tid.as_deref().unwrap_or("-"),
+        producer_id = pb.producer_id, epoch = pb.epoch, first_seq = pb.first_seq, reason = %r, "produce rejected");
+    Refusal::new(reject_code(r), r.to_string())
+}
+
 fn committed(o: crate::cluster::flusher::ProduceResult) -> Result<Acked, Refusal> {
     match o {
         Ok(BatchOutcome::Appended {

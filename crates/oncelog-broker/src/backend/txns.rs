@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use crate::cluster::cutover::Gates;
 use crate::cluster::front::Front;
-use crate::cluster::txn::Refusal;
+use crate::cluster::txn::{Ran, Refusal};
 use crate::cluster::ClusterError;
 use crate::error::{ErrorCode, Gate};
 use crate::txn_coordinator::{self as tc, CoordError, TxnMeta, VerifyError};
-use crate::txn_history::Requester;
+use crate::txn_history::{FenceCause, Requester};
 use crate::txn_service::{EndRequest, Init, Parked, TxnError};
 use crate::Broker;
 
@@ -109,18 +109,11 @@ impl Txns<'_> {
                 .map_err(|e| txn_error_code(&e, fenced_known)),
             Txns::Cluster(b, front) => {
                 let tid = id.to_string();
-                let before: std::sync::Mutex<Option<TxnMeta>> = std::sync::Mutex::new(None);
-                let seen = &before;
-                let kept: std::sync::Mutex<Option<(i64, i16)>> = std::sync::Mutex::new(None);
-                let keeps = &kept;
                 let f = Box::new(
                     move |m: Option<&TxnMeta>,
                           now: i64,
                           new_pid: &mut dyn FnMut() -> i64,
                           g: &Gates| {
-                        if let Ok(mut b) = seen.lock() {
-                            *b = m.cloned();
-                        }
                         // Keeping the prepared transaction aborts nothing.
                         if let Some((m, t)) = m
                             .filter(|_| !two_phase.keep_prepared)
@@ -135,24 +128,52 @@ impl Txns<'_> {
                             ))
                             .into());
                         }
-                        let (effects, k) = tc::decide_init_2pc(
+                        let (effects, _) = tc::decide_init_2pc(
                             m, &tid, timeout_ms, expected, two_phase, now, new_pid,
                         )?;
-                        if let Ok(mut kept) = keeps.lock() {
-                            *kept = k;
-                        }
                         Ok(effects)
                     },
                 );
-                let (pid, epoch) =
-                    decide(front, id, "InitProducerId", &[], f, fenced_known).await?;
-                let before = before.into_inner().unwrap_or_else(|p| p.into_inner());
-                let kept = kept.into_inner().unwrap_or_else(|p| p.into_inner());
+                let asker = expected.unwrap_or((-1, -1));
+                let ran = decide(
+                    b,
+                    front,
+                    id,
+                    "InitProducerId",
+                    &[],
+                    f,
+                    fenced_known,
+                    (asker, who),
+                )
+                .await?;
+                let (pid, epoch) = ran.identity;
+                let before = ran.before.as_ref();
+                // KIP-939: the open transaction kept, at the next epoch.
+                let kept = before
+                    .filter(|m| two_phase.keep_prepared && m.state == tc::TxnState::Ongoing)
+                    .filter(|_| {
+                        ran.ended().is_none()
+                            && ran
+                                .after()
+                                .is_some_and(|a| a.state == tc::TxnState::Ongoing)
+                    })
+                    .map(|m| (m.producer_id, m.epoch));
                 if let Some((kpid, kepoch)) = kept {
                     tracing::info!(transactional_id = id, producer_id = pid, epoch, prepared_producer_id = kpid, prepared_epoch = kepoch,
                         "InitProducerId kept the prepared transaction (KIP-939 keepPreparedTxn); the new producer commits or aborts it");
-                } else {
-                    log_fence(b, id, before.as_ref(), expected, (pid, epoch), who);
+                }
+                match (before, ran.ended()) {
+                    (Some(old), Some((f, done))) => {
+                        b.txn.fenced_by_init(old, f, who);
+                        b.txn.count_completed(false, old.start_ms);
+                        b.txn
+                            .note_end(f, done, f.epoch, "newer_producer", None, Some(who));
+                    }
+                    _ => {
+                        if let Some(after) = ran.after() {
+                            b.txn.note_init(before, after, expected, who);
+                        }
+                    }
                 }
                 tracing::debug!(transactional_id = %id, producer_id = pid, epoch, "cluster: producer initialised");
                 Ok(Init {
@@ -184,7 +205,7 @@ impl Txns<'_> {
                     .await
                     .map_err(|e| txn_error_code(&e, fenced_known))
             }
-            Txns::Cluster(_, front) => {
+            Txns::Cluster(b, front) => {
                 let add = parts.to_vec();
                 let names: Vec<String> = parts.iter().map(|(t, _)| t.clone()).collect();
                 let tid = id.to_string();
@@ -195,9 +216,21 @@ impl Txns<'_> {
                         Ok(effects)
                     },
                 );
-                decide(front, id, "AddPartitionsToTxn", &names, f, fenced_known)
-                    .await
-                    .map(|_| ())
+                let ran = decide(
+                    b,
+                    front,
+                    id,
+                    "AddPartitionsToTxn",
+                    &names,
+                    f,
+                    fenced_known,
+                    ((pid, epoch), who),
+                )
+                .await?;
+                if let Some(after) = ran.after() {
+                    b.txn.note_added(ran.before.as_ref(), after, who);
+                }
+                Ok(())
             }
         }
     }
@@ -219,15 +252,28 @@ impl Txns<'_> {
                 .add_partitions(id, pid, epoch, &parts)
                 .await
                 .map_err(|e| txn_error_code(&e, fenced_known)),
-            Txns::Cluster(_, front) => {
+            Txns::Cluster(b, front) => {
                 let f = Box::new(
                     move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64, _: &Gates| {
                         Ok(tc::decide_add_partitions(m, pid, epoch, &parts, now)?)
                     },
                 );
-                decide(front, id, "AddOffsetsToTxn", &[], f, fenced_known)
-                    .await
-                    .map(|_| ())
+                let who = Requester::default();
+                let ran = decide(
+                    b,
+                    front,
+                    id,
+                    "AddOffsetsToTxn",
+                    &[],
+                    f,
+                    fenced_known,
+                    ((pid, epoch), &who),
+                )
+                .await?;
+                if let Some(after) = ran.after() {
+                    b.txn.note_added(ran.before.as_ref(), after, &who);
+                }
+                Ok(())
             }
         }
     }
@@ -337,10 +383,24 @@ impl Txns<'_> {
                     }
                 }
             }
-            Txns::Cluster(_, front) => {
+            Txns::Cluster(b, front) => {
                 use crate::cluster::txn::AdminAbort;
                 match crate::cluster::txn::admin_abort(&front.cluster, pid).await {
-                    Ok(AdminAbort::Done) => Ok(true),
+                    Ok(AdminAbort::Done(aborted)) => {
+                        for (old, prepared, done) in &aborted {
+                            b.txn.fenced_by_admin(old, prepared, who);
+                            b.txn.count_completed(false, old.start_ms);
+                            b.txn.note_end(
+                                prepared,
+                                done,
+                                prepared.epoch,
+                                "administrator",
+                                Some(who),
+                                None,
+                            );
+                        }
+                        Ok(true)
+                    }
                     Ok(AdminAbort::NotKnown) => Ok(false),
                     Err(e) => {
                         crate::cluster::outage::cluster_warn!(front.cluster.outage, e, producer_id = pid, error = %e, "cluster: admin abort not committed");
@@ -388,6 +448,22 @@ impl Txns<'_> {
         }
     }
 
+    /// The history of transactional id `id` as JSON
+    /// ([`crate::txn_history::TxnHistory::to_json`]): this broker's memory
+    /// in local mode; the cluster's rows, the same through every broker,
+    /// in cluster mode.
+    pub async fn history(&self, id: &str) -> Result<serde_json::Value, ErrorCode> {
+        match self {
+            Txns::Local(b) => Ok(b.txn.history_json(id)),
+            Txns::Cluster(_, front) => crate::cluster::history::read(&front.cluster, id)
+                .await
+                .map_err(|e| {
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: the transaction history could not be read");
+                    ErrorCode::CoordinatorNotAvailable
+                }),
+        }
+    }
+
     /// One pass of the timeout driver: each transaction past its timeout
     /// is aborted and its producer fenced, or parked, as
     /// [`TxnService::on_timeout`](crate::txn_service::TxnService::on_timeout)
@@ -403,6 +479,16 @@ impl Txns<'_> {
                         for t in ended {
                             b.txn.count_fence(&t.before.transactional_id, "timeout");
                             b.txn.count_completed(false, t.before.start_ms);
+                            b.txn
+                                .note_fence(&t.before, &t.prepared, FenceCause::Timeout, None);
+                            b.txn.note_end(
+                                &t.prepared,
+                                &t.done,
+                                t.prepared.epoch,
+                                "timeout",
+                                None,
+                                None,
+                            );
                         }
                     }
                     Err(e) => {
@@ -486,41 +572,41 @@ impl Txns<'_> {
                     commit,
                     tv2,
                 } = req;
-                // The topics an open transaction commits to (for the record
-                // of each topic's writers).
-                let committed: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-                let seen = &committed;
-                // the open transaction's start, when this end completes one
-                let started: std::sync::Mutex<Option<i64>> = std::sync::Mutex::new(None);
-                let start = &started;
                 let tid = id.to_string();
                 let f = Box::new(
                     move |m: Option<&TxnMeta>,
                           now: i64,
                           new_pid: &mut dyn FnMut() -> i64,
                           g: &Gates| {
-                        if let Some(m) =
-                            m.filter(|m| m.state == tc::TxnState::Ongoing && m.producer_id == pid)
-                        {
-                            if let (true, Ok(mut c)) = (commit, seen.lock()) {
-                                *c = m.partitions.iter().map(|(t, _)| t.clone()).collect();
-                            }
-                            if let Ok(mut s) = start.lock() {
-                                *s = Some(m.start_ms);
-                            }
-                        }
                         let effects = tc::decide_end(m, pid, epoch, commit, tv2, now, new_pid)?;
                         // The writer fence and a cut-over, in the step that commits.
                         g.check_commit(&tid, &effects)?;
                         Ok(effects)
                     },
                 );
-                let next = decide(front, id, "EndTxn", &[], f, fenced_known).await?;
+                let ran = decide(
+                    b,
+                    front,
+                    id,
+                    "EndTxn",
+                    &[],
+                    f,
+                    fenced_known,
+                    ((pid, epoch), who),
+                )
+                .await?;
                 tracing::debug!(transactional_id = %id, commit, "cluster: transaction ended");
-                if let Some(start_ms) = started.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                    b.txn.count_completed(commit, start_ms);
+                // The topics a commit wrote to (for the record of each
+                // topic's writers).
+                let mut topics = Vec::new();
+                if let Some((prepared, done)) = ran.ended() {
+                    b.txn.count_completed(commit, prepared.start_ms);
+                    b.txn
+                        .note_end(prepared, done, epoch, "end_txn", Some(who), Some(who));
+                    if commit {
+                        topics = prepared.partitions.iter().map(|(t, _)| t.clone()).collect();
+                    }
                 }
-                let mut topics = committed.into_inner().unwrap_or_else(|p| p.into_inner());
                 topics.retain(|t| t != crate::groups::OFFSETS_TOPIC);
                 topics.sort();
                 topics.dedup();
@@ -542,7 +628,7 @@ impl Txns<'_> {
                         }
                     });
                 }
-                Ok(next)
+                Ok(ran.identity)
             }
         }
     }
@@ -594,31 +680,43 @@ impl Txns<'_> {
                 }
                 Err((code, NOT_ADDED.to_string()))
             }
-            Txns::Cluster(_, front) => {
+            Txns::Cluster(b, front) => {
                 let add = parts.to_vec();
                 let names: Vec<String> = parts.iter().map(|(t, _)| t.clone()).collect();
-                // the gate's reason, for the answer's message
-                let gate: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-                let why = &gate;
                 let id = tid.to_string();
                 let f = Box::new(
                     move |m: Option<&TxnMeta>, now: i64, _: &mut dyn FnMut() -> i64, g: &Gates| {
                         let effects = tc::decide_add_partitions(m, pid, epoch, &add, now)?;
-                        if let Err(e) = g.check_adds(m, &id, add.iter().map(|(t, _)| t.as_str())) {
-                            if let Ok(mut w) = why.lock() {
-                                *w = Some(e.to_string());
-                            }
-                            return Err(e);
-                        }
+                        g.check_adds(m, &id, add.iter().map(|(t, _)| t.as_str()))?;
                         Ok(effects)
                     },
                 );
-                let code = match decide(front, tid, "Produce", &names, f, false).await {
-                    Ok(_) => return Ok(()),
-                    Err(code) => code,
+                let declined = match decide(
+                    b,
+                    front,
+                    tid,
+                    "Produce",
+                    &names,
+                    f,
+                    false,
+                    ((pid, epoch), who),
+                )
+                .await
+                {
+                    Ok(ran) => {
+                        if let Some(after) = ran.after() {
+                            b.txn.note_added(ran.before.as_ref(), after, who);
+                        }
+                        return Ok(());
+                    }
+                    Err(d) => d,
                 };
-                let code = match code {
+                let code = match declined.code {
                     ErrorCode::InvalidProducerEpoch | ErrorCode::ProducerFenced => {
+                        for tp in parts {
+                            b.txn
+                                .rejected_write(pid, epoch, tp, Some(tid), "producer fenced", who);
+                        }
                         ErrorCode::InvalidProducerEpoch
                     }
                     ErrorCode::ConcurrentTransactions | ErrorCode::CoordinatorNotAvailable => {
@@ -629,11 +727,7 @@ impl Txns<'_> {
                     }
                     _ => ErrorCode::InvalidTxnState,
                 };
-                let why = gate
-                    .into_inner()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .unwrap_or_else(|| NOT_ADDED.to_string());
-                Err((code, why))
+                Err((code, declined.why.unwrap_or_else(|| NOT_ADDED.to_string())))
             }
         }
     }
@@ -651,86 +745,88 @@ fn coord_code(e: CoordError, fenced_known: bool) -> ErrorCode {
     }
 }
 
+/// Why a decision was declined: the wire code, and the reason a gate
+/// gave (for an answer's message).
+struct Declined {
+    code: ErrorCode,
+    why: Option<String>,
+}
+
+impl From<ErrorCode> for Declined {
+    fn from(code: ErrorCode) -> Self {
+        Self { code, why: None }
+    }
+}
+
+impl From<Declined> for ErrorCode {
+    fn from(d: Declined) -> Self {
+        d.code
+    }
+}
+
 /// Runs a coordinator decision (with the gates of `topics`); storage
 /// failures are retriable (COORDINATOR_NOT_AVAILABLE: the client looks the
-/// coordinator up again). `what` names the request in the log lines.
+/// coordinator up again). `what` names the request in the log lines;
+/// `asker` (the identity it came with, and who sent it) goes in the id's
+/// history when it is refused as a fenced producer's.
+#[allow(clippy::too_many_arguments)]
 async fn decide(
+    b: &Broker,
     front: &Front,
     id: &str,
     what: &str,
     topics: &[String],
     f: Box<crate::cluster::txn::Decide<'_>>,
     fenced_known: bool,
-) -> Result<(i64, i16), ErrorCode> {
-    match crate::cluster::txn::run(&front.cluster, id, topics, f).await {
-        Ok(Ok(identity)) => Ok(identity),
-        Ok(Err(Refusal::Coord(CoordError::ProducerFenced))) => {
-            tracing::warn!(
-                transactional_id = id,
-                request = what,
-                "{what} from a fenced producer"
-            );
-            Err(coord_code(CoordError::ProducerFenced, fenced_known))
-        }
-        Ok(Err(Refusal::Coord(e))) => {
-            tracing::debug!(transactional_id = id, error = %e, "cluster: coordinator refused");
-            Err(coord_code(e, fenced_known))
-        }
-        // As local mode: a held commit is retried by the client.
-        Ok(Err(Refusal::Gate(Gate::Held(why)))) => {
-            tracing::debug!(transactional_id = id, request = what, reason = %why, "commit held");
-            Err(ErrorCode::ConcurrentTransactions)
-        }
-        Ok(Err(Refusal::SecondWriter(why))) => {
-            tracing::warn!(transactional_id = id, request = what, reason = %why, "second transactional writer refused");
-            Err(ErrorCode::TransactionalIdAuthorizationFailed)
-        }
-        Ok(Err(Refusal::Gate(Gate::Refused(why)))) => {
-            tracing::warn!(transactional_id = id, request = what, reason = %why, "transactional write refused");
-            Err(ErrorCode::TransactionalIdAuthorizationFailed)
-        }
+    asker: ((i64, i16), &Requester),
+) -> Result<Ran, Declined> {
+    let refused = match crate::cluster::txn::run(&front.cluster, id, topics, f).await {
+        Ok(Ok(ran)) => return Ok(ran),
+        Ok(Err(r)) => r,
         Err(e) => {
             crate::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: coordinator decision not committed");
-            Err(ErrorCode::CoordinatorNotAvailable)
+            return Err(ErrorCode::CoordinatorNotAvailable.into());
         }
-    }
-}
-
-/// Logs what an InitProducerId did to the id's previous producer, as local
-/// mode does: a newer producer fences the old epoch, and aborts the
-/// transaction it had open.
-fn log_fence(
-    b: &Broker,
-    id: &str,
-    before: Option<&TxnMeta>,
-    expected: Option<(i64, i16)>,
-    after: (i64, i16),
-    who: &Requester,
-) {
-    let Some(before) = before else { return };
-    if expected == Some((before.producer_id, before.epoch))
-        || (before.producer_id, before.epoch) == after
-    {
-        return;
-    }
-    b.txn.count_fence(id, "newer_producer");
-    let client_id = who.client_id.as_deref().unwrap_or("");
-    let peer = who.peer.map(|p| p.to_string()).unwrap_or_default();
-    let m = before;
-    if m.state == tc::TxnState::Ongoing {
-        b.txn.count_completed(false, m.start_ms);
-        let partitions: Vec<String> = m
-            .partitions
-            .iter()
-            .map(|(t, p)| format!("{t}-{p}"))
-            .collect();
-        tracing::warn!(transactional_id = %id, producer_id = m.producer_id, old_epoch = m.epoch,
-            new_epoch = after.1, client_id, peer = %peer,
-            aborted = %partitions.join(","),
-            "a newer producer took the transactional id; the previous epoch is fenced and its open transaction aborted");
-    } else {
-        tracing::info!(transactional_id = %id, producer_id = m.producer_id, old_epoch = m.epoch,
-            new_epoch = after.1, client_id, peer = %peer,
-            "a newer producer took the transactional id; the previous epoch is fenced");
-    }
+    };
+    Err(match refused {
+        Refusal::Coord(CoordError::ProducerFenced) => {
+            let ((pid, epoch), who) = asker;
+            tracing::warn!(
+                transactional_id = id,
+                producer_id = pid,
+                epoch,
+                client_id = who.client_id.as_deref().unwrap_or(""),
+                peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
+                "{what} from a fenced producer"
+            );
+            b.txn.note_fenced_request(id, pid, epoch, what, who);
+            coord_code(CoordError::ProducerFenced, fenced_known).into()
+        }
+        Refusal::Coord(e) => {
+            tracing::debug!(transactional_id = id, error = %e, "cluster: coordinator refused");
+            coord_code(e, fenced_known).into()
+        }
+        // As local mode: a held commit is retried by the client.
+        Refusal::Gate(Gate::Held(why)) => {
+            tracing::debug!(transactional_id = id, request = what, reason = %why, "commit held");
+            Declined {
+                code: ErrorCode::ConcurrentTransactions,
+                why: Some(why),
+            }
+        }
+        Refusal::SecondWriter(why) => {
+            tracing::warn!(transactional_id = id, request = what, reason = %why, "second transactional writer refused");
+            Declined {
+                code: ErrorCode::TransactionalIdAuthorizationFailed,
+                why: Some(why),
+            }
+        }
+        Refusal::Gate(Gate::Refused(why)) => {
+            tracing::warn!(transactional_id = id, request = what, reason = %why, "transactional write refused");
+            Declined {
+                code: ErrorCode::TransactionalIdAuthorizationFailed,
+                why: Some(why),
+            }
+        }
+    })
 }

@@ -25,6 +25,7 @@ pub mod describe;
 pub mod flusher;
 pub mod front;
 pub mod groups;
+pub mod history;
 pub mod info;
 pub mod jobs;
 pub mod objects;

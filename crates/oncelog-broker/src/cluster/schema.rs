@@ -11,10 +11,11 @@ use super::ClusterError;
 /// upgrades a database of an older version (version 2: the brokers'
 /// listener addresses, the collector's grace for unreferenced objects, the
 /// cluster's ACLs and credentials; version 3: the topics' cut-overs;
-/// version 4: the brokers' incarnations, which keep a node id unique) and
+/// version 4: the brokers' incarnations, which keep a node id unique;
+/// version 5: the transaction history's notes) and
 /// refuses a newer one, so a broker of an older build never runs on tables
 /// it does not know.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// Any number that no other user of the database takes as advisory lock.
 const MIGRATE_LOCK: i64 = 0x6f6e_6365_6c6f_6701;
@@ -170,6 +171,14 @@ CREATE TABLE IF NOT EXISTS cutovers (
     cutover    jsonb NOT NULL,
     changed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE TABLE IF NOT EXISTS txn_history (
+    seq              bigserial PRIMARY KEY,
+    transactional_id text NOT NULL,
+    note             jsonb NOT NULL,
+    broker_id        integer NOT NULL,
+    noted_at         timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS txn_history_by_id ON txn_history (transactional_id, seq);
 CREATE TABLE IF NOT EXISTS security_docs (
     name       text PRIMARY KEY,
     doc        jsonb NOT NULL,

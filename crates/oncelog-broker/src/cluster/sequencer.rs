@@ -195,7 +195,13 @@ pub async fn commit_flush(
         };
         let log_start_offset = *log_start;
         if let Some(p) = &b.producer {
-            if p.transactional {
+            // As a local partition: the producer's state first (a retry of
+            // a stored batch is a duplicate even once its transaction has
+            // ended; a stale epoch is the partition's refusal), then the
+            // transaction's verification of a batch to append.
+            let state = states.entry(k).or_default();
+            let verdict = state.check(p);
+            if let (Ok(Verdict::Append), true) = (&verdict, p.transactional) {
                 if let Err(e) =
                     verify_write(views.get(&p.producer_id), p.epoch, &b.topic, b.partition)
                 {
@@ -203,8 +209,7 @@ pub async fn commit_flush(
                     continue;
                 }
             }
-            let state = states.entry(k).or_default();
-            match state.check(p) {
+            match verdict {
                 Err(r) => {
                     outcomes.push(BatchOutcome::Rejected(r));
                     continue;

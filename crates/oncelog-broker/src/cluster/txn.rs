@@ -48,8 +48,34 @@ pub type Decide<'a> = dyn FnOnce(Option<&TxnMeta>, i64, &mut dyn FnMut() -> i64,
     + Send
     + 'a;
 
+/// What a committed decision did: the reply's identity, the id's state
+/// before, and the effects run (for the callers' log lines, counters and
+/// history).
+#[derive(Debug, Clone)]
+pub struct Ran {
+    pub identity: (i64, i16),
+    pub before: Option<TxnMeta>,
+    pub effects: Vec<Effect>,
+}
+
+impl Ran {
+    /// The id's state after the decision (its last write), if it changed.
+    pub fn after(&self) -> Option<&TxnMeta> {
+        self.effects.iter().rev().find_map(|e| match e {
+            Effect::Persist(m) | Effect::PersistLater(m) => Some(m),
+            _ => None,
+        })
+    }
+
+    /// The transaction it ended: (prepared, completed), as
+    /// [`tc::transition`].
+    pub fn ended(&self) -> Option<(&TxnMeta, &TxnMeta)> {
+        tc::transition(&self.effects)
+    }
+}
+
 /// Runs one decision for `id`; `Ok(Err(_))` is a refusal (nothing
-/// written), `Ok(Ok(identity))` the reply after the commit. The gates
+/// written), `Ok(Ok(ran))` what it did, after the commit. The gates
 /// (writer fence, cut-over) of `topics` and of every topic the id's open
 /// transaction holds are read in the same PostgreSQL transaction, the
 /// cut-over rows held `FOR SHARE` ([`super::cutover`]).
@@ -58,7 +84,7 @@ pub async fn run(
     id: &str,
     topics: &[String],
     decide: Box<Decide<'_>>,
-) -> Result<Result<(i64, i16), Refusal>, ClusterError> {
+) -> Result<Result<Ran, Refusal>, ClusterError> {
     let mut client = cluster.pool.get().await?;
     let tx = client.transaction().await?;
     check_fence(&*tx, cluster.config.broker_id, cluster.session.session()).await?;
@@ -121,7 +147,7 @@ pub async fn run(
     }
     let mut reply = None;
     let mut moved = Vec::new();
-    for e in effects {
+    for e in effects.iter().cloned() {
         match e {
             Effect::Persist(m) | Effect::PersistLater(m) => {
                 let meta = serde_json::to_value(&m)
@@ -161,7 +187,11 @@ pub async fn run(
     }
     tx.commit().await?;
     cluster.advanced(&moved);
-    Ok(Ok(reply.unwrap_or((-1, -1))))
+    Ok(Ok(Ran {
+        identity: reply.unwrap_or((-1, -1)),
+        before: existing,
+        effects,
+    }))
 }
 
 /// Writes one marker per partition, in (topic id, partition) order, each
@@ -354,8 +384,10 @@ pub async fn describe(pool: &Pool, id: &str) -> Result<Option<TxnMeta>, ClusterE
 pub struct TimedOut {
     /// The state before (its producer id and epoch, partitions, timeout).
     pub before: TxnMeta,
-    /// The fenced producer's next epoch.
-    pub new_epoch: i16,
+    /// The abort: prepared (at the fenced producer's next epoch), then
+    /// completed.
+    pub prepared: TxnMeta,
+    pub done: TxnMeta,
     /// It had been parked (under the two-phase-commit policy) until the
     /// maximum park time.
     pub was_parked: bool,
@@ -378,61 +410,59 @@ pub async fn abort_expired(
             continue; // parked, and not yet for the maximum
         }
         let id = m.transactional_id.clone();
-        let ended: std::sync::Mutex<Option<TimedOut>> = std::sync::Mutex::new(None);
-        let seen = &ended;
         let f = Box::new(
             move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64, g: &Gates| {
                 // A transaction a cut-over's drain waits for ends only by its
                 // own EndTxn or at the drain deadline.
-                let Some(m) = m.filter(|m| g.protected(m).is_none()) else {
-                    return Ok(Vec::new());
-                };
-                let on = on_timeout(m);
-                let effects = tc::decide_timeout(m, now, on, new_pid);
-                if let (Some((f, _)), Ok(mut s)) = (tc::transition(&effects), seen.lock()) {
-                    *s = Some(TimedOut {
-                        before: m.clone(),
-                        new_epoch: f.epoch,
-                        was_parked: matches!(on, OnTimeout::Park { .. }),
-                    });
-                }
-                Ok(effects)
+                Ok(m.filter(|m| g.protected(m).is_none())
+                    .map_or_else(Vec::new, |m| {
+                        tc::decide_timeout(m, now, on_timeout(m), new_pid)
+                    }))
             },
         );
-        match run(cluster, &id, &[], f).await {
-            Ok(_) => {
-                if let Some(t) = ended.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                    let (pid, old, timeout_ms, new) = (
-                        t.before.producer_id,
-                        t.before.epoch,
-                        t.before.timeout_ms,
-                        t.new_epoch,
-                    );
-                    if t.was_parked {
-                        tracing::warn!(transactional_id = %id, producer_id = pid, old_epoch = old, new_epoch = new, timeout_ms,
-                            "parked transaction reached the maximum park time (transaction.two.phase.commit.max.park.ms); aborting it and fencing its producer");
-                    } else {
-                        tracing::warn!(transactional_id = %id, producer_id = pid, old_epoch = old,
-                            new_epoch = new, timeout_ms,
-                            "transaction timed out; aborting it and fencing its producer");
-                    }
-                    done.push(t);
-                }
-            }
+        let ran = match run(cluster, &id, &[], f).await {
+            Ok(Ok(ran)) => ran,
+            Ok(Err(_)) => continue,
             Err(e) => {
-                crate::cluster::outage::cluster_warn!(cluster.outage, e, transactional_id = %id, error = %e, "cluster: timeout abort not committed")
+                crate::cluster::outage::cluster_warn!(cluster.outage, e, transactional_id = %id, error = %e, "cluster: timeout abort not committed");
+                continue;
             }
+        };
+        let (Some(before), Some((prepared, completed))) = (ran.before.as_ref(), ran.ended()) else {
+            continue;
+        };
+        let was_parked = matches!(on_timeout(before), OnTimeout::Park { .. });
+        let (pid, old, timeout_ms, new) = (
+            before.producer_id,
+            before.epoch,
+            before.timeout_ms,
+            prepared.epoch,
+        );
+        if was_parked {
+            tracing::warn!(transactional_id = %id, producer_id = pid, old_epoch = old, new_epoch = new, timeout_ms,
+                "parked transaction reached the maximum park time (transaction.two.phase.commit.max.park.ms); aborting it and fencing its producer");
+        } else {
+            tracing::warn!(transactional_id = %id, producer_id = pid, old_epoch = old,
+                new_epoch = new, timeout_ms,
+                "transaction timed out; aborting it and fencing its producer");
         }
+        done.push(TimedOut {
+            before: before.clone(),
+            prepared: prepared.clone(),
+            done: completed.clone(),
+            was_parked,
+        });
     }
     Ok(done)
 }
 
 /// What an operator's abort of a producer id found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum AdminAbort {
     /// Its open transactions are aborted and the producer fenced (a
-    /// transaction already ended was left as it was).
-    Done,
+    /// transaction already ended was left as it was): (before, prepared,
+    /// completed) of each it aborted.
+    Done(Vec<(TxnMeta, TxnMeta, TxnMeta)>),
     /// No transactional id has this producer id.
     NotKnown,
 }
@@ -456,29 +486,25 @@ pub async fn admin_abort(cluster: &Cluster, pid: i64) -> Result<AdminAbort, Clus
     if ids.is_empty() {
         return Ok(AdminAbort::NotKnown);
     }
+    let mut aborted = Vec::new();
     for id in ids {
-        let acted = std::sync::atomic::AtomicBool::new(false);
-        let seen = &acted;
         let f = Box::new(
             move |m: Option<&TxnMeta>, now: i64, new_pid: &mut dyn FnMut() -> i64, _: &Gates| {
-                let effects = m
-                    .filter(|m| m.producer_id == pid)
-                    .map_or_else(Vec::new, |m| {
-                        crate::txn_coordinator::decide_admin_abort(m, now, new_pid)
-                    });
-                seen.store(!effects.is_empty(), std::sync::atomic::Ordering::Relaxed);
-                Ok(effects)
+                Ok(m.filter(|m| m.producer_id == pid)
+                    .map_or_else(Vec::new, |m| tc::decide_admin_abort(m, now, new_pid)))
             },
         );
-        if let Err(e) = run(cluster, &id, &[], f).await? {
-            tracing::warn!(transactional_id = %id, producer_id = pid, error = %e,
-                "cluster: admin abort refused by the coordinator");
-            continue;
-        }
-        if acted.load(std::sync::atomic::Ordering::Relaxed) {
-            tracing::warn!(transactional_id = %id, producer_id = pid,
-                "cluster: transaction aborted by an administrator");
+        let ran = match run(cluster, &id, &[], f).await? {
+            Ok(ran) => ran,
+            Err(e) => {
+                tracing::warn!(transactional_id = %id, producer_id = pid, error = %e,
+                    "cluster: admin abort refused by the coordinator");
+                continue;
+            }
+        };
+        if let (Some(before), Some((prepared, done))) = (ran.before.as_ref(), ran.ended()) {
+            aborted.push((before.clone(), prepared.clone(), done.clone()));
         }
     }
-    Ok(AdminAbort::Done)
+    Ok(AdminAbort::Done(aborted))
 }

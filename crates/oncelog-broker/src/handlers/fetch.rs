@@ -37,7 +37,7 @@ struct Round {
     has_error: bool,
 }
 
-async fn fetch_once(b: &Broker, req: &FetchRequest, version: i16) -> Round {
+async fn fetch_once(b: &Arc<Broker>, req: &FetchRequest, version: i16) -> Round {
     let read_committed = req.isolation_level == 1;
     let logs = b.logs();
     let mut remaining = (req.max_bytes.max(0) as usize).min(b.config.fetch_max_bytes);

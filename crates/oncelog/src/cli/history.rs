@@ -314,10 +314,17 @@ pub fn print_stuck(h: &Value) {
 
 /// Prints the epochs, fences and events sections of a history.
 pub fn print_sections(h: &Value, table: fn(&[&str], &[Vec<String>])) {
-    println!(
-        "\nhistory kept in memory since {} (a broker restart clears it)",
-        time(&h["history_since_ms"])
-    );
+    if h["persisted"].as_bool() == Some(true) {
+        println!(
+            "\nhistory kept in the cluster's database since {} (every broker answers alike)",
+            time(&h["history_since_ms"])
+        );
+    } else {
+        println!(
+            "\nhistory kept in memory since {} (a broker restart clears it)",
+            time(&h["history_since_ms"])
+        );
+    }
     print_stuck(h);
     let epochs: Vec<Vec<String>> = list(h, "epochs")
         .iter()

@@ -15,7 +15,7 @@ use kafka_protocol::messages::write_txn_markers_request::{
 };
 use kafka_protocol::messages::write_txn_markers_response::WriteTxnMarkersResponse;
 use kafka_protocol::messages::{ApiKey, ProducerId, TopicName, TransactionalId};
-use oncelog_client::admin::{describe_producers, open_transaction_of};
+use oncelog_client::admin::{describe_producers, open_transaction_in};
 use oncelog_client::{check, Cluster, CoordinatorType, ResponseError};
 use serde_json::{json, Value};
 
@@ -375,8 +375,15 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
             producer_epoch,
             coordinator_epoch,
         } => {
+            // Every broker's coordinator: in a cluster each lists its own ids.
+            let req = ListTransactionsRequest::default()
+                .with_producer_id_filters(vec![ProducerId(producer_id)])
+                .with_duration_filter(-1);
+            let held = list_everywhere(&mut cl, &req)
+                .await?
+                .iter()
+                .find_map(|(_, r)| open_transaction_in(r, producer_id));
             let c = cl.bootstrap();
-            let held = open_transaction_of(c, producer_id).await?;
             let open_here = describe_producers(c, &topic, partition)
                 .await?
                 .iter()

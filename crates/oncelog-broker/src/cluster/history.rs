@@ -1,0 +1,135 @@
+//! The transaction history in cluster mode: each broker's notes
+//! ([`Note`]) are rows of `txn_history`, written in batches by one task per
+//! broker, and an id's history is those rows replayed in order, so every
+//! broker answers alike and a restart loses nothing. The rows are bounded:
+//! an id keeps its latest [`KEEP_PER_ID`] notes, and none older than
+//! [`KEEP_FOR`].
+//!
+//! The history is for operators: a note is written after the decision it
+//! describes commits, and one that cannot be written (PostgreSQL away, the
+//! queue full) is dropped with a log line, never retried into a decision's
+//! way.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Cluster, ClusterError};
+use crate::txn_history::{Note, TxnHistory};
+use crate::txn_service::HistoryJournal;
+
+/// Notes waiting to be written, at most.
+const QUEUE: usize = 8192;
+/// Notes written in one statement, at most.
+const BATCH: usize = 512;
+/// Notes kept per transactional id (more than a replay shows: the history
+/// folds repeats and bounds each list).
+pub const KEEP_PER_ID: i64 = 256;
+/// How long a note is kept.
+pub const KEEP_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often the rows are pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Starts this broker's writer; returns where its notes go.
+pub fn start(cluster: Arc<Cluster>) -> HistoryJournal {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, Note)>(QUEUE);
+    tokio::spawn(async move {
+        let mut pruned = tokio::time::Instant::now();
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < BATCH {
+                match rx.try_recv() {
+                    Ok(n) => batch.push(n),
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = write(&cluster, &batch).await {
+                crate::cluster::outage::cluster_warn!(cluster.outage, e, notes = batch.len(), error = %e,
+                    "cluster: transaction history notes not written (dropped)");
+            }
+            if pruned.elapsed() >= PRUNE_EVERY {
+                pruned = tokio::time::Instant::now();
+                if let Err(e) = prune(&cluster).await {
+                    tracing::debug!(error = %e, "cluster: pruning the transaction history failed; it runs again");
+                }
+            }
+        }
+    });
+    tx
+}
+
+async fn write(cluster: &Cluster, batch: &[(String, Note)]) -> Result<(), ClusterError> {
+    let ids: Vec<&str> = batch.iter().map(|(id, _)| id.as_str()).collect();
+    let notes: Vec<serde_json::Value> = batch
+        .iter()
+        .map(|(_, n)| serde_json::to_value(n))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ClusterError::Invariant(format!("a history note: {e}")))?;
+    let client = cluster.pool.get().await?;
+    client
+        .execute(
+            "INSERT INTO txn_history (transactional_id, note, broker_id) \
+             SELECT id, note, $3 FROM unnest($1::text[], $2::jsonb[]) WITH ORDINALITY \
+               AS n(id, note, i) ORDER BY i",
+            &[&ids, &notes, &cluster.config.broker_id],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Removes notes past [`KEEP_FOR`], and each id's beyond its latest
+/// [`KEEP_PER_ID`]. Any broker may run it at any time.
+async fn prune(cluster: &Cluster) -> Result<(), ClusterError> {
+    let client = cluster.pool.get().await?;
+    let secs = KEEP_FOR.as_secs() as f64;
+    client
+        .execute(
+            "DELETE FROM txn_history WHERE noted_at < clock_timestamp() - make_interval(secs => $1)",
+            &[&secs],
+        )
+        .await?;
+    client
+        .execute(
+            "DELETE FROM txn_history t USING ( \
+               SELECT transactional_id, max(seq) AS top FROM txn_history \
+               GROUP BY transactional_id HAVING count(*) > $1) x \
+             WHERE t.transactional_id = x.transactional_id AND t.seq <= x.top - $1",
+            &[&KEEP_PER_ID],
+        )
+        .await?;
+    Ok(())
+}
+
+/// `id`'s history, replayed from its notes (the answer of
+/// `GET /v1/transactions/<id>/history`).
+pub async fn read(cluster: &Cluster, id: &str) -> Result<serde_json::Value, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT note, (extract(epoch from clock_timestamp() - make_interval(secs => $2)) \
+               * 1000)::bigint FROM txn_history WHERE transactional_id = $1 ORDER BY seq",
+            &[&id, &(KEEP_FOR.as_secs() as f64)],
+        )
+        .await?;
+    let since = match rows.first() {
+        Some(r) => r.get::<_, i64>(1),
+        None => client
+            .query_one(
+                "SELECT (extract(epoch from clock_timestamp() - make_interval(secs => $1)) \
+                       * 1000)::bigint",
+                &[&(KEEP_FOR.as_secs() as f64)],
+            )
+            .await?
+            .get(0),
+    };
+    let mut h = TxnHistory::with_capacity(since, 1);
+    for r in rows {
+        let note: Note = serde_json::from_value(r.get(0))
+            .map_err(|e| ClusterError::Invariant(format!("a txn_history row of {id}: {e}")))?;
+        h.apply(id, note);
+    }
+    let mut v = h.to_json(id);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("persisted".into(), serde_json::Value::Bool(true));
+    }
+    Ok(v)
+}

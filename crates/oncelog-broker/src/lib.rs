@@ -183,6 +183,8 @@ impl Broker {
                     c.offsets_retention_check_interval_ms.max(100),
                 ),
                 offsets_retention_ms: c.offsets_retention_minutes.saturating_mul(60_000),
+                transactional_id_expiration_ms: c.transactional_id_expiration_ms,
+                producer_id_expiration_ms: c.producer_id_expiration_ms,
             },
         );
         tracing::info!(

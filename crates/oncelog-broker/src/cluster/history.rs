@@ -57,7 +57,8 @@ pub fn start(cluster: Arc<Cluster>) -> HistoryJournal {
     tx
 }
 
-async fn write(cluster: &Cluster, batch: &[(String, Note)]) -> Result<(), ClusterError> {
+/// Writes notes now (in order).
+pub async fn write(cluster: &Cluster, batch: &[(String, Note)]) -> Result<(), ClusterError> {
     let ids: Vec<&str> = batch.iter().map(|(id, _)| id.as_str()).collect();
     let notes: Vec<serde_json::Value> = batch
         .iter()

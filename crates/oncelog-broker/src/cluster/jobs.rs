@@ -23,6 +23,10 @@ pub const RETENTION: &str = "retention";
 pub const COMPACTION: &str = "compaction";
 pub const OFFSETS: &str = "offsets";
 pub const CUTOVERS: &str = "cutovers";
+pub const IDS: &str = "transactional_ids";
+
+/// How often idle transactional ids are looked for (as local mode's).
+const IDS_EVERY: Duration = Duration::from_secs(1);
 
 /// How often the cut-overs' driver looks at them (as local mode's).
 const CUTOVERS_EVERY: Duration = Duration::from_secs(1);
@@ -46,6 +50,11 @@ pub struct JobSettings {
     /// (`offsets.retention.minutes`).
     pub offsets_every: Duration,
     pub offsets_retention_ms: i64,
+    /// `transactional.id.expiration.ms` and `producer.id.expiration.ms`
+    /// (idle producers are forgotten by the retention job, as a local
+    /// partition's retention does).
+    pub transactional_id_expiration_ms: i64,
+    pub producer_id_expiration_ms: i64,
 }
 
 impl JobSettings {
@@ -216,6 +225,20 @@ pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
                     tracing::info!(offsets = n, "cluster: expired committed offsets removed");
                 }
                 Ok(())
+            },
+        ));
+    }
+    {
+        let expiration_ms = settings.transactional_id_expiration_ms;
+        tokio::spawn(run_every(
+            cluster.clone(),
+            IDS,
+            IDS_EVERY,
+            IDS_EVERY + lease * 2,
+            move |c, _held| async move {
+                super::expiry::transactional_ids(&c, expiration_ms)
+                    .await
+                    .map(|_| ())
             },
         ));
     }

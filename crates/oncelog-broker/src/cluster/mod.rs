@@ -22,6 +22,7 @@ pub mod collector;
 pub mod compactor;
 pub mod cutover;
 pub mod describe;
+pub mod expiry;
 pub mod flusher;
 pub mod front;
 pub mod groups;

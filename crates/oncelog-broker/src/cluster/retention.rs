@@ -44,6 +44,7 @@ pub async fn run(
 ) -> Result<RetentionReport, ClusterError> {
     let mut report = RetentionReport::default();
     let now = oncelog_log::now_ms();
+    super::expiry::producers(cluster, now - settings.producer_id_expiration_ms).await?;
     for t in jobs::topics(cluster).await? {
         if !settings.policy(&t).delete {
             continue;

@@ -8,6 +8,7 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from clients import cli, create_topic, group_consumer, produce, txn_producer
+from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,6 +33,26 @@ def test_group_and_txn_commands_answer_alike_through_every_broker(cluster_factor
         p.produce("cli-in", b"open", partition=1)
         p.flush(30)
         held.append(p)  # open until the test ends
+    # One id fenced by a newer producer: its history (served from PostgreSQL
+    # by every broker's HTTP port) must name the fence alike everywhere.
+    zombie = txn_producer(cl.bootstrap, "cli-fenced", **{"client.id": "zombie"})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce("cli-in", b"z", partition=0)
+    zombie.flush(30)
+    fencer = txn_producer(cl.bootstrap, "cli-fenced", **{"client.id": "fencer"})
+    fencer.init_transactions(30)
+    fenced = []
+    for b in cl.brokers:
+        d = wait_until(lambda: (lambda d: d if d["history"] and d["history"]["fences"] else None)(
+            cli(b, "txn", "describe", "cli-fenced", admin=b.metrics_url)[0]),
+            10, what="the fence in the history")
+        fenced.append(d)
+    assert [(f["cause"], f["old_epoch"], f["new_epoch"], f["client_id"])
+            for f in fenced[0]["history"]["fences"]] == [("newer_producer", 0, 1, "fencer")], fenced[0]
+    assert fenced[0]["history"]["persisted"] is True
+    for i, d in enumerate(fenced[1:], start=2):
+        assert d == fenced[0], (i, {k: (v, fenced[0].get(k)) for k, v in d.items() if v != fenced[0].get(k)})
     answers = []
     for b in cl.brokers:
         glist, _ = cli(b, "group", "list")
@@ -41,7 +62,7 @@ def test_group_and_txn_commands_answer_alike_through_every_broker(cluster_factor
         answers.append((glist, gdesc, tlist, tdesc))
     glist, gdesc, tlist, tdesc = answers[0]
     assert sorted(g["group"] for g in glist) == groups, glist
-    assert sorted(t["transactional_id"] for t in tlist) == txns, tlist
+    assert sorted(t["transactional_id"] for t in tlist) == sorted(txns + ["cli-fenced"]), tlist
     for g in groups:
         assert [(o["topic"], o["partition"], o["committed"]) for o in gdesc[g]["offsets"]] == \
             [("cli-in", 0, 2)], gdesc[g]

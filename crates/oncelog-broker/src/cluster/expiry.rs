@@ -36,7 +36,8 @@ pub async fn transactional_ids(
     let mut notes = Vec::with_capacity(rows.len());
     let mut ids = Vec::with_capacity(rows.len());
     for r in rows {
-        let (id, pid, epoch, now): (String, i64, i32, i64) = (r.get(0), r.get(1), r.get(2), r.get(3));
+        let (id, pid, epoch, now): (String, i64, i32, i64) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
         tracing::info!(transactional_id = %id, producer_id = pid, "transactional id expired");
         let event = Event::new(now, EventKind::Expired, pid, epoch as i16);
         notes.push((id.clone(), Note::EventIfKnown { event }));

@@ -106,22 +106,21 @@ pub async fn read(cluster: &Cluster, id: &str) -> Result<serde_json::Value, Clus
     let client = cluster.pool.get().await?;
     let rows = client
         .query(
-            "SELECT note, (extract(epoch from clock_timestamp() - make_interval(secs => $2)) \
-               * 1000)::bigint FROM txn_history WHERE transactional_id = $1 ORDER BY seq",
-            &[&id, &(KEEP_FOR.as_secs() as f64)],
+            "SELECT note FROM txn_history WHERE transactional_id = $1 ORDER BY seq",
+            &[&id],
         )
         .await?;
-    let since = match rows.first() {
-        Some(r) => r.get::<_, i64>(1),
-        None => client
-            .query_one(
-                "SELECT (extract(epoch from clock_timestamp() - make_interval(secs => $1)) \
-                       * 1000)::bigint",
-                &[&(KEEP_FOR.as_secs() as f64)],
-            )
-            .await?
-            .get(0),
-    };
+    // What the cluster's history covers: since its oldest note kept (the
+    // same answer through every broker), or now when there is none.
+    let since: i64 = client
+        .query_one(
+            "SELECT coalesce((SELECT (extract(epoch from noted_at) * 1000)::bigint \
+               FROM txn_history ORDER BY seq LIMIT 1), \
+               (extract(epoch from clock_timestamp()) * 1000)::bigint)",
+            &[],
+        )
+        .await?
+        .get(0);
     let mut h = TxnHistory::with_capacity(since, 1);
     for r in rows {
         let note: Note = serde_json::from_value(r.get(0))

@@ -149,7 +149,7 @@ pub struct Fence {
 }
 
 /// One epoch of a transactional id: who got it, how, and how it ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Epoch {
     pub producer_id: i64,
     pub epoch: i16,
@@ -189,15 +189,33 @@ pub enum Note {
     EventIfKnown { event: Event },
     /// [`TxnHistory::fence`].
     Fence { fence: Fence },
-    /// [`TxnHistory::epoch`].
-    Epoch {
+    /// [`TxnHistory::epoch`] (its `ended_*` unset).
+    Epoch { epoch: Epoch },
+}
+
+impl Note {
+    /// [`TxnHistory::epoch`]'s note: the id is now at (pid, epoch), reached
+    /// `via` for `who`.
+    pub fn epoch(
         producer_id: i64,
         epoch: i16,
-        time_ms: i64,
-        via: String,
-        client_id: Option<String>,
-        peer: Option<String>,
-    },
+        now: i64,
+        via: &str,
+        who: Option<&Requester>,
+    ) -> Self {
+        Note::Epoch {
+            epoch: Epoch {
+                producer_id,
+                epoch,
+                since_ms: now,
+                via: via.to_string(),
+                client_id: who.and_then(Requester::client_id),
+                peer: who.and_then(Requester::peer),
+                ended_ms: None,
+                ended_by: None,
+            },
+        }
+    }
 }
 
 /// The histories of all tracked ids.
@@ -375,14 +393,7 @@ impl TxnHistory {
             Note::Event { event } => self.event(id, event),
             Note::EventIfKnown { event } => self.event_if_known(id, event),
             Note::Fence { fence } => self.fence(id, fence),
-            Note::Epoch {
-                producer_id,
-                epoch,
-                time_ms,
-                via,
-                client_id,
-                peer,
-            } => self.epoch_of(id, producer_id, epoch, time_ms, &via, client_id, peer),
+            Note::Epoch { epoch } => self.push_epoch(id, epoch),
         }
     }
 
@@ -398,50 +409,22 @@ impl TxnHistory {
         via: &str,
         who: Option<&Requester>,
     ) {
-        self.epoch_of(
-            id,
-            producer_id,
-            epoch,
-            now,
-            via,
-            who.and_then(Requester::client_id),
-            who.and_then(Requester::peer),
-        );
+        self.apply(id, Note::epoch(producer_id, epoch, now, via, who));
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn epoch_of(
-        &mut self,
-        id: &str,
-        producer_id: i64,
-        epoch: i16,
-        now: i64,
-        via: &str,
-        client_id: Option<String>,
-        peer: Option<String>,
-    ) {
+    fn push_epoch(&mut self, id: &str, e: Epoch) {
         let Some(h) = self.entry(id, true) else {
             return;
         };
         if let Some(last) = h.epochs.back_mut() {
-            if last.producer_id == producer_id && last.epoch == epoch {
+            if last.producer_id == e.producer_id && last.epoch == e.epoch {
                 return;
             }
             if last.ended_ms.is_none() {
-                last.ended_ms = Some(now);
-                last.ended_by = Some(via.to_string());
+                last.ended_ms = Some(e.since_ms);
+                last.ended_by = Some(e.via.clone());
             }
         }
-        let e = Epoch {
-            producer_id,
-            epoch,
-            since_ms: now,
-            via: via.to_string(),
-            client_id,
-            peer,
-            ended_ms: None,
-            ended_by: None,
-        };
         push_bounded(&mut h.epochs, e, MAX_EPOCHS, &mut h.epochs_dropped);
     }
 
@@ -506,14 +489,7 @@ mod tests {
             Note::Event {
                 event: Event::new(1, EventKind::Init, 5, 0).by(&w),
             },
-            Note::Epoch {
-                producer_id: 5,
-                epoch: 0,
-                time_ms: 1,
-                via: "init".into(),
-                client_id: Some("c".into()),
-                peer: None,
-            },
+            Note::epoch(5, 0, 1, "init", Some(&w)),
             Note::EventIfKnown {
                 event: Event::new(2, EventKind::RejectedWrite, 5, 0)
                     .partitions([&("t".to_string(), 0)])

@@ -549,28 +549,6 @@ impl TxnService {
         }
     }
 
-    fn record_epoch(
-        &self,
-        id: &str,
-        producer_id: i64,
-        epoch: i16,
-        now: i64,
-        via: &str,
-        who: Option<&Requester>,
-    ) {
-        self.record(
-            id,
-            Note::Epoch {
-                producer_id,
-                epoch,
-                time_ms: now,
-                via: via.to_string(),
-                client_id: who.and_then(|w| w.client_id.clone()),
-                peer: who.and_then(|w| w.peer.map(|p| p.to_string())),
-            },
-        );
-    }
-
     /// Reads the transaction history under its lock (the console's views).
     pub fn with_history<T>(&self, f: impl FnOnce(&TxnHistory) -> T) -> T {
         f(&self.history())
@@ -816,7 +794,10 @@ impl TxnService {
                 event: e.detail(detail.join("; ")),
             },
         );
-        self.record_epoch(id, done.producer_id, done.epoch, now, via, holder);
+        self.record(
+            id,
+            Note::epoch(done.producer_id, done.epoch, now, via, holder),
+        );
     }
 
     /// Notes a successful InitProducerId: a new id, a retry, the producer's
@@ -834,7 +815,10 @@ impl TxnService {
         let Some(b) = before else {
             let event = init.detail("new transactional id");
             self.record(id, Note::Event { event });
-            self.record_epoch(id, after.producer_id, after.epoch, now, "init", Some(who));
+            self.record(
+                id,
+                Note::epoch(after.producer_id, after.epoch, now, "init", Some(who)),
+            );
             return;
         };
         if (b.producer_id, b.epoch) == (after.producer_id, after.epoch) {
@@ -847,7 +831,10 @@ impl TxnService {
                 .old_epoch(b.epoch)
                 .detail("the producer re-initialised its own identity");
             self.record(id, Note::Event { event });
-            self.record_epoch(id, after.producer_id, after.epoch, now, "init", Some(who));
+            self.record(
+                id,
+                Note::epoch(after.producer_id, after.epoch, now, "init", Some(who)),
+            );
             return;
         }
         // A new producer took the id: whoever held the old epoch is fenced.
@@ -857,13 +844,15 @@ impl TxnService {
             peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
             "a newer producer took the transactional id; the previous epoch is fenced");
         self.note_fence(b, after, FenceCause::NewerProducer, Some(who));
-        self.record_epoch(
+        self.record(
             id,
-            after.producer_id,
-            after.epoch,
-            now,
-            "newer_producer",
-            Some(who),
+            Note::epoch(
+                after.producer_id,
+                after.epoch,
+                now,
+                "newer_producer",
+                Some(who),
+            ),
         );
     }
 

@@ -522,7 +522,6 @@ impl Logs<'_> {
     }
 }
 
-/// A cluster-mode batch's answer from its commit's outcome.
 /// A batch refused because its producer has no open transaction holding
 /// the partition at its epoch (a zombie's or a late write): noted in the
 /// id's history, counted, logged.
@@ -570,6 +569,7 @@ fn rejected(
     Refusal::new(reject_code(r), r.to_string())
 }
 
+/// A cluster-mode batch's answer from its commit's outcome.
 fn committed(o: crate::cluster::flusher::ProduceResult) -> Result<Acked, Refusal> {
     match o {
         Ok(BatchOutcome::Appended {

@@ -46,6 +46,14 @@ def in_cluster(b):
     return getattr(b, "mode", "local") == "cluster"
 
 
+def settled_history(b, tid, ready):
+    """`oncelog txn describe` once its history satisfies `ready`: in cluster
+    mode each broker writes its notes a moment after the event (the
+    history is eventually the same through every broker)."""
+    return wait_until(lambda: (lambda d: d if ready(d["history"]) else None)(describe(b, tid)),
+                      10, interval=0.2, what=f"the history of {tid}")
+
+
 def late_write(p, topic):
     """The zombie's write after it was fenced: must fail (librdkafka may
     raise the fatal error out of flush)."""
@@ -91,7 +99,8 @@ def test_two_fences_by_newer_producers(hb):
     c = txn_producer(hb.bootstrap, tid, **{"client.id": "fencer-c"})
     c.init_transactions(30)
 
-    d = describe(hb, tid)
+    d = settled_history(hb, tid, lambda h: len(h["fences"]) == 2 and len(h["events"]) == 8
+                        and h["events"][4]["count"] == len(lines))
     assert (d["state"], d["producer_epoch"]) == ("CompleteAbort", 2)
     h = d["history"]
     assert h["tracked"] is True and h["persisted"] is in_cluster(hb)
@@ -158,7 +167,7 @@ def test_timeout_fence_and_the_late_write_after_it(hb):
     p.flush(30)
     wait_until(lambda: describe(hb, tid)["state"] == "CompleteAbort", 20, interval=0.3,
                what="the timeout abort")
-    h = describe(hb, tid)["history"]
+    h = settled_history(hb, tid, lambda h: len(h["events"]) == 4)["history"]
     assert [(f["cause"], f["old_epoch"], f["new_epoch"], f["client_id"], f["peer"], f["open_transaction"])
             for f in h["fences"]] == [("timeout", 0, 1, None, None, True)]
     assert [(e["epoch"], e["via"], e["client_id"]) for e in h["epochs"]] == [
@@ -220,7 +229,7 @@ def test_abort_of_nothing_open_fails(hb):
                                "transactional_id": tid}
     again = cli(hb, *args, check=False)[1]
     assert again.returncode == 1 and "nothing open" in again.stderr, again.stderr
-    h = describe(hb, tid)["history"]
+    h = settled_history(hb, tid, lambda h: len(h["fences"]) == 1)["history"]
     assert [(f["cause"], f["old_epoch"], f["new_epoch"], f["client_id"]) for f in h["fences"]] == [
         ("administrator", 0, 1, "oncelog-cli")]
     assert PEER.match(h["fences"][0]["peer"])

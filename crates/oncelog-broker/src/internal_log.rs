@@ -77,6 +77,53 @@ pub struct Pending {
     dir: PathBuf,
 }
 
+/// A log that keeps nothing: each change's `on_durable` runs on a thread
+/// of its own, in submission order, before its [`Pending`] resolves, as
+/// [`LogWriter`]'s do (the callers rely on both: never run under their
+/// locks, and in order). Cluster mode's coordinators keep their durable
+/// state in PostgreSQL; their local state needs no disk.
+pub struct MemoryLog {
+    tx: std::sync::Mutex<std::sync::mpsc::Sender<WriteRequest>>,
+}
+
+impl MemoryLog {
+    pub fn start(name: &str) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<WriteRequest>();
+        std::thread::Builder::new()
+            .name(format!("memlog-{name}"))
+            .spawn(move || {
+                for req in rx {
+                    if let Some(f) = req.on_durable {
+                        f();
+                    }
+                    let _ = req.reply.send(Ok(()));
+                }
+            })?;
+        Ok(Self {
+            tx: std::sync::Mutex::new(tx),
+        })
+    }
+
+    pub fn submit(
+        &self,
+        records: Vec<Record>,
+        on_durable: Option<OnDurable>,
+    ) -> Result<Pending, PersistError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let req = WriteRequest {
+            records,
+            reply,
+            on_durable,
+        };
+        let sent = self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(req);
+        let dir = PathBuf::from("(memory)");
+        if sent.is_err() {
+            return Err(stopped(&dir));
+        }
+        Ok(Pending { rx, dir })
+    }
+}
+
 impl Pending {
     pub async fn durable(self) -> Result<(), PersistError> {
         match self.rx.await {

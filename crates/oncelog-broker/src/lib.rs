@@ -304,20 +304,31 @@ impl Broker {
             &config.super_users,
             config.allow_everyone_if_no_acl,
         )?;
-        let txn = txn_service::TxnService::open(&config.data_dir, compact)?
-            .with_park_policy(config.two_phase_commit.clone());
-        let groups = groups::Groups::open(
-            &config.data_dir,
-            groups::GroupSettings {
-                initial_rebalance_delay: std::time::Duration::from_millis(
-                    config.group_initial_rebalance_delay_ms,
-                ),
-                min_session_timeout_ms: config.group_min_session_timeout_ms,
-                max_session_timeout_ms: config.group_max_session_timeout_ms,
-                offsets_retention_ms: config.offsets_retention_minutes.saturating_mul(60_000),
-                compact,
-            },
-        )?;
+        // The coordinators' logs: the data directory's in local mode; in
+        // cluster mode PostgreSQL holds their state, and they keep none.
+        let cluster_mode = !config.cluster_postgres.is_empty();
+        let txn = if cluster_mode {
+            txn_service::TxnService::in_memory()
+                .map_err(|e| TopicError::Storage(format!("transaction coordinator: {e}")))?
+        } else {
+            txn_service::TxnService::open(&config.data_dir, compact)?
+        }
+        .with_park_policy(config.two_phase_commit.clone());
+        let group_settings = groups::GroupSettings {
+            initial_rebalance_delay: std::time::Duration::from_millis(
+                config.group_initial_rebalance_delay_ms,
+            ),
+            min_session_timeout_ms: config.group_min_session_timeout_ms,
+            max_session_timeout_ms: config.group_max_session_timeout_ms,
+            offsets_retention_ms: config.offsets_retention_minutes.saturating_mul(60_000),
+            compact,
+        };
+        let groups = if cluster_mode {
+            groups::Groups::in_memory(group_settings)
+                .map_err(|e| TopicError::Storage(format!("group coordinator: {e}")))?
+        } else {
+            groups::Groups::open(&config.data_dir, group_settings)?
+        };
         let cleaner = Arc::new(compaction::LogCleaner::new(compaction::CleanerSettings {
             threads: config.cleaner_threads,
             dedupe_buffer_size: config.cleaner_dedupe_buffer_size,

@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use crate::internal_log::{LogWriter, OnDurable, Pending, PersistError, Record};
+use crate::internal_log::{LogWriter, MemoryLog, OnDurable, Pending, PersistError, Record};
 use crate::partition::{
     AppendError, Appended, Marker, MarkerError, OffsetLookupError, Partition, PartitionStatus,
     Read, SyncReply,
@@ -145,6 +145,16 @@ impl StateLog for LogWriter {
         on_durable: Option<OnDurable>,
     ) -> Result<Pending, PersistError> {
         LogWriter::submit(self, records, on_durable)
+    }
+}
+
+impl StateLog for MemoryLog {
+    fn submit(
+        &self,
+        records: Vec<Record>,
+        on_durable: Option<OnDurable>,
+    ) -> Result<Pending, PersistError> {
+        MemoryLog::submit(self, records, on_durable)
     }
 }
 

@@ -194,6 +194,15 @@ pub enum Note {
 }
 
 impl Note {
+    /// When it happened (by the clock of the broker that noted it).
+    pub fn time_ms(&self) -> i64 {
+        match self {
+            Note::Event { event } | Note::EventIfKnown { event } => event.time_ms,
+            Note::Fence { fence } => fence.time_ms,
+            Note::Epoch { epoch } => epoch.since_ms,
+        }
+    }
+
     /// [`TxnHistory::epoch`]'s note: the id is now at (pid, epoch), reached
     /// `via` for `who`.
     pub fn epoch(

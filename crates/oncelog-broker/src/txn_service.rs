@@ -296,10 +296,30 @@ impl TxnService {
         let log = log
             .into_writer("__transaction_state-0")
             .map_err(|e| TopicError::Storage(format!("transaction log writer: {e}")))?;
-        Ok(Self {
+        Ok(Self::with_log(Arc::new(log), txns, producers))
+    }
+
+    /// A coordinator whose log keeps nothing ([`crate::internal_log::MemoryLog`]):
+    /// cluster mode's, whose transactions are PostgreSQL's rows.
+    pub fn in_memory() -> std::io::Result<Self> {
+        Ok(Self::with_log(
+            Arc::new(crate::internal_log::MemoryLog::start(
+                "__transaction_state",
+            )?),
+            HashMap::new(),
+            HashMap::new(),
+        ))
+    }
+
+    fn with_log(
+        log: SharedStateLog,
+        txns: HashMap<String, TxnMeta>,
+        producers: HashMap<i64, ProducerView>,
+    ) -> Self {
+        Self {
             txns: RwLock::new(txns),
             locks: Default::default(),
-            log: Arc::new(log),
+            log,
             stuck: Default::default(),
             stats: Default::default(),
             durations: [
@@ -312,7 +332,7 @@ impl TxnService {
             journal: std::sync::OnceLock::new(),
             park: ParkPolicy::default(),
             parked_reported: Default::default(),
-        })
+        }
     }
 
     /// Sets the two-phase-commit policy (which transactions park at their

@@ -1,7 +1,7 @@
 //! The transaction history in cluster mode: each broker's notes
 //! ([`Note`]) are rows of `txn_history`, written in batches by one task per
-//! broker, and an id's history is those rows replayed in order, so every
-//! broker answers alike and a restart loses nothing. The rows are bounded:
+//! broker, and an id's history is those rows replayed in the order of
+//! their times, so every broker answers alike and a restart loses nothing. The rows are bounded:
 //! an id keeps its latest [`KEEP_PER_ID`] notes, and none older than
 //! [`KEEP_FOR`].
 //!
@@ -121,10 +121,20 @@ pub async fn read(cluster: &Cluster, id: &str) -> Result<serde_json::Value, Clus
         )
         .await?
         .get(0);
+    let mut notes = rows
+        .into_iter()
+        .map(|r| {
+            serde_json::from_value::<Note>(r.get(0))
+                .map_err(|e| ClusterError::Invariant(format!("a txn_history row of {id}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // In the order they happened: brokers write their notes each on its
+    // own, a moment after the event (a refused write noted by one broker
+    // may reach the table before the fence another broker noted first).
+    // The sort is stable, so notes of one instant keep the table's order.
+    notes.sort_by_key(Note::time_ms);
     let mut h = TxnHistory::with_capacity(since, 1);
-    for r in rows {
-        let note: Note = serde_json::from_value(r.get(0))
-            .map_err(|e| ClusterError::Invariant(format!("a txn_history row of {id}: {e}")))?;
+    for note in notes {
         h.apply(id, note);
     }
     let mut v = h.to_json(id);

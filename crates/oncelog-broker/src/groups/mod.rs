@@ -330,16 +330,35 @@ impl Groups {
         let log = log
             .into_writer("__consumer_offsets-0")
             .map_err(|e| TopicError::Storage(format!("start the offsets log writer: {e}")))?;
-        Ok(Self {
+        Ok(Self::with_log(Arc::new(log), groups, settings))
+    }
+
+    /// A coordinator whose log keeps nothing ([`crate::internal_log::MemoryLog`]):
+    /// cluster mode's, whose offsets are PostgreSQL's rows and whose
+    /// membership a group's new owner starts afresh anyway.
+    pub fn in_memory(settings: GroupSettings) -> std::io::Result<Self> {
+        Ok(Self::with_log(
+            Arc::new(crate::internal_log::MemoryLog::start("__consumer_offsets")?),
+            HashMap::new(),
+            settings,
+        ))
+    }
+
+    fn with_log(
+        log: SharedStateLog,
+        groups: HashMap<String, Group>,
+        settings: GroupSettings,
+    ) -> Self {
+        Self {
             state: Arc::new(Mutex::new(Inner {
                 groups,
                 joins: HashMap::new(),
                 syncs: HashMap::new(),
             })),
-            log: Arc::new(log),
+            log,
             settings,
             next_member: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Hands records to the offsets log. Once they are durable the

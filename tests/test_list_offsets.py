@@ -80,3 +80,26 @@ def test_list_offsets_alike_in_both_modes(broker):
     # ABORT marker, stamped now
     [(code, off, ts)] = ask([(0, -3)], read_committed=True)
     assert (code, off) == (0, 21) and ts > base + 200_000, (code, off, ts)
+
+
+@both_modes()
+def test_lookups_by_time_find_the_record_inside_its_batch(broker):
+    """One batch of five records: a lookup by time answers the record that
+    has the timestamp, not its batch's first (the cluster's batch index
+    knows only each batch's largest timestamp; the records are read)."""
+    t = unique_topic("lo-batch")
+    create_topic(broker.bootstrap, t, partitions=1)
+    base = 1_710_000_000_000
+    stamps = [base, base + 10, base + 20, base + 90, base + 30]
+    p = Producer(producer_config(broker.bootstrap, linger_ms=500, compression_type="none"))
+    for i, ts in enumerate(stamps):
+        p.produce(t, value=b"r%d" % i, partition=0, timestamp=ts)
+    p.flush(30)                               # one batch of five
+
+    def ask(asks):
+        return list_offsets_v5(broker.host, broker.port, t, asks)
+
+    assert ask([(0, -1)]) == [(0, 5, -1)]
+    assert ask([(0, base + 15), (0, base + 20), (0, base + 31), (0, base + 91)]) == [
+        (0, 2, base + 20), (0, 2, base + 20), (0, 3, base + 90), (0, -1, -1)]
+    assert ask([(0, -3)]) == [(0, 3, base + 90)]

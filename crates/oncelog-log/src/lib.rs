@@ -612,7 +612,7 @@ fn finish_swaps(dir: &Path, names: &[String]) -> Result<(), LogError> {
 /// In an uncompressed batch, the (offset, timestamp) of the first record
 /// whose timestamp is ≥ `ts`; `None` when the records cannot say (the
 /// caller then answers with the batch's base offset).
-fn first_record_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
+pub fn first_record_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
     let h = batch::BatchHeader::new(b).ok()?;
     if h.compression() != 0 {
         return None;

@@ -43,8 +43,9 @@ pub struct PartitionOffsets {
 
 /// ListOffsets' answer for one partition as (offset, timestamp): `spec`
 /// -1 the high watermark (the LSO for read_committed), -2 the log start, -3
-/// the batch with the largest timestamp (as Kafka, control batches count), a timestamp the first batch whose
-/// largest timestamp reaches it (each an answer only below that bound). The outer `None`:
+/// the record with the largest timestamp (as Kafka, control batches count),
+/// a timestamp the first record at or after it (each an answer only below
+/// that bound), read from its batch as a local log does. The outer `None`:
 /// no such partition; the inner: no such offset.
 pub async fn offset_for(
     cluster: &Cluster,
@@ -70,28 +71,44 @@ pub async fn offset_for(
     let row = if spec == -3 {
         client
             .query_opt(
-                "SELECT base_offset, max_timestamp FROM batches WHERE topic_id = $1 \
-                 AND partition = $2 \
-                 ORDER BY max_timestamp DESC, base_offset LIMIT 1",
+                &format!(
+                    "SELECT {STORED_COLUMNS}, b.max_timestamp FROM batches b \
+                     LEFT JOIN objects o ON o.key = b.object_key \
+                     WHERE b.topic_id = $1 AND b.partition = $2 \
+                     ORDER BY b.max_timestamp DESC, b.base_offset LIMIT 1"
+                ),
                 &[topic_id, &partition],
             )
             .await?
     } else {
         client
             .query_opt(
-                "SELECT base_offset, max_timestamp FROM batches WHERE topic_id = $1 \
-                 AND partition = $2 AND base_offset < $3 AND max_timestamp >= $4 \
-                 ORDER BY base_offset LIMIT 1",
+                &format!(
+                    "SELECT {STORED_COLUMNS}, b.max_timestamp FROM batches b \
+                     LEFT JOIN objects o ON o.key = b.object_key \
+                     WHERE b.topic_id = $1 AND b.partition = $2 AND b.base_offset < $3 \
+                       AND b.max_timestamp >= $4 ORDER BY b.base_offset LIMIT 1"
+                ),
                 &[topic_id, &partition, &upper, &spec],
             )
             .await?
     };
+    let Some(row) = row else {
+        return Ok(Some(None));
+    };
+    let max_timestamp: i64 = row.get(7);
+    let target = if spec == -3 { max_timestamp } else { spec };
+    // As a local log: the first record of the batch at or after the
+    // timestamp (the batch's base offset when its records cannot say).
+    let stored = Stored::from_row(&row);
+    let objects = load_objects(cluster, std::slice::from_ref(&stored)).await?;
+    let mut bytes = stored.bytes(&objects)?.to_vec();
+    oncelog_log::batch::set_base_offset(&mut bytes, stored.base_offset);
+    let found = oncelog_log::first_record_at_or_after(&bytes, target)
+        .unwrap_or((stored.base_offset, target));
     // as Kafka: found beyond the bound (the largest timestamp above the
     // LSO, for read_committed) is no answer
-    Ok(Some(
-        row.map(|r| (r.get(0), r.get(1)))
-            .filter(|(offset, _)| *offset < upper),
-    ))
+    Ok(Some(Some(found).filter(|(offset, _)| *offset < upper)))
 }
 
 /// A partition's high watermark, LSO and log start; `None` if it does not exist.

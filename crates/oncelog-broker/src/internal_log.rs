@@ -104,6 +104,7 @@ impl MemoryLog {
         })
     }
 
+    /// As [`LogWriter::submit`]: with no records `on_durable` does not run.
     pub fn submit(
         &self,
         records: Vec<Record>,
@@ -111,9 +112,9 @@ impl MemoryLog {
     ) -> Result<Pending, PersistError> {
         let (reply, rx) = tokio::sync::oneshot::channel();
         let req = WriteRequest {
+            on_durable: on_durable.filter(|_| !records.is_empty()),
             records,
             reply,
-            on_durable,
         };
         let sent = self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(req);
         let dir = PathBuf::from("(memory)");

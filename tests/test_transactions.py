@@ -450,3 +450,37 @@ def test_add_partitions_v4_verifies_and_adds_in_a_batch(broker):
     assert tw.end_txn(boot, b, pb, eb, commit=True)[0] == tw.NONE
     _, got = tw.add_partitions_v4(boot, [(b, pb, eb, True, {t: [1]})])
     assert got == [(b, {(t, 1): tw.INVALID_TXN_STATE})], got
+
+
+@both_modes()
+def test_a_commit_ahead_of_its_first_record_is_retried_not_fatal(broker):
+    """Under transaction version 2 a transaction begins with its first
+    produce. A Java producer can send EndTxn just before the batches it is
+    flushing (its sender checks for incomplete batches, then takes the EndTxn
+    off its queue): with 64 producers on 2 cores that happened a few times a
+    minute, and INVALID_TXN_STATE killed the producer. The commit is answered
+    CONCURRENT_TRANSACTIONS (retriable) while the transaction could still be
+    open; the records then begin it and the retry commits them. Past the
+    timeout such a commit is the client error it is, and logged."""
+    import txn_wire as tw
+    bs = broker.bootstrap.split(",")[0]  # the raw requests go to one broker
+    topic = unique_topic("ahead")
+    create_topic(broker.bootstrap, topic)
+    txn = "ahead-" + topic
+    err, pid, epoch = tw.init_producer_id(bs, txn, 3000)
+    assert err == tw.NONE, err
+    for round_ in range(2):
+        # the commit overtakes the records: retriable, nothing ends
+        assert tw.end_txn(bs, txn, pid, epoch, commit=True, version=5)[0] == tw.CONCURRENT_TRANSACTIONS
+        assert tw.produce_v12(bs, txn, pid, epoch, topic, 0, [b"r%d" % round_], 0)[0] == tw.NONE
+        err, npid, nepoch = tw.end_txn(bs, txn, pid, epoch, commit=True, version=5)
+        assert (err, npid, nepoch) == (tw.NONE, pid, epoch + 1)
+        epoch = nepoch
+    assert [v for _, v in read_partition(broker.bootstrap, topic, 0, 0, "read_committed", 4)] == [b"r0", b"r1"]
+    # nothing follows the commit: past the timeout it is refused, and logged
+    time.sleep(3.2)
+    assert tw.end_txn(bs, txn, pid, epoch, commit=True, version=5)[0] == tw.INVALID_TXN_STATE
+    wait_until(lambda: "EndTxn(commit) refused" in broker.log_text() or None, 10,
+               what="the refusal in the log")
+    # the producer can still abort (a bump) and go on
+    assert tw.end_txn(bs, txn, pid, epoch, commit=False, version=5)[0] == tw.NONE

@@ -158,6 +158,39 @@ def produce(bootstrap, txn_id, pid, epoch, topic, partition, values, base_sequen
     return err, base
 
 
+def produce_v12(bootstrap, txn_id, pid, epoch, topic, partition, values, base_sequence):
+    """A transactional batch in Produce v12 (KIP-890 part 2: the partition
+    leader adds the partition to the transaction, no AddPartitionsToTxn
+    first) -> (error, base_offset)."""
+    batch = w.encode_batch([(None, v, ()) for v in values], attributes=ATTR_TRANSACTIONAL,
+                           producer_id=pid, producer_epoch=epoch, base_sequence=base_sequence)
+    partition_data = w.i32(partition) + w.uvarint(len(batch) + 1) + batch + w.uvarint(0)
+    topic_data = w.compact_string(topic) + w.uvarint(2) + partition_data + w.uvarint(0)
+    body = (w.compact_string(txn_id) + w.i16(-1) + w.i32(10000)
+            + w.uvarint(2) + topic_data + w.uvarint(0))
+    req = w.frame(w.request_header_v2(API_PRODUCE, 12, 8) + body)
+    r = _call(bootstrap, req, 8, flexible_response=True)
+    answers = []
+
+    def partition_response():
+        r.i32()  # index
+        err, base = r.i16(), r.i64()
+        r.i64()  # log append time
+        r.i64()  # log start offset
+        r.array(lambda: (r.i32(), r.compact_string(), r.tagged()))  # record errors
+        r.compact_string()  # error message
+        r.tagged()
+        answers.append((err, base))
+
+    def topic_response():
+        r.compact_string()
+        r.array(partition_response)
+        r.tagged()
+    r.array(topic_response)
+    assert len(answers) == 1, answers
+    return answers[0]
+
+
 def end_txn(bootstrap, txn_id, pid, epoch, commit, version=1):
     """EndTxn v1 (classic) or v5 (transaction version 2).
 

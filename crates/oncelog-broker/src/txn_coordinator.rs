@@ -327,6 +327,17 @@ pub fn plan_end_v2(
         // A commit racing a timeout abort: fenced, not a fatal state error (KAFKA-20785).
         (CompleteAbort, true) if retry => Err(CoordError::ProducerFenced),
         (Empty | CompleteCommit | CompleteAbort, false) if current => bump(PrepareAbort),
+        // A commit of a transaction that has not begun here. Under TV2 its
+        // first produce begins it, and a Java producer can send EndTxn just
+        // before the batches it flushed (its sender reads "no incomplete
+        // batches" before taking the EndTxn off its queue). Retriable while
+        // that transaction could still be open, so the retry commits the
+        // records once they arrive; past its timeout, a client error.
+        (Empty | CompleteCommit | CompleteAbort, true)
+            if current && now.saturating_sub(m.update_ms) < i64::from(m.timeout_ms.max(0)) =>
+        {
+            Err(CoordError::ConcurrentTransactions)
+        }
         (Empty | CompleteCommit | CompleteAbort, true) if current => {
             Err(CoordError::InvalidTxnState)
         }
@@ -972,9 +983,15 @@ mod tests {
     fn tv2_end_bumps_every_time_and_recognises_retries() {
         let mut next = pids();
         let m = ready(plan_init(None, "t", 1000, None, 1, &mut next).unwrap());
-        // Empty + commit is a client bug; Empty + abort bumps (no markers).
+        // Empty + commit: the records may be on their way (retriable) until
+        // the transaction's timeout, then a client bug; Empty + abort bumps
+        // (no markers).
         assert_eq!(
             plan_end_v2(Some(&m), 101, 0, true, 2),
+            Err(CoordError::ConcurrentTransactions)
+        );
+        assert_eq!(
+            plan_end_v2(Some(&m), 101, 0, true, 1 + 1000),
             Err(CoordError::InvalidTxnState)
         );
         let EndPlan::Prepare(ea) = plan_end_v2(Some(&m), 101, 0, false, 2).unwrap() else {
@@ -1009,6 +1026,23 @@ mod tests {
             plan_end_v2(Some(&c), 101, 1, true, 8),
             Ok(EndPlan::AlreadyDone)
         );
+        // The next transaction's commit ahead of its first produce: retried
+        // (its records begin it), a client error only past the timeout.
+        assert_eq!(
+            plan_end_v2(Some(&c), 101, 2, true, 8),
+            Err(CoordError::ConcurrentTransactions)
+        );
+        assert_eq!(
+            plan_end_v2(Some(&c), 101, 2, true, 7 + 1000),
+            Err(CoordError::InvalidTxnState)
+        );
+        let next_txn = plan_add_partitions(Some(&c), 101, 2, &[tp("a", 0)], 9)
+            .unwrap()
+            .unwrap();
+        let EndPlan::Prepare(p3) = plan_end_v2(Some(&next_txn), 101, 2, true, 10).unwrap() else {
+            panic!()
+        };
+        assert_eq!((p3.epoch, p3.state), (3, TxnState::PrepareCommit));
         assert_eq!(
             plan_end_v2(Some(&c), 101, 1, false, 8),
             Err(CoordError::InvalidTxnState)
@@ -1484,6 +1518,11 @@ mod tests {
     #[test]
     fn end_txn_effects_v2() {
         use TxnState::*;
+        // last changed longer than its timeout before `now` (50)
+        let idle = |mut m: TxnMeta| {
+            m.update_ms = 50 - i64::from(m.timeout_ms);
+            m
+        };
         let e = |m: &TxnMeta, pid, epoch, commit| {
             decide_end(Some(m), pid, epoch, commit, true, 50, &mut fresh())
         };
@@ -1524,8 +1563,18 @@ mod tests {
                 e(&at(Empty, 3), 101, 3, false),
             ),
             (
-                ("commit with nothing open", Err(CoordError::InvalidTxnState)),
+                (
+                    "commit ahead of its first record: retried",
+                    Err(CoordError::ConcurrentTransactions),
+                ),
                 e(&at(Empty, 3), 101, 3, true),
+            ),
+            (
+                (
+                    "commit with nothing open past the timeout",
+                    Err(CoordError::InvalidTxnState),
+                ),
+                e(&idle(at(CompleteCommit, 3)), 101, 3, true),
             ),
             (
                 ("retry of a completed commit", ok(&["R 101/3"])),

@@ -1303,22 +1303,23 @@ impl TxnService {
                 answer.ok_or(TxnError::NoAnswer)
             }
             Err(e) => {
+                let what = if commit {
+                    "EndTxn(commit)"
+                } else {
+                    "EndTxn(abort)"
+                };
                 if e == CoordError::ProducerFenced {
                     tracing::warn!(
                         transactional_id = id,
                         producer_id = pid,
                         epoch,
-                        commit,
                         client_id = who.client_id.as_deref().unwrap_or(""),
                         peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(),
-                        "EndTxn from a fenced producer"
+                        "{what} from a fenced producer"
                     );
-                    let what = if commit {
-                        "EndTxn(commit)"
-                    } else {
-                        "EndTxn(abort)"
-                    };
                     self.note_fenced_request(id, pid, epoch, what, who);
+                } else {
+                    log_refused(what, id, (pid, epoch), e, meta.map(|m| m.state), who);
                 }
                 Err(TxnError::Coord(e))
             }
@@ -1745,5 +1746,33 @@ fn write_marker<R: TxnRuntime>(
             Ok(None)
         }
         Err(MarkerError::Storage(e)) => Err(MarkerWriteError::Log(e)),
+    }
+}
+
+/// A coordinator refusal other than a fence, logged where it is decided (in
+/// either mode): a retriable one at debug, a client's invalid request at warn
+/// (the producer fails with it), naming the id's state when it is known.
+pub(crate) fn log_refused(
+    what: &str,
+    id: &str,
+    (pid, epoch): (i64, i16),
+    e: CoordError,
+    state: Option<TxnState>,
+    who: &Requester,
+) {
+    let state = state.map(|s| format!("{s:?}")).unwrap_or_default();
+    let client = who.client_id.as_deref().unwrap_or("");
+    if e == CoordError::ConcurrentTransactions {
+        tracing::debug!(
+            transactional_id = id,
+            producer_id = pid,
+            epoch,
+            state,
+            client_id = client,
+            "{what}: retriable, the transaction is changing"
+        );
+    } else {
+        tracing::warn!(transactional_id = id, producer_id = pid, epoch, state, error = %e, client_id = client,
+            peer = %who.peer.map(|p| p.to_string()).unwrap_or_default(), "{what} refused");
     }
 }

@@ -584,11 +584,16 @@ impl Txns<'_> {
                         Ok(effects)
                     },
                 );
+                let what = if commit {
+                    "EndTxn(commit)"
+                } else {
+                    "EndTxn(abort)"
+                };
                 let ran = decide(
                     b,
                     front,
                     id,
-                    "EndTxn",
+                    what,
                     &[],
                     f,
                     fenced_known,
@@ -803,7 +808,8 @@ async fn decide(
             coord_code(CoordError::ProducerFenced, fenced_known).into()
         }
         Refusal::Coord(e) => {
-            tracing::debug!(transactional_id = id, error = %e, "cluster: coordinator refused");
+            let ((pid, epoch), who) = asker;
+            crate::txn_service::log_refused(what, id, (pid, epoch), e, None, who);
             coord_code(e, fenced_known).into()
         }
         // As local mode: a held commit is retried by the client.

@@ -37,10 +37,7 @@ async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
                 Err(reply) => return reply,
             }
         }
-        if let Some(front) = b.cluster.get() {
-            return cluster_cutover_endpoint(front, req).await;
-        }
-        return cutover_endpoint(b, req);
+        return cutover_endpoint(b, req).await;
     }
     if let Some(reply) = crate::console::route(b, req).await {
         return reply;
@@ -154,42 +151,43 @@ fn drain_timeout(req: &Request) -> Result<i64, Reply> {
     }
 }
 
-/// The cut-over endpoints in cluster mode: the same requests and answers,
-/// on the cluster's `cutovers` rows (any broker serves them).
-async fn cluster_cutover_endpoint(front: &crate::cluster::front::Front, req: &Request) -> Reply {
-    use crate::cluster::cutover::{self as cc, CutoverError};
-    let (method, path, params) = (req.method.as_str(), req.path.as_str(), &req.params);
-    let pool = &front.cluster.pool;
-    let topic = params.get("topic").cloned().unwrap_or_default();
-    let unavailable = |e: &dyn std::fmt::Display| {
-        tracing::warn!(path, error = %e, "cut-over request: the cluster's database did not answer");
-        Reply::error(
-            "503 Service Unavailable",
-            format!("the cluster's database did not answer: {e}"),
-        )
-    };
-    let status = |topic: String| async move {
-        match cc::status(pool, &topic).await {
-            Ok(v) => Reply::json("200 OK", v),
-            Err(e) => unavailable(&e),
+/// The reply to a cut-over request that changed nothing.
+pub(crate) fn cutover_failure(f: crate::backend::CutoverFailure) -> Reply {
+    match f {
+        crate::backend::CutoverFailure::Refused(why) => Reply::error("409 Conflict", why),
+        crate::backend::CutoverFailure::Unavailable(why) => {
+            Reply::error("503 Service Unavailable", why)
         }
-    };
-    let changed = |r: Result<crate::cutover::Cutover, CutoverError>| match r {
-        Ok(_) => None,
-        Err(CutoverError::Refused(why)) => Some(Reply::error("409 Conflict", why)),
-        Err(CutoverError::Cluster(e)) => Some(unavailable(&e)),
+    }
+}
+
+/// `GET /v1/cutover[?topic=T]`, `POST /v1/cutover/start?topic=&from=&to=&drain_timeout_ms=`,
+/// `POST /v1/cutover/rollback?topic=` (in cluster mode on the cluster's
+/// rows: any broker serves them).
+async fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
+    let (method, path, params) = (req.method.as_str(), req.path.as_str(), &req.params);
+    let store = b.cutover_store();
+    let topic = params.get("topic").cloned().unwrap_or_default();
+    let status = |topic: String| {
+        let store = &store;
+        async move {
+            match store.status(&topic).await {
+                Ok(v) => Reply::json("200 OK", v),
+                Err(f) => cutover_failure(f),
+            }
+        }
     };
     match (method, path) {
         ("GET", "/v1/cutover") if topic.is_empty() => {
-            let all = match cc::all(pool).await {
+            let all = match store.all().await {
                 Ok(all) => all,
-                Err(e) => return unavailable(&e),
+                Err(f) => return cutover_failure(f),
             };
             let mut out = Vec::with_capacity(all.len());
             for c in all {
-                match cc::status(pool, &c.topic).await {
+                match store.status(&c.topic).await {
                     Ok(v) => out.push(v),
-                    Err(e) => return unavailable(&e),
+                    Err(f) => return cutover_failure(f),
                 }
             }
             Reply::json("200 OK", serde_json::json!({ "cutovers": out }))
@@ -202,60 +200,19 @@ async fn cluster_cutover_endpoint(front: &crate::cluster::front::Front, req: &Re
                 Ok(d) => d,
                 Err(reply) => return reply,
             };
-            match changed(cc::start(pool, &topic, from, to, drain).await) {
-                Some(reply) => reply,
-                None => status(topic).await,
+            match store.start(&topic, from, to, drain).await {
+                Ok(_) => status(topic).await,
+                Err(f) => cutover_failure(f),
             }
         }
-        ("POST", "/v1/cutover/rollback") => match changed(cc::rollback(pool, &topic).await) {
-            Some(reply) => reply,
-            None => status(topic).await,
+        ("POST", "/v1/cutover/rollback") => match store.rollback(&topic).await {
+            Ok(_) => status(topic).await,
+            Err(f) => cutover_failure(f),
         },
         (_, "/v1/cutover/start" | "/v1/cutover/rollback") => {
             Reply::error("405 Method Not Allowed", "use POST".into())
         }
         _ => Reply::error("404 Not Found", format!("no such endpoint {path}")),
-    }
-}
-
-/// `GET /v1/cutover[?topic=T]`, `POST /v1/cutover/start?topic=&from=&to=&drain_timeout_ms=`,
-/// `POST /v1/cutover/rollback?topic=`.
-fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
-    let (method, path, params) = (req.method.as_str(), req.path.as_str(), &req.params);
-    let json = Reply::json;
-    let err = Reply::error;
-    let topic = params.get("topic").cloned().unwrap_or_default();
-    match (method, path) {
-        ("GET", "/v1/cutover") if topic.is_empty() => {
-            let all: Vec<serde_json::Value> = b
-                .cutovers
-                .all()
-                .iter()
-                .map(|c| crate::cutover::status(b.as_ref(), &c.topic))
-                .collect();
-            json("200 OK", serde_json::json!({ "cutovers": all }))
-        }
-        ("GET", "/v1/cutover") => json("200 OK", crate::cutover::status(b.as_ref(), &topic)),
-        ("POST", "/v1/cutover/start") => {
-            let from = params.get("from").map_or("", String::as_str);
-            let to = params.get("to").map_or("", String::as_str);
-            let drain = match drain_timeout(req) {
-                Ok(d) => d,
-                Err(reply) => return reply,
-            };
-            match crate::cutover::start(b.as_ref(), &topic, from, to, drain) {
-                Ok(_) => json("200 OK", crate::cutover::status(b.as_ref(), &topic)),
-                Err(why) => err("409 Conflict", why),
-            }
-        }
-        ("POST", "/v1/cutover/rollback") => match crate::cutover::rollback(b.as_ref(), &topic) {
-            Ok(_) => json("200 OK", crate::cutover::status(b.as_ref(), &topic)),
-            Err(why) => err("409 Conflict", why),
-        },
-        (_, "/v1/cutover/start" | "/v1/cutover/rollback") => {
-            err("405 Method Not Allowed", "use POST".into())
-        }
-        _ => err("404 Not Found", format!("no such endpoint {path}")),
     }
 }
 

@@ -32,7 +32,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
     let mut out = String::with_capacity(4096);
     let rows: Vec<Row> = b
         .logs()
-        .statuses()
+        .statuses(crate::backend::Scope::Mine)
         .await
         .into_iter()
         .map(|p| {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use oncelog_log::LogError;
 
+use super::Scope;
 use crate::cluster::front::Front;
 use crate::cluster::sequencer::BatchOutcome;
 use crate::cluster::ClusterError;
@@ -422,11 +423,11 @@ impl Logs<'_> {
         }
     }
 
-    /// The partitions this broker reports in `/metrics`, with their
-    /// offsets: every one in local mode; in cluster mode those Metadata
-    /// names this broker the leader of, so that each partition is reported
-    /// once across the cluster.
-    pub async fn statuses(&self) -> Vec<PartitionRow> {
+    /// Partitions with their offsets: every one in local mode; in cluster
+    /// mode with [`Scope::Mine`] those Metadata names this broker the
+    /// leader of (`/metrics`: each partition is reported once across the
+    /// cluster), with [`Scope::All`] every one (the console).
+    pub async fn statuses(&self, scope: Scope) -> Vec<PartitionRow> {
         match self {
             Logs::Local(b) => b
                 .topics
@@ -451,7 +452,8 @@ impl Logs<'_> {
                     Ok(rows) => rows
                         .into_iter()
                         .filter(|(id, _, p, _)| {
-                            crate::cluster::preferred_broker(id, *p, &live) == Some(me)
+                            scope == Scope::All
+                                || crate::cluster::preferred_broker(id, *p, &live) == Some(me)
                         })
                         .map(|(_, topic, partition, o)| PartitionRow {
                             topic,

@@ -10,11 +10,13 @@
 
 use std::collections::BTreeMap;
 
+mod cutovers;
 mod groups;
 mod logs;
 mod security;
 mod txns;
 
+pub use cutovers::{CutoverFailure, Cutovers};
 pub use groups::Groups;
 pub use logs::{
     Acked, Appending, DeleteError, Durable, Logs, PartitionError, PartitionRow, Refusal,
@@ -134,6 +136,24 @@ impl Catalogue<'_> {
                     Err(e) => {
                         crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: listing topics failed; answering from the copy");
                         front.topics().into_iter().map(meta_of).collect()
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every topic's transactional writers seen committing within the
+    /// window (`writers::WINDOW_MS`) with their last commit (ms, this
+    /// broker's clock): in cluster mode the commits every broker recorded.
+    pub async fn live_writers(&self, now: i64) -> BTreeMap<String, Vec<(String, i64)>> {
+        match self {
+            Catalogue::Local(b) => b.writers.live_detail(now),
+            Catalogue::Cluster(b, front) => {
+                match crate::cluster::writers::live(&front.cluster, now).await {
+                    Ok(all) => all,
+                    Err(e) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the topics' writers failed; answering from this broker's");
+                        b.writers.live_detail(now)
                     }
                 }
             }

@@ -337,6 +337,13 @@ impl Txns<'_> {
     /// FindCoordinator names this broker for, so that an admin client that
     /// asks every broker lists each id once.
     pub async fn list(&self) -> Result<(Vec<TxnMeta>, i64), ErrorCode> {
+        self.list_in(Scope::Mine).await
+    }
+
+    /// The transactions of [`Scope`]: those this broker coordinates
+    /// ([`Txns::list`]), or all of the cluster's (the same answer through
+    /// every broker).
+    pub async fn list_in(&self, scope: Scope) -> Result<(Vec<TxnMeta>, i64), ErrorCode> {
         match self {
             Txns::Local(b) => Ok((b.txn.list().await, oncelog_log::now_ms())),
             Txns::Cluster(_, front) => {
@@ -354,7 +361,9 @@ impl Txns<'_> {
                 let mine = all
                     .into_iter()
                     .filter(|m| {
-                        crate::cluster::rendezvous(m.transactional_id.as_bytes(), &live) == Some(me)
+                        scope == Scope::All
+                            || crate::cluster::rendezvous(m.transactional_id.as_bytes(), &live)
+                                == Some(me)
                     })
                     .collect();
                 Ok((mine, now))

@@ -97,3 +97,30 @@ pub async fn record_commit(
     }
     Ok(())
 }
+
+/// Every topic's writers that committed within [`WINDOW_MS`], with their
+/// last commit on this broker's clock (aged by PostgreSQL's), sorted: what
+/// [`Writers::live_detail`] answers in local mode.
+pub async fn live(
+    cluster: &Cluster,
+    now_local: i64,
+) -> Result<std::collections::BTreeMap<String, Vec<(String, i64)>>, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let rows = client
+        .query(
+            "WITH now AS (SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint AS ms) \
+             SELECT w.topic, w.writer, w.last_commit_ms, now.ms FROM topic_writers w, now \
+             WHERE w.last_commit_ms >= now.ms - $1 ORDER BY w.topic, w.writer",
+            &[&WINDOW_MS],
+        )
+        .await?;
+    let mut out: std::collections::BTreeMap<String, Vec<(String, i64)>> = Default::default();
+    for r in rows {
+        let (topic, w, at, pg_now): (String, String, i64, i64) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        out.entry(topic)
+            .or_default()
+            .push((w, now_local - (pg_now - at)));
+    }
+    Ok(out)
+}

@@ -25,7 +25,7 @@ use base64::Engine as _;
 use crate::acl::{Operation, ResourceType};
 use crate::httpmsg::{browser_guard, Reply, Request};
 use crate::txn_history::Requester;
-use crate::txn_service::{AdminAbort, EndRequest};
+use crate::txn_service::EndRequest;
 use crate::Broker;
 use views::Paging;
 
@@ -77,14 +77,21 @@ pub async fn route(b: &Arc<Broker>, req: &Request) -> Option<Reply> {
             "the console is off (console.enable=false)\n",
         ));
     }
-    // Its views and actions are built from local mode's structures, which
-    // hold nothing in cluster mode: an empty picture would mislead, and an
-    // action would act on the wrong state.
-    if b.cluster.get().is_some() {
+    // These views are still built from local mode's structures, which hold
+    // nothing in cluster mode: an empty picture would mislead.
+    if b.cluster.get().is_some()
+        && matches!(
+            path,
+            "/v1/console/transactions"
+                | "/v1/console/transaction"
+                | "/v1/console/groups"
+                | "/v1/console/group"
+        )
+    {
         return Some(Reply::error(
             "501 Not Implemented",
-            "the console is not served in cluster mode yet; `oncelog cluster info`, \
-             `kafka-transactions` and `oncelog txn` show the cluster's state"
+            "this console view is not served in cluster mode yet; `oncelog txn` and \
+             `oncelog group` show the cluster's state through any broker"
                 .into(),
         ));
     }
@@ -114,7 +121,7 @@ pub async fn route(b: &Arc<Broker>, req: &Request) -> Option<Reply> {
             &views::overview(b, paging, req.param("q"), req.param("sort")).await,
         ),
         "/v1/console/topic" => {
-            match views::topic(b, req.param("topic"), paging, req.param("only") == "pinned") {
+            match views::topic(b, req.param("topic"), paging, req.param("only") == "pinned").await {
                 Some(v) => Reply::json_compact(&v),
                 None => Reply::error(
                     "404 Not Found",
@@ -255,21 +262,25 @@ async fn act(b: &Arc<Broker>, req: &Request, action: &str) -> Reply {
                 number(req, "drain_timeout_ms")
             };
             match drain {
-                Ok(d) => crate::cutover::start(
-                    b.as_ref(),
-                    req.param("topic"),
-                    req.param("from"),
-                    req.param("to"),
-                    d,
-                )
-                .map(|_| crate::cutover::status(b.as_ref(), req.param("topic")))
-                .map_err(|why| Reply::error("409 Conflict", why)),
+                Ok(d) => {
+                    let store = b.cutover_store();
+                    let topic = req.param("topic");
+                    match store.start(topic, req.param("from"), req.param("to"), d).await {
+                        Ok(_) => store.status(topic).await.map_err(crate::http::cutover_failure),
+                        Err(f) => Err(crate::http::cutover_failure(f)),
+                    }
+                }
                 Err(r) => Err(r),
             }
         }
-        "cutover-rollback" => crate::cutover::rollback(b.as_ref(), req.param("topic"))
-            .map(|_| crate::cutover::status(b.as_ref(), req.param("topic")))
-            .map_err(|why| Reply::error("409 Conflict", why)),
+        "cutover-rollback" => {
+            let store = b.cutover_store();
+            let topic = req.param("topic");
+            match store.rollback(topic).await {
+                Ok(_) => store.status(topic).await.map_err(crate::http::cutover_failure),
+                Err(f) => Err(crate::http::cutover_failure(f)),
+            }
+        }
         _ => Err(Reply::error(
             "404 Not Found",
             format!("no console action {action:?}"),
@@ -303,41 +314,55 @@ async fn abort(
     let epoch: i16 = number(req, "epoch")?;
     let partition: i32 = number(req, "partition")?;
     let topic = req.param("topic");
-    let Some(p) = b.topics.get(topic).and_then(|t| t.partition(partition)) else {
-        return Err(Reply::error(
-            "404 Not Found",
-            format!("no partition {topic}-{partition}"),
-        ));
+    let open = match b.logs().producers(topic, partition).await {
+        Ok(p) => p,
+        Err(crate::backend::PartitionError::Unknown) => {
+            return Err(Reply::error(
+                "404 Not Found",
+                format!("no partition {topic}-{partition}"),
+            ))
+        }
+        Err(crate::backend::PartitionError::Storage) => {
+            return Err(Reply::error(
+                "503 Service Unavailable",
+                format!("the producers of {topic}-{partition} could not be read"),
+            ))
+        }
     };
-    if !p
-        .open_transactions()
+    if !open
         .iter()
-        .any(|(_, x, e)| *x == pid && *e == epoch)
+        .any(|(x, e)| *x == pid && e.epoch == epoch && e.current_txn_first_offset.is_some())
     {
         return Err(Reply::error(
             "409 Conflict",
             format!("producer {pid} at epoch {epoch} has no open transaction at {topic}-{partition} (it ended meanwhile?)"),
         ));
     }
-    match b.txn.admin_abort(b, pid, who).await {
-        Ok(AdminAbort::Aborted) => {
+    let txns = b.txns();
+    match txns.admin_abort(pid, who).await {
+        Ok(true) => {
             return Ok(
                 serde_json::json!({ "aborted": "through the coordinator; its producer is fenced" }),
             )
         }
-        Ok(AdminAbort::Completing) => {
+        Ok(false) => {}
+        Err(crate::error::ErrorCode::ConcurrentTransactions) => {
             return Err(Reply::error(
                 "409 Conflict",
                 "the coordinator is completing this transaction; its markers are on their way"
                     .into(),
             ))
         }
-        Ok(AdminAbort::NotKnown) => {}
-        Err(e) => return Err(Reply::error("503 Service Unavailable", e.to_string())),
+        Err(code) => {
+            return Err(Reply::error(
+                "503 Service Unavailable",
+                format!("the coordinator could not abort it ({code:?})"),
+            ))
+        }
     }
-    let code =
-        crate::txn_service::abort_hanging(b, topic, partition, pid, epoch, b.txn.coordinator_epoch)
-            .await;
+    let code = txns
+        .abort_hanging(topic, partition, pid, epoch, b.txn.coordinator_epoch)
+        .await;
     if code == crate::error::ErrorCode::None {
         Ok(
             serde_json::json!({ "aborted": format!("hanging transaction: ABORT marker written at {topic}-{partition}") }),
@@ -371,12 +396,17 @@ async fn resolve(
             ))
         }
     };
-    let Some(parked) = b
-        .txn
-        .parked()
-        .into_iter()
-        .find(|p| p.transactional_id == id)
-    else {
+    let txns = b.txns();
+    let all = match txns.parked(crate::backend::Scope::All).await {
+        Ok((all, _)) => all,
+        Err(code) => {
+            return Err(Reply::error(
+                "503 Service Unavailable",
+                format!("the parked transactions could not be read ({code:?})"),
+            ))
+        }
+    };
+    let Some(parked) = all.into_iter().find(|p| p.transactional_id == id) else {
         return Err(Reply::error(
             "409 Conflict",
             format!("{id:?} has no parked transaction"),
@@ -398,12 +428,15 @@ async fn resolve(
         commit,
         tv2: false,
     };
-    match b.txn.end_txn(b, end, who).await {
+    match txns.end_txn(end, who, true).await {
         Ok((next_pid, next_epoch)) => Ok(serde_json::json!({
             "transactional_id": id, "outcome": req.param("outcome"),
             "next_producer_id": next_pid, "next_producer_epoch": next_epoch,
         })),
-        Err(e) => Err(Reply::error("409 Conflict", e.to_string())),
+        Err(code) => Err(Reply::error(
+            "409 Conflict",
+            format!("the coordinator refused: {code:?}"),
+        )),
     }
 }
 

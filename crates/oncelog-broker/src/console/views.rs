@@ -11,7 +11,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::txn_coordinator::{TxnMeta, TxnState};
-use crate::txn_history::{Epoch, EventKind, IdHistory};
+use crate::txn_history::{Epoch, EventKind};
+use crate::backend::{self, Scope};
 use crate::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 use crate::Broker;
 use oncelog_log::now_ms;
@@ -57,7 +58,8 @@ struct PartitionRow {
     last_stable_offset: i64,
     lso_gap: i64,
     log_start_offset: i64,
-    size_bytes: u64,
+    /// Bytes of its log segments (none in cluster mode: objects are shared).
+    size_bytes: Option<u64>,
     /// Open transactions here (first offset, producer id, epoch, id).
     open: Vec<OpenTxn>,
 }
@@ -78,7 +80,7 @@ struct TopicRow {
     lso_gap: i64,
     max_lso_gap: i64,
     pinned_partitions: usize,
-    size_bytes: u64,
+    size_bytes: Option<u64>,
     writer_prefix: Option<String>,
     writers: Vec<WriterSeen>,
     cutover: Option<Value>,
@@ -99,21 +101,67 @@ fn cutover_json(c: &crate::cutover::Cutover) -> Value {
     })
 }
 
+/// Every partition with its offsets, by topic (all of the cluster's in
+/// cluster mode, whichever broker serves the page).
+async fn partitions_by_topic(b: &Arc<Broker>) -> BTreeMap<String, Vec<backend::PartitionRow>> {
+    let mut out: BTreeMap<String, Vec<backend::PartitionRow>> = BTreeMap::new();
+    for r in b.logs().statuses(Scope::All).await {
+        out.entry(r.topic.clone()).or_default().push(r);
+    }
+    for rows in out.values_mut() {
+        rows.sort_by_key(|r| r.partition);
+    }
+    out
+}
+
+/// Every topic's cut-over as the console shows it (none when the store
+/// cannot be read: logged there).
+async fn cutovers(b: &Arc<Broker>) -> BTreeMap<String, Value> {
+    b.cutover_store()
+        .all()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|c| (c.topic.clone(), cutover_json(c)))
+        .collect()
+}
+
+/// The transactions open at a partition: (first offset, producer id,
+/// epoch), lowest first offset first.
+async fn open_at(b: &Arc<Broker>, topic: &str, partition: i32) -> Vec<(i64, i64, i16)> {
+    let mut open: Vec<(i64, i64, i16)> = b
+        .logs()
+        .producers(topic, partition)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(pid, e)| e.current_txn_first_offset.map(|f| (f, pid, e.epoch)))
+        .collect();
+    open.sort();
+    open
+}
+
+/// Each producer id's transactional id, from the coordinator's state.
+fn ids_by_producer(metas: &BTreeMap<String, TxnMeta>) -> HashMap<i64, String> {
+    metas
+        .values()
+        .map(|m| (m.producer_id, m.transactional_id.clone()))
+        .collect()
+}
+
 /// `GET /v1/console/overview?page=&per_page=&q=&sort=name|gap|size`: the
 /// broker's health and rates, and its topics (paged, filtered by a
-/// substring of the name).
+/// substring of the name): in cluster mode every topic of the cluster.
 pub async fn overview(b: &Arc<Broker>, paging: Paging, q: &str, sort: &str) -> Value {
     let now = now_ms();
-    let live = b.writers.live_detail(now);
+    let catalogue = b.catalogue();
+    let live = catalogue.live_writers(now).await;
+    let cutovers = cutovers(b).await;
+    let mut offsets = partitions_by_topic(b).await;
     let mut rows = Vec::new();
     let (mut partitions, mut pinned, mut gap_total) = (0usize, 0usize, 0i64);
-    for t in b.topics.all() {
-        let meta = t.meta();
-        let parts = t
-            .partitions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+    for meta in catalogue.topics().await {
+        let parts = offsets.remove(&meta.name).unwrap_or_default();
         let mut row = TopicRow {
             topic: meta.name.clone(),
             partitions: parts.len(),
@@ -121,7 +169,7 @@ pub async fn overview(b: &Arc<Broker>, paging: Paging, q: &str, sort: &str) -> V
             lso_gap: 0,
             max_lso_gap: 0,
             pinned_partitions: 0,
-            size_bytes: 0,
+            size_bytes: Some(0),
             writer_prefix: b.topics.topic_config(&meta, WRITER_PREFIX_CONFIG),
             writers: live
                 .get(&meta.name)
@@ -134,17 +182,16 @@ pub async fn overview(b: &Arc<Broker>, paging: Paging, q: &str, sort: &str) -> V
                         .collect()
                 })
                 .unwrap_or_default(),
-            cutover: b.cutovers.get(&meta.name).map(|c| cutover_json(&c)),
+            cutover: cutovers.get(&meta.name).cloned(),
             compacted: b.topics.cleanup_policy(&meta).compact,
         };
-        for p in &parts {
-            let s = p.status();
+        for s in &parts {
             let gap = s.high_watermark - s.last_stable_offset;
             row.high_watermark += s.high_watermark;
             row.lso_gap += gap;
             row.max_lso_gap = row.max_lso_gap.max(gap);
             row.pinned_partitions += usize::from(gap > 0);
-            row.size_bytes += s.size_bytes;
+            row.size_bytes = row.size_bytes.zip(s.size_bytes).map(|(a, b)| a + b);
         }
         partitions += row.partitions;
         pinned += row.pinned_partitions;
@@ -159,9 +206,10 @@ pub async fn overview(b: &Arc<Broker>, paging: Paging, q: &str, sort: &str) -> V
         "size" => rows.sort_by(|a, b| b.size_bytes.cmp(&a.size_bytes).then(a.topic.cmp(&b.topic))),
         _ => rows.sort_by(|a, b| a.topic.cmp(&b.topic)),
     }
-    let (open, oldest) = b.txn.open_transactions().await;
+    let txns = b.txns();
+    let (open, oldest) = txns.open_transactions().await;
     let stats = b.txn.stats();
-    let parked = b.txn.parked();
+    let parked = txns.parked(Scope::All).await.map(|(p, _)| p).unwrap_or_default();
     let syncs = b.syncer.stats.latency.count();
     let fsync_mean_ms = if syncs == 0 {
         0.0
@@ -195,83 +243,96 @@ pub async fn overview(b: &Arc<Broker>, paging: Paging, q: &str, sort: &str) -> V
 }
 
 /// `GET /v1/console/topic?topic=T&page=&only=pinned`: a topic's partitions.
-pub fn topic(b: &Arc<Broker>, name: &str, paging: Paging, only_pinned: bool) -> Option<Value> {
-    let t = b.topics.get(name)?;
-    let meta = t.meta();
-    let parts = t
-        .partitions
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let rows: Vec<PartitionRow> = parts
-        .iter()
-        .filter_map(|p| {
-            let s = p.status();
-            let gap = s.high_watermark - s.last_stable_offset;
-            if only_pinned && gap == 0 {
-                return None;
-            }
-            let mut open: Vec<OpenTxn> = p
-                .open_transactions()
+pub async fn topic(b: &Arc<Broker>, name: &str, paging: Paging, only_pinned: bool) -> Option<Value> {
+    let meta = b.catalogue().topic(name).await.ok().flatten()?;
+    let parts = partitions_by_topic(b).await.remove(name).unwrap_or_default();
+    let ids = ids_by_producer(&coordinator_state(b).await);
+    let mut rows: Vec<PartitionRow> = Vec::new();
+    for s in parts {
+        let gap = s.high_watermark - s.last_stable_offset;
+        if only_pinned && gap == 0 {
+            continue;
+        }
+        // a transaction open here holds the LSO below the high watermark
+        let open = if gap > 0 {
+            open_at(b, name, s.partition)
+                .await
                 .into_iter()
                 .map(|(first, pid, epoch)| OpenTxn {
                     first_offset: first,
                     producer_id: pid,
                     producer_epoch: epoch,
-                    transactional_id: b.txn.transactional_id_of(pid),
+                    transactional_id: ids.get(&pid).cloned(),
                 })
-                .collect();
-            open.sort_by_key(|o| o.first_offset);
-            Some(PartitionRow {
-                partition: p.index,
-                high_watermark: s.high_watermark,
-                last_stable_offset: s.last_stable_offset,
-                lso_gap: gap,
-                log_start_offset: s.log_start_offset,
-                size_bytes: s.size_bytes,
-                open,
-            })
-        })
-        .collect();
+                .collect()
+        } else {
+            Vec::new()
+        };
+        rows.push(PartitionRow {
+            partition: s.partition,
+            high_watermark: s.high_watermark,
+            last_stable_offset: s.last_stable_offset,
+            lso_gap: gap,
+            log_start_offset: s.log_start_offset,
+            size_bytes: s.size_bytes,
+            open,
+        });
+    }
+    let now = now_ms();
     Some(json!({
         "topic": meta.name,
         "configs": meta.configs,
         "writer_prefix": b.topics.topic_config(&meta, WRITER_PREFIX_CONFIG),
-        "cutover": b.cutovers.get(&meta.name).map(|c| cutover_json(&c)),
-        "writers": b.writers.live_detail(now_ms()).remove(&meta.name).unwrap_or_default()
+        "cutover": cutovers(b).await.remove(&meta.name),
+        "writers": b.catalogue().live_writers(now).await.remove(&meta.name).unwrap_or_default()
             .into_iter().map(|(p, t)| WriterSeen { prefix: p, last_commit_ms: t }).collect::<Vec<_>>(),
         "partitions": paging.slice(rows),
     }))
 }
 
-/// The epoch entry of `h` that holds `pid` at `epoch` (who got it).
-fn holder(h: Option<&IdHistory>, pid: i64, epoch: i16) -> Option<Epoch> {
-    let h = h?;
-    h.epochs
+/// The epoch entry of an id's history that holds `pid` at `epoch` (who
+/// got it), else its latest of `pid`.
+fn holder(epochs: &[Epoch], pid: i64, epoch: i16) -> Option<Epoch> {
+    epochs
         .iter()
         .rev()
         .find(|e| e.producer_id == pid && e.epoch == epoch)
-        .or_else(|| h.epochs.iter().rev().find(|e| e.producer_id == pid))
+        .or_else(|| epochs.iter().rev().find(|e| e.producer_id == pid))
         .cloned()
 }
 
 /// The coordinator's state of every transactional id, by id.
+/// (every one of the cluster's in cluster mode; none when it cannot be
+/// read: logged there).
 async fn coordinator_state(b: &Arc<Broker>) -> BTreeMap<String, TxnMeta> {
-    b.txn
-        .list()
+    b.txns()
+        .list_in(Scope::All)
         .await
+        .map(|(all, _)| all)
+        .unwrap_or_default()
         .into_iter()
         .map(|m| (m.transactional_id.clone(), m))
         .collect()
 }
 
 /// The transactional ids whose transactions are parked now.
-fn parked_ids(b: &Arc<Broker>) -> HashSet<String> {
-    b.txn
-        .parked()
+async fn parked_ids(b: &Arc<Broker>) -> HashSet<String> {
+    b.txns()
+        .parked(Scope::All)
+        .await
+        .map(|(p, _)| p)
+        .unwrap_or_default()
         .into_iter()
         .map(|p| p.transactional_id)
         .collect()
+}
+
+/// Who got `pid` at `epoch` of `id`, from its history (in cluster mode the
+/// cluster's).
+async fn holder_of(b: &Arc<Broker>, id: &str, pid: i64, epoch: i16) -> Option<Epoch> {
+    let h = b.txns().history(id).await.ok()?;
+    let epochs: Vec<Epoch> = serde_json::from_value(h.get("epochs")?.clone()).ok()?;
+    holder(&epochs, pid, epoch)
 }
 
 /// What an operator can do about a transaction that pins an LSO.
@@ -321,55 +382,59 @@ fn resolution(
 pub async fn stuck(b: &Arc<Broker>, paging: Paging) -> Value {
     let now = now_ms();
     let metas = coordinator_state(b).await;
-    let parked = parked_ids(b);
+    let ids = ids_by_producer(&metas);
+    let parked = parked_ids(b).await;
     let mut rows = Vec::new();
-    for p in b.topics.all_partitions() {
-        let s = p.status();
-        let gap = s.high_watermark - s.last_stable_offset;
-        if gap <= 0 {
-            continue;
+    for (topic, parts) in partitions_by_topic(b).await {
+        for s in parts {
+            let gap = s.high_watermark - s.last_stable_offset;
+            if gap <= 0 {
+                continue;
+            }
+            let index = s.partition;
+            let open = open_at(b, &topic, index).await;
+            let mut pin = None;
+            if let Some(&(first, pid, epoch)) = open.first() {
+                let id = ids.get(&pid).cloned();
+                let meta = id.as_ref().and_then(|i| metas.get(i));
+                let held = meta.is_some_and(|m| m.producer_id == pid && m.state != TxnState::Empty
+                    && !matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort)
+                    && m.partitions.contains(&(topic.clone(), index)));
+                let kind = match meta.map(|m| m.state) {
+                    _ if !held => "orphan",
+                    _ if id.as_ref().is_some_and(|i| parked.contains(i)) => "parked",
+                    Some(TxnState::PrepareCommit | TxnState::PrepareAbort) => "completing",
+                    _ => "open",
+                };
+                let who = match id.as_deref() {
+                    Some(i) => holder_of(b, i, pid, epoch).await,
+                    None => None,
+                };
+                pin = Some(json!({
+                    "first_offset": first,
+                    "producer_id": pid,
+                    "producer_epoch": epoch,
+                    "transactional_id": id,
+                    "writer": id.as_deref().map(prefix_of),
+                    "state": meta.map(|m| m.state.name()),
+                    "kind": kind,
+                    "started_ms": meta.map(|m| m.start_ms),
+                    "age_ms": meta.filter(|m| m.start_ms > 0).map(|m| now - m.start_ms),
+                    "timeout_ms": meta.map(|m| m.timeout_ms),
+                    "partitions": meta.map(|m| m.partitions.iter().map(|(t, i)| format!("{t}-{i}")).collect::<Vec<_>>()),
+                    "client_id": who.as_ref().and_then(|w| w.client_id.clone()),
+                    "peer": who.as_ref().and_then(|w| w.peer.clone()),
+                    "records_held": s.high_watermark - first,
+                    "resolution": resolution(kind, id.as_deref(), &topic, index, pid, epoch),
+                }));
+            }
+            rows.push(json!({
+                "topic": topic, "partition": index,
+                "high_watermark": s.high_watermark, "last_stable_offset": s.last_stable_offset, "lso_gap": gap,
+                "open_transactions": open.len(),
+                "pinned_by": pin,
+            }));
         }
-        let mut open = p.open_transactions();
-        open.sort();
-        let pin = open.first().map(|&(first, pid, epoch)| {
-            let id = b.txn.transactional_id_of(pid);
-            let meta = id.as_ref().and_then(|i| metas.get(i));
-            let held = meta.is_some_and(|m| m.producer_id == pid && m.state != TxnState::Empty
-                && !matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort)
-                && m.partitions.contains(&(p.topic.clone(), p.index)));
-            let kind = match meta.map(|m| m.state) {
-                _ if !held => "orphan",
-                _ if id.as_ref().is_some_and(|i| parked.contains(i)) => "parked",
-                Some(TxnState::PrepareCommit | TxnState::PrepareAbort) => "completing",
-                _ => "open",
-            };
-            let who = id
-                .as_deref()
-                .and_then(|i| b.txn.with_history(|h| holder(h.get(i), pid, epoch)));
-            json!({
-                "first_offset": first,
-                "producer_id": pid,
-                "producer_epoch": epoch,
-                "transactional_id": id,
-                "writer": id.as_deref().map(prefix_of),
-                "state": meta.map(|m| m.state.name()),
-                "kind": kind,
-                "started_ms": meta.map(|m| m.start_ms),
-                "age_ms": meta.filter(|m| m.start_ms > 0).map(|m| now - m.start_ms),
-                "timeout_ms": meta.map(|m| m.timeout_ms),
-                "partitions": meta.map(|m| m.partitions.iter().map(|(t, i)| format!("{t}-{i}")).collect::<Vec<_>>()),
-                "client_id": who.as_ref().and_then(|w| w.client_id.clone()),
-                "peer": who.as_ref().and_then(|w| w.peer.clone()),
-                "records_held": s.high_watermark - first,
-                "resolution": resolution(kind, id.as_deref(), &p.topic, p.index, pid, epoch),
-            })
-        });
-        rows.push(json!({
-            "topic": p.topic, "partition": p.index,
-            "high_watermark": s.high_watermark, "last_stable_offset": s.last_stable_offset, "lso_gap": gap,
-            "open_transactions": open.len(),
-            "pinned_by": pin,
-        }));
     }
     rows.sort_by(|a, b| {
         b["lso_gap"]
@@ -419,7 +484,7 @@ pub async fn transactions(
 ) -> Value {
     let now = now_ms();
     let since = now - window_ms.clamp(1_000, 24 * 3_600_000);
-    let parked = parked_ids(b);
+    let parked = parked_ids(b).await;
     let metas = coordinator_state(b).await;
     let topic_part = format!("{topic}-");
     let names_topic = |parts: &[String]| parts.iter().any(|p| p.starts_with(&topic_part));

@@ -475,3 +475,104 @@ def test_big_lists_are_paged(broker_factory, chrome):
     wait_for(chrome, lambda d: len(d.find_elements("css selector", ".lane")) == 25, what="25 lanes")
     assert "page 1 of 5 (120 rows)" in text_of(chrome, "#view")
     no_page_errors(chrome)
+
+
+class _Console:
+    """One cluster broker's console (its HTTP listener)."""
+
+    def __init__(self, broker):
+        self.admin = broker.metrics_url
+        self.broker = broker
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("broker_factory", ["cluster"], indirect=True)
+def test_a_clusters_console_shows_and_acts_on_the_whole_cluster_through_any_broker(broker_factory, chrome):
+    """Three `--cluster` brokers: a transaction left open through one
+    broker's listener pins its partition, and every broker's console shows
+    the cluster's topics, offsets and the pinning transaction with its
+    client; an abort from another broker's console fences it through its
+    coordinator; a parked transaction is committed from a third; a cut-over
+    is started and rolled back; the views not served in cluster mode yet
+    say so (501)."""
+    c = broker_factory({"console.actions.enable": "true",
+                        "transaction.two.phase.commit.prefixes": "flink-sink",
+                        "group.initial.rebalance.delay.ms": 0})
+    one, two, three = (_Console(x) for x in c.brokers)
+    first = c.brokers[0].bootstrap
+    topic = unique_topic("orders")
+    create_topic(c.bootstrap, topic)
+    hang = txn_producer(first, "billing-7", **{"client.id": "billing-app", "transaction.timeout.ms": 120000})
+    hang.init_transactions(30)
+    hang.begin_transaction()
+    hang.produce(topic, value=b"held", partition=0)
+    hang.flush(30)
+    other = txn_producer(first, "copier-1", **{"client.id": "copier"})
+    other.init_transactions(30)
+    for i in range(2):
+        other.begin_transaction()
+        other.produce(topic, value=b"after-%d" % i, partition=0)
+        other.commit_transaction(30)
+    for x in (one, two, three):
+        wait_until(lambda: console_offsets(x, topic) == (0, 5) or None, 15, what="LSO 0 and HW 5 on every broker")
+
+    # the stuck view of the third broker names the transaction and its client
+    open_view(chrome, three, "/stuck")
+    row_css = f'#stuck tr[data-partition="{topic}-0"]'
+    row = wait_for(chrome, lambda d: text_of(d, row_css), what="the pinned partition")
+    assert "billing-7" in row and "billing-app @ 127.0.0.1:" in row, row
+    assert "open" in row and "Ongoing" in row, row
+    assert chrome.find_elements("css selector", f"{row_css} button[data-action=abort]"), "actions are on"
+    # the overview of the second counts it, with the topic's writer
+    overview = json.loads(http(two, "GET", "/v1/console/overview")[1])
+    trow = next(r for r in overview["topics"]["rows"] if r["topic"] == topic)
+    assert (trow["lso_gap"], trow["pinned_partitions"]) == (5, 1), trow
+    assert [w["prefix"] for w in trow["writers"]] == ["copier"], trow
+    assert trow["size_bytes"] is None, "objects are shared: no size per partition"
+    parts = json.loads(http(one, "GET", f"/v1/console/topic?topic={topic}")[1])["partitions"]["rows"]
+    assert parts[0]["open"][0]["transactional_id"] == "billing-7", parts
+
+    # an abort from the second broker's console: through the coordinator
+    pid = parts[0]["open"][0]["producer_id"]
+    code, body = http(two, "POST", f"/v1/console/actions/abort?topic={topic}&partition=0&producer_id={pid}&epoch=0")
+    assert code == 200 and "through the coordinator" in body, body
+    for x in (one, two, three):
+        wait_until(lambda: console_offsets(x, topic) == (6, 6) or None, 15, what="the abort marker on every broker")
+    with pytest.raises(KafkaException):
+        hang.commit_transaction(30)
+    code, body = http(three, "POST", f"/v1/console/actions/abort?topic={topic}&partition=0&producer_id={pid}&epoch=0")
+    assert code == 409 and "no open transaction" in body, body
+    wait_for(chrome, lambda d: d.find_elements("id", "nothing-stuck"), what="nothing stuck on the third")
+
+    # a parked transaction, committed from the first broker's console
+    park = txn_producer(c.brokers[1].bootstrap, "flink-sink-0-5",
+                        **{"transaction.timeout.ms": 2000, "message.timeout.ms": 2000})
+    park.init_transactions(30)
+    park.begin_transaction()
+    park.produce(topic, value=b"checkpointed", partition=0)
+    park.flush(30)
+    parked = lambda: json.loads(http(three, "GET", "/v1/transactions/parked")[1])["parked"]
+    wait_until(lambda: parked() or None, 20, what="the transaction to park")
+    p = parked()[0]
+    stuck = json.loads(http(one, "GET", "/v1/console/stuck")[1])["partitions"]["rows"]
+    assert stuck[0]["pinned_by"]["kind"] == "parked", stuck
+    code, body = http(one, "POST", f"/v1/console/actions/resolve?id=flink-sink-0-5&producer_id={p['producer_id']}"
+                                   f"&epoch={p['producer_epoch']}&outcome=commit")
+    assert code == 200, body
+    wait_until(lambda: console_offsets(two, topic) == (8, 8) or None, 15, what="the commit marker")
+    code, body = http(two, "POST", "/v1/console/actions/resolve?id=flink-sink-0-5&producer_id=0&epoch=0&outcome=abort")
+    assert code == 409 and "no parked transaction" in body, body
+
+    # a cut-over from one broker's console, seen and rolled back through another
+    code, body = http(three, "POST", f"/v1/console/actions/cutover-start?topic={topic}&from=orders-blue&to=orders-green")
+    assert code == 200 and json.loads(body)["result"]["phase"] in ("Draining", "Switched"), body
+    topic_view = json.loads(http(one, "GET", f"/v1/console/topic?topic={topic}")[1])
+    assert topic_view["cutover"]["to"] == "orders-green", topic_view
+    code, body = http(one, "POST", f"/v1/console/actions/cutover-rollback?topic={topic}")
+    assert code in (200, 409), body  # 409 once it switched at once: nothing of orders-blue held it
+    # the views not served in cluster mode yet say so
+    for path in ("/v1/console/transactions", "/v1/console/groups"):
+        code, body = http(two, "GET", path)
+        assert code == 501 and "not served in cluster mode yet" in body, (path, body)
+    assert any("console action done" in x.log_text() for x in c.brokers)
+    no_page_errors(chrome)

@@ -493,7 +493,8 @@ def test_a_clusters_console_shows_and_acts_on_the_whole_cluster_through_any_brok
     the cluster's topics, offsets and the pinning transaction with its
     client; an abort from another broker's console fences it through its
     coordinator; a parked transaction is committed from a third; a cut-over
-    is started and rolled back; the views not served in cluster mode yet
+    is started and rolled back; the id's page and the timeline show the
+    cluster's history; the groups views, not served in cluster mode yet,
     say so (501)."""
     c = broker_factory({"console.actions.enable": "true",
                         "transaction.two.phase.commit.prefixes": "flink-sink",
@@ -570,8 +571,18 @@ def test_a_clusters_console_shows_and_acts_on_the_whole_cluster_through_any_brok
     assert topic_view["cutover"]["to"] == "orders-green", topic_view
     code, body = http(one, "POST", f"/v1/console/actions/cutover-rollback?topic={topic}")
     assert code in (200, 409), body  # 409 once it switched at once: nothing of orders-blue held it
+    # the id's page and the timeline through any broker: the cluster's history
+    txn = json.loads(http(three, "GET", "/v1/console/transaction?id=billing-7")[1])
+    assert txn["known"] and txn["history"].get("persisted") is True, txn
+    assert any(f["cause"] == "administrator" for f in txn["history"]["fences"]), txn["history"]
+    lanes = json.loads(http(one, "GET", "/v1/console/transactions?window_ms=600000")[1])["lanes"]["rows"]
+    ids = {lane["transactional_id"]: lane for lane in lanes}
+    assert {"billing-7", "copier-1", "flink-sink-0-5"} <= set(ids), ids.keys()
+    assert ids["billing-7"]["fences"] == 1 and ids["copier-1"]["events"], ids
+    open_view(chrome, two, "/transactions")
+    wait_for(chrome, lambda d: "billing-7" in d.find_element("id", "view").text, what="the timeline's lanes")
     # the views not served in cluster mode yet say so
-    for path in ("/v1/console/transactions", "/v1/console/groups"):
+    for path in ("/v1/console/groups", "/v1/console/group?group=g"):
         code, body = http(two, "GET", path)
         assert code == 501 and "not served in cluster mode yet" in body, (path, body)
     assert any("console action done" in x.log_text() for x in c.brokers)

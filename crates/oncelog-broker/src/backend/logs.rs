@@ -473,6 +473,26 @@ impl Logs<'_> {
         }
     }
 
+    /// The markers written at a partition lately, oldest first (where a
+    /// transaction's commit or abort went). Cluster mode keeps no such
+    /// record: its markers are written in the batch of the commit that
+    /// decides them, and the answer is empty.
+    pub fn recent_markers(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Vec<crate::partition::MarkerWritten> {
+        match self {
+            Logs::Local(b) => b
+                .topics
+                .get(topic)
+                .and_then(|t| t.partition(partition))
+                .map(|p| p.recent_markers())
+                .unwrap_or_default(),
+            Logs::Cluster(..) => Vec::new(),
+        }
+    }
+
     /// Woken whenever data becomes readable (a long poll waits on it).
     pub fn data_notify(&self) -> &tokio::sync::Notify {
         match self {

@@ -473,6 +473,27 @@ impl Txns<'_> {
         }
     }
 
+    /// `f` of every id's history (in cluster mode the cluster's notes
+    /// since `since_ms`; local mode keeps its own in memory).
+    pub async fn with_histories<T>(
+        &self,
+        since_ms: i64,
+        f: impl FnOnce(&crate::txn_history::TxnHistory) -> T,
+    ) -> Result<T, ErrorCode> {
+        match self {
+            Txns::Local(b) => Ok(b.txn.with_history(f)),
+            Txns::Cluster(_, front) => {
+                match crate::cluster::history::read_since(&front.cluster, since_ms).await {
+                    Ok(h) => Ok(f(&h)),
+                    Err(e) => {
+                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the transaction history could not be read");
+                        Err(ErrorCode::CoordinatorNotAvailable)
+                    }
+                }
+            }
+        }
+    }
+
     /// One pass of the timeout driver: each transaction past its timeout
     /// is aborted and its producer fenced, or parked, as
     /// [`TxnService::on_timeout`](crate::txn_service::TxnService::on_timeout)

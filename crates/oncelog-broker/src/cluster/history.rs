@@ -143,3 +143,46 @@ pub async fn read(cluster: &Cluster, id: &str) -> Result<serde_json::Value, Clus
     }
     Ok(v)
 }
+
+/// Every id's notes since `since_ms` replayed in time order (the console's
+/// timeline: at most a day of them), and since when the cluster's history
+/// covers (its oldest note kept, as [`read`]).
+pub async fn read_since(cluster: &Cluster, since_ms: i64) -> Result<TxnHistory, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT transactional_id, note FROM txn_history \
+             WHERE noted_at >= to_timestamp($1::float8 / 1000) ORDER BY seq",
+            &[&(since_ms as f64)],
+        )
+        .await?;
+    let oldest: i64 = client
+        .query_one(
+            "SELECT coalesce((SELECT (extract(epoch from noted_at) * 1000)::bigint \
+               FROM txn_history ORDER BY seq LIMIT 1), \
+               (extract(epoch from clock_timestamp()) * 1000)::bigint)",
+            &[],
+        )
+        .await?
+        .get(0);
+    let mut notes = rows
+        .into_iter()
+        .map(|r| {
+            let id: String = r.get(0);
+            serde_json::from_value::<Note>(r.get(1))
+                .map(|n| (id, n))
+                .map_err(|e| ClusterError::Invariant(format!("a txn_history row: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    notes.sort_by_key(|(_, n)| n.time_ms());
+    let ids = notes
+        .iter()
+        .map(|(id, _)| id.as_str())
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    let mut h = TxnHistory::with_capacity(oldest, ids.max(1));
+    for (id, note) in notes {
+        h.apply(&id, note);
+    }
+    Ok(h)
+}

@@ -77,21 +77,14 @@ pub async fn route(b: &Arc<Broker>, req: &Request) -> Option<Reply> {
             "the console is off (console.enable=false)\n",
         ));
     }
-    // These views are still built from local mode's structures, which hold
-    // nothing in cluster mode: an empty picture would mislead.
-    if b.cluster.get().is_some()
-        && matches!(
-            path,
-            "/v1/console/transactions"
-                | "/v1/console/transaction"
-                | "/v1/console/groups"
-                | "/v1/console/group"
-        )
-    {
+    // A group's members are in its coordinator's memory, which these views
+    // still read in place: on another broker of a cluster they would show
+    // none, and an empty picture would mislead.
+    if b.cluster.get().is_some() && matches!(path, "/v1/console/groups" | "/v1/console/group") {
         return Some(Reply::error(
             "501 Not Implemented",
-            "this console view is not served in cluster mode yet; `oncelog txn` and \
-             `oncelog group` show the cluster's state through any broker"
+            "the groups views are not served in cluster mode yet; `oncelog group list` and \
+             `oncelog group describe` show them through any broker"
                 .into(),
         ));
     }
@@ -265,8 +258,14 @@ async fn act(b: &Arc<Broker>, req: &Request, action: &str) -> Reply {
                 Ok(d) => {
                     let store = b.cutover_store();
                     let topic = req.param("topic");
-                    match store.start(topic, req.param("from"), req.param("to"), d).await {
-                        Ok(_) => store.status(topic).await.map_err(crate::http::cutover_failure),
+                    match store
+                        .start(topic, req.param("from"), req.param("to"), d)
+                        .await
+                    {
+                        Ok(_) => store
+                            .status(topic)
+                            .await
+                            .map_err(crate::http::cutover_failure),
                         Err(f) => Err(crate::http::cutover_failure(f)),
                     }
                 }
@@ -277,7 +276,10 @@ async fn act(b: &Arc<Broker>, req: &Request, action: &str) -> Reply {
             let store = b.cutover_store();
             let topic = req.param("topic");
             match store.rollback(topic).await {
-                Ok(_) => store.status(topic).await.map_err(crate::http::cutover_failure),
+                Ok(_) => store
+                    .status(topic)
+                    .await
+                    .map_err(crate::http::cutover_failure),
                 Err(f) => Err(crate::http::cutover_failure(f)),
             }
         }

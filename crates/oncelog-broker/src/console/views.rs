@@ -10,9 +10,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::backend::{self, Scope};
 use crate::txn_coordinator::{TxnMeta, TxnState};
 use crate::txn_history::{Epoch, EventKind};
-use crate::backend::{self, Scope};
 use crate::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 use crate::Broker;
 use oncelog_log::now_ms;
@@ -209,7 +209,11 @@ pub async fn overview(b: &Arc<Broker>, paging: Paging, q: &str, sort: &str) -> V
     let txns = b.txns();
     let (open, oldest) = txns.open_transactions().await;
     let stats = b.txn.stats();
-    let parked = txns.parked(Scope::All).await.map(|(p, _)| p).unwrap_or_default();
+    let parked = txns
+        .parked(Scope::All)
+        .await
+        .map(|(p, _)| p)
+        .unwrap_or_default();
     let syncs = b.syncer.stats.latency.count();
     let fsync_mean_ms = if syncs == 0 {
         0.0
@@ -234,7 +238,7 @@ pub async fn overview(b: &Arc<Broker>, paging: Paging, q: &str, sort: &str) -> V
             "aborts": stats.aborts,
             "fsyncs": b.syncer.stats.latency.count(),
             "fsync_mean_ms": fsync_mean_ms,
-            "history_since_ms": b.txn.with_history(|h| h.since_ms()),
+            "history_since_ms": txns.with_histories(now, |h| h.since_ms()).await.unwrap_or(now),
         },
         "samples": b.samples.recent(),
         "totals": { "topics": topics, "partitions": partitions, "pinned_partitions": pinned, "lso_gap": gap_total },
@@ -243,9 +247,17 @@ pub async fn overview(b: &Arc<Broker>, paging: Paging, q: &str, sort: &str) -> V
 }
 
 /// `GET /v1/console/topic?topic=T&page=&only=pinned`: a topic's partitions.
-pub async fn topic(b: &Arc<Broker>, name: &str, paging: Paging, only_pinned: bool) -> Option<Value> {
+pub async fn topic(
+    b: &Arc<Broker>,
+    name: &str,
+    paging: Paging,
+    only_pinned: bool,
+) -> Option<Value> {
     let meta = b.catalogue().topic(name).await.ok().flatten()?;
-    let parts = partitions_by_topic(b).await.remove(name).unwrap_or_default();
+    let parts = partitions_by_topic(b)
+        .await
+        .remove(name)
+        .unwrap_or_default();
     let ids = ids_by_producer(&coordinator_state(b).await);
     let mut rows: Vec<PartitionRow> = Vec::new();
     for s in parts {
@@ -397,9 +409,12 @@ pub async fn stuck(b: &Arc<Broker>, paging: Paging) -> Value {
             if let Some(&(first, pid, epoch)) = open.first() {
                 let id = ids.get(&pid).cloned();
                 let meta = id.as_ref().and_then(|i| metas.get(i));
-                let held = meta.is_some_and(|m| m.producer_id == pid && m.state != TxnState::Empty
-                    && !matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort)
-                    && m.partitions.contains(&(topic.clone(), index)));
+                let held = meta.is_some_and(|m| {
+                    m.producer_id == pid
+                        && m.state != TxnState::Empty
+                        && !matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort)
+                        && m.partitions.contains(&(topic.clone(), index))
+                });
                 let kind = match meta.map(|m| m.state) {
                     _ if !held => "orphan",
                     _ if id.as_ref().is_some_and(|i| parked.contains(i)) => "parked",
@@ -489,7 +504,8 @@ pub async fn transactions(
     let topic_part = format!("{topic}-");
     let names_topic = |parts: &[String]| parts.iter().any(|p| p.starts_with(&topic_part));
     let mut writers: BTreeMap<String, usize> = BTreeMap::new();
-    let mut lanes: Vec<Lane> = b.txn.with_history(|h| {
+    let txns = b.txns();
+    let histories = txns.with_histories(since, |h| {
         let mut ids: Vec<&String> = metas.keys().collect();
         let extra: Vec<&String> = h
             .iter()
@@ -548,8 +564,9 @@ pub async fn transactions(
                 events,
             });
         }
-        out
+        (out, h.since_ms())
     });
+    let (mut lanes, history_since_ms) = histories.await.unwrap_or_else(|_| (Vec::new(), now));
     lanes.sort_by(|a, b| {
         let open = |l: &Lane| l.started_ms.is_some();
         open(b)
@@ -563,7 +580,7 @@ pub async fn transactions(
     json!({
         "now_ms": now,
         "since_ms": since,
-        "history_since_ms": b.txn.with_history(|h| h.since_ms()),
+        "history_since_ms": history_since_ms,
         "writers": top.into_iter().map(|(w, n)| json!({"writer": w, "ids": n})).collect::<Vec<_>>(),
         "lanes": paging.slice(lanes),
     })
@@ -575,67 +592,61 @@ pub async fn transactions(
 /// with their partitions — a commit's and an abort's are where its markers
 /// went).
 pub async fn transaction(b: &Arc<Broker>, id: &str) -> Value {
-    let meta = b.txn.describe(id).await;
-    let parked = b
-        .txn
-        .parked()
+    let txns = b.txns();
+    let meta = txns
+        .describe(&[id.to_string()])
+        .await
+        .ok()
+        .and_then(|mut v| v.pop().flatten());
+    let parked = txns
+        .parked(Scope::All)
+        .await
+        .map(|(p, _)| p)
+        .unwrap_or_default()
         .into_iter()
         .find(|p| p.transactional_id == id);
-    let partitions: Vec<Value> = meta
-        .as_ref()
-        .map(|m| {
-            m.partitions
-                .iter()
-                .map(|(t, i)| {
-                    let p = b.topics.get(t).and_then(|x| x.partition(*i));
-                    let s = p.as_ref().map(|p| p.status());
-                    let first = p.as_ref().and_then(|p| {
-                        p.open_transactions()
-                            .into_iter()
-                            .find(|(_, pid, _)| *pid == m.producer_id)
-                            .map(|(f, _, _)| f)
-                    });
-                    json!({
-                        "topic": t, "partition": i,
-                        "first_offset": first,
-                        "high_watermark": s.as_ref().map(|s| s.high_watermark),
-                        "last_stable_offset": s.as_ref().map(|s| s.last_stable_offset),
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut partitions: Vec<Value> = Vec::new();
+    if let Some(m) = &meta {
+        for (t, i) in &m.partitions {
+            let first = open_at(b, t, *i)
+                .await
+                .into_iter()
+                .find(|(_, pid, _)| *pid == m.producer_id)
+                .map(|(f, _, _)| f);
+            let bounds = b.logs().bounds(t, *i).await.ok();
+            partitions.push(json!({
+                "topic": t, "partition": i,
+                "first_offset": first,
+                "high_watermark": bounds.map(|(hw, _)| hw),
+                "last_stable_offset": bounds.map(|(_, lso)| lso),
+            }));
+        }
+    }
+    let history = txns.history(id).await.unwrap_or_else(|_| json!({}));
     // Where the recent ends' markers went: each partition's own record of
     // the markers it wrote (the nearest in time to the end).
-    let ends: Vec<crate::txn_history::Event> = b.txn.with_history(|h| {
-        h.get(id)
-            .map(|x| {
-                x.events
-                    .iter()
-                    .filter(|e| matches!(e.event, EventKind::Commit | EventKind::Abort))
-                    .rev()
-                    .take(10)
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default()
-    });
+    let events: Vec<crate::txn_history::Event> = history
+        .get("events")
+        .and_then(|e| serde_json::from_value(e.clone()).ok())
+        .unwrap_or_default();
+    let ends = events
+        .iter()
+        .filter(|e| matches!(e.event, EventKind::Commit | EventKind::Abort))
+        .rev()
+        .take(10);
     let mut markers = Vec::new();
-    for e in &ends {
+    for e in ends {
         let commit = e.event == EventKind::Commit;
         for name in &e.partitions {
             let Some((t, i)) = name.rsplit_once('-') else {
                 continue;
             };
-            let Some(p) = i
-                .parse()
-                .ok()
-                .and_then(|i| b.topics.get(t).and_then(|x| x.partition(i)))
-            else {
+            let Ok(i) = i.parse::<i32>() else {
                 continue;
             };
-            let m = p
-                .recent_markers()
+            let m = b
+                .logs()
+                .recent_markers(t, i)
                 .into_iter()
                 .filter(|m| m.producer_id == e.producer_id && m.commit == commit)
                 .min_by_key(|m| (m.time_ms - e.time_ms).abs());
@@ -662,7 +673,7 @@ pub async fn transaction(b: &Arc<Broker>, id: &str) -> Value {
         "two_phase": meta.as_ref().is_some_and(|m| m.two_phase),
         "parked": parked,
         "partitions": partitions,
-        "history": b.txn.history_json(id),
+        "history": history,
     })
 }
 

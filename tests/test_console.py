@@ -494,8 +494,8 @@ def test_a_clusters_console_shows_and_acts_on_the_whole_cluster_through_any_brok
     client; an abort from another broker's console fences it through its
     coordinator; a parked transaction is committed from a third; a cut-over
     is started and rolled back; the id's page and the timeline show the
-    cluster's history; the groups views, not served in cluster mode yet,
-    say so (501)."""
+    cluster's history; a consumer group's members, assignment and lag show
+    through every broker."""
     c = broker_factory({"console.actions.enable": "true",
                         "transaction.two.phase.commit.prefixes": "flink-sink",
                         "group.initial.rebalance.delay.ms": 0})
@@ -581,9 +581,39 @@ def test_a_clusters_console_shows_and_acts_on_the_whole_cluster_through_any_brok
     assert ids["billing-7"]["fences"] == 1 and ids["copier-1"]["events"], ids
     open_view(chrome, two, "/transactions")
     wait_for(chrome, lambda d: "billing-7" in d.find_element("id", "view").text, what="the timeline's lanes")
-    # the views not served in cluster mode yet say so
-    for path in ("/v1/console/groups", "/v1/console/group?group=g"):
-        code, body = http(two, "GET", path)
-        assert code == 501 and "not served in cluster mode yet" in body, (path, body)
+    # a consumer group: its members and lag through a broker that does not
+    # coordinate it (as its coordinator last saw it at rest)
+    group = "fares-" + topic
+    consumer = Consumer(consumer_config(c.bootstrap, **{"group.id": group, "isolation.level": "read_committed",
+                                                        "auto.offset.reset": "earliest", "client.id": "fares-app",
+                                                        "enable.auto.offset.store": True}))
+    consumer.subscribe([topic])
+    try:
+        seen = []
+        deadline = time.monotonic() + 30
+        while len(seen) < 3 and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                seen.append(m.value())
+        assert seen == [b"after-0", b"after-1", b"checkpointed"], seen
+        consumer.commit(asynchronous=False)
+        committed = consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+
+        def described(x):
+            code, body = http(x, "GET", f"/v1/console/group?group={group}")
+            v = json.loads(body) if code == 200 else {}
+            return v if v.get("members") and v.get("offsets", {}).get("rows") else None
+        for x in (one, two, three):
+            v = wait_until(lambda: described(x), 20, what=f"the group's members through {x.admin}")
+            assert v["state"] == "Stable" and v["members"][0]["client_id"] == "fares-app", v
+            assert v["members"][0]["assignment"] == [{"topic": topic, "partitions": [0]}], v
+            row = v["offsets"]["rows"][0]
+            assert row["committed"] == committed and row["lag_committed"] == row["last_stable_offset"] - committed, v
+        listed = json.loads(http(two, "GET", "/v1/console/groups")[1])["groups"]["rows"]
+        assert [(g["group"], g["members"], g["state"]) for g in listed] == [(group, 1, "Stable")], listed
+        open_view(chrome, three, f"/group/{group}")
+        wait_for(chrome, lambda d: "fares-app" in d.find_element("id", "view").text, what="the group's page")
+    finally:
+        consumer.close()
     assert any("console action done" in x.log_text() for x in c.brokers)
     no_page_errors(chrome)

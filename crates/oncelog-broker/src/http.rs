@@ -151,16 +151,6 @@ fn drain_timeout(req: &Request) -> Result<i64, Reply> {
     }
 }
 
-/// The reply to a cut-over request that changed nothing.
-pub(crate) fn cutover_failure(f: crate::backend::CutoverFailure) -> Reply {
-    match f {
-        crate::backend::CutoverFailure::Refused(why) => Reply::error("409 Conflict", why),
-        crate::backend::CutoverFailure::Unavailable(why) => {
-            Reply::error("503 Service Unavailable", why)
-        }
-    }
-}
-
 /// `GET /v1/cutover[?topic=T]`, `POST /v1/cutover/start?topic=&from=&to=&drain_timeout_ms=`,
 /// `POST /v1/cutover/rollback?topic=` (in cluster mode on the cluster's
 /// rows: any broker serves them).
@@ -173,7 +163,7 @@ async fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
         async move {
             match store.status(&topic).await {
                 Ok(v) => Reply::json("200 OK", v),
-                Err(f) => cutover_failure(f),
+                Err(f) => crate::console::cutover_failure(f),
             }
         }
     };
@@ -181,13 +171,13 @@ async fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
         ("GET", "/v1/cutover") if topic.is_empty() => {
             let all = match store.all().await {
                 Ok(all) => all,
-                Err(f) => return cutover_failure(f),
+                Err(f) => return crate::console::cutover_failure(f),
             };
             let mut out = Vec::with_capacity(all.len());
             for c in all {
                 match store.status(&c.topic).await {
                     Ok(v) => out.push(v),
-                    Err(f) => return cutover_failure(f),
+                    Err(f) => return crate::console::cutover_failure(f),
                 }
             }
             Reply::json("200 OK", serde_json::json!({ "cutovers": out }))
@@ -202,12 +192,12 @@ async fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
             };
             match store.start(&topic, from, to, drain).await {
                 Ok(_) => status(topic).await,
-                Err(f) => cutover_failure(f),
+                Err(f) => crate::console::cutover_failure(f),
             }
         }
         ("POST", "/v1/cutover/rollback") => match store.rollback(&topic).await {
             Ok(_) => status(topic).await,
-            Err(f) => cutover_failure(f),
+            Err(f) => crate::console::cutover_failure(f),
         },
         (_, "/v1/cutover/start" | "/v1/cutover/rollback") => {
             Reply::error("405 Method Not Allowed", "use POST".into())

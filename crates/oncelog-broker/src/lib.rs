@@ -197,6 +197,9 @@ impl Broker {
         // The transaction history is the cluster's: rows every broker reads.
         self.txn
             .journal_to(cluster::history::start(front.cluster.clone()));
+        // Each group's membership at rest too: any broker's console shows it.
+        self.groups
+            .journal_to(cluster::membership::start(front.cluster.clone()));
         let _ = self.cluster.set(front);
         Ok(())
     }

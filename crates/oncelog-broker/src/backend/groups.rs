@@ -7,11 +7,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::Scope;
 use crate::cluster::front::Front;
 use crate::cluster::groups::{self as cg, Claim};
 use crate::cluster::ClusterError;
 use crate::error::ErrorCode;
-use crate::groups::{FetchedOffset, OffsetMeta, OFFSETS_TOPIC};
+use crate::groups::{FetchedOffset, GroupSnapshot, OffsetMeta, OFFSETS_TOPIC};
 use crate::txn_coordinator::VerifyError;
 use crate::Broker;
 
@@ -224,6 +225,87 @@ impl Groups<'_> {
                     })
                     .collect())
             }
+        }
+    }
+
+    /// Every group of [`Scope`] as (id, its snapshot if any): this broker's
+    /// ([`Groups::list`]) or, with [`Scope::All`], the cluster's. A group
+    /// this broker coordinates is shown as its memory has it; another as
+    /// its coordinator last wrote it at rest; one with only offsets has no
+    /// snapshot (Empty).
+    pub async fn snapshots(
+        &self,
+        scope: Scope,
+    ) -> Result<Vec<(String, Option<GroupSnapshot>)>, ErrorCode> {
+        let mut out = Vec::new();
+        match (self, scope) {
+            (Groups::Local(b), _) => {
+                for (g, _, _) in b.groups.list().await {
+                    let s = b.groups.snapshot(&g).await;
+                    out.push((g, s));
+                }
+            }
+            (Groups::Cluster(..), Scope::Mine) => {
+                for (g, _, _) in self.list().await? {
+                    let s = self.snapshot(&g).await?;
+                    out.push((g, s));
+                }
+            }
+            (Groups::Cluster(b, front), Scope::All) => {
+                let unavailable = |e: ClusterError| {
+                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the groups could not be read");
+                    ErrorCode::CoordinatorNotAvailable
+                };
+                let all = cg::all_groups(&front.cluster).await.map_err(unavailable)?;
+                let mut rows = crate::cluster::membership::all(&front.cluster)
+                    .await
+                    .map_err(unavailable)?;
+                let held = front.groups.held(front.cluster.session.session());
+                for (g, _, has_offsets) in all {
+                    let s = if held.contains(&g) {
+                        b.groups.snapshot(&g).await
+                    } else {
+                        rows.remove(&g)
+                    };
+                    // a group with neither offsets nor members is gone
+                    if !has_offsets && s.as_ref().is_none_or(|s| s.members.is_empty()) {
+                        continue;
+                    }
+                    out.push((g, s));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `group` as its coordinator sees it (see [`Groups::snapshots`]).
+    pub async fn snapshot(&self, group: &str) -> Result<Option<GroupSnapshot>, ErrorCode> {
+        match self {
+            Groups::Local(b) => Ok(b.groups.snapshot(group).await),
+            Groups::Cluster(b, front) => {
+                if front
+                    .groups
+                    .held(front.cluster.session.session())
+                    .contains(group)
+                {
+                    return Ok(b.groups.snapshot(group).await);
+                }
+                crate::cluster::membership::all(&front.cluster)
+                    .await
+                    .map(|mut all| all.remove(group))
+                    .map_err(|e| storage_code(front, group, &e))
+            }
+        }
+    }
+
+    /// The offsets committed in open transactions of `group`: (producer
+    /// id, topic, partition, offset), sorted.
+    pub async fn pending(&self, group: &str) -> Result<Vec<(i64, String, i32, i64)>, ErrorCode> {
+        match self {
+            Groups::Local(b) => Ok(b.groups.pending_offsets(group).await),
+            Groups::Cluster(_, front) => crate::cluster::membership::pending(&front.cluster, group)
+                .await
+                .map_err(|e| storage_code(front, group, &e)),
         }
     }
 

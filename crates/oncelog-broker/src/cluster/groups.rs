@@ -304,6 +304,11 @@ pub async fn delete_offsets(cluster: &Cluster, group: &str) -> Result<u64, Clust
         &[&group, &me, &session],
     )
     .await?;
+    tx.execute(
+        "DELETE FROM group_membership WHERE group_id = $1",
+        &[&group],
+    )
+    .await?;
     tx.commit().await?;
     Ok(n)
 }

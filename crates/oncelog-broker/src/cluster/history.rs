@@ -100,6 +100,20 @@ async fn prune(cluster: &Cluster) -> Result<(), ClusterError> {
     Ok(())
 }
 
+/// What the cluster's history covers: since its oldest note kept (the
+/// same answer through every broker), or now when there is none.
+async fn oldest_ms(client: &deadpool_postgres::Client) -> Result<i64, ClusterError> {
+    Ok(client
+        .query_one(
+            "SELECT coalesce((SELECT (extract(epoch from noted_at) * 1000)::bigint \
+               FROM txn_history ORDER BY seq LIMIT 1), \
+               (extract(epoch from clock_timestamp()) * 1000)::bigint)",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 /// `id`'s history, replayed from its notes (the answer of
 /// `GET /v1/transactions/<id>/history`).
 pub async fn read(cluster: &Cluster, id: &str) -> Result<serde_json::Value, ClusterError> {
@@ -110,17 +124,7 @@ pub async fn read(cluster: &Cluster, id: &str) -> Result<serde_json::Value, Clus
             &[&id],
         )
         .await?;
-    // What the cluster's history covers: since its oldest note kept (the
-    // same answer through every broker), or now when there is none.
-    let since: i64 = client
-        .query_one(
-            "SELECT coalesce((SELECT (extract(epoch from noted_at) * 1000)::bigint \
-               FROM txn_history ORDER BY seq LIMIT 1), \
-               (extract(epoch from clock_timestamp()) * 1000)::bigint)",
-            &[],
-        )
-        .await?
-        .get(0);
+    let since = oldest_ms(&client).await?;
     let mut notes = rows
         .into_iter()
         .map(|r| {
@@ -156,15 +160,7 @@ pub async fn read_since(cluster: &Cluster, since_ms: i64) -> Result<TxnHistory, 
             &[&(since_ms as f64)],
         )
         .await?;
-    let oldest: i64 = client
-        .query_one(
-            "SELECT coalesce((SELECT (extract(epoch from noted_at) * 1000)::bigint \
-               FROM txn_history ORDER BY seq LIMIT 1), \
-               (extract(epoch from clock_timestamp()) * 1000)::bigint)",
-            &[],
-        )
-        .await?
-        .get(0);
+    let oldest = oldest_ms(&client).await?;
     let mut notes = rows
         .into_iter()
         .map(|r| {

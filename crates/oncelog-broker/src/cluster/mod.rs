@@ -29,6 +29,7 @@ pub mod groups;
 pub mod history;
 pub mod info;
 pub mod jobs;
+pub mod membership;
 pub mod objects;
 pub mod outage;
 pub mod pg;

@@ -12,10 +12,11 @@ use super::ClusterError;
 /// listener addresses, the collector's grace for unreferenced objects, the
 /// cluster's ACLs and credentials; version 3: the topics' cut-overs;
 /// version 4: the brokers' incarnations, which keep a node id unique;
-/// version 5: the transaction history's notes) and
+/// version 5: the transaction history's notes; version 6: the groups'
+/// membership at rest, for the console) and
 /// refuses a newer one, so a broker of an older build never runs on tables
 /// it does not know.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// Any number that no other user of the database takes as advisory lock.
 const MIGRATE_LOCK: i64 = 0x6f6e_6365_6c6f_6701;
@@ -179,6 +180,12 @@ CREATE TABLE IF NOT EXISTS txn_history (
     noted_at         timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS txn_history_by_id ON txn_history (transactional_id, seq);
+CREATE TABLE IF NOT EXISTS group_membership (
+    group_id   text PRIMARY KEY,
+    broker_id  integer NOT NULL,
+    snapshot   jsonb NOT NULL,
+    changed_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 CREATE TABLE IF NOT EXISTS security_docs (
     name       text PRIMARY KEY,
     doc        jsonb NOT NULL,

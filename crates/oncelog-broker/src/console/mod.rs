@@ -77,17 +77,6 @@ pub async fn route(b: &Arc<Broker>, req: &Request) -> Option<Reply> {
             "the console is off (console.enable=false)\n",
         ));
     }
-    // A group's members are in its coordinator's memory, which these views
-    // still read in place: on another broker of a cluster they would show
-    // none, and an empty picture would mislead.
-    if b.cluster.get().is_some() && matches!(path, "/v1/console/groups" | "/v1/console/group") {
-        return Some(Reply::error(
-            "501 Not Implemented",
-            "the groups views are not served in cluster mode yet; `oncelog group list` and \
-             `oncelog group describe` show them through any broker"
-                .into(),
-        ));
-    }
     if !host_allowed(req, &b.config.console_allowed_hosts) {
         tracing::warn!(host = req.header("host").unwrap_or(""), peer = ?req.peer,
             "console request refused: its Host is not an IP address, localhost or in console.allowed.hosts");
@@ -150,6 +139,17 @@ pub async fn route(b: &Arc<Broker>, req: &Request) -> Option<Reply> {
         _ => Reply::error("404 Not Found", format!("no console page {path}")),
     };
     Some(reply)
+}
+
+/// The reply to a cut-over request that changed nothing (the console's
+/// actions and the CLI's `/v1/cutover` endpoints).
+pub(crate) fn cutover_failure(f: crate::backend::CutoverFailure) -> Reply {
+    match f {
+        crate::backend::CutoverFailure::Refused(why) => Reply::error("409 Conflict", why),
+        crate::backend::CutoverFailure::Unavailable(why) => {
+            Reply::error("503 Service Unavailable", why)
+        }
+    }
 }
 
 /// Actions need a password when Kafka clients need one.
@@ -262,11 +262,8 @@ async fn act(b: &Arc<Broker>, req: &Request, action: &str) -> Reply {
                         .start(topic, req.param("from"), req.param("to"), d)
                         .await
                     {
-                        Ok(_) => store
-                            .status(topic)
-                            .await
-                            .map_err(crate::http::cutover_failure),
-                        Err(f) => Err(crate::http::cutover_failure(f)),
+                        Ok(_) => store.status(topic).await.map_err(cutover_failure),
+                        Err(f) => Err(cutover_failure(f)),
                     }
                 }
                 Err(r) => Err(r),
@@ -276,11 +273,8 @@ async fn act(b: &Arc<Broker>, req: &Request, action: &str) -> Reply {
             let store = b.cutover_store();
             let topic = req.param("topic");
             match store.rollback(topic).await {
-                Ok(_) => store
-                    .status(topic)
-                    .await
-                    .map_err(crate::http::cutover_failure),
-                Err(f) => Err(crate::http::cutover_failure(f)),
+                Ok(_) => store.status(topic).await.map_err(cutover_failure),
+                Err(f) => Err(cutover_failure(f)),
             }
         }
         _ => Err(Reply::error(

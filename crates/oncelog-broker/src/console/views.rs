@@ -710,29 +710,25 @@ fn assignment(raw: &bytes::Bytes) -> Vec<(String, Vec<i32>)> {
 }
 
 /// `GET /v1/console/groups?page=&q=`: consumer groups with their state,
-/// members and total lag against the LSO and the high watermark.
+/// members and total lag against the LSO and the high watermark (in
+/// cluster mode every group of the cluster, as its coordinator last saw
+/// it at rest).
 pub async fn groups(b: &Arc<Broker>, paging: Paging, q: &str) -> Value {
     let q = q.to_lowercase();
+    let store = b.group_store();
     let mut rows = Vec::new();
-    for (g, protocol_type, state) in b.groups.list().await {
+    for (g, snap) in store.snapshots(Scope::All).await.unwrap_or_default() {
         if !q.is_empty() && !g.to_lowercase().contains(&q) {
             continue;
         }
-        let (members, generation, pending) = b
-            .groups
-            .with_group(&g, |x| {
-                (
-                    x.members.len(),
-                    x.generation,
-                    x.pending.values().map(HashMap::len).sum::<usize>(),
-                )
-            })
-            .await
-            .unwrap_or_default();
+        let pending = store.pending(&g).await.map(|p| p.len()).unwrap_or(0);
         let lag = b.group_lag(&g).await;
         rows.push(json!({
-            "group": g, "protocol_type": protocol_type, "state": state,
-            "members": members, "generation": generation,
+            "group": g,
+            "protocol_type": snap.as_ref().map_or("", |s| s.protocol_type.as_str()),
+            "state": snap.as_ref().map_or("Empty", |s| s.state.as_str()),
+            "members": snap.as_ref().map_or(0, |s| s.members.len()),
+            "generation": snap.as_ref().map_or(0, |s| s.generation),
             "partitions": lag.len(),
             "lag_committed": lag.iter().map(|r| r.lag_committed.max(0)).sum::<i64>(),
             "lag_uncommitted": lag.iter().map(|r| r.lag_uncommitted.max(0)).sum::<i64>(),
@@ -746,39 +742,29 @@ pub async fn groups(b: &Arc<Broker>, paging: Paging, q: &str) -> Value {
 /// committed offsets with lag against the LSO and the high watermark, and
 /// offsets pending in open transactions (by producer and transactional id).
 pub async fn group(b: &Arc<Broker>, id: &str, paging: Paging) -> Option<Value> {
-    let (state, generation, protocol, leader, members, pending) = b
-        .groups
-        .with_group(id, |g| {
-            let members: Vec<Value> = g
-                .members
-                .values()
+    let store = b.group_store();
+    let snap = store.snapshot(id).await.ok().flatten();
+    let lag = b.group_lag(id).await;
+    if snap.is_none() && lag.is_empty() {
+        return None;
+    }
+    let members: Vec<Value> = snap
+        .as_ref()
+        .map(|s| {
+            s.members
+                .iter()
                 .map(|m| {
                     json!({
-                        "member_id": m.id, "group_instance_id": m.instance_id,
+                        "member_id": m.member_id, "group_instance_id": m.group_instance_id,
                         "client_id": m.client_id, "client_host": m.client_host,
-                        "session_timeout_ms": m.session_timeout.as_millis() as u64,
-                        "assignment": assignment(&m.assignment).into_iter()
+                        "session_timeout_ms": m.session_timeout_ms,
+                        "assignment": assignment(&bytes::Bytes::from(m.assignment.clone())).into_iter()
                             .map(|(t, ps)| json!({"topic": t, "partitions": ps})).collect::<Vec<_>>(),
                     })
                 })
-                .collect();
-            let mut pending: Vec<(i64, String, i32, i64)> = g
-                .pending
-                .iter()
-                .flat_map(|(pid, m)| m.iter().map(move |((t, p), o)| (*pid, t.clone(), *p, o.offset)))
-                .collect();
-            pending.sort();
-            (
-                g.state.name(),
-                g.generation,
-                g.protocol.clone(),
-                g.leader.clone(),
-                members,
-                pending,
-            )
+                .collect()
         })
-        .await?;
-    let lag = b.group_lag(id).await;
+        .unwrap_or_default();
     let offsets: Vec<Value> = lag
         .iter()
         .map(|r| {
@@ -789,17 +775,27 @@ pub async fn group(b: &Arc<Broker>, id: &str, paging: Paging) -> Option<Value> {
             })
         })
         .collect();
+    let pending = store.pending(id).await.unwrap_or_default();
+    let ids = if pending.is_empty() {
+        HashMap::new()
+    } else {
+        ids_by_producer(&coordinator_state(b).await)
+    };
     let pending: Vec<Value> = pending
         .into_iter()
         .map(|(pid, t, p, o)| {
             json!({
-                "producer_id": pid, "transactional_id": b.txn.transactional_id_of(pid),
+                "producer_id": pid, "transactional_id": ids.get(&pid),
                 "topic": t, "partition": p, "offset": o,
             })
         })
         .collect();
     Some(json!({
-        "group": id, "state": state, "generation": generation, "protocol": protocol, "leader": leader,
+        "group": id,
+        "state": snap.as_ref().map_or("Empty", |s| s.state.as_str()),
+        "generation": snap.as_ref().map_or(0, |s| s.generation),
+        "protocol": snap.as_ref().map(|s| s.protocol.as_str()).filter(|p| !p.is_empty()),
+        "leader": snap.as_ref().map(|s| s.leader.as_str()).filter(|l| !l.is_empty()),
         "members": members,
         "lag_committed": lag.iter().map(|r| r.lag_committed.max(0)).sum::<i64>(),
         "lag_uncommitted": lag.iter().map(|r| r.lag_uncommitted.max(0)).sum::<i64>(),

@@ -117,7 +117,61 @@ pub struct Groups {
     log: SharedStateLog,
     settings: GroupSettings,
     next_member: AtomicU64,
+    /// Where each group's membership at rest goes as well (cluster mode:
+    /// the cluster's rows, read by the console of any broker).
+    snapshots: std::sync::OnceLock<SnapshotJournal>,
 }
+
+/// A group as its coordinator sees it (the console's view): state,
+/// generation, protocol and members with their assignments.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSnapshot {
+    pub state: String,
+    pub generation: i32,
+    pub protocol_type: String,
+    pub protocol: String,
+    pub leader: String,
+    pub members: Vec<MemberSnapshot>,
+}
+
+/// One member of a [`GroupSnapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberSnapshot {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout_ms: u64,
+    /// The consumer-protocol assignment as the leader sent it.
+    pub assignment: Vec<u8>,
+}
+
+impl GroupSnapshot {
+    fn of(g: &Group) -> Self {
+        Self {
+            state: g.state.name().to_string(),
+            generation: g.generation,
+            protocol_type: g.protocol_type.clone().unwrap_or_default(),
+            protocol: g.protocol.clone().unwrap_or_default(),
+            leader: g.leader.clone().unwrap_or_default(),
+            members: g
+                .members
+                .values()
+                .map(|m| MemberSnapshot {
+                    member_id: m.id.clone(),
+                    group_instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    session_timeout_ms: m.session_timeout.as_millis() as u64,
+                    assignment: m.assignment.to_vec(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Where membership snapshots go ([`Groups::journal_to`]).
+pub type SnapshotJournal = tokio::sync::mpsc::Sender<(String, GroupSnapshot)>;
 
 struct Inner {
     groups: HashMap<String, Group>,
@@ -358,7 +412,40 @@ impl Groups {
             log,
             settings,
             next_member: AtomicU64::new(0),
+            snapshots: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sends each group's membership at rest to `journal` too, from now on.
+    pub fn journal_to(&self, journal: SnapshotJournal) {
+        let _ = self.snapshots.set(journal);
+    }
+
+    /// `group` as its coordinator sees it now, if this broker holds it.
+    pub async fn snapshot(&self, group: &str) -> Option<GroupSnapshot> {
+        let inner = self.state.lock().await;
+        inner.groups.get(group).map(GroupSnapshot::of)
+    }
+
+    /// The offsets committed in open transactions of `group`: (producer
+    /// id, topic, partition, offset), sorted.
+    pub async fn pending_offsets(&self, group: &str) -> Vec<(i64, String, i32, i64)> {
+        let inner = self.state.lock().await;
+        let mut out: Vec<(i64, String, i32, i64)> = inner
+            .groups
+            .get(group)
+            .map(|g| {
+                g.pending
+                    .iter()
+                    .flat_map(|(pid, m)| {
+                        m.iter()
+                            .map(move |((t, p), o)| (*pid, t.clone(), *p, o.offset))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort();
+        out
     }
 
     /// Hands records to the offsets log. Once they are durable the
@@ -395,6 +482,11 @@ impl Groups {
         }
         let generation = rec.generation;
         let members = rec.members.len();
+        if let Some(j) = self.snapshots.get() {
+            // never waits: a full queue drops it (the next change at rest
+            // sends the group again; nothing decides on it)
+            let _ = j.try_send((group.to_string(), GroupSnapshot::of(g)));
+        }
         let group = group.to_string();
         match self.submit(vec![OffsetRecord::Membership(rec)]) {
             Ok(pending) => {

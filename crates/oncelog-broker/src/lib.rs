@@ -125,19 +125,49 @@ pub struct Broker {
     pub samples: samples::Samples,
     /// This broker's exclusive hold on its data directory.
     _dir_lock: datadir::DirLock,
-    /// Cluster mode's backend (docs/cluster.md), set at start when
-    /// `cluster.postgres` is; the request handlers then serve from it.
-    pub cluster: std::sync::OnceLock<Arc<cluster::front::Front>>,
+    /// The storage this broker serves from, chosen once before it is
+    /// shared ([`Broker::start`]); `backend` reads it, nothing else does.
+    pub mode: Mode,
+}
+
+/// Which backend a broker runs over (docs/cluster.md).
+pub enum Mode {
+    /// The data directory.
+    Local,
+    /// PostgreSQL and the object store, registered as this broker.
+    Cluster(Arc<cluster::front::Front>),
+}
+
+/// Why a broker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("opening the data directory: {0}")]
+    Open(#[from] TopicError),
+    #[error("starting cluster mode: {0}")]
+    Cluster(#[from] cluster::ClusterError),
 }
 
 impl Broker {
-    /// Cluster mode: connects to PostgreSQL and the object store, registers
-    /// this broker (id `node.id`, address as advertised) and serves every
-    /// request from them from now on. A no-op in local mode.
-    pub async fn start_cluster(&self) -> Result<(), cluster::ClusterError> {
+    /// Opens the broker over the backend its config names: the data
+    /// directory, or (with `cluster.postgres`) PostgreSQL and the object
+    /// store, where it registers as `node.id` at its advertised address.
+    /// The choice is made here, once, before the broker is shared.
+    pub async fn start(config: BrokerConfig) -> Result<Arc<Self>, StartError> {
+        let mut broker = Self::build(config)?;
+        if let Some(front) = broker.connect_cluster().await? {
+            broker.mode = Mode::Cluster(front);
+        }
+        Ok(Arc::new(broker))
+    }
+
+    /// Cluster mode's backend: connects, registers this broker and starts
+    /// the cluster's jobs. `None` in local mode.
+    async fn connect_cluster(
+        &self,
+    ) -> Result<Option<Arc<cluster::front::Front>>, cluster::ClusterError> {
         let c = &self.config;
         if c.cluster_postgres.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         if c.cluster_object_store.is_empty() {
             return Err(cluster::ClusterError::Config(
@@ -200,8 +230,7 @@ impl Broker {
         // Each group's membership at rest too: any broker's console shows it.
         self.groups
             .journal_to(cluster::membership::start(front.cluster.clone()));
-        let _ = self.cluster.set(front);
-        Ok(())
+        Ok(Some(front))
     }
 
     /// Cluster mode without `node.id`: asks the cluster for an id it never
@@ -225,9 +254,17 @@ impl Broker {
         Ok(())
     }
 
+    /// Cluster mode's backend, or `None` in local mode.
+    pub fn front(&self) -> Option<&Arc<cluster::front::Front>> {
+        match &self.mode {
+            Mode::Cluster(front) => Some(front),
+            Mode::Local => None,
+        }
+    }
+
     /// The cluster's id, as Metadata answers it.
     pub fn cluster_id(&self) -> String {
-        match self.cluster.get() {
+        match self.front() {
             Some(front) => front.cluster_id.clone(),
             None => self.topics.cluster_id().to_string(),
         }
@@ -235,7 +272,7 @@ impl Broker {
 
     /// This broker's node id (in cluster mode, the one it registered with).
     pub fn node_id(&self) -> i32 {
-        match self.cluster.get() {
+        match self.front() {
             Some(front) => front.cluster.session.broker_id,
             None => self.config.node_id,
         }
@@ -244,7 +281,7 @@ impl Broker {
     /// Resolves with the reason once cluster mode must stop this broker
     /// (another broker took its node id); never in local mode.
     pub async fn cluster_stopped(&self) -> String {
-        match self.cluster.get() {
+        match self.front() {
             Some(front) => front.cluster.session.stopped().await,
             None => std::future::pending().await,
         }
@@ -253,7 +290,7 @@ impl Broker {
     /// A clean stop in cluster mode: ends this broker's lease, so its node id
     /// is free at once for the next start. A no-op in local mode.
     pub async fn leave_cluster(&self) {
-        if let Some(front) = self.cluster.get() {
+        if let Some(front) = self.front() {
             let c = &front.cluster;
             if let Err(e) = c.session.release(&c.pool).await {
                 tracing::warn!(error = %e, "cluster: could not end this broker's lease at stop; it ends by itself");
@@ -261,8 +298,19 @@ impl Broker {
         }
     }
 
-    /// Opens the data directory, recovering every partition.
+    /// Opens a local-mode broker on its data directory, recovering every
+    /// partition ([`Broker::start`] opens either mode).
     pub fn open(config: BrokerConfig) -> Result<Arc<Self>, TopicError> {
+        if !config.cluster_postgres.is_empty() {
+            return Err(TopicError::DataDir(
+                "cluster.postgres is set: cluster mode starts with Broker::start".into(),
+            ));
+        }
+        Ok(Arc::new(Self::build(config)?))
+    }
+
+    /// Everything a broker holds but its backend.
+    fn build(config: BrokerConfig) -> Result<Self, TopicError> {
         datadir::ensure_dir(&config.data_dir)?;
         // Before anything is read or written: one broker per directory.
         let dir_lock = datadir::lock(&config.data_dir)?;
@@ -338,7 +386,7 @@ impl Broker {
             io_max_bytes_per_second: config.cleaner_io_max_bytes_per_second,
             backoff: std::time::Duration::from_millis(config.cleaner_backoff_ms),
         }));
-        Ok(Arc::new(Self {
+        Ok(Self {
             config,
             topics,
             producer_ids,
@@ -362,8 +410,8 @@ impl Broker {
                 .map(|_| histogram::Histogram::latency())
                 .collect(),
             _dir_lock: dir_lock,
-            cluster: std::sync::OnceLock::new(),
-        }))
+            mode: Mode::Local,
+        })
     }
 
     /// May `transactional_id` write `topic` (`holds`: its open transaction
@@ -602,7 +650,7 @@ impl Broker {
                 b.groups.tick().await;
             }
         });
-        if let Some(front) = self.cluster.get().cloned() {
+        if let Some(front) = self.front().cloned() {
             // Cluster mode: the offsets of the groups this broker coordinates
             // and which have no members here expire on this broker (the
             // leased `offsets` job takes the groups nobody coordinates).

@@ -102,7 +102,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
     let age = oldest.map_or(0.0, |t| (now_ms() - t).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "oncelog_transaction_oldest_open_age_seconds {age}");
     // (cut-over, open transactions of the old writer it waits for)
-    let cutovers: Vec<(crate::cutover::Cutover, usize)> = match b.cluster.get() {
+    let cutovers: Vec<(crate::cutover::Cutover, usize)> = match b.front() {
         Some(f) => crate::cluster::cutover::with_waiting(&f.cluster.pool)
             .await
             .unwrap_or_else(|e| {
@@ -378,7 +378,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
         }
     }
     render_cleaner(&mut out, b);
-    if let Some(front) = b.cluster.get() {
+    if let Some(front) = b.front() {
         front.render_metrics(&mut out);
     }
     out

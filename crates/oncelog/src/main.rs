@@ -646,11 +646,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                 "cluster mode without data.dir: local scratch (nothing durable) in {}, removed at stop",
                 d.display());
         }
-        let broker = Broker::open(config).context("opening the data directory")?;
-        broker
-            .start_cluster()
-            .await
-            .context("starting cluster mode")?;
+        let broker = Broker::start(config).await?;
         let mut listeners = Vec::new();
         for r in reserved {
             listeners.push(r.listen()?);
@@ -663,7 +659,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             listen = %listen,
             data_dir = %broker.config.data_dir.display(),
             advertised = %format!("{}:{}", broker.config.advertised_host, broker.config.advertised_port),
-            mode = if broker.cluster.get().is_some() {
+            mode = if broker.front().is_some() {
                 "cluster"
             } else if broker.interval_flush() {
                 "interval-flush"

@@ -26,9 +26,9 @@ pub enum CutoverFailure {
 impl Broker {
     /// This broker's cut-over store.
     pub fn cutover_store(self: &Arc<Self>) -> Cutovers<'_> {
-        match self.cluster.get() {
-            Some(front) => Cutovers::Cluster(front),
-            None => Cutovers::Local(self),
+        match &self.mode {
+            crate::Mode::Cluster(front) => Cutovers::Cluster(front),
+            crate::Mode::Local => Cutovers::Local(self),
         }
     }
 }

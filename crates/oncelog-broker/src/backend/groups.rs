@@ -25,9 +25,9 @@ pub enum Groups<'a> {
 impl Broker {
     /// This broker's group store.
     pub fn group_store(self: &Arc<Self>) -> Groups<'_> {
-        match self.cluster.get() {
-            Some(front) => Groups::Cluster(self, front),
-            None => Groups::Local(self),
+        match &self.mode {
+            crate::Mode::Cluster(front) => Groups::Cluster(self, front),
+            crate::Mode::Local => Groups::Local(self),
         }
     }
 }

@@ -118,9 +118,9 @@ pub enum Logs<'a> {
 impl Broker {
     /// This broker's partition logs.
     pub fn logs(self: &Arc<Self>) -> Logs<'_> {
-        match self.cluster.get() {
-            Some(front) => Logs::Cluster(self, front),
-            None => Logs::Local(self),
+        match &self.mode {
+            crate::Mode::Cluster(front) => Logs::Cluster(self, front),
+            crate::Mode::Local => Logs::Local(self),
         }
     }
 }

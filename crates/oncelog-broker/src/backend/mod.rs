@@ -48,9 +48,9 @@ pub enum Catalogue<'a> {
 impl Broker {
     /// This broker's catalogue.
     pub fn catalogue(&self) -> Catalogue<'_> {
-        match self.cluster.get() {
-            Some(front) => Catalogue::Cluster(self, front),
-            None => Catalogue::Local(self),
+        match &self.mode {
+            crate::Mode::Cluster(front) => Catalogue::Cluster(self, front),
+            crate::Mode::Local => Catalogue::Local(self),
         }
     }
 }

@@ -25,9 +25,9 @@ pub enum Txns<'a> {
 impl Broker {
     /// This broker's transaction store.
     pub fn txns(self: &Arc<Self>) -> Txns<'_> {
-        match self.cluster.get() {
-            Some(front) => Txns::Cluster(self, front),
-            None => Txns::Local(self),
+        match &self.mode {
+            crate::Mode::Cluster(front) => Txns::Cluster(self, front),
+            crate::Mode::Local => Txns::Local(self),
         }
     }
 }

@@ -57,3 +57,28 @@ def test_the_cycle_check_finds_a_cycle(tmp_path):
     (tmp_path / "b.rs").write_text("pub struct B(crate::a::A);\n")
     p = cycles(tmp_path)
     assert p.returncode == 1 and "cycle: a <-> b" in p.stdout, p.stdout
+
+
+def test_the_cycle_check_looks_inside_folders(tmp_path):
+    """Two files of one folder that use each other (through `super::`), and a
+    file of one folder using one of another folder that uses it back."""
+    (tmp_path / "lib.rs").write_text("pub mod x;\npub mod y;\n")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "mod.rs").write_text("pub mod a;\npub mod b;\npub use a::A;\n")
+    (tmp_path / "x" / "a.rs").write_text("use super::b::{self, B};\npub struct A(B);\n")
+    (tmp_path / "x" / "b.rs").write_text("pub struct B;\nfn f() { super::a::A; }\n")
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "mod.rs").write_text("pub mod c;\n")
+    (tmp_path / "y" / "c.rs").write_text("pub struct C(crate::x::b::B);\n")
+    p = cycles(tmp_path)
+    assert p.returncode == 1 and "cycle: x::a <-> x::b" in p.stdout, p.stdout
+    assert "y::c" not in "".join(l for l in p.stdout.splitlines() if l.startswith("cycle")), p.stdout
+    (tmp_path / "x" / "b.rs").write_text("pub struct B;\nfn f() { crate::y::c::C; }\n")
+    p = cycles(tmp_path)
+    assert p.returncode == 1 and "cycle: x::b <-> y::c" in p.stdout, p.stdout
+    # A folder's mod.rs may use its own files, and they it.
+    (tmp_path / "x" / "b.rs").write_text("pub struct B;\nfn f() { super::A; }\n")
+    (tmp_path / "x" / "a.rs").write_text("pub struct A;\n")
+    (tmp_path / "x" / "mod.rs").write_text("pub mod a;\npub mod b;\npub use a::A;\nfn g() { b::B; }\n")
+    p = cycles(tmp_path)
+    assert p.returncode == 0 and "no cycles" in p.stdout, p.stdout

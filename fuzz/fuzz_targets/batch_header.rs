@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use oncelog_broker::producer_state::ProducerState;
+use oncelog_broker::machines::producer_state::ProducerState;
 use oncelog_log::batch::{self, BatchHeader, BatchIter, HEADER_LEN};
 
 fn touch(h: &BatchHeader<'_>) {
@@ -72,6 +72,6 @@ fn check(data: &[u8]) {
     }
     let _ = batch::control_record(data);
     let mut st = ProducerState::new();
-    oncelog_broker::topics::replay_batch(&mut st, data);
+    oncelog_broker::backend::local::topics::replay_batch(&mut st, data);
     let _ = st.first_unstable_offset();
 }

@@ -1,4 +1,4 @@
-//! The server's frame splitting (`oncelog_broker::server::read_frame`): an
+//! The server's frame splitting (`oncelog_broker::protocol::server::read_frame`): an
 //! arbitrary TCP stream, delivered in arbitrary chunk sizes, must split into
 //! exactly the frames a one-shot reference split finds, whatever the chunking,
 //! and stop the same way (clean end, size out of bounds, or cut mid-frame).
@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use libfuzzer_sys::fuzz_target;
-use oncelog_broker::server::read_frame;
+use oncelog_broker::protocol::server::read_frame;
 use oncelog_fuzz::{block_on, reference_split as reference, End};
 use tokio::io::{AsyncRead, ReadBuf};
 

@@ -1,5 +1,5 @@
 //! A request frame (without its length prefix) through the broker's decode
-//! path (`oncelog_broker::handlers::decode_request`, what `dispatch` runs
+//! path (`oncelog_broker::protocol::decode_request`, what `dispatch` runs
 //! before any handler): API/version checks, the request header and the body
 //! via kafka-protocol. Produce bodies then go through the same batch checks
 //! as the produce handler.
@@ -14,7 +14,7 @@
 use bytes::Bytes;
 use kafka_protocol::messages::RequestKind;
 use libfuzzer_sys::fuzz_target;
-use oncelog_broker::handlers::{decode_request, supported_range, Decoded};
+use oncelog_broker::protocol::{decode_request, supported_range, Decoded};
 use oncelog_log::batch;
 
 #[cfg(feature = "alloc-guard")]
@@ -43,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
                         let Some(records) = &pd.records else { continue };
                         if let Ok(h) = batch::validate_client_batch(records) {
                             assert!(h.total_size() <= records.len());
-                            let _ = oncelog_broker::topics::producer_batch(&h);
+                            let _ = oncelog_broker::backend::local::topics::producer_batch(&h);
                         }
                     }
                 }

@@ -85,7 +85,7 @@ fuzz_target!(|data: &[u8]| {
         let n = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
         let frame = &rest[2..(2 + n).min(rest.len())];
         rest = &rest[(2 + n).min(rest.len())..];
-        match oncelog_broker::server::judge(&mut s, &Bytes::copy_from_slice(frame), &auth) {
+        match oncelog_broker::protocol::server::judge(&mut s, &Bytes::copy_from_slice(frame), &auth) {
             Verdict::Reply(_) | Verdict::Request => {}
             Verdict::Fail(_) | Verdict::Close(_) => break,
         }

@@ -12,9 +12,9 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use oncelog_broker::producer_state::{ProducerBatch, ProducerState};
-use oncelog_broker::snapshot;
-use oncelog_broker::topics::PartitionState;
+use oncelog_broker::machines::producer_state::{ProducerBatch, ProducerState};
+use oncelog_broker::backend::local::snapshot;
+use oncelog_broker::backend::local::topics::PartitionState;
 use oncelog_fuzz::scratch_dir;
 use oncelog_log::batch::{self, BatchBuilder, ATTR_TRANSACTIONAL};
 use oncelog_log::{Log, LogConfig};

@@ -1,5 +1,5 @@
 //! Request framing inside TLS, as an SSL listener runs it: the broker's own
-//! acceptor (`oncelog_broker::tls::TlsServer`, loaded from PEM files as
+//! acceptor (`oncelog_broker::security::tls::TlsServer`, loaded from PEM files as
 //! `ssl.keystore.location` names them), `tokio::io::split` of the session
 //! and `read_frame` over its plaintext, against a rustls client in memory.
 //!
@@ -24,8 +24,8 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use libfuzzer_sys::fuzz_target;
-use oncelog_broker::server::read_frame;
-use oncelog_broker::tls::{ClientAuth, TlsServer, TlsSettings};
+use oncelog_broker::protocol::server::read_frame;
+use oncelog_broker::security::tls::{ClientAuth, TlsServer, TlsSettings};
 use oncelog_fuzz::{reference_split, End};
 use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};

@@ -64,13 +64,13 @@ pub fn fix_crcs(buf: &[u8]) -> Vec<u8> {
 #[derive(Debug, PartialEq)]
 pub enum End {
     Clean,
-    Error(oncelog_broker::server::FrameReadError),
+    Error(oncelog_broker::protocol::server::FrameReadError),
 }
 
 /// The frames of a whole stream, split in one go: the reference the
 /// server's incremental `read_frame` is held to.
 pub fn reference_split(mut s: &[u8], max: usize) -> (Vec<&[u8]>, End) {
-    use oncelog_broker::server::{frame_size, FrameReadError};
+    use oncelog_broker::protocol::server::{frame_size, FrameReadError};
     let mut frames = Vec::new();
     loop {
         if s.len() < 4 {

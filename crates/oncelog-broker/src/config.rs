@@ -146,7 +146,7 @@ pub struct BrokerConfig {
     pub ssl_truststore: String,
     pub ssl_client_auth: String,
     /// `ssl.principal.mapping.rules`: a client certificate's DN → principal name.
-    pub ssl_principal_mapping: crate::principal_map::PrincipalRules,
+    pub ssl_principal_mapping: crate::security::principal_map::PrincipalRules,
     /// ACLs are enforced (`authorizer.class.name` set).
     pub authorizer: bool,
     pub super_users: String,
@@ -189,7 +189,7 @@ pub struct BrokerConfig {
     pub transaction_max_timeout_ms: i32,
     pub transactional_id_expiration_ms: i64,
     /// Transactions that park at their timeout instead of aborting.
-    pub two_phase_commit: crate::txn_coordinator::ParkPolicy,
+    pub two_phase_commit: crate::machines::txn_coordinator::ParkPolicy,
     /// KIP-939 served (InitProducerId v6).
     pub two_phase_commit_enable: bool,
     pub producer_id_expiration_ms: i64,
@@ -342,7 +342,7 @@ impl BrokerConfig {
             ssl_keystore: get("ssl.keystore.location").trim().to_string(),
             ssl_truststore: get("ssl.truststore.location").trim().to_string(),
             ssl_client_auth: get("ssl.client.auth").trim().to_string(),
-            ssl_principal_mapping: crate::principal_map::PrincipalRules::parse(&get(
+            ssl_principal_mapping: crate::security::principal_map::PrincipalRules::parse(&get(
                 "ssl.principal.mapping.rules",
             ))
             .map_err(|why| ConfigError::Invalid {
@@ -429,7 +429,7 @@ impl BrokerConfig {
                 "transactional.id.expiration.ms",
                 &get("transactional.id.expiration.ms"),
             )?,
-            two_phase_commit: crate::txn_coordinator::ParkPolicy::new(
+            two_phase_commit: crate::machines::txn_coordinator::ParkPolicy::new(
                 &get("transaction.two.phase.commit.prefixes"),
                 parse(
                     "transaction.two.phase.commit.max.park.ms",
@@ -761,7 +761,9 @@ fn check_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> 
             "producer" | "uncompressed" | "gzip" | "snappy" | "lz4" | "zstd" => Ok(()),
             _ => bad(format!("invalid compression.type {value}")),
         },
-        "writer.transactional.id.prefix" => crate::writers::check_prefix(value).or_else(bad),
+        "writer.transactional.id.prefix" => {
+            crate::coordinators::writers::check_prefix(value).or_else(bad)
+        }
         "message.timestamp.type" => match value {
             "CreateTime" | "LogAppendTime" => Ok(()),
             _ => bad(format!("invalid message.timestamp.type {value}")),

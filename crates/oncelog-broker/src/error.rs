@@ -112,7 +112,7 @@ impl From<LogError> for TopicError {
 }
 
 /// Why a transactional write or commit is refused or held by the topic's
-/// writer fence or cut-over (`crate::cutover`).
+/// writer fence or cut-over (`crate::coordinators::cutover`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Gate {
     /// Refused for good: TRANSACTIONAL_ID_AUTHORIZATION_FAILED.

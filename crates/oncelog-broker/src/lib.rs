@@ -1,59 +1,49 @@
-//! The oncelog broker: topic catalogue, partitions and their durability, the
-//! Kafka request handlers, and the TCP server that frames requests.
+//! The oncelog broker. Its folders are its layers, each using only those
+//! below it:
 //!
-//! Layering: `server` (sockets, framing, version negotiation) calls
-//! `handlers` (one module per API family), which use `topics` (the
-//! catalogue), `partition` (each partition's state and its only write paths:
-//! append and transaction markers) and `durability` (group commit) on top of
-//! `oncelog-log`.
+//! - `protocol`: the TCP server (sockets, framing, version negotiation)
+//!   and the Kafka request handlers, one module per API family, written
+//!   once for both modes.
+//! - `coordinators`: the drivers of the transaction and group
+//!   coordinators, cut-overs and second-writer detection, which run the
+//!   pure state machines in `machines` against a backend.
+//! - `backend`: the storage the protocol runs over, chosen once at start
+//!   ([`Mode`]): `backend::local` (the data directory: topics, partitions
+//!   and their durability, the coordinators' internal logs, the cleaner) or
+//!   `backend::cluster` (PostgreSQL and an object store).
+//! - `security`: listeners, authentication, TLS and ACLs.
+//! - `observe`: metrics, the HTTP listener, the console and the
+//!   transaction history.
 
-pub mod acl;
 pub mod backend;
-pub mod cluster;
-pub mod compaction;
 pub mod config;
-pub mod console;
-pub mod cutover;
-pub mod datadir;
-pub mod durability;
+pub mod coordinators;
 pub mod error;
 pub mod faults;
-pub mod groups;
-pub mod handlers;
-pub mod histogram;
-pub mod http;
-pub mod httpmsg;
-pub mod internal_log;
-pub mod metrics;
+pub mod machines;
 pub mod nice;
-pub mod partition;
-pub mod principal_map;
-pub mod producer_ids;
-pub mod producer_state;
+pub mod observe;
+pub mod protocol;
 pub mod reference;
-pub mod samples;
 pub mod security;
-pub mod server;
-pub mod snapshot;
-pub mod storage;
-#[cfg(feature = "tls")]
-pub mod tls;
-pub mod topics;
-pub mod txn_coordinator;
-pub mod txn_history;
-pub mod txn_service;
-pub mod writeback;
-pub mod writers;
 
 use std::sync::Arc;
 
+use backend::local::{compaction, datadir, durability, internal_log, partition, producer_ids};
+use backend::{cluster, storage};
+use coordinators::{cutover, groups, txn_service, writers};
+use observe::{histogram, samples};
+use security::acl;
+#[cfg(feature = "tls")]
+use security::tls;
+
 use tokio::sync::Notify;
 
+use backend::local::topics::Topics;
 pub use config::BrokerConfig;
 use durability::Syncer;
 use error::TopicError;
 pub use faults::{fail_point, injected_marker_error};
-use topics::Topics;
 
 /// Wall-clock milliseconds since the epoch; the log engine's clock, so
 /// that record timestamps, segment ages and coordinator deadlines agree.
@@ -191,7 +181,7 @@ impl Broker {
         let security = cluster::security::Copies::new(self.authz.shared(), self.users.shared());
         let front = cluster::front::Front::start(cc, security).await?;
         let defaults = self.config.clone();
-        cluster::jobs::spawn(
+        cluster::scheduler::spawn(
             front.cluster.clone(),
             cluster::jobs::JobSettings {
                 config_of: Arc::new(move |configs, key| {
@@ -455,7 +445,7 @@ impl Broker {
     pub fn flush_all(&self) -> usize {
         let mut failed = 0;
         for p in self.topics.all_partitions() {
-            let crate::partition::Tail {
+            let crate::backend::local::partition::Tail {
                 file,
                 next_offset: end,
                 active_size,

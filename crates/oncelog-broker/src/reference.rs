@@ -83,8 +83,8 @@ fn versions(keys: &[ApiVersion], key: ApiKey) -> String {
 
 /// The generated part of docs/protocol.md.
 pub fn protocol() -> String {
-    let plain = crate::handlers::api_keys(false);
-    let with_2pc = crate::handlers::api_keys(true);
+    let plain = crate::protocol::api_keys(false);
+    let with_2pc = crate::protocol::api_keys(true);
     let mut keys: Vec<ApiKey> = plain
         .iter()
         .chain(with_2pc.iter())

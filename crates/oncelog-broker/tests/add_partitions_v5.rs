@@ -91,7 +91,7 @@ async fn batched_add_and_verify_only() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(oncelog_broker::server::serve(
+    tokio::spawn(oncelog_broker::protocol::server::serve(
         broker.clone(),
         listener,
         0,

@@ -13,14 +13,14 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
-use oncelog_broker::cluster::collector::collect;
-use oncelog_broker::cluster::flusher::Flusher;
-use oncelog_broker::cluster::groups::{self as cluster_groups, Claim, Ownership};
-use oncelog_broker::cluster::reader::{read, ReadRefusal};
-use oncelog_broker::cluster::sequencer::{self, BatchOutcome};
-use oncelog_broker::cluster::{catalogue, session, Cluster, ClusterConfig, ClusterError};
-use oncelog_broker::groups::OffsetMeta;
-use oncelog_broker::producer_state::ProduceReject;
+use oncelog_broker::backend::cluster::collector::collect;
+use oncelog_broker::backend::cluster::flusher::Flusher;
+use oncelog_broker::backend::cluster::groups::{self as cluster_groups, Claim, Ownership};
+use oncelog_broker::backend::cluster::reader::{read, ReadRefusal};
+use oncelog_broker::backend::cluster::sequencer::{self, BatchOutcome};
+use oncelog_broker::backend::cluster::{catalogue, session, Cluster, ClusterConfig, ClusterError};
+use oncelog_broker::coordinators::groups::OffsetMeta;
+use oncelog_broker::machines::producer_state::ProduceReject;
 
 fn env(k: &str) -> String {
     std::env::var(k).unwrap_or_else(|_| {
@@ -595,7 +595,7 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
 
     // A flush that wrote its object but whose broker died before the commit.
     let session = b.session.session();
-    let key = oncelog_broker::cluster::Objects::data_key(1, session, 999_999);
+    let key = oncelog_broker::backend::cluster::Objects::data_key(1, session, 999_999);
     let data = batch("orphan", 1, -1, -1, 0);
     sequencer::insert_intent(&b.pool, &key, 1, session)
         .await
@@ -651,7 +651,7 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
 /// stops a last pass leaves exactly one record per key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_compaction_passes_never_lose_a_keys_latest_record() {
-    use oncelog_broker::cluster::compactor::{compact, Settings};
+    use oncelog_broker::backend::cluster::compactor::{compact, Settings};
     let db = fresh_db().await;
     let dir = tempfile::tempdir().unwrap();
     let store = file_url(&dir);
@@ -709,9 +709,10 @@ async fn concurrent_compaction_passes_never_lose_a_keys_latest_record() {
             written.insert(base + i as i64, kv);
         }
         if round == 45 {
-            let r = oncelog_broker::cluster::records::delete_records(&b3, topic.id, 0, 100)
-                .await
-                .unwrap();
+            let r =
+                oncelog_broker::backend::cluster::records::delete_records(&b3, topic.id, 0, 100)
+                    .await
+                    .unwrap();
             assert_eq!(r, Ok(100));
         }
         // What is served is always a subset of what was written, at the
@@ -791,7 +792,7 @@ async fn an_older_schema_is_upgraded_and_a_newer_one_refused() {
         .unwrap();
     let pool = b.pool.clone();
     for _ in 0..2 {
-        oncelog_broker::cluster::schema::migrate(&pool)
+        oncelog_broker::backend::cluster::schema::migrate(&pool)
             .await
             .unwrap();
     }
@@ -806,7 +807,7 @@ async fn an_older_schema_is_upgraded_and_a_newer_one_refused() {
         .get(0);
     assert_eq!(
         v,
-        oncelog_broker::cluster::schema::SCHEMA_VERSION.to_string()
+        oncelog_broker::backend::cluster::schema::SCHEMA_VERSION.to_string()
     );
     for (table, column) in [
         ("brokers", "listeners"),
@@ -830,7 +831,7 @@ async fn an_older_schema_is_upgraded_and_a_newer_one_refused() {
         )
         .await
         .unwrap();
-    let e = oncelog_broker::cluster::schema::migrate(&pool)
+    let e = oncelog_broker::backend::cluster::schema::migrate(&pool)
         .await
         .unwrap_err();
     assert!(e.to_string().contains("schema version 99"), "{e}");

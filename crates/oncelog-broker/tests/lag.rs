@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use oncelog_broker::groups::OffsetMeta;
-use oncelog_broker::partition::{producer_batch, Partition};
+use oncelog_broker::backend::local::partition::{producer_batch, Partition};
+use oncelog_broker::coordinators::groups::OffsetMeta;
 use oncelog_broker::{Broker, BrokerConfig, LagRow};
 use oncelog_log::batch::BatchBuilder;
 

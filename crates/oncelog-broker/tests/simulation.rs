@@ -25,9 +25,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use oncelog_broker::groups::OFFSETS_TOPIC;
-use oncelog_broker::producer_state::{ProducerBatch, ProducerState, Verdict};
-use oncelog_broker::txn_coordinator::{
+use oncelog_broker::coordinators::groups::OFFSETS_TOPIC;
+use oncelog_broker::machines::producer_state::{ProducerBatch, ProducerState, Verdict};
+use oncelog_broker::machines::txn_coordinator::{
     self as tc, update_view, verify_write, CoordError, Effect, ProducerView, TxnMeta, TxnState,
 };
 

@@ -613,7 +613,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let settings = load_settings(&args).map_err(|e| SettingsError(format!("{e:#}")))?;
     let mut config = BrokerConfig::from_map(&settings).map_err(|e| SettingsError(e.to_string()))?;
     alloc_guard::keep_request_buffers();
-    match oncelog_broker::datadir::raise_open_files_limit() {
+    match oncelog_broker::backend::local::datadir::raise_open_files_limit() {
         Some(n) => tracing::info!(open_files_limit = n, "this broker may open {n} files"),
         None => tracing::warn!("could not read the open files limit"),
     }
@@ -682,12 +682,12 @@ fn serve(args: ServeArgs) -> Result<()> {
                 let at = l.local_addr().unwrap_or(addr);
                 tracing::info!("console: {}", console_url(at));
             }
-            tokio::spawn(oncelog_broker::http::serve(broker.clone(), l));
+            tokio::spawn(oncelog_broker::observe::http::serve(broker.clone(), l));
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
         for (i, l) in listeners.into_iter().enumerate() {
-            servers.push(tokio::spawn(oncelog_broker::server::serve(broker.clone(), l, i, stop_rx.clone())));
+            servers.push(tokio::spawn(oncelog_broker::protocol::server::serve(broker.clone(), l, i, stop_rx.clone())));
         }
         drop(stop_rx);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::cluster::front::Front;
-use crate::cutover::Cutover;
+use crate::backend::cluster::front::Front;
+use crate::coordinators::cutover::Cutover;
 use crate::Broker;
 
 /// The cut-over store.
@@ -38,10 +38,12 @@ fn unavailable(e: impl std::fmt::Display) -> CutoverFailure {
     CutoverFailure::Unavailable(format!("the cluster's database did not answer: {e}"))
 }
 
-fn failed(e: crate::cluster::cutover::CutoverError) -> CutoverFailure {
+fn failed(e: crate::backend::cluster::cutover::CutoverError) -> CutoverFailure {
     match e {
-        crate::cluster::cutover::CutoverError::Refused(why) => CutoverFailure::Refused(why),
-        crate::cluster::cutover::CutoverError::Cluster(e) => unavailable(e),
+        crate::backend::cluster::cutover::CutoverError::Refused(why) => {
+            CutoverFailure::Refused(why)
+        }
+        crate::backend::cluster::cutover::CutoverError::Cluster(e) => unavailable(e),
     }
 }
 
@@ -50,7 +52,7 @@ impl Cutovers<'_> {
     pub async fn all(&self) -> Result<Vec<Cutover>, CutoverFailure> {
         match self {
             Cutovers::Local(b) => Ok(b.cutovers.all()),
-            Cutovers::Cluster(front) => crate::cluster::cutover::all(&front.cluster.pool)
+            Cutovers::Cluster(front) => crate::backend::cluster::cutover::all(&front.cluster.pool)
                 .await
                 .map_err(unavailable),
         }
@@ -60,10 +62,12 @@ impl Cutovers<'_> {
     /// the old writer's open transactions a drain waits for.
     pub async fn status(&self, topic: &str) -> Result<serde_json::Value, CutoverFailure> {
         match self {
-            Cutovers::Local(b) => Ok(crate::cutover::status(b.as_ref(), topic)),
-            Cutovers::Cluster(front) => crate::cluster::cutover::status(&front.cluster.pool, topic)
-                .await
-                .map_err(unavailable),
+            Cutovers::Local(b) => Ok(crate::coordinators::cutover::status(b.as_ref(), topic)),
+            Cutovers::Cluster(front) => {
+                crate::backend::cluster::cutover::status(&front.cluster.pool, topic)
+                    .await
+                    .map_err(unavailable)
+            }
         }
     }
 
@@ -77,10 +81,10 @@ impl Cutovers<'_> {
     ) -> Result<Cutover, CutoverFailure> {
         match self {
             Cutovers::Local(b) => {
-                crate::cutover::start(b.as_ref(), topic, from, to, drain_timeout_ms)
+                crate::coordinators::cutover::start(b.as_ref(), topic, from, to, drain_timeout_ms)
                     .map_err(CutoverFailure::Refused)
             }
-            Cutovers::Cluster(front) => crate::cluster::cutover::start(
+            Cutovers::Cluster(front) => crate::backend::cluster::cutover::start(
                 &front.cluster.pool,
                 topic,
                 from,
@@ -95,11 +99,10 @@ impl Cutovers<'_> {
     /// Rolls a draining cut-over of `topic` back.
     pub async fn rollback(&self, topic: &str) -> Result<Cutover, CutoverFailure> {
         match self {
-            Cutovers::Local(b) => {
-                crate::cutover::rollback(b.as_ref(), topic).map_err(CutoverFailure::Refused)
-            }
+            Cutovers::Local(b) => crate::coordinators::cutover::rollback(b.as_ref(), topic)
+                .map_err(CutoverFailure::Refused),
             Cutovers::Cluster(front) => {
-                crate::cluster::cutover::rollback(&front.cluster.pool, topic)
+                crate::backend::cluster::cutover::rollback(&front.cluster.pool, topic)
                     .await
                     .map_err(failed)
             }

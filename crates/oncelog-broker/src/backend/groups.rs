@@ -1,6 +1,6 @@
 //! The group store: who coordinates a group, its committed and pending
 //! offsets. Membership is the coordinator's, in memory in both modes
-//! (`crate::groups`); the offsets are in the data directory's offsets log
+//! (`crate::coordinators::groups`); the offsets are in the data directory's offsets log
 //! in local mode and in PostgreSQL in cluster mode, where a group is
 //! coordinated by the broker that holds its owner row.
 
@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::Scope;
-use crate::cluster::front::Front;
-use crate::cluster::groups::{self as cg, Claim};
-use crate::cluster::ClusterError;
+use crate::backend::cluster::front::Front;
+use crate::backend::cluster::groups::{self as cg, Claim};
+use crate::backend::cluster::ClusterError;
+use crate::coordinators::groups::{FetchedOffset, GroupSnapshot, OffsetMeta, OFFSETS_TOPIC};
 use crate::error::ErrorCode;
-use crate::groups::{FetchedOffset, GroupSnapshot, OffsetMeta, OFFSETS_TOPIC};
-use crate::txn_coordinator::VerifyError;
+use crate::machines::txn_coordinator::VerifyError;
 use crate::Broker;
 
 /// The group coordinator's store.
@@ -37,7 +37,7 @@ fn storage_code(front: &Front, group: &str, e: &ClusterError) -> ErrorCode {
     match e {
         ClusterError::NotCoordinator(_) | ClusterError::Fenced { .. } => ErrorCode::NotCoordinator,
         e => {
-            crate::cluster::outage::cluster_warn!(front.cluster.outage, *e, group, error = %e, "cluster: group coordination failed");
+            crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, *e, group, error = %e, "cluster: group coordination failed");
             ErrorCode::CoordinatorNotAvailable
         }
     }
@@ -193,7 +193,7 @@ impl Groups<'_> {
                 let me = front.cluster.config.broker_id;
                 let live: Vec<i32> = front.live_now().await.iter().map(|x| x.id).collect();
                 let all = cg::all_groups(&front.cluster).await.map_err(|e| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListGroups could not read the groups");
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListGroups could not read the groups");
                     ErrorCode::CoordinatorNotAvailable
                 })?;
                 let held = front.groups.held(front.cluster.session.session());
@@ -213,7 +213,7 @@ impl Groups<'_> {
                     .filter(|(g, owner, _)| {
                         owner
                             .filter(|o| live.contains(o))
-                            .or_else(|| crate::cluster::rendezvous(g.as_bytes(), &live))
+                            .or_else(|| crate::backend::cluster::rendezvous(g.as_bytes(), &live))
                             == Some(me)
                     })
                     .filter_map(|(g, _, has_offsets)| {
@@ -253,11 +253,11 @@ impl Groups<'_> {
             }
             (Groups::Cluster(b, front), Scope::All) => {
                 let unavailable = |e: ClusterError| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the groups could not be read");
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the groups could not be read");
                     ErrorCode::CoordinatorNotAvailable
                 };
                 let all = cg::all_groups(&front.cluster).await.map_err(unavailable)?;
-                let mut rows = crate::cluster::membership::all(&front.cluster)
+                let mut rows = crate::backend::cluster::membership::all(&front.cluster)
                     .await
                     .map_err(unavailable)?;
                 let held = front.groups.held(front.cluster.session.session());
@@ -290,7 +290,7 @@ impl Groups<'_> {
                 {
                     return Ok(b.groups.snapshot(group).await);
                 }
-                crate::cluster::membership::all(&front.cluster)
+                crate::backend::cluster::membership::all(&front.cluster)
                     .await
                     .map(|mut all| all.remove(group))
                     .map_err(|e| storage_code(front, group, &e))
@@ -303,9 +303,11 @@ impl Groups<'_> {
     pub async fn pending(&self, group: &str) -> Result<Vec<(i64, String, i32, i64)>, ErrorCode> {
         match self {
             Groups::Local(b) => Ok(b.groups.pending_offsets(group).await),
-            Groups::Cluster(_, front) => crate::cluster::membership::pending(&front.cluster, group)
-                .await
-                .map_err(|e| storage_code(front, group, &e)),
+            Groups::Cluster(_, front) => {
+                crate::backend::cluster::membership::pending(&front.cluster, group)
+                    .await
+                    .map_err(|e| storage_code(front, group, &e))
+            }
         }
     }
 
@@ -351,7 +353,7 @@ impl Groups<'_> {
     }
 
     /// OffsetDelete of `partitions` (of existing topics): the group's rule
-    /// ([`crate::groups::Group::offset_delete_codes`]) on its membership;
+    /// ([`crate::coordinators::groups::Group::offset_delete_codes`]) on its membership;
     /// a group with no members known may lose any offset. One code per
     /// partition, or one for the whole request. In cluster mode the rows go
     /// in one PostgreSQL transaction (pending transactional offsets of the

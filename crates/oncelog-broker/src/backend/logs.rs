@@ -9,15 +9,15 @@ use bytes::BytesMut;
 use oncelog_log::LogError;
 
 use super::Scope;
-use crate::cluster::front::Front;
-use crate::cluster::sequencer::BatchOutcome;
-use crate::cluster::ClusterError;
+use crate::backend::cluster::front::Front;
+use crate::backend::cluster::sequencer::BatchOutcome;
+use crate::backend::cluster::ClusterError;
+use crate::backend::local::partition::AppendError;
+use crate::backend::local::topics::TopicMeta;
 use crate::error::ErrorCode;
-use crate::partition::AppendError;
-use crate::producer_state::{ProduceReject, ProducerBatch};
-use crate::topics::TopicMeta;
-use crate::txn_coordinator::VerifyError;
-use crate::txn_history::Requester;
+use crate::machines::producer_state::{ProduceReject, ProducerBatch};
+use crate::machines::txn_coordinator::VerifyError;
+use crate::observe::txn_history::Requester;
 use crate::Broker;
 
 /// Why a partition's batch is refused: the code, the message, and
@@ -140,8 +140,8 @@ impl Logs<'_> {
         max_bytes: usize,
         read_committed: bool,
         min_one: bool,
-    ) -> Result<crate::partition::Read, PartitionError> {
-        use crate::partition::{Read, ReadError};
+    ) -> Result<crate::backend::local::partition::Read, PartitionError> {
+        use crate::backend::local::partition::{Read, ReadError};
         match self {
             Logs::Local(b) => {
                 let Some(p) = b.topics.get(topic).and_then(|t| t.store(partition)) else {
@@ -155,12 +155,12 @@ impl Logs<'_> {
                 Ok(read)
             }
             Logs::Cluster(_, front) => {
-                let warn = |e: crate::cluster::ClusterError| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: read failed");
+                let warn = |e: crate::backend::cluster::ClusterError| {
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: read failed");
                     PartitionError::Storage
                 };
                 let t = cluster_topic(front, topic, partition).await?;
-                let read = crate::cluster::reader::read(
+                let read = crate::backend::cluster::reader::read(
                     &front.cluster,
                     &t.id,
                     partition,
@@ -177,11 +177,11 @@ impl Logs<'_> {
                     last_stable_offset: read.last_stable_offset,
                     log_start_offset: read.log_start_offset,
                     aborted: read.aborted,
-                    data: read
-                        .data
-                        .map_err(|crate::cluster::reader::ReadRefusal::OutOfRange| {
+                    data: read.data.map_err(
+                        |crate::backend::cluster::reader::ReadRefusal::OutOfRange| {
                             ReadError::OutOfRange
-                        }),
+                        },
+                    ),
                 })
             }
         }
@@ -233,7 +233,7 @@ impl Logs<'_> {
                                 log_start_offset: p.log_start_offset(),
                             }),
                             Some(rx) => Appending::Later(Box::pin(async move {
-                                match crate::partition::durable(rx).await {
+                                match crate::backend::local::partition::durable(rx).await {
                                     Ok(()) => Ok(Acked {
                                         base_offset,
                                         log_start_offset: p.log_start_offset(),
@@ -298,7 +298,7 @@ impl Logs<'_> {
                 );
                 let who = who.clone();
                 Ok(Appending::Later(Box::pin(async move {
-                    use crate::cluster::flusher::PRODUCE_TIMEOUT;
+                    use crate::backend::cluster::flusher::PRODUCE_TIMEOUT;
                     match tokio::time::timeout(PRODUCE_TIMEOUT, rx).await {
                         Ok(Ok(o)) => match (o, pb) {
                             (Ok(BatchOutcome::Unverified(e)), Some(pb)) => {
@@ -328,7 +328,7 @@ impl Logs<'_> {
         &self,
         topic: &str,
         partition: i32,
-    ) -> Result<Vec<(i64, crate::producer_state::ProducerEntry)>, PartitionError> {
+    ) -> Result<Vec<(i64, crate::machines::producer_state::ProducerEntry)>, PartitionError> {
         match self {
             Logs::Local(b) => b
                 .topics
@@ -338,12 +338,12 @@ impl Logs<'_> {
                 .ok_or(PartitionError::Unknown),
             Logs::Cluster(_, front) => {
                 let warn = |e: ClusterError| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading producer state failed");
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading producer state failed");
                     PartitionError::Storage
                 };
                 let t = cluster_topic(front, topic, partition).await?;
                 let key = (t.id, partition);
-                let mut rows = crate::cluster::describe::producers(&front.cluster, &[key])
+                let mut rows = crate::backend::cluster::describe::producers(&front.cluster, &[key])
                     .await
                     .map_err(warn)?;
                 Ok(rows.remove(&key).unwrap_or_default())
@@ -361,7 +361,7 @@ impl Logs<'_> {
     ) -> Result<i64, DeleteError> {
         match self {
             Logs::Local(b) => {
-                use crate::partition::DeleteRecordsError;
+                use crate::backend::local::partition::DeleteRecordsError;
                 let p = b
                     .topics
                     .get(&topic.name)
@@ -377,7 +377,7 @@ impl Logs<'_> {
                 })
             }
             Logs::Cluster(_, front) => {
-                use crate::cluster::records::{self, Refused};
+                use crate::backend::cluster::records::{self, Refused};
                 if !(0..topic.partitions).contains(&partition) {
                     return Err(DeleteError::Unknown);
                 }
@@ -386,7 +386,7 @@ impl Logs<'_> {
                     Ok(Err(Refused::OutOfRange { .. })) => Err(DeleteError::OutOfRange),
                     Ok(Err(Refused::Unknown)) => Err(DeleteError::Unknown),
                     Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %topic.name, partition, error = %e,
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %topic.name, partition, error = %e,
                             "cluster: DeleteRecords not committed");
                         Err(DeleteError::Storage)
                     }
@@ -410,11 +410,11 @@ impl Logs<'_> {
             }
             Logs::Cluster(_, front) => {
                 let warn = |e: ClusterError| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading a partition's offsets failed");
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: reading a partition's offsets failed");
                     PartitionError::Storage
                 };
                 let t = cluster_topic(front, topic, partition).await?;
-                let o = crate::cluster::reader::offsets(&front.cluster, &t.id, partition)
+                let o = crate::backend::cluster::reader::offsets(&front.cluster, &t.id, partition)
                     .await
                     .map_err(warn)?
                     .ok_or(PartitionError::Unknown)?;
@@ -448,12 +448,13 @@ impl Logs<'_> {
             Logs::Cluster(_, front) => {
                 let me = front.cluster.config.broker_id;
                 let live: Vec<i32> = front.live().iter().map(|x| x.id).collect();
-                match crate::cluster::reader::all_offsets(&front.cluster).await {
+                match crate::backend::cluster::reader::all_offsets(&front.cluster).await {
                     Ok(rows) => rows
                         .into_iter()
                         .filter(|(id, _, p, _)| {
                             scope == Scope::All
-                                || crate::cluster::preferred_broker(id, *p, &live) == Some(me)
+                                || crate::backend::cluster::preferred_broker(id, *p, &live)
+                                    == Some(me)
                         })
                         .map(|(_, topic, partition, o)| PartitionRow {
                             topic,
@@ -465,7 +466,7 @@ impl Logs<'_> {
                         })
                         .collect(),
                     Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the partitions' offsets for /metrics failed");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the partitions' offsets for /metrics failed");
                         Vec::new()
                     }
                 }
@@ -481,7 +482,7 @@ impl Logs<'_> {
         &self,
         topic: &str,
         partition: i32,
-    ) -> Vec<crate::partition::MarkerWritten> {
+    ) -> Vec<crate::backend::local::partition::MarkerWritten> {
         match self {
             Logs::Local(b) => b
                 .topics
@@ -524,12 +525,12 @@ impl Logs<'_> {
                 })
             }
             Logs::Cluster(_, front) => {
-                let warn = |e: crate::cluster::ClusterError| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: offset lookup failed");
+                let warn = |e: crate::backend::cluster::ClusterError| {
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: offset lookup failed");
                     PartitionError::Storage
                 };
                 let t = cluster_topic(front, topic, partition).await?;
-                crate::cluster::reader::offset_for(
+                crate::backend::cluster::reader::offset_for(
                     &front.cluster,
                     &t.id,
                     partition,
@@ -592,7 +593,7 @@ fn rejected(
 }
 
 /// A cluster-mode batch's answer from its commit's outcome.
-fn committed(o: crate::cluster::flusher::ProduceResult) -> Result<Acked, Refusal> {
+fn committed(o: crate::backend::cluster::flusher::ProduceResult) -> Result<Acked, Refusal> {
     match o {
         Ok(BatchOutcome::Appended {
             base_offset,
@@ -626,12 +627,12 @@ async fn cluster_topic(
     front: &Front,
     topic: &str,
     partition: i32,
-) -> Result<crate::cluster::catalogue::TopicRow, PartitionError> {
+) -> Result<crate::backend::cluster::catalogue::TopicRow, PartitionError> {
     match front.topic(topic).await {
         Ok(Some(t)) if (0..t.partitions).contains(&partition) => Ok(t),
         Ok(_) => Err(PartitionError::Unknown),
         Err(e) => {
-            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: topic lookup failed");
+            crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: topic lookup failed");
             Err(PartitionError::Storage)
         }
     }

@@ -10,10 +10,13 @@
 
 use std::collections::BTreeMap;
 
+pub mod cluster;
 mod cutovers;
 mod groups;
+pub mod local;
 mod logs;
 mod security;
+pub mod storage;
 mod txns;
 
 pub use cutovers::{CutoverFailure, Cutovers};
@@ -23,10 +26,10 @@ pub use logs::{
 };
 pub use txns::{Scope, Txns};
 
-use crate::cluster::catalogue::CatalogueError;
-use crate::cluster::front::Front;
+use crate::backend::cluster::catalogue::CatalogueError;
+use crate::backend::cluster::front::Front;
+use crate::backend::local::topics::TopicMeta;
 use crate::error::TopicError;
-use crate::topics::TopicMeta;
 use crate::Broker;
 
 /// Runs file-heavy work (a topic's directories, their fsyncs) without
@@ -55,7 +58,7 @@ impl Broker {
     }
 }
 
-fn meta_of(row: crate::cluster::catalogue::TopicRow) -> TopicMeta {
+fn meta_of(row: crate::backend::cluster::catalogue::TopicRow) -> TopicMeta {
     TopicMeta {
         name: row.name,
         id: row.id,
@@ -131,10 +134,10 @@ impl Catalogue<'_> {
         match self {
             Catalogue::Local(b) => b.topics.all().iter().map(|t| t.meta()).collect(),
             Catalogue::Cluster(_, front) => {
-                match crate::cluster::catalogue::topics(&front.cluster.pool).await {
+                match crate::backend::cluster::catalogue::topics(&front.cluster.pool).await {
                     Ok(all) => all.into_iter().map(meta_of).collect(),
                     Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: listing topics failed; answering from the copy");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: listing topics failed; answering from the copy");
                         front.topics().into_iter().map(meta_of).collect()
                     }
                 }
@@ -149,10 +152,10 @@ impl Catalogue<'_> {
         match self {
             Catalogue::Local(b) => b.writers.live_detail(now),
             Catalogue::Cluster(b, front) => {
-                match crate::cluster::writers::live(&front.cluster, now).await {
+                match crate::backend::cluster::writers::live(&front.cluster, now).await {
                     Ok(all) => all,
                     Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the topics' writers failed; answering from this broker's");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the topics' writers failed; answering from this broker's");
                         b.writers.live_detail(now)
                     }
                 }
@@ -167,11 +170,11 @@ impl Catalogue<'_> {
         match self {
             Catalogue::Local(b) => Some(b.config.node_id),
             Catalogue::Cluster(_, front) => {
-                match crate::cluster::groups::owner(&front.cluster, group).await {
+                match crate::backend::cluster::groups::owner(&front.cluster, group).await {
                     Ok(Some(id)) if live.contains(&id) => Some(id),
-                    Ok(_) => crate::cluster::rendezvous(group.as_bytes(), live),
+                    Ok(_) => crate::backend::cluster::rendezvous(group.as_bytes(), live),
                     Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, group, error = %e, "cluster: looking up a group's coordinator failed");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, group, error = %e, "cluster: looking up a group's coordinator failed");
                         None
                     }
                 }
@@ -200,7 +203,7 @@ impl Catalogue<'_> {
     }
 
     /// Creates `name` with `partitions` partitions and `configs` (checked
-    /// by [`crate::topics::check_new_topic`] in both modes), or with
+    /// by [`crate::backend::local::topics::check_new_topic`] in both modes), or with
     /// `validate_only` checks that it could be.
     pub async fn create_topic(
         &self,
@@ -223,7 +226,9 @@ impl Catalogue<'_> {
             Catalogue::Cluster(b, front) => {
                 let max = b.config.max_partitions_per_topic;
                 if validate_only {
-                    crate::topics::check_new_topic(name, partitions, &configs, max)?;
+                    crate::backend::local::topics::check_new_topic(
+                        name, partitions, &configs, max,
+                    )?;
                     return match front.topic(name).await {
                         Ok(Some(_)) => Err(TopicError::AlreadyExists(name.to_string())),
                         Ok(None) => Ok(TopicMeta {
@@ -233,12 +238,12 @@ impl Catalogue<'_> {
                             configs,
                         }),
                         Err(e) => {
-                            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
+                            crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
                             Err(TopicError::Storage(e.to_string()))
                         }
                     };
                 }
-                let row = crate::cluster::catalogue::create_topic(
+                let row = crate::backend::cluster::catalogue::create_topic(
                     &front.cluster.pool,
                     name,
                     partitions,
@@ -248,7 +253,7 @@ impl Catalogue<'_> {
                 .await
                 .map_err(|e| {
                     if let CatalogueError::Cluster(c) = &e {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, *c, topic = %name, error = %c, "cluster: creating a topic failed");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, *c, topic = %name, error = %c, "cluster: creating a topic failed");
                     }
                     from_catalogue(e)
                 })?;
@@ -291,10 +296,10 @@ impl Catalogue<'_> {
         match self {
             Catalogue::Local(b) => Ok(b.topics.get(name).map(|t| t.meta().configs)),
             Catalogue::Cluster(_, front) => {
-                match crate::cluster::catalogue::topic(&front.cluster.pool, name).await {
+                match crate::backend::cluster::catalogue::topic(&front.cluster.pool, name).await {
                     Ok(row) => Ok(row.map(|t| t.configs)),
                     Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: reading a topic's configs failed");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: reading a topic's configs failed");
                         Err(format!("the catalogue could not be read: {e}"))
                     }
                 }
@@ -325,7 +330,7 @@ impl Catalogue<'_> {
                 blocking(|| b.topics.update_configs(name, change))
             }
             Catalogue::Cluster(_, front) => {
-                match crate::cluster::catalogue::alter_topic_configs(
+                match crate::backend::cluster::catalogue::alter_topic_configs(
                     &front.cluster.pool,
                     name,
                     validate_only,
@@ -341,7 +346,7 @@ impl Catalogue<'_> {
                     }
                     Err(CatalogueError::Topic(e)) => Err(e),
                     Err(CatalogueError::Cluster(e)) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: altering a topic's configs failed");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: altering a topic's configs failed");
                         Err(TopicError::Storage(format!(
                             "the catalogue could not be changed: {e}"
                         )))
@@ -363,7 +368,7 @@ impl Catalogue<'_> {
             Catalogue::Local(b) => blocking(|| b.topics.add_partitions(name, count, validate_only)),
             Catalogue::Cluster(b, front) => {
                 let max = b.config.max_partitions_per_topic;
-                match crate::cluster::catalogue::add_partitions(
+                match crate::backend::cluster::catalogue::add_partitions(
                     &front.cluster.pool,
                     name,
                     count,
@@ -380,7 +385,7 @@ impl Catalogue<'_> {
                     }
                     Err(e) => {
                         if let CatalogueError::Cluster(c) = &e {
-                            crate::cluster::outage::cluster_warn!(front.cluster.outage, *c, topic = %name, error = %c, "cluster: adding partitions failed");
+                            crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, *c, topic = %name, error = %c, "cluster: adding partitions failed");
                         }
                         Err(from_catalogue(e))
                     }
@@ -395,7 +400,7 @@ impl Catalogue<'_> {
         match self {
             Catalogue::Local(b) => Ok(b.topics.get(name).map(|t| t.meta())),
             Catalogue::Cluster(_, front) => front.topic(name).await.map(|t| t.map(meta_of)).map_err(|e| {
-                crate::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
+                crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic = %name, error = %e, "cluster: topic lookup failed");
                 TopicError::Storage(e.to_string())
             }),
         }
@@ -436,9 +441,10 @@ impl Catalogue<'_> {
             }
             Catalogue::Cluster(_, front) => {
                 // the offsets go in the same PostgreSQL transaction
-                let r = crate::cluster::catalogue::delete_topic(&front.cluster.pool, name, id)
-                    .await
-                    .map_err(from_catalogue);
+                let r =
+                    crate::backend::cluster::catalogue::delete_topic(&front.cluster.pool, name, id)
+                        .await
+                        .map_err(from_catalogue);
                 if !matches!(r, Err(TopicError::UnknownId(_))) {
                     front.forget(name);
                 }

@@ -4,16 +4,16 @@
 //! one step, and is taken only once stored.
 
 use super::Catalogue;
-use crate::acl::Acl;
-use crate::cluster::front::Front;
-use crate::cluster::security::{self as rows, ACLS, USERS};
-use crate::cluster::ClusterError;
+use crate::backend::cluster::front::Front;
+use crate::backend::cluster::security::{self as rows, ACLS, USERS};
+use crate::backend::cluster::ClusterError;
+use crate::security::acl::Acl;
 use crate::security::UserMap;
 
 /// What a failed change of the cluster's row is answered with; a failure
 /// to reach PostgreSQL changes nothing.
 fn failed(front: &Front, what: &str, e: &ClusterError) -> String {
-    crate::cluster::outage::cluster_warn!(front.cluster.outage, *e, error = %e, "cluster: changing the {what} failed; nothing changed");
+    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, *e, error = %e, "cluster: changing the {what} failed; nothing changed");
     format!("the cluster's {what} could not be changed: {e}")
 }
 
@@ -47,7 +47,7 @@ impl Catalogue<'_> {
             match rows::load(&front.cluster.pool, ACLS).await {
                 Ok((acls, version)) => front.security.set_acls(acls, version),
                 Err(e) => {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the ACLs failed; answering from the copy")
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the ACLs failed; answering from the copy")
                 }
             }
         }
@@ -85,7 +85,7 @@ impl Catalogue<'_> {
             match rows::load(&front.cluster.pool, USERS).await {
                 Ok((users, version)) => front.security.set_users(users, version),
                 Err(e) => {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the SCRAM credentials failed; answering from the copy")
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the SCRAM credentials failed; answering from the copy")
                 }
             }
         }

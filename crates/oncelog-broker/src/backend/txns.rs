@@ -1,19 +1,19 @@
 //! The transaction store: the coordinator's decisions for a transactional
 //! id, run in local mode by `txn_service` under the id's lock and in
-//! cluster mode by `cluster/txn.rs` inside one PostgreSQL transaction. Both
+//! cluster mode by `cluster::txn` inside one PostgreSQL transaction. Both
 //! answer with the wire code a refusal is given (PRODUCER_FENCED only
 //! where the request version knows it: `fenced_known`).
 
 use std::sync::Arc;
 
-use crate::cluster::cutover::Gates;
-use crate::cluster::front::Front;
-use crate::cluster::txn::{Ran, Refusal};
-use crate::cluster::ClusterError;
+use crate::backend::cluster::front::Front;
+use crate::backend::cluster::gates::Gates;
+use crate::backend::cluster::txn::{Ran, Refusal};
+use crate::backend::cluster::ClusterError;
+use crate::coordinators::txn_service::{EndRequest, Init, Parked, TxnError};
 use crate::error::{ErrorCode, Gate};
-use crate::txn_coordinator::{self as tc, CoordError, TxnMeta, VerifyError};
-use crate::txn_history::{FenceCause, Requester};
-use crate::txn_service::{EndRequest, Init, Parked, TxnError};
+use crate::machines::txn_coordinator::{self as tc, CoordError, TxnMeta, VerifyError};
+use crate::observe::txn_history::{FenceCause, Requester};
 use crate::Broker;
 
 /// The transaction coordinator's store.
@@ -79,7 +79,7 @@ impl Txns<'_> {
                     Ok::<i64, ClusterError>(row.get(0))
                 };
                 next.await.map_err(|e| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: could not allocate a producer id");
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: could not allocate a producer id");
                     ErrorCode::CoordinatorNotAvailable
                 })
             }
@@ -245,7 +245,7 @@ impl Txns<'_> {
         epoch: i16,
         fenced_known: bool,
     ) -> Result<(), ErrorCode> {
-        let parts = vec![(crate::groups::OFFSETS_TOPIC.to_string(), 0)];
+        let parts = vec![(crate::coordinators::groups::OFFSETS_TOPIC.to_string(), 0)];
         match self {
             Txns::Local(b) => b
                 .txn
@@ -292,10 +292,10 @@ impl Txns<'_> {
         match self {
             Txns::Local(b) => Ok(b.txn.verify(pid, epoch, topic, partition)),
             Txns::Cluster(_, front) => {
-                let meta = crate::cluster::txn::describe(&front.cluster.pool, id)
+                let meta = crate::backend::cluster::txn::describe(&front.cluster.pool, id)
                     .await
                     .map_err(|e| {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: reading a transaction failed");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: reading a transaction failed");
                         ErrorCode::CoordinatorNotAvailable
                     })?;
                 let view = meta
@@ -318,10 +318,10 @@ impl Txns<'_> {
                 Ok(out)
             }
             Txns::Cluster(_, front) => {
-                let states = crate::cluster::describe::transactions(&front.cluster, Some(ids))
+                let states = crate::backend::cluster::describe::transactions(&front.cluster, Some(ids))
                     .await
                     .map_err(|e| {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: DescribeTransactions could not read the coordinator");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: DescribeTransactions could not read the coordinator");
                         ErrorCode::CoordinatorNotAvailable
                     })?;
                 Ok(ids
@@ -350,20 +350,23 @@ impl Txns<'_> {
                 let me = front.cluster.config.broker_id;
                 let live: Vec<i32> = front.live_now().await.iter().map(|x| x.id).collect();
                 let read = async {
-                    let all = crate::cluster::describe::transactions(&front.cluster, None).await?;
-                    let now = crate::cluster::describe::now_ms(&front.cluster).await?;
+                    let all = crate::backend::cluster::describe::transactions(&front.cluster, None)
+                        .await?;
+                    let now = crate::backend::cluster::describe::now_ms(&front.cluster).await?;
                     Ok::<_, ClusterError>((all, now))
                 };
                 let (all, now) = read.await.map_err(|e| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListTransactions could not read the coordinator");
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: ListTransactions could not read the coordinator");
                     ErrorCode::CoordinatorNotAvailable
                 })?;
                 let mine = all
                     .into_iter()
                     .filter(|m| {
                         scope == Scope::All
-                            || crate::cluster::rendezvous(m.transactional_id.as_bytes(), &live)
-                                == Some(me)
+                            || crate::backend::cluster::rendezvous(
+                                m.transactional_id.as_bytes(),
+                                &live,
+                            ) == Some(me)
                     })
                     .collect();
                 Ok((mine, now))
@@ -379,7 +382,7 @@ impl Txns<'_> {
     pub async fn admin_abort(&self, pid: i64, who: &Requester) -> Result<bool, ErrorCode> {
         match self {
             Txns::Local(b) => {
-                use crate::txn_service::AdminAbort;
+                use crate::coordinators::txn_service::AdminAbort;
                 match b.txn.admin_abort(b, pid, who).await {
                     Ok(AdminAbort::Aborted) => Ok(true),
                     Ok(AdminAbort::Completing) => Err(ErrorCode::ConcurrentTransactions),
@@ -393,8 +396,8 @@ impl Txns<'_> {
                 }
             }
             Txns::Cluster(b, front) => {
-                use crate::cluster::txn::AdminAbort;
-                match crate::cluster::txn::admin_abort(&front.cluster, pid).await {
+                use crate::backend::cluster::txn::AdminAbort;
+                match crate::backend::cluster::txn::admin_abort(&front.cluster, pid).await {
                     Ok(AdminAbort::Done(aborted)) => {
                         for (old, prepared, done) in &aborted {
                             b.txn.fenced_by_admin(old, prepared, who);
@@ -412,7 +415,7 @@ impl Txns<'_> {
                     }
                     Ok(AdminAbort::NotKnown) => Ok(false),
                     Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, producer_id = pid, error = %e, "cluster: admin abort not committed");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, producer_id = pid, error = %e, "cluster: admin abort not committed");
                         Err(ErrorCode::ConcurrentTransactions)
                     }
                 }
@@ -435,7 +438,7 @@ impl Txns<'_> {
     ) -> ErrorCode {
         match self {
             Txns::Local(b) => {
-                crate::txn_service::abort_hanging(
+                crate::coordinators::txn_service::abort_hanging(
                     b,
                     topic,
                     partition,
@@ -458,16 +461,16 @@ impl Txns<'_> {
     }
 
     /// The history of transactional id `id` as JSON
-    /// ([`crate::txn_history::TxnHistory::to_json`]): this broker's memory
+    /// ([`crate::observe::txn_history::TxnHistory::to_json`]): this broker's memory
     /// in local mode; the cluster's rows, the same through every broker,
     /// in cluster mode.
     pub async fn history(&self, id: &str) -> Result<serde_json::Value, ErrorCode> {
         match self {
             Txns::Local(b) => Ok(b.txn.history_json(id)),
-            Txns::Cluster(_, front) => crate::cluster::history::read(&front.cluster, id)
+            Txns::Cluster(_, front) => crate::backend::cluster::history::read(&front.cluster, id)
                 .await
                 .map_err(|e| {
-                    crate::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: the transaction history could not be read");
+                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: the transaction history could not be read");
                     ErrorCode::CoordinatorNotAvailable
                 }),
         }
@@ -478,15 +481,15 @@ impl Txns<'_> {
     pub async fn with_histories<T>(
         &self,
         since_ms: i64,
-        f: impl FnOnce(&crate::txn_history::TxnHistory) -> T,
+        f: impl FnOnce(&crate::observe::txn_history::TxnHistory) -> T,
     ) -> Result<T, ErrorCode> {
         match self {
             Txns::Local(b) => Ok(b.txn.with_history(f)),
             Txns::Cluster(_, front) => {
-                match crate::cluster::history::read_since(&front.cluster, since_ms).await {
+                match crate::backend::cluster::history::read_since(&front.cluster, since_ms).await {
                     Ok(h) => Ok(f(&h)),
                     Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the transaction history could not be read");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the transaction history could not be read");
                         Err(ErrorCode::CoordinatorNotAvailable)
                     }
                 }
@@ -496,7 +499,7 @@ impl Txns<'_> {
 
     /// One pass of the timeout driver: each transaction past its timeout
     /// is aborted and its producer fenced, or parked, as
-    /// [`TxnService::on_timeout`](crate::txn_service::TxnService::on_timeout)
+    /// [`TxnService::on_timeout`](crate::coordinators::txn_service::TxnService::on_timeout)
     /// says (one rule for both modes); parked ones are reported in the log
     /// by their coordinator.
     pub async fn time_out(&self) {
@@ -504,7 +507,7 @@ impl Txns<'_> {
             Txns::Local(b) => b.txn.abort_timed_out(b),
             Txns::Cluster(b, front) => {
                 let policy = |m: &TxnMeta| b.txn.on_timeout(m);
-                match crate::cluster::txn::abort_expired(&front.cluster, &policy).await {
+                match crate::backend::cluster::txn::abort_expired(&front.cluster, &policy).await {
                     Ok(ended) => {
                         for t in ended {
                             b.txn.count_fence(&t.before.transactional_id, "timeout");
@@ -522,7 +525,7 @@ impl Txns<'_> {
                         }
                     }
                     Err(e) => {
-                        crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the transaction timeout check failed")
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the transaction timeout check failed")
                     }
                 }
                 if let Ok((mine, now)) = self.parked(Scope::Mine).await {
@@ -542,13 +545,17 @@ impl Txns<'_> {
                     Scope::Mine => self.list().await?,
                     Scope::All => {
                         let read = async {
-                            let all = crate::cluster::describe::transactions(&front.cluster, None)
-                                .await?;
-                            let now = crate::cluster::describe::now_ms(&front.cluster).await?;
+                            let all = crate::backend::cluster::describe::transactions(
+                                &front.cluster,
+                                None,
+                            )
+                            .await?;
+                            let now =
+                                crate::backend::cluster::describe::now_ms(&front.cluster).await?;
                             Ok::<_, ClusterError>((all, now))
                         };
                         read.await.map_err(|e| {
-                            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the parked transactions could not be read");
+                            crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the parked transactions could not be read");
                             ErrorCode::CoordinatorNotAvailable
                         })?
                     }
@@ -642,14 +649,14 @@ impl Txns<'_> {
                         topics = prepared.partitions.iter().map(|(t, _)| t.clone()).collect();
                     }
                 }
-                topics.retain(|t| t != crate::groups::OFFSETS_TOPIC);
+                topics.retain(|t| t != crate::coordinators::groups::OFFSETS_TOPIC);
                 topics.sort();
                 topics.dedup();
                 if !topics.is_empty() {
                     let (b, front) = ((*b).clone(), (*front).clone());
-                    let writer = crate::writers::prefix_of(id).to_string();
+                    let writer = crate::coordinators::writers::prefix_of(id).to_string();
                     tokio::spawn(async move {
-                        if let Err(e) = crate::cluster::writers::record_commit(
+                        if let Err(e) = crate::backend::cluster::writers::record_commit(
                             &front.cluster,
                             &front.writers,
                             &b.writers,
@@ -811,15 +818,15 @@ async fn decide(
     id: &str,
     what: &str,
     topics: &[String],
-    f: Box<crate::cluster::txn::Decide<'_>>,
+    f: Box<crate::backend::cluster::txn::Decide<'_>>,
     fenced_known: bool,
     asker: ((i64, i16), &Requester),
 ) -> Result<Ran, Declined> {
-    let refused = match crate::cluster::txn::run(&front.cluster, id, topics, f).await {
+    let refused = match crate::backend::cluster::txn::run(&front.cluster, id, topics, f).await {
         Ok(Ok(ran)) => return Ok(ran),
         Ok(Err(r)) => r,
         Err(e) => {
-            crate::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: coordinator decision not committed");
+            crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, transactional_id = id, error = %e, "cluster: coordinator decision not committed");
             return Err(ErrorCode::CoordinatorNotAvailable.into());
         }
     };
@@ -839,7 +846,7 @@ async fn decide(
         }
         Refusal::Coord(e) => {
             let ((pid, epoch), who) = asker;
-            crate::txn_service::log_refused(what, id, (pid, epoch), e, None, who);
+            crate::coordinators::txn_service::log_refused(what, id, (pid, epoch), e, None, who);
             coord_code(e, fenced_known).into()
         }
         // As local mode: a held commit is retried by the client.

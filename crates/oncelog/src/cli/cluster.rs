@@ -58,7 +58,8 @@ pub async fn cluster_store_info(
     object_store: Option<String>,
     json_out: bool,
 ) -> Result<()> {
-    let i = oncelog_broker::cluster::info::info(&postgres, object_store.as_deref()).await?;
+    let i =
+        oncelog_broker::backend::cluster::info::info(&postgres, object_store.as_deref()).await?;
     if json_out {
         println!("{}", serde_json::to_string_pretty(&i)?);
         return Ok(());

@@ -1,0 +1,313 @@
+//! Gathers produce requests across partitions for up to `cluster.flush.ms`
+//! (or `cluster.flush.bytes`), writes them as one object, then commits them
+//! in one PostgreSQL transaction ([`super::sequencer::commit_flush`]); each
+//! request is answered after that commit.
+//!
+//! The PUT of a flush may overlap the commit of the one before, but commits
+//! run one at a time in flush order: batches of one producer that arrive in
+//! order are sequenced in order, as the idempotence rules need.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use oncelog_log::batch::BatchHeader;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::objects::Objects;
+use super::sequencer::{self, BatchOutcome, FlushBatch};
+use super::{Cluster, ClusterError};
+use crate::backend::local::partition::producer_batch;
+use crate::observe::histogram::Histogram;
+
+/// What a produce request gets back: the commit's outcome for its batch,
+/// or why nothing was committed (always retriable but for bad input).
+pub type ProduceResult = Result<BatchOutcome, Arc<ClusterError>>;
+
+struct Submit {
+    topic_id: Uuid,
+    topic: Arc<str>,
+    partition: i32,
+    data: Bytes,
+    reply: oneshot::Sender<ProduceResult>,
+    at: Instant,
+}
+
+/// A flush whose object is being written.
+struct Flight {
+    key: String,
+    size: u64,
+    data: Bytes,
+    batches: Vec<FlushBatch>,
+    replies: Vec<(oneshot::Sender<ProduceResult>, Instant)>,
+    put: tokio::task::JoinHandle<Result<(), ClusterError>>,
+}
+
+/// Figures for /metrics and the benchmark.
+pub struct FlushStats {
+    pub flushes: AtomicU64,
+    pub failed_flushes: AtomicU64,
+    pub batches: AtomicU64,
+    pub bytes: AtomicU64,
+    /// The produce commit's PostgreSQL transaction, begin to commit.
+    pub commit_latency: Histogram,
+    /// A batch's wait from arrival to its answer.
+    pub ack_latency: Histogram,
+}
+
+impl Default for FlushStats {
+    fn default() -> Self {
+        Self {
+            flushes: AtomicU64::new(0),
+            failed_flushes: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            commit_latency: Histogram::latency(),
+            ack_latency: Histogram::latency(),
+        }
+    }
+}
+
+/// The produce side of a cluster broker.
+pub struct Flusher {
+    tx: mpsc::Sender<Submit>,
+    pub stats: Arc<FlushStats>,
+}
+
+impl Flusher {
+    /// Starts the gathering and committing tasks on the current runtime.
+    pub fn start(cluster: Arc<Cluster>) -> Self {
+        let (tx, rx) = mpsc::channel(8192);
+        let (ftx, frx) = mpsc::channel(4);
+        let stats = Arc::new(FlushStats::default());
+        tokio::spawn(gather(cluster.clone(), rx, ftx));
+        tokio::spawn(commit_in_order(cluster, frx, stats.clone()));
+        Self { tx, stats }
+    }
+
+    /// Queues one client batch (already validated) for a partition, in
+    /// call order; the receiver gets the answer once its flush committed.
+    pub async fn submit(
+        &self,
+        topic_id: Uuid,
+        topic: &str,
+        partition: i32,
+        data: Bytes,
+    ) -> Result<oneshot::Receiver<ProduceResult>, Arc<ClusterError>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Submit {
+                topic_id,
+                topic: Arc::from(topic),
+                partition,
+                data,
+                reply,
+                at: Instant::now(),
+            })
+            .await
+            .map_err(|_| stopped())?;
+        Ok(rx)
+    }
+
+    /// [`Self::submit`] and wait for the answer.
+    pub async fn produce(
+        &self,
+        topic_id: Uuid,
+        topic: &str,
+        partition: i32,
+        data: Bytes,
+    ) -> ProduceResult {
+        let rx = self.submit(topic_id, topic, partition, data).await?;
+        rx.await.map_err(|_| stopped())?
+    }
+}
+
+fn stopped() -> Arc<ClusterError> {
+    Arc::new(ClusterError::Invariant("the flusher stopped".into()))
+}
+
+async fn gather(
+    cluster: Arc<Cluster>,
+    mut rx: mpsc::Receiver<Submit>,
+    flights: mpsc::Sender<Flight>,
+) {
+    let seq = AtomicU64::new(0);
+    while let Some(first) = rx.recv().await {
+        let deadline = tokio::time::Instant::now() + cluster.config.flush_interval;
+        // The object's key and its intent row are settled as the window
+        // opens, so the intent's round trip overlaps the gathering instead
+        // of delaying the PUT (the intent still precedes the PUT).
+        let session = cluster.session.session();
+        let key = Objects::data_key(
+            cluster.config.broker_id,
+            session,
+            seq.fetch_add(1, Ordering::Relaxed),
+        );
+        let intent = {
+            let cluster = cluster.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                if !cluster.session.is_live() {
+                    return Err(ClusterError::Fenced {
+                        broker_id: cluster.config.broker_id,
+                        session,
+                    });
+                }
+                sequencer::insert_intent(&cluster.pool, &key, cluster.config.broker_id, session)
+                    .await
+            })
+        };
+        let mut subs = vec![first];
+        let mut bytes = subs[0].data.len();
+        while bytes < cluster.config.flush_bytes {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(s)) => {
+                    bytes += s.data.len();
+                    subs.push(s);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let flight = assemble(&cluster, key, intent, subs);
+        if flights.send(flight).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Lays the batches out in one object (`key`) and starts its PUT once its
+/// intent row is written.
+fn assemble(
+    cluster: &Arc<Cluster>,
+    key: String,
+    intent: tokio::task::JoinHandle<Result<(), ClusterError>>,
+    subs: Vec<Submit>,
+) -> Flight {
+    let total: usize = subs.iter().map(|s| s.data.len()).sum();
+    let mut buf = BytesMut::with_capacity(total);
+    let mut batches = Vec::with_capacity(subs.len());
+    let mut replies = Vec::with_capacity(subs.len());
+    for s in subs {
+        let position = buf.len() as u64;
+        let Ok(h) = BatchHeader::new(&s.data) else {
+            let _ = s.reply.send(Err(Arc::new(ClusterError::Invariant(
+                "a batch reached the flusher without a valid header".into(),
+            ))));
+            continue;
+        };
+        let producer = (h.producer_id() >= 0).then(|| producer_batch(&h));
+        batches.push(FlushBatch {
+            topic_id: s.topic_id,
+            topic: s.topic.clone(),
+            partition: s.partition,
+            position,
+            length: s.data.len() as u32,
+            last_offset_delta: h.last_offset_delta(),
+            max_timestamp: h.max_timestamp(),
+            producer,
+        });
+        buf.extend_from_slice(&s.data);
+        replies.push((s.reply, s.at));
+    }
+    let data = buf.freeze();
+    let size = data.len() as u64;
+    let put = {
+        let cluster = cluster.clone();
+        let key = key.clone();
+        let data = data.clone();
+        tokio::spawn(async move {
+            intent
+                .await
+                .map_err(|e| ClusterError::Invariant(format!("the intent task failed: {e}")))??;
+            cluster.objects.put(&key, data).await
+        })
+    };
+    Flight {
+        key,
+        size,
+        data,
+        batches,
+        replies,
+        put,
+    }
+}
+
+async fn commit_in_order(
+    cluster: Arc<Cluster>,
+    mut flights: mpsc::Receiver<Flight>,
+    stats: Arc<FlushStats>,
+) {
+    while let Some(f) = flights.recv().await {
+        let put = match f.put.await {
+            Ok(r) => r,
+            Err(e) => Err(ClusterError::Invariant(format!("the PUT task failed: {e}"))),
+        };
+        let session = key_session(&f.key);
+        let t = Instant::now();
+        let result = match put {
+            Ok(()) => {
+                sequencer::commit_flush(
+                    &cluster.pool,
+                    cluster.config.broker_id,
+                    session,
+                    &f.key,
+                    f.size,
+                    &f.batches,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        stats.flushes.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok((outcomes, advanced)) => {
+                stats.commit_latency.observe_duration(t.elapsed());
+                cluster.cache.insert(&f.key, f.data.clone());
+                for ((b, o), (reply, at)) in f.batches.iter().zip(outcomes).zip(f.replies) {
+                    if matches!(o, BatchOutcome::Appended { .. }) {
+                        stats.batches.fetch_add(1, Ordering::Relaxed);
+                        stats
+                            .bytes
+                            .fetch_add(u64::from(b.length), Ordering::Relaxed);
+                    }
+                    stats.ack_latency.observe_duration(at.elapsed());
+                    let _ = reply.send(Ok(o));
+                }
+                cluster.advanced(&advanced);
+            }
+            Err(e) => {
+                stats.failed_flushes.fetch_add(1, Ordering::Relaxed);
+                crate::backend::cluster::outage::cluster_warn!(cluster.outage, e, object = %f.key, error = %e, "cluster: a flush was not committed; its batches get a retriable error");
+                let e = Arc::new(e);
+                for (reply, _) in f.replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// The session number in a data key (`data/<broker>-<session>-<seq>…`).
+fn key_session(key: &str) -> i64 {
+    key.rsplit('/')
+        .next()
+        .and_then(|n| n.split('-').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// How long a produce may wait for its flush before the broker answers
+/// REQUEST_TIMED_OUT (the batch may still commit: a retry is then answered
+/// as a duplicate, for idempotent producers).
+pub const PRODUCE_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_data_key_names_its_session() {
+        let k = super::Objects::data_key(3, 17, 5);
+        assert_eq!(super::key_session(&k), 17);
+    }
+}

@@ -1,0 +1,308 @@
+//! Cluster mode's storage backend (docs/cluster.md): every sequencing
+//! decision is one PostgreSQL transaction; record batches live in an object
+//! store (S3 API, or a shared directory through `file://`).
+//!
+//! * [`binding`]: the object store's marker, which binds it to its cluster.
+//! * [`outage`]: PostgreSQL unreachable, said once a minute.
+//! * [`pg`]: the PostgreSQL URL and its TLS settings (`sslmode`).
+//! * [`schema`]: the tables, created (idempotently) at connect.
+//! * [`objects`]: the object store named by a URL, and the cache of batches.
+//! * [`session`]: a broker's registration, session number and lease.
+//! * [`catalogue`]: topics and partitions.
+//! * [`sequencer`]: the produce commit (offsets, idempotence, fencing token).
+//! * [`flusher`]: gathers produce requests into one object and one commit.
+//! * [`reader`]: fetch from the batch index and object byte ranges.
+//! * [`collector`]: removes objects that no committed row names.
+//! * [`jobs`]: background jobs one broker holds a lease for: [`retention`]
+//!   and [`compactor`].
+
+pub mod binding;
+pub mod catalogue;
+pub mod collector;
+pub mod compactor;
+pub mod cutover;
+pub mod describe;
+pub mod expiry;
+pub mod flusher;
+pub mod front;
+pub mod gates;
+pub mod groups;
+pub mod history;
+pub mod info;
+pub mod jobs;
+pub mod membership;
+pub mod objects;
+pub mod outage;
+pub mod pg;
+pub mod reader;
+pub mod records;
+pub mod retention;
+pub mod scheduler;
+pub mod schema;
+pub mod security;
+pub mod sequencer;
+pub mod session;
+pub mod txn;
+pub mod writers;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+
+pub use objects::{BatchCache, Objects};
+pub use session::Session;
+
+/// What `oncelog serve --cluster … --object-store …` is given.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// `postgres://user@host:port/db`.
+    pub postgres_url: String,
+    /// `s3://bucket/prefix` or `file:///dir`.
+    pub object_store_url: String,
+    pub broker_id: i32,
+    /// Where clients reach this broker (Metadata).
+    pub advertised_host: String,
+    pub advertised_port: i32,
+    /// Every listener's name and advertised address (Metadata answers a
+    /// client with the addresses of the listener it came on).
+    pub listeners: Vec<(String, String, i32)>,
+    /// How long a broker's lease lasts without renewal (PostgreSQL's clock).
+    pub lease: Duration,
+    /// How long the flusher gathers produce requests (`cluster.flush.ms`).
+    pub flush_interval: Duration,
+    /// A flush starts early once it holds this many bytes (`cluster.flush.bytes`).
+    pub flush_bytes: usize,
+    /// Bytes of batches kept in memory for fetches (`cluster.cache.bytes`).
+    pub cache_bytes: usize,
+    /// How old an object intent must be before the collector may remove its
+    /// object (`cluster.intent.grace.ms`).
+    pub intent_grace: Duration,
+    /// Connections to PostgreSQL.
+    pub pool_size: usize,
+}
+
+impl ClusterConfig {
+    pub fn new(postgres_url: &str, object_store_url: &str, broker_id: i32) -> Self {
+        Self {
+            postgres_url: postgres_url.to_string(),
+            object_store_url: object_store_url.to_string(),
+            broker_id,
+            advertised_host: "127.0.0.1".to_string(),
+            advertised_port: 9092,
+            listeners: Vec::new(),
+            lease: Duration::from_secs(10),
+            flush_interval: Duration::from_millis(5),
+            flush_bytes: 4 << 20,
+            cache_bytes: 256 << 20,
+            intent_grace: Duration::from_secs(120),
+            pool_size: 16,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("PostgreSQL connection pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("object store: {0}")]
+    Objects(#[from] object_store::Error),
+    #[error("bad cluster setting: {0}")]
+    Config(String),
+    /// This broker's session is not the current one, or its lease ended:
+    /// nothing it commits may be acknowledged.
+    #[error(
+        "broker {broker_id} session {session} is fenced (lease ended or a newer session exists)"
+    )]
+    Fenced { broker_id: i32, session: i64 },
+    /// Another broker registered with this broker's node id after its lease
+    /// ended: this one must stop.
+    #[error("node.id {broker_id} was taken over by another broker at {by}, after this broker's lease ended")]
+    Replaced { broker_id: i32, by: String },
+    /// Another broker coordinates this group (or took it over).
+    #[error("group {0} is coordinated by another broker")]
+    NotCoordinator(String),
+    /// The collector removed this object's intent: its commit must fail.
+    #[error("object {0} was collected before its commit")]
+    IntentGone(String),
+    #[error("{0}")]
+    Invariant(String),
+}
+
+impl ClusterError {
+    /// Whether a client may retry what failed (every storage failure is).
+    pub fn retriable(&self) -> bool {
+        !matches!(self, ClusterError::Config(_) | ClusterError::Invariant(_))
+    }
+}
+
+/// A connection pool to PostgreSQL. Every connection's session is bounded
+/// by the lease ([`session_options`]).
+pub fn pool(target: &pg::Target, size: usize, lease: Duration) -> Result<Pool, ClusterError> {
+    let mut pg = target.config.clone();
+    let options = match pg.get_options() {
+        Some(theirs) if !theirs.trim().is_empty() => {
+            format!("{theirs} {}", session_options(lease))
+        }
+        _ => session_options(lease),
+    };
+    pg.options(&options);
+    let mgr = Manager::from_config(
+        pg,
+        target.tls.clone(),
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(mgr)
+        .max_size(size.max(2))
+        .wait_timeout(Some(Duration::from_secs(10)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| ClusterError::Config(format!("connection pool: {e}")))
+}
+
+/// The server settings of a broker's connections. A broker stopped (SIGSTOP,
+/// a long pause) inside a transaction holds row locks every other broker's
+/// commits to those partitions wait on: PostgreSQL ends such a transaction
+/// once it has been idle for the lease, when the broker's commits are fenced
+/// anyway. No statement runs longer than three leases (at least 30 s): a
+/// commit stuck behind a lock is answered with a retriable error instead.
+pub fn session_options(lease: Duration) -> String {
+    let idle = lease.as_millis().max(1000);
+    let statement = (lease.as_millis() * 3).max(30_000);
+    format!("-c idle_in_transaction_session_timeout={idle} -c statement_timeout={statement}")
+}
+
+/// One broker's handle on the cluster: its PostgreSQL pool, object store,
+/// session, batch cache.
+pub struct Cluster {
+    pub config: ClusterConfig,
+    /// PostgreSQL's address and TLS settings, for connections outside the pool.
+    pub pg: pg::Target,
+    /// Whether PostgreSQL is reachable, said once a minute when it is not.
+    pub outage: outage::Outage,
+    pub pool: Pool,
+    pub objects: Objects,
+    pub session: Session,
+    pub cache: BatchCache,
+    /// Woken when a partition's high watermark moves (a commit of ours, or
+    /// another broker's through NOTIFY), for long-poll fetches.
+    pub data_notify: tokio::sync::Notify,
+    /// Woken when a topic is created or deleted (by any broker), or the
+    /// announcements may have been missed (one waiter: the catalogue copy's
+    /// refresh, woken with `notify_one` so a change during a refresh counts).
+    pub catalogue_notify: tokio::sync::Notify,
+    /// The highest next offset seen per partition (from commits and NOTIFY).
+    known: Mutex<HashMap<(uuid::Uuid, i32), i64>>,
+}
+
+impl Cluster {
+    /// Connects, creates the schema if it is missing, and registers this
+    /// broker with a new session.
+    pub async fn connect(config: ClusterConfig) -> Result<Arc<Self>, ClusterError> {
+        let pg = pg::target(&config.postgres_url)?;
+        let pool = pool(&pg, config.pool_size, config.lease)?;
+        schema::migrate(&pool).await?;
+        let objects = Objects::from_url(&config.object_store_url)?;
+        let cluster_id = schema::cluster_id(&pool).await?;
+        binding::check(&objects, &pool, &cluster_id).await?;
+        let session = Session::register(&pool, &config).await?;
+        let cache = BatchCache::new(config.cache_bytes);
+        Ok(Arc::new(Self {
+            config,
+            outage: outage::Outage::new(&pg.config),
+            pg,
+            pool,
+            objects,
+            session,
+            cache,
+            data_notify: tokio::sync::Notify::new(),
+            catalogue_notify: tokio::sync::Notify::new(),
+            known: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Records high watermarks that moved and wakes waiting fetches.
+    pub fn advanced(&self, moved: &[sequencer::Advanced]) {
+        {
+            let mut k = self.known.lock().unwrap_or_else(|p| p.into_inner());
+            for a in moved {
+                let e = k.entry((a.topic_id, a.partition)).or_insert(0);
+                *e = (*e).max(a.next_offset);
+            }
+        }
+        self.data_notify.notify_waiters();
+    }
+
+    /// The highest next offset this broker has seen for a partition (a lower
+    /// bound of its high watermark; 0 when it saw none).
+    pub fn known_next_offset(&self, topic_id: &uuid::Uuid, partition: i32) -> i64 {
+        let k = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        k.get(&(*topic_id, partition)).copied().unwrap_or(0)
+    }
+}
+
+/// The broker that Metadata names for `(topic id, partition)` among `live`
+/// broker ids: rendezvous hashing, so every broker computes the same answer
+/// from the same live list and a broker's loss moves only its partitions.
+pub fn preferred_broker(topic_id: &uuid::Uuid, partition: i32, live: &[i32]) -> Option<i32> {
+    live.iter()
+        .copied()
+        .max_by_key(|b| rendezvous_weight(topic_id.as_bytes(), partition, *b))
+}
+
+/// The live broker rendezvous hashing picks for `key` (a transactional id).
+pub fn rendezvous(key: &[u8], live: &[i32]) -> Option<i32> {
+    live.iter()
+        .copied()
+        .max_by_key(|b| rendezvous_weight(key, -1, *b))
+}
+
+fn rendezvous_weight(key: &[u8], partition: i32, broker: i32) -> u64 {
+    // FNV-1a over the key, the partition and the broker, then a final mix:
+    // stable across builds and machines (std's hasher is not).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key
+        .iter()
+        .chain(partition.to_be_bytes().iter())
+        .chain(broker.to_be_bytes().iter())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preferred_broker_is_stable_and_moves_only_the_lost_brokers_partitions() {
+        let t = uuid::Uuid::from_u128(42);
+        let all = [1, 2, 3];
+        let before: Vec<i32> = (0..300)
+            .map(|p| preferred_broker(&t, p, &all).unwrap())
+            .collect();
+        for b in all {
+            let n = before.iter().filter(|x| **x == b).count();
+            assert!((60..=140).contains(&n), "broker {b} got {n} of 300");
+        }
+        let after: Vec<i32> = (0..300)
+            .map(|p| preferred_broker(&t, p, &[1, 3]).unwrap())
+            .collect();
+        for (b, a) in before.iter().zip(&after) {
+            if *b != 2 {
+                assert_eq!(b, a, "a partition of a live broker moved");
+            }
+        }
+        assert_eq!(preferred_broker(&t, 0, &[]), None);
+    }
+}

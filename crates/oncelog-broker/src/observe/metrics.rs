@@ -30,6 +30,20 @@ type Gauge = (&'static str, &'static str, fn(&Row) -> Option<i64>);
 /// The whole exposition.
 pub async fn render(b: &Arc<Broker>) -> String {
     let mut out = String::with_capacity(4096);
+    render_partitions(&mut out, b).await;
+    render_transactions(&mut out, b).await;
+    render_clients(&mut out, b);
+    render_durations(&mut out, b);
+    render_group_lag(&mut out, b).await;
+    render_cleaner(&mut out, b);
+    if let Some(front) = b.front() {
+        front.render_metrics(&mut out);
+    }
+    out
+}
+
+/// Every partition's offsets and size.
+async fn render_partitions(out: &mut String, b: &Arc<Broker>) {
     let rows: Vec<Row> = b
         .logs()
         .statuses(crate::backend::Scope::Mine)
@@ -74,7 +88,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
         ),
     ];
     for (name, help, get) in gauges {
-        family(&mut out, name, "gauge", help);
+        family(out, name, "gauge", help);
         for r in &rows {
             let Some(v) = get(r) else { continue };
             let _ = writeln!(
@@ -85,16 +99,20 @@ pub async fn render(b: &Arc<Broker>) -> String {
             );
         }
     }
+}
+
+/// Open, parked and stuck transactions, cut-overs, fences and zombie writes.
+async fn render_transactions(out: &mut String, b: &Arc<Broker>) {
     let (open, oldest) = b.txns().open_transactions().await;
     family(
-        &mut out,
+        out,
         "oncelog_transactions_open",
         "gauge",
         "Transactions currently open.",
     );
     let _ = writeln!(out, "oncelog_transactions_open {open}");
     family(
-        &mut out,
+        out,
         "oncelog_transaction_oldest_open_age_seconds",
         "gauge",
         "Age of the oldest open transaction (0 when none).",
@@ -124,7 +142,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
             .collect(),
     };
     family(
-        &mut out,
+        out,
         "oncelog_cutover_phase",
         "gauge",
         "Each topic's latest cut-over (oncelog cutover): 1 for its phase (Draining, Switched, RolledBack); done=\"true\" once the old writer is fenced.",
@@ -141,7 +159,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
         );
     }
     family(
-        &mut out,
+        out,
         "oncelog_cutover_waiting_transactions",
         "gauge",
         "Open transactions of the old writer a draining cut-over waits for.",
@@ -163,14 +181,14 @@ pub async fn render(b: &Arc<Broker>) -> String {
         .await
         .unwrap_or_else(|_| (Vec::new(), now_ms()));
     family(
-        &mut out,
+        out,
         "oncelog_transactions_parked",
         "gauge",
         "Transactions kept open past their timeout under transaction.two.phase.commit.prefixes.",
     );
     let _ = writeln!(out, "oncelog_transactions_parked {}", parked.len());
     family(
-        &mut out,
+        out,
         "oncelog_transaction_oldest_parked_age_seconds",
         "gauge",
         "How long the oldest parked transaction has been parked (0 when none).",
@@ -180,7 +198,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
         .map_or(0.0, |p| (now - p.parked_since_ms).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "oncelog_transaction_oldest_parked_age_seconds {age}");
     family(
-        &mut out,
+        out,
         "oncelog_transactions_stuck",
         "gauge",
         "Transactions whose markers have failed to be written several times in a row (retried until durable).",
@@ -188,7 +206,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
     let _ = writeln!(out, "oncelog_transactions_stuck {}", b.txn.stuck_count());
     let stats = b.txn.stats();
     family(
-        &mut out,
+        out,
         "oncelog_transactions_completed_total",
         "counter",
         "Transactions completed, by result.",
@@ -204,7 +222,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
         stats.aborts
     );
     family(
-        &mut out,
+        out,
         "oncelog_transaction_fences_total",
         "counter",
         "Producers fenced, by transactional id and cause (newer_producer, timeout, administrator).",
@@ -217,7 +235,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
         );
     }
     family(
-        &mut out,
+        out,
         "oncelog_rejected_zombie_writes_total",
         "counter",
         "Transactional produce batches refused: a fenced producer's late write, or a partition outside its producer's open transaction.",
@@ -229,7 +247,11 @@ pub async fn render(b: &Arc<Broker>) -> String {
             esc(id)
         );
     }
-    family(&mut out, "oncelog_topic_transactional_writers", "gauge",
+}
+
+/// Writers per topic, authentications, connections, ACL denials, ACLs and users.
+fn render_clients(out: &mut String, b: &Arc<Broker>) {
+    family(out, "oncelog_topic_transactional_writers", "gauge",
         "Distinct transactional-id prefixes that committed to a topic within the last minute (more than one: outputs add up).");
     for (topic, prefixes) in b.writers.live(now_ms()) {
         let _ = writeln!(
@@ -239,7 +261,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
             prefixes.len()
         );
     }
-    family(&mut out, "oncelog_authentications_total", "counter",
+    family(out, "oncelog_authentications_total", "counter",
         "SASL authentications by listener, mechanism and result (success or failure; a failure closes its connection).");
     for ((listener, mechanism, result), n) in b.auth_stats.snapshot() {
         let _ = writeln!(
@@ -250,13 +272,13 @@ pub async fn render(b: &Arc<Broker>) -> String {
         );
     }
     family(
-        &mut out,
+        out,
         "oncelog_connections",
         "gauge",
         "Client connections open now.",
     );
     let _ = writeln!(out, "oncelog_connections {}", b.connections.open());
-    family(&mut out, "oncelog_connections_refused_total", "counter",
+    family(out, "oncelog_connections_refused_total", "counter",
         "Connections refused or closed early: over max.connections or max.connections.per.ip, or not authenticated within connections.max.unauthenticated.ms.");
     for (why, n) in b.connections.refused() {
         let _ = writeln!(
@@ -265,7 +287,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
         );
     }
     family(
-        &mut out,
+        out,
         "oncelog_authorization_denials_total",
         "counter",
         "Requests (or parts of requests) the authorizer refused, by resource type.",
@@ -277,20 +299,24 @@ pub async fn render(b: &Arc<Broker>) -> String {
         );
     }
     family(
-        &mut out,
+        out,
         "oncelog_acls",
         "gauge",
         "ACLs stored (enforced when authorizer.class.name is set).",
     );
     let _ = writeln!(out, "oncelog_acls {}", b.authz.count());
     family(
-        &mut out,
+        out,
         "oncelog_scram_users",
         "gauge",
         "Users with SCRAM credentials.",
     );
     let _ = writeln!(out, "oncelog_scram_users {}", b.users.count());
-    family(&mut out, "oncelog_transaction_orphans_found_total", "counter",
+}
+
+/// Orphans found, transaction durations, request latency, fsyncs and bytes appended.
+fn render_durations(out: &mut String, b: &Arc<Broker>) {
+    family(out, "oncelog_transaction_orphans_found_total", "counter",
         "Partition-side open transactions the coordinator did not know, found by the healing check.");
     let _ = writeln!(
         out,
@@ -298,19 +324,19 @@ pub async fn render(b: &Arc<Broker>) -> String {
         b.orphans.load(std::sync::atomic::Ordering::Relaxed)
     );
     family(
-        &mut out,
+        out,
         "oncelog_transaction_duration_seconds",
         "histogram",
         "Transaction duration, first partition added to markers written, by result.",
     );
     for (i, result) in ["commit", "abort"].iter().enumerate() {
         b.txn.durations[i].render(
-            &mut out,
+            out,
             "oncelog_transaction_duration_seconds",
             &format!("result=\"{result}\""),
         );
     }
-    family(&mut out, "oncelog_request_latency_seconds", "histogram",
+    family(out, "oncelog_request_latency_seconds", "histogram",
         "Time from a request's arrival to its response being ready, by API (produce includes fsync; fetch includes long-poll waits).");
     for (k, h) in b.request_latency.iter().enumerate() {
         if h.count() == 0 {
@@ -320,45 +346,49 @@ pub async fn render(b: &Arc<Broker>) -> String {
             .map(|a| format!("{a:?}"))
             .unwrap_or_else(|_| k.to_string());
         h.render(
-            &mut out,
+            out,
             "oncelog_request_latency_seconds",
             &format!("api=\"{api}\""),
         );
     }
     let sync_stats = &b.syncer.stats;
     family(
-        &mut out,
+        out,
         "oncelog_fsync_latency_seconds",
         "histogram",
         "Duration of one group-commit fdatasync.",
     );
     sync_stats
         .latency
-        .render(&mut out, "oncelog_fsync_latency_seconds", "");
+        .render(out, "oncelog_fsync_latency_seconds", "");
     family(
-        &mut out,
+        out,
         "oncelog_fsync_bytes",
         "histogram",
         "Bytes made durable by one group-commit fdatasync.",
     );
-    sync_stats.bytes.render(&mut out, "oncelog_fsync_bytes", "");
+    sync_stats.bytes.render(out, "oncelog_fsync_bytes", "");
     let (syncs, bytes) = b.io_counters();
     family(
-        &mut out,
+        out,
         "oncelog_fsync_total",
         "counter",
         "fdatasync calls made by group commit.",
     );
     let _ = writeln!(out, "oncelog_fsync_total {syncs}");
     family(
-        &mut out,
+        out,
         "oncelog_appended_bytes_total",
         "counter",
         "Record-batch bytes appended by producers.",
     );
     let _ = writeln!(out, "oncelog_appended_bytes_total {bytes}");
+}
+
+/// Each group's read_committed lag.
+async fn render_group_lag(out: &mut String, b: &Arc<Broker>) {
     family(
-        &mut out,
+        out,
         "oncelog_group_lag",
         "gauge",
         "Records between a group's committed offset and the last stable offset.",
@@ -377,11 +407,6 @@ pub async fn render(b: &Arc<Broker>) -> String {
             }
         }
     }
-    render_cleaner(&mut out, b);
-    if let Some(front) = b.front() {
-        front.render_metrics(&mut out);
-    }
-    out
 }
 
 /// The log cleaner's totals and each compacted partition's dirt.

@@ -226,20 +226,19 @@ where
     })
 }
 
-impl BrokerConfig {
-    /// Builds a config from defaults overlaid with `overrides` (Kafka names).
-    pub fn from_map(overrides: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
-        let mut m: BTreeMap<&str, String> = SETTINGS
-            .iter()
-            .map(|(k, v, _)| (*k, v.to_string()))
-            .collect();
-        for (k, v) in overrides {
-            let Some(slot) = m.get_mut(k.as_str()) else {
-                return Err(ConfigError::Unknown(k.clone()));
-            };
-            *slot = v.clone();
-        }
-        let get = |k: &str| m.get(k).cloned().unwrap_or_default();
+/// The listeners and what clients are told of them.
+struct Network {
+    listen: SocketAddr,
+    metrics_listen: Option<SocketAddr>,
+    advertised_host: String,
+    advertised_port: i32,
+    listeners: Vec<crate::security::Listener>,
+    sasl_mechanisms: Vec<String>,
+}
+
+impl Network {
+    /// From the settings' values (`get`: a setting's value after overrides).
+    fn of(get: &impl Fn(&str) -> String) -> Result<Self, ConfigError> {
         let listen: SocketAddr = parse("listen", &get("listen"))?;
         let adv = get("advertised.listener");
         let (advertised_host, advertised_port) = if adv.is_empty() {
@@ -322,15 +321,41 @@ impl BrokerConfig {
         } else {
             Some(parse("metrics.listen", &metrics)?)
         };
-        let c = Self {
-            data_dir: PathBuf::from(get("data.dir")),
-            data_dir_set: overrides.contains_key("data.dir"),
+        Ok(Self {
             listen,
             metrics_listen,
             advertised_host,
             advertised_port,
             listeners,
             sasl_mechanisms,
+        })
+    }
+}
+
+impl BrokerConfig {
+    /// Builds a config from defaults overlaid with `overrides` (Kafka names).
+    pub fn from_map(overrides: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let mut m: BTreeMap<&str, String> = SETTINGS
+            .iter()
+            .map(|(k, v, _)| (*k, v.to_string()))
+            .collect();
+        for (k, v) in overrides {
+            let Some(slot) = m.get_mut(k.as_str()) else {
+                return Err(ConfigError::Unknown(k.clone()));
+            };
+            *slot = v.clone();
+        }
+        let get = |k: &str| m.get(k).cloned().unwrap_or_default();
+        let net = Network::of(&get)?;
+        let c = Self {
+            data_dir: PathBuf::from(get("data.dir")),
+            data_dir_set: overrides.contains_key("data.dir"),
+            listen: net.listen,
+            metrics_listen: net.metrics_listen,
+            advertised_host: net.advertised_host,
+            advertised_port: net.advertised_port,
+            listeners: net.listeners,
+            sasl_mechanisms: net.sasl_mechanisms,
             reauth_ms: parse(
                 "connections.max.reauth.ms",
                 &get("connections.max.reauth.ms"),
@@ -500,6 +525,12 @@ impl BrokerConfig {
                 .collect(),
             raw: m.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the values' ranges and how they go together.
+    fn validate(&self) -> Result<(), ConfigError> {
         let positive = |k: &str, v: i64| {
             if v <= 0 {
                 Err(ConfigError::Invalid {
@@ -522,92 +553,92 @@ impl BrokerConfig {
                 Ok(())
             }
         };
-        if !matches!(c.transaction_version, 1 | 2) {
+        if !matches!(self.transaction_version, 1 | 2) {
             return Err(ConfigError::Invalid {
                 key: "transaction.version".into(),
-                value: c.transaction_version.to_string(),
+                value: self.transaction_version.to_string(),
                 why: "must be 1 or 2".into(),
             });
         }
-        positive("message.max.bytes", c.message_max_bytes)?;
-        positive("fetch.max.bytes", c.fetch_max_bytes as i64)?;
+        positive("message.max.bytes", self.message_max_bytes)?;
+        positive("fetch.max.bytes", self.fetch_max_bytes as i64)?;
         positive(
             "max.partitions.per.topic",
-            i64::from(c.max_partitions_per_topic),
+            i64::from(self.max_partitions_per_topic),
         )?;
-        positive("max.partitions", c.max_partitions)?;
+        positive("max.partitions", self.max_partitions)?;
         // Durations: -1 means "no limit" where Kafka allows it, never less.
         for (k, v) in [
-            ("log.retention.ms", c.retention_ms),
-            ("log.retention.bytes", c.retention_bytes),
+            ("log.retention.ms", self.retention_ms),
+            ("log.retention.bytes", self.retention_bytes),
             (
                 "log.cache.keep.bytes",
-                parse::<i64>("log.cache.keep.bytes", &get("log.cache.keep.bytes"))?,
+                parse::<i64>("log.cache.keep.bytes", &self.raw_or("log.cache.keep.bytes"))?,
             ),
         ] {
             at_least(k, v, -1, "must be -1 (no limit) or more")?;
         }
         for (k, v) in [
-            ("log.roll.ms", c.segment_ms),
+            ("log.roll.ms", self.segment_ms),
             (
                 "transaction.max.timeout.ms",
-                i64::from(c.transaction_max_timeout_ms),
+                i64::from(self.transaction_max_timeout_ms),
             ),
             (
                 "transactional.id.expiration.ms",
-                c.transactional_id_expiration_ms,
+                self.transactional_id_expiration_ms,
             ),
-            ("producer.id.expiration.ms", c.producer_id_expiration_ms),
-            ("offsets.retention.minutes", c.offsets_retention_minutes),
+            ("producer.id.expiration.ms", self.producer_id_expiration_ms),
+            ("offsets.retention.minutes", self.offsets_retention_minutes),
             (
                 "group.min.session.timeout.ms",
-                i64::from(c.group_min_session_timeout_ms),
+                i64::from(self.group_min_session_timeout_ms),
             ),
             (
                 "group.max.session.timeout.ms",
-                i64::from(c.group_max_session_timeout_ms),
+                i64::from(self.group_max_session_timeout_ms),
             ),
         ] {
             positive(k, v)?;
         }
-        if c.group_min_session_timeout_ms > c.group_max_session_timeout_ms {
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms {
             return Err(ConfigError::Invalid {
                 key: "group.min.session.timeout.ms".into(),
-                value: c.group_min_session_timeout_ms.to_string(),
+                value: self.group_min_session_timeout_ms.to_string(),
                 why: "must not exceed group.max.session.timeout.ms".into(),
             });
         }
         positive(
             "transaction.heal.check.interval.ms",
-            c.transaction_heal_check_interval_ms as i64,
+            self.transaction_heal_check_interval_ms as i64,
         )?;
-        if c.data_dir.as_os_str().is_empty() {
+        if self.data_dir.as_os_str().is_empty() {
             return Err(ConfigError::Invalid {
                 key: "data.dir".into(),
                 value: String::new(),
                 why: "must not be empty".into(),
             });
         }
-        positive("num.partitions", c.num_partitions as i64)?;
-        positive("log.sync.threads", c.sync_threads as i64)?;
-        positive("log.cleaner.threads", c.cleaner_threads as i64)?;
-        positive("log.cleaner.backoff.ms", c.cleaner_backoff_ms as i64)?;
+        positive("num.partitions", self.num_partitions as i64)?;
+        positive("log.sync.threads", self.sync_threads as i64)?;
+        positive("log.cleaner.threads", self.cleaner_threads as i64)?;
+        positive("log.cleaner.backoff.ms", self.cleaner_backoff_ms as i64)?;
         positive(
             "log.cleaner.dedupe.buffer.size",
-            c.cleaner_dedupe_buffer_size as i64,
+            self.cleaner_dedupe_buffer_size as i64,
         )?;
-        positive("log.segment.bytes", c.segment_bytes)?;
-        positive("log.index.interval.bytes", c.index_interval_bytes)?;
-        positive("socket.request.max.bytes", c.max_frame_bytes as i64)?;
+        positive("log.segment.bytes", self.segment_bytes)?;
+        positive("log.index.interval.bytes", self.index_interval_bytes)?;
+        positive("socket.request.max.bytes", self.max_frame_bytes as i64)?;
         positive(
             "log.retention.check.interval.ms",
-            c.retention_check_interval_ms as i64,
+            self.retention_check_interval_ms as i64,
         )?;
         positive(
             "offsets.retention.check.interval.ms",
-            c.offsets_retention_check_interval_ms as i64,
+            self.offsets_retention_check_interval_ms as i64,
         )?;
-        Ok(c)
+        Ok(())
     }
 
     /// A setting's text after overrides, or its default.

@@ -553,19 +553,7 @@ impl Broker {
     /// periodic flushes.
     pub fn spawn_background(self: &Arc<Self>) {
         #[cfg(feature = "tls")]
-        if self.tls.is_some() {
-            let weak = Arc::downgrade(self);
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
-                loop {
-                    tick.tick().await;
-                    let Some(b) = weak.upgrade() else { return };
-                    if let Some(t) = &b.tls {
-                        t.reload_if_changed();
-                    }
-                }
-            });
-        }
+        self.spawn_tls_reload();
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -583,6 +571,65 @@ impl Broker {
                     .unwrap_or_default()
             }));
         }
+        self.spawn_healing();
+        let b = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                b.groups.tick().await;
+            }
+        });
+        self.spawn_cluster_offsets();
+        let b = self.clone();
+        tokio::spawn(async move {
+            // Finish what a previous run left between Prepare and Complete,
+            // then abort transactions that outlive their timeout.
+            b.txn.recover(&b).await;
+            let mut tick =
+                tokio::time::interval(std::time::Duration::from_millis(TXN_REAPER_INTERVAL_MS));
+            loop {
+                tick.tick().await;
+                b.txns().time_out().await;
+                cutover::drive(&b).await;
+                let cutoff = now_ms() - b.config.transactional_id_expiration_ms;
+                b.txn.expire_ids(cutoff).await;
+            }
+        });
+        let b = self.clone();
+        tokio::spawn(async move {
+            let period = std::time::Duration::from_millis(b.config.retention_check_interval_ms);
+            let mut tick = tokio::time::interval(period);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let b2 = b.clone();
+                let _ = tokio::task::spawn_blocking(move || b2.topics.apply_retention()).await;
+            }
+        });
+        self.spawn_interval_flush();
+    }
+
+    #[cfg(feature = "tls")]
+    /// Reloads the TLS certificates when their files change.
+    fn spawn_tls_reload(self: &Arc<Self>) {
+        if self.tls.is_some() {
+            let weak = Arc::downgrade(self);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+                loop {
+                    tick.tick().await;
+                    let Some(b) = weak.upgrade() else { return };
+                    if let Some(t) = &b.tls {
+                        t.reload_if_changed();
+                    }
+                }
+            });
+        }
+    }
+
+    /// Hanging-transaction healing: orphans found on two checks in a row.
+    fn spawn_healing(self: &Arc<Self>) {
         let b = self.clone();
         tokio::spawn(async move {
             // Hanging-transaction healing: an orphan is a partition-side open
@@ -632,14 +679,10 @@ impl Broker {
                 previous = now;
             }
         });
-        let b = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
-            loop {
-                tick.tick().await;
-                b.groups.tick().await;
-            }
-        });
+    }
+
+    /// Cluster mode: expires the offsets of the groups this broker coordinates.
+    fn spawn_cluster_offsets(self: &Arc<Self>) {
         if let Some(front) = self.front().cloned() {
             // Cluster mode: the offsets of the groups this broker coordinates
             // and which have no members here expire on this broker (the
@@ -674,32 +717,10 @@ impl Broker {
                 }
             });
         }
-        let b = self.clone();
-        tokio::spawn(async move {
-            // Finish what a previous run left between Prepare and Complete,
-            // then abort transactions that outlive their timeout.
-            b.txn.recover(&b).await;
-            let mut tick =
-                tokio::time::interval(std::time::Duration::from_millis(TXN_REAPER_INTERVAL_MS));
-            loop {
-                tick.tick().await;
-                b.txns().time_out().await;
-                cutover::drive(&b).await;
-                let cutoff = now_ms() - b.config.transactional_id_expiration_ms;
-                b.txn.expire_ids(cutoff).await;
-            }
-        });
-        let b = self.clone();
-        tokio::spawn(async move {
-            let period = std::time::Duration::from_millis(b.config.retention_check_interval_ms);
-            let mut tick = tokio::time::interval(period);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let b2 = b.clone();
-                let _ = tokio::task::spawn_blocking(move || b2.topics.apply_retention()).await;
-            }
-        });
+    }
+
+    /// Interval-flush mode: the flushes and the writeback between them.
+    fn spawn_interval_flush(self: &Arc<Self>) {
         if self.interval_flush() {
             let b = self.clone();
             tokio::spawn(async move {

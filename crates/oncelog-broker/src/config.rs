@@ -347,6 +347,12 @@ impl BrokerConfig {
         }
         let get = |k: &str| m.get(k).cloned().unwrap_or_default();
         let net = Network::of(&get)?;
+        // A setting parsed as its field's type.
+        macro_rules! v {
+            ($k:literal) => {
+                parse($k, &get($k))?
+            };
+        }
         let c = Self {
             data_dir: PathBuf::from(get("data.dir")),
             data_dir_set: overrides.contains_key("data.dir"),
@@ -356,14 +362,8 @@ impl BrokerConfig {
             advertised_port: net.advertised_port,
             listeners: net.listeners,
             sasl_mechanisms: net.sasl_mechanisms,
-            reauth_ms: parse(
-                "connections.max.reauth.ms",
-                &get("connections.max.reauth.ms"),
-            )?,
-            failed_auth_delay_ms: parse(
-                "connection.failed.authentication.delay.ms",
-                &get("connection.failed.authentication.delay.ms"),
-            )?,
+            reauth_ms: v!("connections.max.reauth.ms"),
+            failed_auth_delay_ms: v!("connection.failed.authentication.delay.ms"),
             ssl_keystore: get("ssl.keystore.location").trim().to_string(),
             ssl_truststore: get("ssl.truststore.location").trim().to_string(),
             ssl_client_auth: get("ssl.client.auth").trim().to_string(),
@@ -377,10 +377,7 @@ impl BrokerConfig {
             })?,
             authorizer: !get("authorizer.class.name").trim().is_empty(),
             super_users: get("super.users"),
-            allow_everyone_if_no_acl: parse(
-                "allow.everyone.if.no.acl.found",
-                &get("allow.everyone.if.no.acl.found"),
-            )?,
+            allow_everyone_if_no_acl: v!("allow.everyone.if.no.acl.found"),
             node_id: match get("node.id").trim() {
                 "" => 0,
                 v => match parse::<i32>("node.id", v)? {
@@ -397,127 +394,61 @@ impl BrokerConfig {
             node_id_set: !get("node.id").trim().is_empty(),
             cluster_postgres: get("cluster.postgres").trim().to_string(),
             cluster_object_store: get("cluster.object.store").trim().to_string(),
-            cluster_flush_ms: parse("cluster.flush.ms", &get("cluster.flush.ms"))?,
-            cluster_flush_bytes: parse("cluster.flush.bytes", &get("cluster.flush.bytes"))?,
-            cluster_lease_ms: parse("cluster.lease.ms", &get("cluster.lease.ms"))?,
-            cluster_cache_bytes: parse("cluster.cache.bytes", &get("cluster.cache.bytes"))?,
-            cluster_intent_grace_ms: parse(
-                "cluster.intent.grace.ms",
-                &get("cluster.intent.grace.ms"),
-            )?,
-            max_frame_bytes: parse("socket.request.max.bytes", &get("socket.request.max.bytes"))?,
-            auto_create_topics: parse(
-                "auto.create.topics.enable",
-                &get("auto.create.topics.enable"),
-            )?,
-            num_partitions: parse("num.partitions", &get("num.partitions"))?,
-            message_max_bytes: parse("message.max.bytes", &get("message.max.bytes"))?,
-            segment_bytes: parse("log.segment.bytes", &get("log.segment.bytes"))?,
-            segment_ms: parse("log.roll.ms", &get("log.roll.ms"))?,
-            index_interval_bytes: parse(
-                "log.index.interval.bytes",
-                &get("log.index.interval.bytes"),
-            )?,
-            retention_ms: parse("log.retention.ms", &get("log.retention.ms"))?,
-            retention_bytes: parse("log.retention.bytes", &get("log.retention.bytes"))?,
-            retention_check_interval_ms: parse(
-                "log.retention.check.interval.ms",
-                &get("log.retention.check.interval.ms"),
-            )?,
+            cluster_flush_ms: v!("cluster.flush.ms"),
+            cluster_flush_bytes: v!("cluster.flush.bytes"),
+            cluster_lease_ms: v!("cluster.lease.ms"),
+            cluster_cache_bytes: v!("cluster.cache.bytes"),
+            cluster_intent_grace_ms: v!("cluster.intent.grace.ms"),
+            max_frame_bytes: v!("socket.request.max.bytes"),
+            auto_create_topics: v!("auto.create.topics.enable"),
+            num_partitions: v!("num.partitions"),
+            message_max_bytes: v!("message.max.bytes"),
+            segment_bytes: v!("log.segment.bytes"),
+            segment_ms: v!("log.roll.ms"),
+            index_interval_bytes: v!("log.index.interval.bytes"),
+            retention_ms: v!("log.retention.ms"),
+            retention_bytes: v!("log.retention.bytes"),
+            retention_check_interval_ms: v!("log.retention.check.interval.ms"),
             cleanup_policy: get("log.cleanup.policy"),
-            cleaner_enable: parse("log.cleaner.enable", &get("log.cleaner.enable"))?,
-            cleaner_threads: parse("log.cleaner.threads", &get("log.cleaner.threads"))?,
-            cleaner_dedupe_buffer_size: parse(
-                "log.cleaner.dedupe.buffer.size",
-                &get("log.cleaner.dedupe.buffer.size"),
-            )?,
+            cleaner_enable: v!("log.cleaner.enable"),
+            cleaner_threads: v!("log.cleaner.threads"),
+            cleaner_dedupe_buffer_size: v!("log.cleaner.dedupe.buffer.size"),
             cleaner_io_max_bytes_per_second: {
-                let v: f64 = parse(
-                    "log.cleaner.io.max.bytes.per.second",
-                    &get("log.cleaner.io.max.bytes.per.second"),
-                )?;
+                let v: f64 = v!("log.cleaner.io.max.bytes.per.second");
                 (v > 0.0).then_some(v)
             },
-            cleaner_backoff_ms: parse("log.cleaner.backoff.ms", &get("log.cleaner.backoff.ms"))?,
-            flush_interval_ms: parse("log.flush.interval.ms", &get("log.flush.interval.ms"))?,
-            sync_threads: parse("log.sync.threads", &get("log.sync.threads"))?,
+            cleaner_backoff_ms: v!("log.cleaner.backoff.ms"),
+            flush_interval_ms: v!("log.flush.interval.ms"),
+            sync_threads: v!("log.sync.threads"),
             cache_keep_bytes: {
-                let v: i64 = parse("log.cache.keep.bytes", &get("log.cache.keep.bytes"))?;
+                let v: i64 = v!("log.cache.keep.bytes");
                 u64::try_from(v).ok()
             },
-            fetch_max_bytes: parse("fetch.max.bytes", &get("fetch.max.bytes"))?,
-            transaction_max_timeout_ms: parse(
-                "transaction.max.timeout.ms",
-                &get("transaction.max.timeout.ms"),
-            )?,
-            transactional_id_expiration_ms: parse(
-                "transactional.id.expiration.ms",
-                &get("transactional.id.expiration.ms"),
-            )?,
+            fetch_max_bytes: v!("fetch.max.bytes"),
+            transaction_max_timeout_ms: v!("transaction.max.timeout.ms"),
+            transactional_id_expiration_ms: v!("transactional.id.expiration.ms"),
             two_phase_commit: crate::machines::txn_coordinator::ParkPolicy::new(
                 &get("transaction.two.phase.commit.prefixes"),
-                parse(
-                    "transaction.two.phase.commit.max.park.ms",
-                    &get("transaction.two.phase.commit.max.park.ms"),
-                )?,
+                v!("transaction.two.phase.commit.max.park.ms"),
             ),
-            two_phase_commit_enable: parse(
-                "transaction.two.phase.commit.enable",
-                &get("transaction.two.phase.commit.enable"),
-            )?,
-            producer_id_expiration_ms: parse(
-                "producer.id.expiration.ms",
-                &get("producer.id.expiration.ms"),
-            )?,
-            transaction_version: parse("transaction.version", &get("transaction.version"))?,
-            transaction_auto_heal: parse("transaction.auto.heal", &get("transaction.auto.heal"))?,
-            transaction_heal_check_interval_ms: parse(
-                "transaction.heal.check.interval.ms",
-                &get("transaction.heal.check.interval.ms"),
-            )?,
-            group_initial_rebalance_delay_ms: parse(
-                "group.initial.rebalance.delay.ms",
-                &get("group.initial.rebalance.delay.ms"),
-            )?,
-            group_min_session_timeout_ms: parse(
-                "group.min.session.timeout.ms",
-                &get("group.min.session.timeout.ms"),
-            )?,
-            group_max_session_timeout_ms: parse(
-                "group.max.session.timeout.ms",
-                &get("group.max.session.timeout.ms"),
-            )?,
-            coordinator_log_compact_records: parse(
-                "coordinator.log.compact.records",
-                &get("coordinator.log.compact.records"),
-            )?,
-            offsets_retention_minutes: parse(
-                "offsets.retention.minutes",
-                &get("offsets.retention.minutes"),
-            )?,
-            offsets_retention_check_interval_ms: parse(
-                "offsets.retention.check.interval.ms",
-                &get("offsets.retention.check.interval.ms"),
-            )?,
-            max_partitions_per_topic: parse(
-                "max.partitions.per.topic",
-                &get("max.partitions.per.topic"),
-            )?,
-            max_partitions: parse("max.partitions", &get("max.partitions"))?,
-            max_connections: parse("max.connections", &get("max.connections"))?,
-            max_connections_per_ip: parse(
-                "max.connections.per.ip",
-                &get("max.connections.per.ip"),
-            )?,
-            unauthenticated_timeout_ms: parse(
-                "connections.max.unauthenticated.ms",
-                &get("connections.max.unauthenticated.ms"),
-            )?,
-            console_enable: parse("console.enable", &get("console.enable"))?,
-            console_actions_enable: parse(
-                "console.actions.enable",
-                &get("console.actions.enable"),
-            )?,
+            two_phase_commit_enable: v!("transaction.two.phase.commit.enable"),
+            producer_id_expiration_ms: v!("producer.id.expiration.ms"),
+            transaction_version: v!("transaction.version"),
+            transaction_auto_heal: v!("transaction.auto.heal"),
+            transaction_heal_check_interval_ms: v!("transaction.heal.check.interval.ms"),
+            group_initial_rebalance_delay_ms: v!("group.initial.rebalance.delay.ms"),
+            group_min_session_timeout_ms: v!("group.min.session.timeout.ms"),
+            group_max_session_timeout_ms: v!("group.max.session.timeout.ms"),
+            coordinator_log_compact_records: v!("coordinator.log.compact.records"),
+            offsets_retention_minutes: v!("offsets.retention.minutes"),
+            offsets_retention_check_interval_ms: v!("offsets.retention.check.interval.ms"),
+            max_partitions_per_topic: v!("max.partitions.per.topic"),
+            max_partitions: v!("max.partitions"),
+            max_connections: v!("max.connections"),
+            max_connections_per_ip: v!("max.connections.per.ip"),
+            unauthenticated_timeout_ms: v!("connections.max.unauthenticated.ms"),
+            console_enable: v!("console.enable"),
+            console_actions_enable: v!("console.actions.enable"),
             console_allowed_hosts: get("console.allowed.hosts")
                 .split(',')
                 .map(|h| h.trim().to_ascii_lowercase())

@@ -45,7 +45,16 @@ impl Who {
     fn cluster(&self, op: Op) -> bool {
         self.can(op, Rt::Cluster, CLUSTER_NAME)
     }
+
+    /// Logs a denial of `what` on `res`.
+    fn denied(&self, what: &str, res: &str) {
+        tracing::warn!(principal = %self.principal, host = %self.host, request = what, resource = res, "authorization denied");
+    }
 }
+
+/// The request to handle and what to do to its response, or the answer to
+/// a request denied as a whole.
+type Guarded = Result<(RequestKind, Fixup), ResponseKind>;
 
 const TOPIC_DENIED: i16 = ErrorCode::TopicAuthorizationFailed.code();
 const GROUP_DENIED: i16 = ErrorCode::GroupAuthorizationFailed.code();
@@ -104,16 +113,56 @@ pub fn guard(
             .unwrap_or_else(|| crate::security::ANONYMOUS.to_string()),
         host: conn.peer.ip(),
     };
-    let denied = |what: &str, res: &str| {
-        tracing::warn!(principal = %who.principal, host = %who.host, request = what, resource = res, "authorization denied");
-    };
     use RequestKind as R;
-    use ResponseKind as S;
+    match req {
+        r @ (R::Produce(_) | R::Fetch(_) | R::ListOffsets(_) | R::Metadata(_)) => {
+            guard_data(&who, r)
+        }
+        r @ (R::InitProducerId(_)
+        | R::AddPartitionsToTxn(_)
+        | R::AddOffsetsToTxn(_)
+        | R::TxnOffsetCommit(_)
+        | R::EndTxn(_)) => guard_txn(&who, version, r),
+        r @ (R::FindCoordinator(_)
+        | R::JoinGroup(_)
+        | R::SyncGroup(_)
+        | R::Heartbeat(_)
+        | R::LeaveGroup(_)) => guard_membership(&who, version, r),
+        r @ (R::OffsetCommit(_)
+        | R::OffsetFetch(_)
+        | R::ListGroups(_)
+        | R::DescribeGroups(_)
+        | R::DeleteGroups(_)
+        | R::OffsetDelete(_)) => guard_offsets(&who, r),
+        r @ (R::CreateTopics(_)
+        | R::DeleteTopics(_)
+        | R::DeleteRecords(_)
+        | R::CreatePartitions(_)
+        | R::DescribeConfigs(_)
+        | R::IncrementalAlterConfigs(_)
+        | R::AlterConfigs(_)) => guard_topics(&who, r),
+        r @ (R::DescribeProducers(_)
+        | R::DescribeTransactions(_)
+        | R::ListTransactions(_)
+        | R::WriteTxnMarkers(_)) => guard_txn_admin(&who, r),
+        r @ (R::CreateAcls(_)
+        | R::DeleteAcls(_)
+        | R::DescribeAcls(_)
+        | R::DescribeUserScramCredentials(_)
+        | R::AlterUserScramCredentials(_)
+        | R::DescribeClientQuotas(_)) => guard_security(&who, r),
+        other => Ok((other, Fixup::None)),
+    }
+}
+
+/// Produce, Fetch, ListOffsets and Metadata.
+fn guard_data(who: &Who, req: RequestKind) -> Guarded {
+    use RequestKind as R;
     Ok(match req {
         R::Produce(mut r) => {
             if let Some(tid) = r.transactional_id.clone() {
                 if !who.can(Op::Write, Rt::TransactionalId, &tid) {
-                    denied("Produce", &tid);
+                    who.denied("Produce", &tid);
                     let gone = r
                         .topic_data
                         .drain(..)
@@ -134,7 +183,7 @@ pub fn guard(
                 .partition(|t| who.can(Op::Write, Rt::Topic, &t.name));
             r.topic_data = ok;
             for t in &no {
-                denied("Produce", &t.name);
+                who.denied("Produce", &t.name);
             }
             let gone = no
                 .into_iter()
@@ -202,12 +251,23 @@ pub fn guard(
             }
             (R::Metadata(r), Fixup::Metadata(gone, who.clone()))
         }
+        other => (other, Fixup::None),
+    })
+}
+
+/// The transactional producer's requests.
+fn guard_txn(who: &Who, version: i16, req: RequestKind) -> Guarded {
+    use RequestKind as R;
+    use ResponseKind as S;
+    Ok(match req {
         R::InitProducerId(r) => {
             let ok = match &r.transactional_id {
                 Some(tid) => who.can(Op::Write, Rt::TransactionalId, tid),
                 None => {
                     who.cluster(Op::IdempotentWrite)
-                        || b.authz
+                        || who
+                            .b
+                            .authz
                             .allowed_any(&who.principal, who.host, Op::Write, Rt::Topic)
                 }
             };
@@ -216,7 +276,7 @@ pub fn guard(
                     Some(t) => (TXN_DENIED, t.to_string()),
                     None => (CLUSTER_DENIED, "idempotent write".to_string()),
                 };
-                denied("InitProducerId", &what);
+                who.denied("InitProducerId", &what);
                 return Err(S::InitProducerId(
                     InitProducerIdResponse::default()
                         .with_error_code(code)
@@ -229,7 +289,7 @@ pub fn guard(
         R::AddPartitionsToTxn(r) => {
             if version >= 4 {
                 if !who.cluster(Op::ClusterAction) {
-                    denied("AddPartitionsToTxn v4", "cluster");
+                    who.denied("AddPartitionsToTxn v4", "cluster");
                     return Err(S::AddPartitionsToTxn(
                         AddPartitionsToTxnResponse::default()
                             .with_error_code(CLUSTER_DENIED)
@@ -251,7 +311,7 @@ pub fn guard(
             }
             let tid = r.v3_and_below_transactional_id.clone();
             if !who.can(Op::Write, Rt::TransactionalId, &tid) {
-                denied("AddPartitionsToTxn", &tid);
+                who.denied("AddPartitionsToTxn", &tid);
                 return Err(S::AddPartitionsToTxn(
                     AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(
                         topic_results(&r.v3_and_below_topics, |_| TXN_DENIED),
@@ -265,7 +325,7 @@ pub fn guard(
                 .filter(|n| !who.can(Op::Write, Rt::Topic, n))
                 .collect();
             if !bad.is_empty() {
-                denied("AddPartitionsToTxn", &bad[0].to_string());
+                who.denied("AddPartitionsToTxn", &bad[0].to_string());
                 let not_attempted = ErrorCode::OperationNotAttempted.code();
                 return Err(S::AddPartitionsToTxn(
                     AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(
@@ -289,7 +349,7 @@ pub fn guard(
             } else {
                 return Ok((R::AddOffsetsToTxn(r), Fixup::None));
             };
-            denied("AddOffsetsToTxn", &r.transactional_id);
+            who.denied("AddOffsetsToTxn", &r.transactional_id);
             return Err(S::AddOffsetsToTxn(
                 AddOffsetsToTxnResponse::default().with_error_code(code),
             ));
@@ -303,7 +363,7 @@ pub fn guard(
                 None
             };
             if let Some(code) = whole {
-                denied("TxnOffsetCommit", &r.transactional_id);
+                who.denied("TxnOffsetCommit", &r.transactional_id);
                 return Err(S::TxnOffsetCommit(TxnOffsetCommitResponse::default().with_topics(r.topics.iter().map(|t| {
                     txn_offset_commit_response::TxnOffsetCommitResponseTopic::default().with_name(t.name.clone()).with_partitions(
                         t.partitions.iter().map(|p| txn_offset_commit_response::TxnOffsetCommitResponsePartition::default().with_partition_index(p.partition_index).with_error_code(code)).collect())
@@ -327,7 +387,7 @@ pub fn guard(
         }
         R::EndTxn(r) => {
             if !who.can(Op::Write, Rt::TransactionalId, &r.transactional_id) {
-                denied("EndTxn", &r.transactional_id);
+                who.denied("EndTxn", &r.transactional_id);
                 return Err(S::EndTxn(
                     EndTxnResponse::default()
                         .with_error_code(TXN_DENIED)
@@ -337,6 +397,15 @@ pub fn guard(
             }
             (R::EndTxn(r), Fixup::None)
         }
+        other => (other, Fixup::None),
+    })
+}
+
+/// Finding a coordinator and a group's membership.
+fn guard_membership(who: &Who, version: i16, req: RequestKind) -> Guarded {
+    use RequestKind as R;
+    use ResponseKind as S;
+    Ok(match req {
         R::FindCoordinator(mut r) => {
             let kind = match r.key_type {
                 0 => Some((Rt::Group, GROUP_DENIED)),
@@ -348,7 +417,7 @@ pub fn guard(
             };
             if version < 4 {
                 if !who.can(Op::Describe, t, &r.key) {
-                    denied("FindCoordinator", &r.key);
+                    who.denied("FindCoordinator", &r.key);
                     return Err(S::FindCoordinator(
                         FindCoordinatorResponse::default()
                             .with_error_code(code)
@@ -371,7 +440,7 @@ pub fn guard(
         }
         R::JoinGroup(r) => {
             if !who.can(Op::Read, Rt::Group, &r.group_id) {
-                denied("JoinGroup", &r.group_id);
+                who.denied("JoinGroup", &r.group_id);
                 return Err(S::JoinGroup(
                     JoinGroupResponse::default()
                         .with_error_code(GROUP_DENIED)
@@ -404,9 +473,18 @@ pub fn guard(
             }
             (R::LeaveGroup(r), Fixup::None)
         }
+        other => (other, Fixup::None),
+    })
+}
+
+/// Committed offsets and the groups' listing and deletion.
+fn guard_offsets(who: &Who, req: RequestKind) -> Guarded {
+    use RequestKind as R;
+    use ResponseKind as S;
+    Ok(match req {
         R::OffsetCommit(mut r) => {
             if !who.can(Op::Read, Rt::Group, &r.group_id) {
-                denied("OffsetCommit", &r.group_id);
+                who.denied("OffsetCommit", &r.group_id);
                 return Err(S::OffsetCommit(OffsetCommitResponse::default().with_topics(r.topics.iter().map(|t| {
                     offset_commit_response::OffsetCommitResponseTopic::default().with_name(t.name.clone()).with_partitions(
                         t.partitions.iter().map(|p| offset_commit_response::OffsetCommitResponsePartition::default().with_partition_index(p.partition_index).with_error_code(GROUP_DENIED)).collect())
@@ -430,7 +508,7 @@ pub fn guard(
         }
         R::OffsetFetch(mut r) => {
             if !who.can(Op::Describe, Rt::Group, &r.group_id) {
-                denied("OffsetFetch", &r.group_id);
+                who.denied("OffsetFetch", &r.group_id);
                 return Err(S::OffsetFetch(
                     OffsetFetchResponse::default().with_error_code(GROUP_DENIED),
                 ));
@@ -479,7 +557,7 @@ pub fn guard(
         R::OffsetDelete(mut r) => {
             // As Kafka: DELETE on the group, READ on each topic.
             if !who.can(Op::Delete, Rt::Group, &r.group_id) {
-                denied("OffsetDelete", &r.group_id);
+                who.denied("OffsetDelete", &r.group_id);
                 return Err(S::OffsetDelete(
                     OffsetDeleteResponse::default().with_error_code(GROUP_DENIED),
                 ));
@@ -500,6 +578,14 @@ pub fn guard(
                 .collect();
             (R::OffsetDelete(r), Fixup::OffsetDelete(gone))
         }
+        other => (other, Fixup::None),
+    })
+}
+
+/// Topics, records and configs.
+fn guard_topics(who: &Who, req: RequestKind) -> Guarded {
+    use RequestKind as R;
+    Ok(match req {
         R::CreateTopics(mut r) => {
             let cluster = who.cluster(Op::Create);
             let (ok, no): (Vec<_>, Vec<_>) = r
@@ -586,6 +672,15 @@ pub fn guard(
             });
             (R::AlterConfigs(r), Fixup::AlterConfigs(gone))
         }
+        other => (other, Fixup::None),
+    })
+}
+
+/// The transaction tools' requests and the markers.
+fn guard_txn_admin(who: &Who, req: RequestKind) -> Guarded {
+    use RequestKind as R;
+    use ResponseKind as S;
+    Ok(match req {
         R::DescribeProducers(mut r) => {
             let (ok, no): (Vec<_>, Vec<_>) = r
                 .topics
@@ -612,7 +707,7 @@ pub fn guard(
         R::ListTransactions(r) => (R::ListTransactions(r), Fixup::ListTransactions(who.clone())),
         R::WriteTxnMarkers(r) => {
             if !who.cluster(Op::ClusterAction) {
-                denied("WriteTxnMarkers", "cluster");
+                who.denied("WriteTxnMarkers", "cluster");
                 return Err(S::WriteTxnMarkers(WriteTxnMarkersResponse::default().with_markers(r.markers.iter().map(|m| {
                     write_txn_markers_response::WritableTxnMarkerResult::default().with_producer_id(m.producer_id).with_topics(m.topics.iter().map(|t| {
                         write_txn_markers_response::WritableTxnMarkerTopicResult::default().with_name(t.name.clone()).with_partitions(t.partition_indexes.iter().map(|p| {
@@ -623,9 +718,18 @@ pub fn guard(
             }
             (R::WriteTxnMarkers(r), Fixup::None)
         }
+        other => (other, Fixup::None),
+    })
+}
+
+/// ACLs, SCRAM credentials and quotas.
+fn guard_security(who: &Who, req: RequestKind) -> Guarded {
+    use RequestKind as R;
+    use ResponseKind as S;
+    Ok(match req {
         R::CreateAcls(r) => {
             if !who.cluster(Op::Alter) {
-                denied("CreateAcls", "cluster");
+                who.denied("CreateAcls", "cluster");
                 return Err(S::CreateAcls(
                     CreateAclsResponse::default().with_results(
                         r.creations
@@ -643,7 +747,7 @@ pub fn guard(
         }
         R::DeleteAcls(r) => {
             if !who.cluster(Op::Alter) {
-                denied("DeleteAcls", "cluster");
+                who.denied("DeleteAcls", "cluster");
                 return Err(S::DeleteAcls(
                     DeleteAclsResponse::default().with_filter_results(
                         r.filters
@@ -661,7 +765,7 @@ pub fn guard(
         }
         R::DescribeAcls(r) => {
             if !who.cluster(Op::Describe) {
-                denied("DescribeAcls", "cluster");
+                who.denied("DescribeAcls", "cluster");
                 return Err(S::DescribeAcls(
                     DescribeAclsResponse::default()
                         .with_error_code(CLUSTER_DENIED)
@@ -672,7 +776,7 @@ pub fn guard(
         }
         R::DescribeUserScramCredentials(r) => {
             if !who.cluster(Op::Describe) {
-                denied("DescribeUserScramCredentials", "cluster");
+                who.denied("DescribeUserScramCredentials", "cluster");
                 return Err(S::DescribeUserScramCredentials(
                     DescribeUserScramCredentialsResponse::default()
                         .with_error_code(CLUSTER_DENIED)
@@ -683,7 +787,7 @@ pub fn guard(
         }
         R::AlterUserScramCredentials(r) => {
             if !who.cluster(Op::Alter) {
-                denied("AlterUserScramCredentials", "cluster");
+                who.denied("AlterUserScramCredentials", "cluster");
                 let mut users: Vec<StrBytes> = r
                     .deletions
                     .iter()
@@ -779,255 +883,328 @@ fn topic_results(
 impl Fixup {
     /// Adds the denied items to `body`, or hides what the principal may not see.
     pub fn apply(&self, body: &mut ResponseKind) {
-        use ResponseKind as S;
-        match (self, body) {
-            (Fixup::None, _) => {}
-            (Fixup::Produce(gone), S::Produce(r)) => {
-                for (t, parts, code) in gone {
-                    r.responses.push(
-                        produce_response::TopicProduceResponse::default()
-                            .with_name(t.clone())
-                            .with_partition_responses(
-                                parts
-                                    .iter()
-                                    .map(|p| {
-                                        produce_response::PartitionProduceResponse::default()
-                                            .with_index(*p)
-                                            .with_error_code(*code)
-                                            .with_base_offset(-1)
-                                            .with_log_append_time_ms(-1)
-                                            .with_log_start_offset(-1)
-                                    })
-                                    .collect(),
-                            ),
-                    );
-                }
+        // Each part matches only its own kinds of fixup.
+        apply_data(self, body);
+        apply_groups(self, body);
+        apply_admin(self, body);
+    }
+}
+
+/// Produce, Fetch, ListOffsets and Metadata.
+fn apply_data(fixup: &Fixup, body: &mut ResponseKind) {
+    use ResponseKind as S;
+    match (fixup, body) {
+        (Fixup::Produce(gone), S::Produce(r)) => {
+            for (t, parts, code) in gone {
+                r.responses.push(
+                    produce_response::TopicProduceResponse::default()
+                        .with_name(t.clone())
+                        .with_partition_responses(
+                            parts
+                                .iter()
+                                .map(|p| {
+                                    produce_response::PartitionProduceResponse::default()
+                                        .with_index(*p)
+                                        .with_error_code(*code)
+                                        .with_base_offset(-1)
+                                        .with_log_append_time_ms(-1)
+                                        .with_log_start_offset(-1)
+                                })
+                                .collect(),
+                        ),
+                );
             }
-            (Fixup::Fetch(gone), S::Fetch(r)) => {
-                for (t, parts) in gone {
-                    r.responses.push(
-                        fetch_response::FetchableTopicResponse::default()
-                            .with_topic(t.clone())
-                            .with_partitions(
-                                parts
-                                    .iter()
-                                    .map(|p| {
-                                        fetch_response::PartitionData::default()
-                                            .with_partition_index(*p)
-                                            .with_error_code(TOPIC_DENIED)
-                                            .with_high_watermark(-1)
-                                            .with_last_stable_offset(-1)
-                                            .with_log_start_offset(-1)
-                                    })
-                                    .collect(),
-                            ),
-                    );
-                }
-            }
-            (Fixup::ListOffsets(gone), S::ListOffsets(r)) => {
-                for (t, parts) in gone {
-                    r.topics.push(list_offsets_response::ListOffsetsTopicResponse::default().with_name(t.clone()).with_partitions(
-                        parts.iter().map(|p| list_offsets_response::ListOffsetsPartitionResponse::default().with_partition_index(*p).with_error_code(TOPIC_DENIED)
-                            .with_timestamp(-1).with_offset(-1).with_leader_epoch(-1)).collect()));
-                }
-            }
-            (Fixup::Metadata(gone, who), S::Metadata(r)) => {
-                r.topics.retain(|t| {
-                    t.name
-                        .as_ref()
-                        .is_none_or(|n| who.can(Op::Describe, Rt::Topic, n))
-                });
-                for n in gone {
-                    r.topics.push(
-                        metadata_response::MetadataResponseTopic::default()
-                            .with_name(Some(n.clone()))
-                            .with_error_code(TOPIC_DENIED),
-                    );
-                }
-            }
-            (Fixup::OffsetCommit(gone), S::OffsetCommit(r)) => {
-                for (t, parts) in gone {
-                    r.topics.push(offset_commit_response::OffsetCommitResponseTopic::default().with_name(t.clone()).with_partitions(
-                        parts.iter().map(|p| offset_commit_response::OffsetCommitResponsePartition::default().with_partition_index(*p).with_error_code(TOPIC_DENIED)).collect()));
-                }
-            }
-            (Fixup::TxnOffsetCommit(gone), S::TxnOffsetCommit(r)) => {
-                for (t, parts) in gone {
-                    r.topics.push(txn_offset_commit_response::TxnOffsetCommitResponseTopic::default().with_name(t.clone()).with_partitions(
-                        parts.iter().map(|p| txn_offset_commit_response::TxnOffsetCommitResponsePartition::default().with_partition_index(*p).with_error_code(TOPIC_DENIED)).collect()));
-                }
-            }
-            (Fixup::OffsetFetch(gone, hide), S::OffsetFetch(r)) => {
-                if let Some(who) = hide {
-                    r.topics
-                        .retain(|t| who.can(Op::Describe, Rt::Topic, &t.name));
-                }
-                for (t, parts) in gone {
-                    r.topics.push(offset_fetch_response::OffsetFetchResponseTopic::default().with_name(t.clone()).with_partitions(
-                        parts.iter().map(|p| offset_fetch_response::OffsetFetchResponsePartition::default().with_partition_index(*p).with_committed_offset(-1)
-                            .with_committed_leader_epoch(-1).with_error_code(TOPIC_DENIED)).collect()));
-                }
-            }
-            (Fixup::FindCoordinator(gone), S::FindCoordinator(r)) => {
-                for (k, code) in gone {
-                    r.coordinators.push(
-                        Coordinator::default()
-                            .with_key(k.clone())
-                            .with_node_id(BrokerId(-1))
-                            .with_port(-1)
-                            .with_error_code(*code)
-                            .with_error_message(msg("not authorized")),
-                    );
-                }
-            }
-            (Fixup::ListGroups(who), S::ListGroups(r)) => {
-                r.groups
-                    .retain(|g| who.can(Op::Describe, Rt::Group, &g.group_id));
-            }
-            (Fixup::DescribeGroups(gone), S::DescribeGroups(r)) => {
-                for g in gone {
-                    r.groups.push(
-                        DescribedGroup::default()
-                            .with_group_id(g.clone())
-                            .with_error_code(GROUP_DENIED)
-                            .with_error_message(msg("not authorized")),
-                    );
-                }
-            }
-            (Fixup::DeleteGroups(gone), S::DeleteGroups(r)) => {
-                for g in gone {
-                    r.results.push(
-                        DeletableGroupResult::default()
-                            .with_group_id(g.clone())
-                            .with_error_code(GROUP_DENIED),
-                    );
-                }
-            }
-            (Fixup::OffsetDelete(gone), S::OffsetDelete(r)) => {
-                if r.error_code == 0 {
-                    for (t, parts) in gone {
-                        r.topics.push(
-                            offset_delete_response::OffsetDeleteResponseTopic::default()
-                                .with_name(t.clone())
-                                .with_partitions(
-                                    parts
-                                        .iter()
-                                        .map(|p| {
-                                            offset_delete_response::OffsetDeleteResponsePartition::default()
-                                                .with_partition_index(*p)
-                                                .with_error_code(TOPIC_DENIED)
-                                        })
-                                        .collect(),
-                                ),
-                        );
-                    }
-                }
-            }
-            (Fixup::CreateTopics(gone), S::CreateTopics(r)) => {
-                for t in gone {
-                    r.topics.push(
-                        CreatableTopicResult::default()
-                            .with_name(t.clone())
-                            .with_error_code(TOPIC_DENIED)
-                            .with_num_partitions(-1)
-                            .with_replication_factor(-1)
-                            .with_error_message(msg(
-                                "CREATE on the cluster or the topic is required",
-                            )),
-                    );
-                }
-            }
-            (Fixup::DeleteTopics(gone), S::DeleteTopics(r)) => {
-                for t in gone {
-                    r.responses.push(
-                        DeletableTopicResult::default()
-                            .with_name(Some(t.clone()))
-                            .with_error_code(TOPIC_DENIED),
-                    );
-                }
-            }
-            (Fixup::DeleteRecords(gone), S::DeleteRecords(r)) => {
-                for (t, parts) in gone {
-                    r.topics.push(delete_records_response::DeleteRecordsTopicResult::default().with_name(t.clone()).with_partitions(
-                        parts.iter().map(|p| delete_records_response::DeleteRecordsPartitionResult::default().with_partition_index(*p).with_low_watermark(-1).with_error_code(TOPIC_DENIED)).collect()));
-                }
-            }
-            (Fixup::CreatePartitions(gone), S::CreatePartitions(r)) => {
-                for t in gone {
-                    r.results.push(
-                        create_partitions_response::CreatePartitionsTopicResult::default()
-                            .with_name(t.clone())
-                            .with_error_code(TOPIC_DENIED),
-                    );
-                }
-            }
-            (Fixup::DescribeConfigs(gone), S::DescribeConfigs(r)) => {
-                for (ty, n, code) in gone {
-                    r.results.push(
-                        describe_configs_response::DescribeConfigsResult::default()
-                            .with_resource_type(*ty)
-                            .with_resource_name(n.clone())
-                            .with_error_code(*code)
-                            .with_error_message(msg("not authorized")),
-                    );
-                }
-            }
-            (Fixup::AlterConfigs(gone), S::IncrementalAlterConfigs(r)) => {
-                for (ty, n, code) in gone {
-                    r.responses.push(
-                        incremental_alter_configs_response::AlterConfigsResourceResponse::default()
-                            .with_resource_type(*ty)
-                            .with_resource_name(n.clone())
-                            .with_error_code(*code)
-                            .with_error_message(msg("not authorized")),
-                    );
-                }
-            }
-            (Fixup::AlterConfigs(gone), S::AlterConfigs(r)) => {
-                for (ty, n, code) in gone {
-                    r.responses.push(
-                        alter_configs_response::AlterConfigsResourceResponse::default()
-                            .with_resource_type(*ty)
-                            .with_resource_name(n.clone())
-                            .with_error_code(*code)
-                            .with_error_message(msg("not authorized")),
-                    );
-                }
-            }
-            (Fixup::DescribeProducers(gone), S::DescribeProducers(r)) => {
-                for (t, parts) in gone {
-                    r.topics.push(
-                        describe_producers_response::TopicResponse::default()
-                            .with_name(t.clone())
-                            .with_partitions(
-                                parts
-                                    .iter()
-                                    .map(|p| {
-                                        describe_producers_response::PartitionResponse::default()
-                                            .with_partition_index(*p)
-                                            .with_error_code(TOPIC_DENIED)
-                                    })
-                                    .collect(),
-                            ),
-                    );
-                }
-            }
-            (Fixup::DescribeTransactions(gone), S::DescribeTransactions(r)) => {
-                for t in gone {
-                    r.transaction_states.push(
-                        describe_transactions_response::TransactionState::default()
-                            .with_transactional_id(t.clone())
-                            .with_error_code(TXN_DENIED)
-                            .with_producer_id(ProducerId(-1))
-                            .with_producer_epoch(-1),
-                    );
-                }
-            }
-            (Fixup::ListTransactions(who), S::ListTransactions(r)) => {
-                r.transaction_states
-                    .retain(|t| who.can(Op::Describe, Rt::TransactionalId, &t.transactional_id));
-            }
-            _ => {}
         }
+        (Fixup::Fetch(gone), S::Fetch(r)) => {
+            for (t, parts) in gone {
+                r.responses.push(
+                    fetch_response::FetchableTopicResponse::default()
+                        .with_topic(t.clone())
+                        .with_partitions(
+                            parts
+                                .iter()
+                                .map(|p| {
+                                    fetch_response::PartitionData::default()
+                                        .with_partition_index(*p)
+                                        .with_error_code(TOPIC_DENIED)
+                                        .with_high_watermark(-1)
+                                        .with_last_stable_offset(-1)
+                                        .with_log_start_offset(-1)
+                                })
+                                .collect(),
+                        ),
+                );
+            }
+        }
+        (Fixup::ListOffsets(gone), S::ListOffsets(r)) => {
+            for (t, parts) in gone {
+                r.topics.push(
+                    list_offsets_response::ListOffsetsTopicResponse::default()
+                        .with_name(t.clone())
+                        .with_partitions(
+                            parts
+                                .iter()
+                                .map(|p| {
+                                    list_offsets_response::ListOffsetsPartitionResponse::default()
+                                        .with_partition_index(*p)
+                                        .with_error_code(TOPIC_DENIED)
+                                        .with_timestamp(-1)
+                                        .with_offset(-1)
+                                        .with_leader_epoch(-1)
+                                })
+                                .collect(),
+                        ),
+                );
+            }
+        }
+        (Fixup::Metadata(gone, who), S::Metadata(r)) => {
+            r.topics.retain(|t| {
+                t.name
+                    .as_ref()
+                    .is_none_or(|n| who.can(Op::Describe, Rt::Topic, n))
+            });
+            for n in gone {
+                r.topics.push(
+                    metadata_response::MetadataResponseTopic::default()
+                        .with_name(Some(n.clone()))
+                        .with_error_code(TOPIC_DENIED),
+                );
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Offsets, coordinators and groups.
+fn apply_groups(fixup: &Fixup, body: &mut ResponseKind) {
+    use ResponseKind as S;
+    match (fixup, body) {
+        (Fixup::OffsetCommit(gone), S::OffsetCommit(r)) => {
+            for (t, parts) in gone {
+                r.topics.push(
+                    offset_commit_response::OffsetCommitResponseTopic::default()
+                        .with_name(t.clone())
+                        .with_partitions(
+                            parts
+                                .iter()
+                                .map(|p| {
+                                    offset_commit_response::OffsetCommitResponsePartition::default()
+                                        .with_partition_index(*p)
+                                        .with_error_code(TOPIC_DENIED)
+                                })
+                                .collect(),
+                        ),
+                );
+            }
+        }
+        (Fixup::TxnOffsetCommit(gone), S::TxnOffsetCommit(r)) => {
+            for (t, parts) in gone {
+                r.topics.push(txn_offset_commit_response::TxnOffsetCommitResponseTopic::default().with_name(t.clone()).with_partitions(
+                    parts.iter().map(|p| txn_offset_commit_response::TxnOffsetCommitResponsePartition::default().with_partition_index(*p).with_error_code(TOPIC_DENIED)).collect()));
+            }
+        }
+        (Fixup::OffsetFetch(gone, hide), S::OffsetFetch(r)) => {
+            if let Some(who) = hide {
+                r.topics
+                    .retain(|t| who.can(Op::Describe, Rt::Topic, &t.name));
+            }
+            for (t, parts) in gone {
+                r.topics.push(
+                    offset_fetch_response::OffsetFetchResponseTopic::default()
+                        .with_name(t.clone())
+                        .with_partitions(
+                            parts
+                                .iter()
+                                .map(|p| {
+                                    offset_fetch_response::OffsetFetchResponsePartition::default()
+                                        .with_partition_index(*p)
+                                        .with_committed_offset(-1)
+                                        .with_committed_leader_epoch(-1)
+                                        .with_error_code(TOPIC_DENIED)
+                                })
+                                .collect(),
+                        ),
+                );
+            }
+        }
+        (Fixup::FindCoordinator(gone), S::FindCoordinator(r)) => {
+            for (k, code) in gone {
+                r.coordinators.push(
+                    Coordinator::default()
+                        .with_key(k.clone())
+                        .with_node_id(BrokerId(-1))
+                        .with_port(-1)
+                        .with_error_code(*code)
+                        .with_error_message(msg("not authorized")),
+                );
+            }
+        }
+        (Fixup::ListGroups(who), S::ListGroups(r)) => {
+            r.groups
+                .retain(|g| who.can(Op::Describe, Rt::Group, &g.group_id));
+        }
+        (Fixup::DescribeGroups(gone), S::DescribeGroups(r)) => {
+            for g in gone {
+                r.groups.push(
+                    DescribedGroup::default()
+                        .with_group_id(g.clone())
+                        .with_error_code(GROUP_DENIED)
+                        .with_error_message(msg("not authorized")),
+                );
+            }
+        }
+        (Fixup::DeleteGroups(gone), S::DeleteGroups(r)) => {
+            for g in gone {
+                r.results.push(
+                    DeletableGroupResult::default()
+                        .with_group_id(g.clone())
+                        .with_error_code(GROUP_DENIED),
+                );
+            }
+        }
+        (Fixup::OffsetDelete(gone), S::OffsetDelete(r)) => {
+            if r.error_code == 0 {
+                for (t, parts) in gone {
+                    r.topics.push(
+                        offset_delete_response::OffsetDeleteResponseTopic::default()
+                            .with_name(t.clone())
+                            .with_partitions(
+                                parts
+                                    .iter()
+                                    .map(|p| {
+                                        offset_delete_response::OffsetDeleteResponsePartition::default()
+                                            .with_partition_index(*p)
+                                            .with_error_code(TOPIC_DENIED)
+                                    })
+                                    .collect(),
+                            ),
+                    );
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Topics, records, configs and transactions.
+fn apply_admin(fixup: &Fixup, body: &mut ResponseKind) {
+    use ResponseKind as S;
+    match (fixup, body) {
+        (Fixup::CreateTopics(gone), S::CreateTopics(r)) => {
+            for t in gone {
+                r.topics.push(
+                    CreatableTopicResult::default()
+                        .with_name(t.clone())
+                        .with_error_code(TOPIC_DENIED)
+                        .with_num_partitions(-1)
+                        .with_replication_factor(-1)
+                        .with_error_message(msg("CREATE on the cluster or the topic is required")),
+                );
+            }
+        }
+        (Fixup::DeleteTopics(gone), S::DeleteTopics(r)) => {
+            for t in gone {
+                r.responses.push(
+                    DeletableTopicResult::default()
+                        .with_name(Some(t.clone()))
+                        .with_error_code(TOPIC_DENIED),
+                );
+            }
+        }
+        (Fixup::DeleteRecords(gone), S::DeleteRecords(r)) => {
+            for (t, parts) in gone {
+                r.topics.push(
+                    delete_records_response::DeleteRecordsTopicResult::default()
+                        .with_name(t.clone())
+                        .with_partitions(
+                            parts
+                                .iter()
+                                .map(|p| {
+                                    delete_records_response::DeleteRecordsPartitionResult::default()
+                                        .with_partition_index(*p)
+                                        .with_low_watermark(-1)
+                                        .with_error_code(TOPIC_DENIED)
+                                })
+                                .collect(),
+                        ),
+                );
+            }
+        }
+        (Fixup::CreatePartitions(gone), S::CreatePartitions(r)) => {
+            for t in gone {
+                r.results.push(
+                    create_partitions_response::CreatePartitionsTopicResult::default()
+                        .with_name(t.clone())
+                        .with_error_code(TOPIC_DENIED),
+                );
+            }
+        }
+        (Fixup::DescribeConfigs(gone), S::DescribeConfigs(r)) => {
+            for (ty, n, code) in gone {
+                r.results.push(
+                    describe_configs_response::DescribeConfigsResult::default()
+                        .with_resource_type(*ty)
+                        .with_resource_name(n.clone())
+                        .with_error_code(*code)
+                        .with_error_message(msg("not authorized")),
+                );
+            }
+        }
+        (Fixup::AlterConfigs(gone), S::IncrementalAlterConfigs(r)) => {
+            for (ty, n, code) in gone {
+                r.responses.push(
+                    incremental_alter_configs_response::AlterConfigsResourceResponse::default()
+                        .with_resource_type(*ty)
+                        .with_resource_name(n.clone())
+                        .with_error_code(*code)
+                        .with_error_message(msg("not authorized")),
+                );
+            }
+        }
+        (Fixup::AlterConfigs(gone), S::AlterConfigs(r)) => {
+            for (ty, n, code) in gone {
+                r.responses.push(
+                    alter_configs_response::AlterConfigsResourceResponse::default()
+                        .with_resource_type(*ty)
+                        .with_resource_name(n.clone())
+                        .with_error_code(*code)
+                        .with_error_message(msg("not authorized")),
+                );
+            }
+        }
+        (Fixup::DescribeProducers(gone), S::DescribeProducers(r)) => {
+            for (t, parts) in gone {
+                r.topics.push(
+                    describe_producers_response::TopicResponse::default()
+                        .with_name(t.clone())
+                        .with_partitions(
+                            parts
+                                .iter()
+                                .map(|p| {
+                                    describe_producers_response::PartitionResponse::default()
+                                        .with_partition_index(*p)
+                                        .with_error_code(TOPIC_DENIED)
+                                })
+                                .collect(),
+                        ),
+                );
+            }
+        }
+        (Fixup::DescribeTransactions(gone), S::DescribeTransactions(r)) => {
+            for t in gone {
+                r.transaction_states.push(
+                    describe_transactions_response::TransactionState::default()
+                        .with_transactional_id(t.clone())
+                        .with_error_code(TXN_DENIED)
+                        .with_producer_id(ProducerId(-1))
+                        .with_producer_epoch(-1),
+                );
+            }
+        }
+        (Fixup::ListTransactions(who), S::ListTransactions(r)) => {
+            r.transaction_states
+                .retain(|t| who.can(Op::Describe, Rt::TransactionalId, &t.transactional_id));
+        }
+        _ => {}
     }
 }

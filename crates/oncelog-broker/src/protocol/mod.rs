@@ -379,50 +379,45 @@ async fn handle(
     respond: impl Fn(ResponseKind) -> Option<Bytes> + Send + Sync + 'static,
 ) -> Result<Pending, FrameError> {
     let peer = conn.peer;
+    // The response to a request whose handler is one future.
+    macro_rules! answer {
+        ($kind:ident, $fut:expr) => {
+            Box::pin(async move { respond(ResponseKind::$kind($fut.await)) })
+        };
+    }
     Ok(match req {
         RequestKind::ApiVersions(_) => ready(respond(ResponseKind::ApiVersions(
             meta::api_versions(&b, version, false),
         ))),
         RequestKind::Metadata(r) => {
             let listener = conn.listener;
-            Box::pin(async move {
-                let resp = meta::metadata(&b, r, version, listener).await;
-                respond(ResponseKind::Metadata(resp))
-            })
+            answer!(Metadata, meta::metadata(&b, r, version, listener))
         }
         RequestKind::FindCoordinator(r) => {
             let listener = conn.listener;
-            Box::pin(async move {
-                let resp = meta::find_coordinator(&b, r, version, listener).await;
-                respond(ResponseKind::FindCoordinator(resp))
-            })
+            answer!(
+                FindCoordinator,
+                meta::find_coordinator(&b, r, version, listener)
+            )
         }
         RequestKind::InitProducerId(r) => {
             let who = requester(&header, peer);
-            Box::pin(async move {
-                let resp = txn::init_producer_id(b, r, version, who).await;
-                respond(ResponseKind::InitProducerId(resp))
-            })
+            answer!(InitProducerId, txn::init_producer_id(b, r, version, who))
         }
-        RequestKind::DescribeProducers(r) => Box::pin(async move {
-            let resp = admin_txn::describe_producers(&b, r).await;
-            respond(ResponseKind::DescribeProducers(resp))
-        }),
-        RequestKind::DescribeTransactions(r) => Box::pin(async move {
-            let resp = admin_txn::describe_transactions(b, r).await;
-            respond(ResponseKind::DescribeTransactions(resp))
-        }),
+        RequestKind::DescribeProducers(r) => {
+            answer!(DescribeProducers, admin_txn::describe_producers(&b, r))
+        }
+        RequestKind::DescribeTransactions(r) => {
+            answer!(DescribeTransactions, admin_txn::describe_transactions(b, r))
+        }
         RequestKind::WriteTxnMarkers(r) => {
             let who = requester(&header, peer);
-            Box::pin(async move {
-                let resp = admin_txn::write_txn_markers(b, r, who).await;
-                respond(ResponseKind::WriteTxnMarkers(resp))
-            })
+            answer!(WriteTxnMarkers, admin_txn::write_txn_markers(b, r, who))
         }
-        RequestKind::ListTransactions(r) => Box::pin(async move {
-            let resp = admin_txn::list_transactions(b, r, version).await;
-            respond(ResponseKind::ListTransactions(resp))
-        }),
+        RequestKind::ListTransactions(r) => answer!(
+            ListTransactions,
+            admin_txn::list_transactions(b, r, version)
+        ),
         RequestKind::JoinGroup(r) => {
             let client_id = header
                 .client_id
@@ -430,101 +425,51 @@ async fn handle(
                 .map(|c| c.to_string())
                 .unwrap_or_default();
             let host = format!("/{}", peer.ip());
-            Box::pin(async move {
-                let resp = group::join_group(b, r, version, client_id, host).await;
-                respond(ResponseKind::JoinGroup(resp))
-            })
+            answer!(JoinGroup, group::join_group(b, r, version, client_id, host))
         }
-        RequestKind::SyncGroup(r) => Box::pin(async move {
-            let resp = group::sync_group(b, r, version).await;
-            respond(ResponseKind::SyncGroup(resp))
-        }),
-        RequestKind::Heartbeat(r) => Box::pin(async move {
-            let resp = group::heartbeat(b, r).await;
-            respond(ResponseKind::Heartbeat(resp))
-        }),
-        RequestKind::LeaveGroup(r) => Box::pin(async move {
-            let resp = group::leave_group(b, r, version).await;
-            respond(ResponseKind::LeaveGroup(resp))
-        }),
-        RequestKind::OffsetCommit(r) => Box::pin(async move {
-            let resp = group::offset_commit(b, r, version).await;
-            respond(ResponseKind::OffsetCommit(resp))
-        }),
-        RequestKind::OffsetFetch(r) => Box::pin(async move {
-            let resp = group::offset_fetch(b, r, version).await;
-            respond(ResponseKind::OffsetFetch(resp))
-        }),
-        RequestKind::ListGroups(r) => Box::pin(async move {
-            let resp = group::list_groups(b, r, version).await;
-            respond(ResponseKind::ListGroups(resp))
-        }),
-        RequestKind::DescribeGroups(r) => Box::pin(async move {
-            let resp = group::describe_groups(b, r, version).await;
-            respond(ResponseKind::DescribeGroups(resp))
-        }),
-        RequestKind::DeleteGroups(r) => Box::pin(async move {
-            let resp = group::delete_groups(b, r).await;
-            respond(ResponseKind::DeleteGroups(resp))
-        }),
-        RequestKind::OffsetDelete(r) => Box::pin(async move {
-            let resp = group::offset_delete(b, r).await;
-            respond(ResponseKind::OffsetDelete(resp))
-        }),
-        RequestKind::AddOffsetsToTxn(r) => Box::pin(async move {
-            let resp = group::add_offsets_to_txn(b, r, version).await;
-            respond(ResponseKind::AddOffsetsToTxn(resp))
-        }),
-        RequestKind::TxnOffsetCommit(r) => Box::pin(async move {
-            let resp = group::txn_offset_commit(b, r, version).await;
-            respond(ResponseKind::TxnOffsetCommit(resp))
-        }),
+        RequestKind::SyncGroup(r) => answer!(SyncGroup, group::sync_group(b, r, version)),
+        RequestKind::Heartbeat(r) => answer!(Heartbeat, group::heartbeat(b, r)),
+        RequestKind::LeaveGroup(r) => answer!(LeaveGroup, group::leave_group(b, r, version)),
+        RequestKind::OffsetCommit(r) => answer!(OffsetCommit, group::offset_commit(b, r, version)),
+        RequestKind::OffsetFetch(r) => answer!(OffsetFetch, group::offset_fetch(b, r, version)),
+        RequestKind::ListGroups(r) => answer!(ListGroups, group::list_groups(b, r, version)),
+        RequestKind::DescribeGroups(r) => {
+            answer!(DescribeGroups, group::describe_groups(b, r, version))
+        }
+        RequestKind::DeleteGroups(r) => answer!(DeleteGroups, group::delete_groups(b, r)),
+        RequestKind::OffsetDelete(r) => answer!(OffsetDelete, group::offset_delete(b, r)),
+        RequestKind::AddOffsetsToTxn(r) => {
+            answer!(AddOffsetsToTxn, group::add_offsets_to_txn(b, r, version))
+        }
+        RequestKind::TxnOffsetCommit(r) => {
+            answer!(TxnOffsetCommit, group::txn_offset_commit(b, r, version))
+        }
         RequestKind::AddPartitionsToTxn(r) => {
             let who = requester(&header, peer);
-            Box::pin(async move {
-                let resp = txn::add_partitions_to_txn(b, r, version, who).await;
-                respond(ResponseKind::AddPartitionsToTxn(resp))
-            })
+            answer!(
+                AddPartitionsToTxn,
+                txn::add_partitions_to_txn(b, r, version, who)
+            )
         }
         RequestKind::EndTxn(r) => {
             let who = requester(&header, peer);
-            Box::pin(async move {
-                let resp = txn::end_txn(b, r, version, who).await;
-                respond(ResponseKind::EndTxn(resp))
-            })
+            answer!(EndTxn, txn::end_txn(b, r, version, who))
         }
-        RequestKind::CreateTopics(r) => Box::pin(async move {
-            let resp = admin::create_topics(&b, r, version).await;
-            respond(ResponseKind::CreateTopics(resp))
-        }),
-        RequestKind::DeleteTopics(r) => Box::pin(async move {
-            let resp = admin::delete_topics(&b, r, version).await;
-            respond(ResponseKind::DeleteTopics(resp))
-        }),
-        RequestKind::DeleteRecords(r) => Box::pin(async move {
-            let resp = admin::delete_records(&b, r).await;
-            respond(ResponseKind::DeleteRecords(resp))
-        }),
-        RequestKind::CreatePartitions(r) => Box::pin(async move {
-            let resp = admin::create_partitions(&b, r).await;
-            respond(ResponseKind::CreatePartitions(resp))
-        }),
-        RequestKind::DescribeConfigs(r) => Box::pin(async move {
-            let resp = admin::describe_configs(&b, r, version).await;
-            respond(ResponseKind::DescribeConfigs(resp))
-        }),
-        RequestKind::IncrementalAlterConfigs(r) => Box::pin(async move {
-            let resp = admin::incremental_alter_configs(&b, r).await;
-            respond(ResponseKind::IncrementalAlterConfigs(resp))
-        }),
-        RequestKind::AlterConfigs(r) => Box::pin(async move {
-            let resp = admin::alter_configs(&b, r).await;
-            respond(ResponseKind::AlterConfigs(resp))
-        }),
-        RequestKind::ListOffsets(r) => Box::pin(async move {
-            let resp = fetch::list_offsets(&b, r, version).await;
-            respond(ResponseKind::ListOffsets(resp))
-        }),
+        RequestKind::CreateTopics(r) => answer!(CreateTopics, admin::create_topics(&b, r, version)),
+        RequestKind::DeleteTopics(r) => answer!(DeleteTopics, admin::delete_topics(&b, r, version)),
+        RequestKind::DeleteRecords(r) => answer!(DeleteRecords, admin::delete_records(&b, r)),
+        RequestKind::CreatePartitions(r) => {
+            answer!(CreatePartitions, admin::create_partitions(&b, r))
+        }
+        RequestKind::DescribeConfigs(r) => {
+            answer!(DescribeConfigs, admin::describe_configs(&b, r, version))
+        }
+        RequestKind::IncrementalAlterConfigs(r) => answer!(
+            IncrementalAlterConfigs,
+            admin::incremental_alter_configs(&b, r)
+        ),
+        RequestKind::AlterConfigs(r) => answer!(AlterConfigs, admin::alter_configs(&b, r)),
+        RequestKind::ListOffsets(r) => answer!(ListOffsets, fetch::list_offsets(&b, r, version)),
         RequestKind::Produce(r) => {
             let wait = produce::produce(&b, r, version, &requester(&header, peer)).await;
             Box::pin(async move {
@@ -532,30 +477,18 @@ async fn handle(
                 respond(ResponseKind::Produce(resp))
             })
         }
-        RequestKind::Fetch(r) => Box::pin(async move {
-            let resp = fetch::fetch(b, r, version).await;
-            respond(ResponseKind::Fetch(resp))
-        }),
-        RequestKind::DescribeUserScramCredentials(r) => Box::pin(async move {
-            let resp = admin::describe_user_scram_credentials(&b, r).await;
-            respond(ResponseKind::DescribeUserScramCredentials(resp))
-        }),
-        RequestKind::AlterUserScramCredentials(r) => Box::pin(async move {
-            let resp = admin::alter_user_scram_credentials(&b, r).await;
-            respond(ResponseKind::AlterUserScramCredentials(resp))
-        }),
-        RequestKind::CreateAcls(r) => Box::pin(async move {
-            let resp = admin::create_acls(&b, r).await;
-            respond(ResponseKind::CreateAcls(resp))
-        }),
-        RequestKind::DescribeAcls(r) => Box::pin(async move {
-            let resp = admin::describe_acls(&b, r).await;
-            respond(ResponseKind::DescribeAcls(resp))
-        }),
-        RequestKind::DeleteAcls(r) => Box::pin(async move {
-            let resp = admin::delete_acls(&b, r).await;
-            respond(ResponseKind::DeleteAcls(resp))
-        }),
+        RequestKind::Fetch(r) => answer!(Fetch, fetch::fetch(b, r, version)),
+        RequestKind::DescribeUserScramCredentials(r) => answer!(
+            DescribeUserScramCredentials,
+            admin::describe_user_scram_credentials(&b, r)
+        ),
+        RequestKind::AlterUserScramCredentials(r) => answer!(
+            AlterUserScramCredentials,
+            admin::alter_user_scram_credentials(&b, r)
+        ),
+        RequestKind::CreateAcls(r) => answer!(CreateAcls, admin::create_acls(&b, r)),
+        RequestKind::DescribeAcls(r) => answer!(DescribeAcls, admin::describe_acls(&b, r)),
+        RequestKind::DeleteAcls(r) => answer!(DeleteAcls, admin::delete_acls(&b, r)),
         // No client quotas are kept, in either mode.
         RequestKind::DescribeClientQuotas(_) => ready(respond(ResponseKind::DescribeClientQuotas(
             kafka_protocol::messages::DescribeClientQuotasResponse::default()

@@ -88,6 +88,49 @@ pub async fn insert_intent(
     Ok(())
 }
 
+/// The state of the producers `batches` write for, from their rows, by
+/// partition (read in the flush's transaction, its partitions locked).
+async fn load_producers(
+    tx: &tokio_postgres::Transaction<'_>,
+    batches: &[FlushBatch],
+) -> Result<BTreeMap<(Uuid, i32), ProducerState>, ClusterError> {
+    let mut want: Vec<(Uuid, i32, i64)> = batches
+        .iter()
+        .filter_map(|b| b.producer.map(|p| (b.topic_id, b.partition, p.producer_id)))
+        .collect();
+    want.sort();
+    want.dedup();
+    let mut states: BTreeMap<(Uuid, i32), ProducerState> = BTreeMap::new();
+    if !want.is_empty() {
+        let wt: Vec<Uuid> = want.iter().map(|w| w.0).collect();
+        let wp: Vec<i32> = want.iter().map(|w| w.1).collect();
+        let wi: Vec<i64> = want.iter().map(|w| w.2).collect();
+        let rows = tx
+            .query(
+                "SELECT topic_id, partition, producer_id, entry FROM producers \
+                 WHERE (topic_id, partition, producer_id) IN \
+                   (SELECT * FROM unnest($1::uuid[], $2::int[], $3::bigint[]))",
+                &[&wt, &wp, &wi],
+            )
+            .await?;
+        let mut loaded: BTreeMap<(Uuid, i32), Vec<(i64, ProducerEntry)>> = BTreeMap::new();
+        for r in &rows {
+            let entry: serde_json::Value = r.get(3);
+            let entry: ProducerEntry = serde_json::from_value(entry).map_err(|e| {
+                ClusterError::Invariant(format!("a producers row does not parse: {e}"))
+            })?;
+            loaded
+                .entry((r.get(0), r.get(1)))
+                .or_default()
+                .push((r.get(2), entry));
+        }
+        for (k, entries) in loaded {
+            states.insert(k, ProducerState::with_entries(entries));
+        }
+    }
+    Ok(states)
+}
+
 /// Commits one flushed object of `size` bytes holding `batches`.
 /// `Err` means nothing was committed (every batch may be retried).
 pub async fn commit_flush(
@@ -150,41 +193,7 @@ pub async fn commit_flush(
         .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3))))
         .collect();
 
-    // The producers this flush writes for, from their rows.
-    let mut want: Vec<(Uuid, i32, i64)> = batches
-        .iter()
-        .filter_map(|b| b.producer.map(|p| (b.topic_id, b.partition, p.producer_id)))
-        .collect();
-    want.sort();
-    want.dedup();
-    let mut states: BTreeMap<(Uuid, i32), ProducerState> = BTreeMap::new();
-    if !want.is_empty() {
-        let wt: Vec<Uuid> = want.iter().map(|w| w.0).collect();
-        let wp: Vec<i32> = want.iter().map(|w| w.1).collect();
-        let wi: Vec<i64> = want.iter().map(|w| w.2).collect();
-        let rows = tx
-            .query(
-                "SELECT topic_id, partition, producer_id, entry FROM producers \
-                 WHERE (topic_id, partition, producer_id) IN \
-                   (SELECT * FROM unnest($1::uuid[], $2::int[], $3::bigint[]))",
-                &[&wt, &wp, &wi],
-            )
-            .await?;
-        let mut loaded: BTreeMap<(Uuid, i32), Vec<(i64, ProducerEntry)>> = BTreeMap::new();
-        for r in &rows {
-            let entry: serde_json::Value = r.get(3);
-            let entry: ProducerEntry = serde_json::from_value(entry).map_err(|e| {
-                ClusterError::Invariant(format!("a producers row does not parse: {e}"))
-            })?;
-            loaded
-                .entry((r.get(0), r.get(1)))
-                .or_default()
-                .push((r.get(2), entry));
-        }
-        for (k, entries) in loaded {
-            states.insert(k, ProducerState::with_entries(entries));
-        }
-    }
+    let mut states = load_producers(&tx, batches).await?;
 
     let mut outcomes = Vec::with_capacity(batches.len());
     let mut ins = BatchRows::default();

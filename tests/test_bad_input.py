@@ -246,3 +246,50 @@ def test_mutated_produce_requests_never_wedge_the_broker(broker_ok):
                     break
                 received += len(chunk)
         assert b.alive, f"broker died on mutation {i}: {bytes(data)!r}\n{b.log_tail(60)}"
+
+
+def http_exchange(b, raw, timeout=10):
+    """Sends `raw` to the broker's HTTP listener; returns all it answers
+    until it closes the connection or goes quiet."""
+    host, port = b.overrides["metrics.listen"].rsplit(":", 1)
+    out = b""
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(raw)
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except socket.timeout:
+            pass
+    return out
+
+
+def test_http_listener_keeps_a_connection_and_answers_bad_requests(broker_ok):
+    """The HTTP listener (metrics, admin endpoints, console) serves pipelined
+    requests on one connection, in order, each naming its cluster; a head
+    too large and a bad query are refused with their status; a malformed
+    request line gets 400. The broker serves Kafka clients afterwards
+    (`broker_ok`)."""
+    two = (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+           b"GET /v1/transactions/%zz/history HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    got = http_exchange(broker_ok, two)
+    answers = got.split(b"HTTP/1.1 ")[1:]
+    assert len(answers) == 2, got
+    assert answers[0].startswith(b"200 ") and answers[0].endswith(b"\r\n\r\nok\n"), got
+    assert answers[1].startswith(b"400 ") and b"percent-encoding" in answers[1], got
+    assert got.lower().count(b"x-oncelog-cluster-id: ") == 2, got
+    big = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20000 + b"\r\n\r\n"
+    got = http_exchange(broker_ok, big)
+    assert got.startswith(b"HTTP/1.1 431 "), got[:200]
+    got = http_exchange(broker_ok, b"NOT A REQUEST\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 400 "), got[:200]
+
+
+def test_http_listener_drops_a_head_that_never_ends(broker_ok):
+    """A request head still unfinished after 5 s (slowloris) loses its
+    connection; the listener keeps serving others."""
+    import time
+    t0 = time.monotonic()
+    got = http_exchange(broker_ok, b"GET /health HTTP/1.1\r\nHost: x\r\n", timeout=20)
+    waited = time.monotonic() - t0
+    assert b"200 " not in got and 4 <= waited < 15, (got, waited)
+    assert http_exchange(broker_ok, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n").endswith(b"ok\n")

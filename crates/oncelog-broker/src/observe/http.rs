@@ -8,7 +8,7 @@
 //! Every answer names the cluster and node it comes from
 //! (`X-Oncelog-Cluster-Id`, `X-Oncelog-Node-Id`).
 //!
-//! One request per connection, its head bounded (8 KiB) and read under a
+//! HTTP/1.1 on hyper, each request head bounded (8 KiB) and read under a
 //! deadline; no request body is read. A state-changing request (POST) from
 //! a browser is refused unless it comes from the console's own origin
 //! ([`browser_guard`]), so another web page cannot start a cut-over or an
@@ -16,7 +16,6 @@
 
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 pub use crate::observe::httpmsg::{
@@ -77,53 +76,55 @@ async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
     }
 }
 
-/// Serves HTTP requests until the process ends.
+/// Serves HTTP/1.1 (keep-alive, pipelining) with hyper until the process
+/// ends. A request head must arrive within 5 s and fit in 8 KiB.
 pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
     loop {
-        let Ok((mut s, peer)) = listener.accept().await else {
-            continue;
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors, most likely: wait, do not spin.
+                tracing::warn!(error = %e, "HTTP listener: accepting a connection failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let b = b.clone();
         tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            let mut n = 0;
-            // Read the request head (bounded), with a deadline.
-            let head = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-                while n < buf.len() {
-                    match s.read(&mut buf[n..]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => {
-                            n += k;
-                            if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                                break;
-                            }
-                        }
-                    }
-                }
-            })
-            .await;
-            if head.is_err() {
-                return;
+            let service = hyper::service::service_fn(move |req| {
+                let b = b.clone();
+                async move { Ok::<_, std::convert::Infallible>(answer(&b, req, peer).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(5))
+                .max_buf_size(8192)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(peer = %peer, error = %e, "HTTP connection ended with an error");
             }
-            let text = String::from_utf8_lossy(&buf[..n]);
-            let mut reply = match Request::parse(&text) {
-                Ok(mut req) => {
-                    req.peer = Some(peer);
-                    route(&b, &req).await
-                }
-                Err(e) => Reply::error("400 Bad Request", e.to_string()),
-            };
-            // Whose answer this is: the CLI refuses another cluster's.
-            reply
-                .headers
-                .push(format!("X-Oncelog-Cluster-Id: {}", b.cluster_id()));
-            reply
-                .headers
-                .push(format!("X-Oncelog-Node-Id: {}", b.node_id()));
-            let _ = s.write_all(&reply.bytes()).await;
-            let _ = s.shutdown().await;
         });
     }
+}
+
+/// One request's answer, naming the cluster and node it comes from (the
+/// CLI refuses another cluster's).
+async fn answer<B>(
+    b: &Arc<Broker>,
+    req: hyper::Request<B>,
+    peer: std::net::SocketAddr,
+) -> hyper::Response<http_body_util::Full<bytes::Bytes>> {
+    let mut reply = match Request::of(&req, peer) {
+        Ok(req) => route(b, &req).await,
+        Err(e) => Reply::error("400 Bad Request", e.to_string()),
+    };
+    reply
+        .headers
+        .push(format!("X-Oncelog-Cluster-Id: {}", b.cluster_id()));
+    reply
+        .headers
+        .push(format!("X-Oncelog-Node-Id: {}", b.node_id()));
+    reply.into_response()
 }
 
 /// The transactional id of a `/v1/transactions/<id>/history` path

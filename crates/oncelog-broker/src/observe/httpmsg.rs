@@ -70,7 +70,26 @@ impl Request {
         self.params.get(name).map_or("", String::as_str)
     }
 
+    /// The request hyper read, from `peer`.
+    pub fn of<B>(req: &hyper::Request<B>, peer: std::net::SocketAddr) -> Result<Self, PathError> {
+        Ok(Self {
+            method: req.method().as_str().to_string(),
+            path: req.uri().path().to_string(),
+            params: query_params(req.uri().query().unwrap_or(""))?,
+            headers: req
+                .headers()
+                .iter()
+                .map(|(k, v)| {
+                    let v = String::from_utf8_lossy(v.as_bytes()).trim().to_string();
+                    (k.as_str().to_ascii_lowercase(), v)
+                })
+                .collect(),
+            peer: Some(peer),
+        })
+    }
+
     /// Parses a request head (`GET /path?query HTTP/1.1` and header lines).
+    #[cfg(test)]
     pub fn parse(head: &str) -> Result<Self, PathError> {
         let mut lines = head.split("\r\n");
         let first = lines.next().unwrap_or("");
@@ -146,21 +165,36 @@ impl Reply {
         self
     }
 
-    pub fn bytes(&self) -> Vec<u8> {
-        let mut out = format!(
-            "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-            self.status,
-            self.content_type,
-            self.body.len()
+    /// As hyper's response.
+    pub fn into_response(self) -> hyper::Response<http_body_util::Full<bytes::Bytes>> {
+        let code = self
+            .status
+            .get(..3)
+            .and_then(|c| c.parse::<u16>().ok())
+            .and_then(|c| hyper::StatusCode::from_u16(c).ok())
+            .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+        let mut out = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(self.body)));
+        *out.status_mut() = code;
+        let headers = out.headers_mut();
+        headers.insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(self.content_type),
         );
-        for h in &self.headers {
-            out.push_str(h);
-            out.push_str("\r\n");
+        for line in &self.headers {
+            let Some((name, value)) = line.split_once(':') else {
+                continue;
+            };
+            match (
+                hyper::header::HeaderName::from_bytes(name.trim().as_bytes()),
+                hyper::header::HeaderValue::from_str(value.trim()),
+            ) {
+                (Ok(n), Ok(v)) => {
+                    headers.append(n, v);
+                }
+                _ => tracing::warn!(header = %line, "HTTP listener: a reply header is not valid; left out"),
+            }
         }
-        out.push_str("\r\n");
-        let mut bytes = out.into_bytes();
-        bytes.extend_from_slice(&self.body);
-        bytes
+        out
     }
 }
 

@@ -173,7 +173,8 @@ impl Reply {
             .and_then(|c| c.parse::<u16>().ok())
             .and_then(|c| hyper::StatusCode::from_u16(c).ok())
             .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
-        let mut out = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(self.body)));
+        let mut out =
+            hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(self.body)));
         *out.status_mut() = code;
         let headers = out.headers_mut();
         headers.insert(
@@ -191,7 +192,9 @@ impl Reply {
                 (Ok(n), Ok(v)) => {
                     headers.append(n, v);
                 }
-                _ => tracing::warn!(header = %line, "HTTP listener: a reply header is not valid; left out"),
+                _ => {
+                    tracing::warn!(header = %line, "HTTP listener: a reply header is not valid; left out")
+                }
             }
         }
         out

@@ -1,5 +1,5 @@
-//! The oncelog broker. Its folders are its layers, each using only those
-//! below it:
+//! The oncelog broker. Its folders group it by role (no file imports one
+//! that imports it back: `scripts/module_cycles.py`):
 //!
 //! - `protocol`: the TCP server (sockets, framing, version negotiation)
 //!   and the Kafka request handlers, one module per API family, written
@@ -116,7 +116,7 @@ pub struct Broker {
     /// This broker's exclusive hold on its data directory.
     _dir_lock: datadir::DirLock,
     /// The storage this broker serves from, chosen once before it is
-    /// shared ([`Broker::start`]); `backend` reads it, nothing else does.
+    /// shared ([`Broker::start`]); the stores in `backend` match on it.
     pub mode: Mode,
 }
 

@@ -724,7 +724,7 @@ fn check_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> 
             _ => bad(format!("invalid compression.type {value}")),
         },
         "writer.transactional.id.prefix" => {
-            crate::coordinators::writers::check_prefix(value).or_else(bad)
+            crate::machines::writers::check_prefix(value).or_else(bad)
         }
         "message.timestamp.type" => match value {
             "CreateTime" | "LogAppendTime" => Ok(()),

@@ -20,6 +20,7 @@ pub mod config;
 pub mod coordinators;
 pub mod error;
 pub mod faults;
+pub mod files;
 pub mod machines;
 pub mod nice;
 pub mod observe;
@@ -31,7 +32,8 @@ use std::sync::Arc;
 
 use backend::local::{compaction, datadir, durability, internal_log, partition, producer_ids};
 use backend::{cluster, storage};
-use coordinators::{cutover, groups, txn_service, writers};
+use coordinators::{cutover, groups, txn_service};
+use machines::{names, writers};
 use observe::{histogram, samples};
 use security::acl;
 #[cfg(feature = "tls")]
@@ -803,7 +805,7 @@ impl cutover::Host for Broker {
     }
 
     fn writer_config(&self, topic: &str) -> Result<Option<String>, String> {
-        if datadir::is_internal_topic(topic) {
+        if names::is_internal_topic(topic) {
             return Err(format!(
                 "{topic} is an internal topic: it has no writer to hand over"
             ));

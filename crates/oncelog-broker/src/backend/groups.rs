@@ -213,7 +213,7 @@ impl Groups<'_> {
                     .filter(|(g, owner, _)| {
                         owner
                             .filter(|o| live.contains(o))
-                            .or_else(|| crate::backend::cluster::rendezvous(g.as_bytes(), &live))
+                            .or_else(|| crate::machines::placement::rendezvous(g.as_bytes(), &live))
                             == Some(me)
                     })
                     .filter_map(|(g, _, has_offsets)| {

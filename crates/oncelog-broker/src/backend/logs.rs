@@ -13,7 +13,7 @@ use crate::backend::cluster::front::Front;
 use crate::backend::cluster::sequencer::BatchOutcome;
 use crate::backend::cluster::ClusterError;
 use crate::backend::local::partition::AppendError;
-use crate::backend::local::topics::TopicMeta;
+use crate::backend::topic::TopicMeta;
 use crate::error::ErrorCode;
 use crate::machines::producer_state::{ProduceReject, ProducerBatch};
 use crate::machines::txn_coordinator::VerifyError;
@@ -453,7 +453,7 @@ impl Logs<'_> {
                         .into_iter()
                         .filter(|(id, _, p, _)| {
                             scope == Scope::All
-                                || crate::backend::cluster::preferred_broker(id, *p, &live)
+                                || crate::machines::placement::preferred_broker(id, *p, &live)
                                     == Some(me)
                         })
                         .map(|(_, topic, partition, o)| PartitionRow {

@@ -17,6 +17,7 @@ pub mod local;
 mod logs;
 mod security;
 pub mod storage;
+pub mod topic;
 mod txns;
 
 pub use cutovers::{CutoverFailure, Cutovers};
@@ -28,7 +29,7 @@ pub use txns::{Scope, Txns};
 
 use crate::backend::cluster::catalogue::CatalogueError;
 use crate::backend::cluster::front::Front;
-use crate::backend::local::topics::TopicMeta;
+use crate::backend::topic::TopicMeta;
 use crate::error::TopicError;
 use crate::Broker;
 
@@ -172,7 +173,7 @@ impl Catalogue<'_> {
             Catalogue::Cluster(_, front) => {
                 match crate::backend::cluster::groups::owner(&front.cluster, group).await {
                     Ok(Some(id)) if live.contains(&id) => Some(id),
-                    Ok(_) => crate::backend::cluster::rendezvous(group.as_bytes(), live),
+                    Ok(_) => crate::machines::placement::rendezvous(group.as_bytes(), live),
                     Err(e) => {
                         crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, group, error = %e, "cluster: looking up a group's coordinator failed");
                         None
@@ -203,7 +204,7 @@ impl Catalogue<'_> {
     }
 
     /// Creates `name` with `partitions` partitions and `configs` (checked
-    /// by [`crate::backend::local::topics::check_new_topic`] in both modes), or with
+    /// by [`crate::backend::topic::check_new_topic`] in both modes), or with
     /// `validate_only` checks that it could be.
     pub async fn create_topic(
         &self,
@@ -226,9 +227,7 @@ impl Catalogue<'_> {
             Catalogue::Cluster(b, front) => {
                 let max = b.config.max_partitions_per_topic;
                 if validate_only {
-                    crate::backend::local::topics::check_new_topic(
-                        name, partitions, &configs, max,
-                    )?;
+                    crate::backend::topic::check_new_topic(name, partitions, &configs, max)?;
                     return match front.topic(name).await {
                         Ok(Some(_)) => Err(TopicError::AlreadyExists(name.to_string())),
                         Ok(None) => Ok(TopicMeta {

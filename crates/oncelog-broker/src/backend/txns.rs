@@ -363,7 +363,7 @@ impl Txns<'_> {
                     .into_iter()
                     .filter(|m| {
                         scope == Scope::All
-                            || crate::backend::cluster::rendezvous(
+                            || crate::machines::placement::rendezvous(
                                 m.transactional_id.as_bytes(),
                                 &live,
                             ) == Some(me)
@@ -654,7 +654,7 @@ impl Txns<'_> {
                 topics.dedup();
                 if !topics.is_empty() {
                     let (b, front) = ((*b).clone(), (*front).clone());
-                    let writer = crate::coordinators::writers::prefix_of(id).to_string();
+                    let writer = crate::machines::writers::prefix_of(id).to_string();
                     tokio::spawn(async move {
                         if let Err(e) = crate::backend::cluster::writers::record_commit(
                             &front.cluster,

@@ -43,10 +43,10 @@ use oncelog_log::now_ms;
 use serde::{Deserialize, Serialize};
 
 use crate::coordinators::txn_service::TxnRuntime;
-use crate::coordinators::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 pub use crate::error::Gate;
 use crate::error::TopicError;
 use crate::machines::txn_coordinator::TxnMeta;
+use crate::machines::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 
 pub const FILE: &str = "cutovers.json";
 
@@ -162,7 +162,7 @@ pub fn plan_start(
         if p.is_empty() {
             return Err("a writer prefix must not be empty".into());
         }
-        crate::coordinators::writers::check_prefix(p)?;
+        crate::machines::writers::check_prefix(p)?;
     }
     if let Some(c) = existing.filter(|c| c.phase == Phase::Draining) {
         return Err(format!(
@@ -207,7 +207,7 @@ pub struct Cutovers {
 
 impl Cutovers {
     pub fn open(data_dir: &Path) -> Result<Self, TopicError> {
-        let state = crate::backend::local::datadir::read_json(data_dir, FILE)?;
+        let state = crate::files::read_json(data_dir, FILE)?;
         Ok(Self {
             dir: data_dir.to_path_buf(),
             state: Mutex::new(state),
@@ -241,8 +241,7 @@ impl Cutovers {
             None => next.remove(topic),
         };
         let bytes = serde_json::to_vec_pretty(&next).map_err(|e| e.to_string())?;
-        crate::backend::local::datadir::write_atomically(&self.dir, FILE, &bytes)
-            .map_err(|e| e.to_string())?;
+        crate::files::write_atomically(&self.dir, FILE, &bytes).map_err(|e| e.to_string())?;
         *state = next;
         Ok(next_one)
     }

@@ -54,7 +54,7 @@ use crate::error::ErrorCode;
 use crate::error::TopicError;
 use oncelog_log::now_ms;
 
-pub use crate::backend::local::datadir::OFFSETS_TOPIC;
+pub use crate::machines::names::OFFSETS_TOPIC;
 
 /// One partition's answer to OffsetFetch.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,8 +1,6 @@
 //! The drivers that run the pure state machines (`machines`) against a
-//! backend: the transaction coordinator, the group coordinator, cut-overs
-//! and second-writer detection.
+//! backend: the transaction coordinator, the group coordinator, and cut-overs.
 
 pub mod cutover;
 pub mod groups;
 pub mod txn_service;
-pub mod writers;

@@ -364,7 +364,7 @@ impl TxnService {
         let ids: Vec<String> = self
             .snapshot()
             .values()
-            .filter(|m| crate::coordinators::writers::prefix_of(&m.transactional_id) == writer)
+            .filter(|m| crate::machines::writers::prefix_of(&m.transactional_id) == writer)
             .map(|m| m.transactional_id.clone())
             .collect();
         let mut held = Vec::with_capacity(ids.len());
@@ -390,7 +390,7 @@ impl TxnService {
             .snapshot()
             .values()
             .filter(|m| {
-                crate::coordinators::writers::prefix_of(&m.transactional_id) == writer
+                crate::machines::writers::prefix_of(&m.transactional_id) == writer
                     && holds_topic(m, topic)
             })
             .cloned()
@@ -413,7 +413,7 @@ impl TxnService {
         let ids: Vec<String> = self
             .snapshot()
             .values()
-            .filter(|m| crate::coordinators::writers::prefix_of(&m.transactional_id) == writer)
+            .filter(|m| crate::machines::writers::prefix_of(&m.transactional_id) == writer)
             .filter(|m| holding.is_none_or(|t| holds_topic(m, t)))
             .map(|m| m.transactional_id.clone())
             .collect();
@@ -1210,7 +1210,7 @@ impl TxnService {
                 let topics: BTreeSet<&str> = partitions
                     .iter()
                     .map(|(t, _)| t.as_str())
-                    .filter(|t| *t != crate::backend::local::datadir::OFFSETS_TOPIC)
+                    .filter(|t| *t != crate::machines::names::OFFSETS_TOPIC)
                     .collect();
                 for t in topics {
                     let holds = was_open && had.iter().any(|(h, _)| h == t);
@@ -1291,7 +1291,7 @@ impl TxnService {
                         .partitions
                         .iter()
                         .map(|(t, _)| t.as_str())
-                        .filter(|t| *t != crate::backend::local::datadir::OFFSETS_TOPIC)
+                        .filter(|t| *t != crate::machines::names::OFFSETS_TOPIC)
                         .collect();
                     for t in topics {
                         match b.commit_gate(t, id) {

@@ -3,5 +3,8 @@
 //! The drivers in `coordinators` and the partitions in `backend` run them.
 
 pub mod group;
+pub mod names;
+pub mod placement;
 pub mod producer_state;
 pub mod txn_coordinator;
+pub mod writers;

@@ -378,7 +378,7 @@ pub enum OnTimeout {
 /// instead of aborting at their timeout, and for how long at most.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ParkPolicy {
-    /// Writers (as [`crate::coordinators::writers::prefix_of`] names them), or string
+    /// Writers (as [`crate::machines::writers::prefix_of`] names them), or string
     /// prefixes when written with a trailing `*`.
     pub prefixes: Vec<String>,
     /// Negative: parked until resolved.
@@ -399,7 +399,7 @@ impl ParkPolicy {
     }
 
     pub fn on_timeout(&self, transactional_id: &str) -> OnTimeout {
-        let writer = crate::coordinators::writers::prefix_of(transactional_id);
+        let writer = crate::machines::writers::prefix_of(transactional_id);
         let parks = self.prefixes.iter().any(|p| match p.strip_suffix('*') {
             Some(start) => transactional_id.starts_with(start),
             None => p == writer || p == transactional_id,
@@ -585,7 +585,7 @@ fn drive(prepared: &TxnMeta, done: &TxnMeta) -> Vec<Effect> {
     let data: Vec<(String, i32)> = prepared
         .partitions
         .iter()
-        .filter(|(t, _)| t != crate::backend::local::datadir::OFFSETS_TOPIC)
+        .filter(|(t, _)| t != crate::machines::names::OFFSETS_TOPIC)
         .cloned()
         .collect();
     if !data.is_empty() {
@@ -599,7 +599,7 @@ fn drive(prepared: &TxnMeta, done: &TxnMeta) -> Vec<Effect> {
     if prepared
         .partitions
         .iter()
-        .any(|(t, _)| t == crate::backend::local::datadir::OFFSETS_TOPIC)
+        .any(|(t, _)| t == crate::machines::names::OFFSETS_TOPIC)
     {
         out.push(Effect::CompleteOffsets {
             producer_id: prepared.producer_id,
@@ -1409,7 +1409,7 @@ mod tests {
                 [
                     tp("a", 0),
                     tp("b", 1),
-                    tp(crate::backend::local::datadir::OFFSETS_TOPIC, 0),
+                    tp(crate::machines::names::OFFSETS_TOPIC, 0),
                 ]
                 .into_iter()
                 .collect()

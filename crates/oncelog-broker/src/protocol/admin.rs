@@ -214,7 +214,7 @@ pub async fn create_topics(
 fn created(
     b: &Broker,
     mut r: CreatableTopicResult,
-    meta: &crate::backend::local::topics::TopicMeta,
+    meta: &crate::backend::topic::TopicMeta,
     version: i16,
 ) -> CreatableTopicResult {
     if version >= 5 {
@@ -653,7 +653,7 @@ pub(crate) fn alterable_topic(resource_type: i8, name: &str) -> Result<(), (Erro
             "only topic configs can be altered; broker settings are static".into(),
         ));
     }
-    if crate::backend::local::datadir::is_internal_topic(name) {
+    if crate::machines::names::is_internal_topic(name) {
         let e = TopicError::Internal {
             topic: name.into(),
             action: "alter",
@@ -772,7 +772,7 @@ pub async fn delete_records(b: &Arc<Broker>, req: DeleteRecordsRequest) -> Delet
     let mut topics = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let name = t.name.0.to_string();
-        let topic = if crate::backend::local::datadir::is_internal_topic(&name) {
+        let topic = if crate::machines::names::is_internal_topic(&name) {
             Err(ErrorCode::InvalidTopicException)
         } else {
             match catalogue.topic(&name).await {

@@ -15,7 +15,7 @@ use kafka_protocol::messages::{ApiKey, BrokerId, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use super::SUPPORTED;
-use crate::backend::local::topics::TopicMeta;
+use crate::backend::topic::TopicMeta;
 use crate::error::ErrorCode;
 use crate::error::TopicError;
 use crate::Broker;
@@ -73,7 +73,7 @@ pub fn with_transaction_version(mut resp: ApiVersionsResponse, tv: i16) -> ApiVe
 }
 
 /// A topic's entry: each partition led by the broker
-/// [`crate::backend::cluster::preferred_broker`] picks among `ids` (the brokers the
+/// [`crate::machines::placement::preferred_broker`] picks among `ids` (the brokers the
 /// client can reach; any broker serves any partition), or none with the
 /// code a client retries on.
 fn topic_entry(
@@ -84,7 +84,8 @@ fn topic_entry(
 ) -> MetadataResponseTopic {
     let parts = (0..meta.partitions)
         .map(|i| {
-            let leader = crate::backend::cluster::preferred_broker(&meta.id, i, ids).unwrap_or(-1);
+            let leader =
+                crate::machines::placement::preferred_broker(&meta.id, i, ids).unwrap_or(-1);
             let mut p = MetadataResponsePartition::default()
                 .with_partition_index(i)
                 .with_leader_id(BrokerId(leader))
@@ -186,7 +187,7 @@ pub async fn metadata(
             Err(_) => error_entry(&name, ErrorCode::LeaderNotAvailable),
             // The coordinators' logs are not served as topics, and their
             // names are never auto-created.
-            Ok(None) if crate::backend::local::datadir::is_internal_topic(&name) => {
+            Ok(None) if crate::machines::names::is_internal_topic(&name) => {
                 error_entry(&name, ErrorCode::InvalidTopicException)
             }
             Ok(None) if auto_create => {
@@ -290,7 +291,7 @@ pub async fn find_coordinator(
     for key in &keys {
         answers.push(match req.key_type {
             0 => answer(catalogue.group_coordinator(key.as_str(), &live).await),
-            1 => answer(crate::backend::cluster::rendezvous(
+            1 => answer(crate::machines::placement::rendezvous(
                 key.as_bytes(),
                 &reachable,
             )),

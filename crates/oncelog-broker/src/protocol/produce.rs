@@ -116,7 +116,7 @@ pub(crate) fn check_batch<'a>(
 /// stamped with the broker's time (returned, for the answer), else -1.
 pub(crate) fn check_contents(
     b: &Broker,
-    meta: &crate::backend::local::topics::TopicMeta,
+    meta: &crate::backend::topic::TopicMeta,
     name: &str,
     records: &[u8],
     h: &batch::BatchHeader<'_>,
@@ -277,7 +277,7 @@ async fn append_one(
     transactional_id: Option<&str>,
     who: &Requester,
 ) -> Outcome {
-    if crate::backend::local::datadir::is_internal_topic(topic) {
+    if crate::machines::names::is_internal_topic(topic) {
         tracing::warn!(topic, "produce to an internal topic refused");
         return failed(
             ErrorCode::InvalidTopicException,

@@ -260,7 +260,7 @@ impl Authorizer {
         super_users: &str,
         allow_if_no_acl: bool,
     ) -> Result<Self, TopicError> {
-        let acls = crate::backend::local::datadir::read_json(data_dir, FILE)?;
+        let acls = crate::files::read_json(data_dir, FILE)?;
         Ok(Self {
             enabled,
             super_users: super_users
@@ -370,8 +370,7 @@ impl Authorizer {
 
     fn persist(&self, next: &[Acl]) -> Result<(), String> {
         let bytes = serde_json::to_vec_pretty(next).map_err(|e| e.to_string())?;
-        crate::backend::local::datadir::write_atomically(&self.dir, FILE, &bytes)
-            .map_err(|e| e.to_string())
+        crate::files::write_atomically(&self.dir, FILE, &bytes).map_err(|e| e.to_string())
     }
 
     /// Runs `plan` on the ACLs under the lock and stores what it makes of

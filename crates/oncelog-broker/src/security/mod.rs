@@ -241,7 +241,7 @@ pub struct ScramUsers {
 
 impl ScramUsers {
     pub fn open(data_dir: &Path) -> Result<Self, TopicError> {
-        let state = crate::backend::local::datadir::read_json(data_dir, USERS_FILE)?;
+        let state = crate::files::read_json(data_dir, USERS_FILE)?;
         Ok(Self {
             dir: data_dir.to_path_buf(),
             state: Arc::new(Mutex::new(state)),
@@ -331,7 +331,7 @@ impl ScramUsers {
             serde_json::to_vec_pretty(&next)
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| {
-                    crate::backend::local::datadir::write_atomically(&self.dir, USERS_FILE, &bytes)
+                    crate::files::write_atomically(&self.dir, USERS_FILE, &bytes)
                         .map_err(|e| e.to_string())
                 })
         } else {

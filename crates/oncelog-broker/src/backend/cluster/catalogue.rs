@@ -52,7 +52,7 @@ pub async fn create_topic(
     configs: &BTreeMap<String, String>,
     max_partitions: i32,
 ) -> Result<TopicRow, CatalogueError> {
-    crate::backend::local::topics::check_new_topic(name, partitions, configs, max_partitions)?;
+    crate::backend::topic::check_new_topic(name, partitions, configs, max_partitions)?;
     let id = Uuid::new_v4();
     let configs_json = serde_json::to_value(configs).unwrap_or_default();
     let mut client = pool.get().await?;
@@ -118,7 +118,7 @@ pub async fn alter_topic_configs(
     validate_only: bool,
     change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, TopicError>,
 ) -> Result<TopicRow, CatalogueError> {
-    if crate::backend::local::datadir::is_internal_topic(name) {
+    if crate::machines::names::is_internal_topic(name) {
         return Err(TopicError::Internal {
             topic: name.into(),
             action: "alter",
@@ -168,7 +168,7 @@ pub async fn add_partitions(
     max_partitions: i32,
     validate_only: bool,
 ) -> Result<TopicRow, CatalogueError> {
-    if crate::backend::local::datadir::is_internal_topic(name) {
+    if crate::machines::names::is_internal_topic(name) {
         return Err(TopicError::Internal {
             topic: name.into(),
             action: "add partitions to",
@@ -233,7 +233,7 @@ fn topic_row(r: &tokio_postgres::Row) -> TopicRow {
 /// object once no batch row names it.
 /// Deletes `name` (only if its id is `id`, when one is given).
 pub async fn delete_topic(pool: &Pool, name: &str, id: Option<Uuid>) -> Result<(), CatalogueError> {
-    if crate::backend::local::datadir::is_internal_topic(name) {
+    if crate::machines::names::is_internal_topic(name) {
         return Err(TopicError::Internal {
             topic: name.into(),
             action: "delete",

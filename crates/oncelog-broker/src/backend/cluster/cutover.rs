@@ -29,8 +29,8 @@ use super::txn::{self, Gates};
 use super::{Cluster, ClusterError};
 use crate::coordinators::cutover::{plan_rollback, plan_start, status_json, Cutover, Phase};
 use crate::coordinators::txn_service::holds_topic;
-use crate::coordinators::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 use crate::machines::txn_coordinator::{Effect, TxnMeta, TxnState};
+use crate::machines::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 
 /// PostgreSQL's clock in ms (the cut-over's times are PostgreSQL's, so
 /// brokers' clocks do not matter).
@@ -68,7 +68,7 @@ async fn topic_for_change(
     tx: &tokio_postgres::Transaction<'_>,
     topic: &str,
 ) -> Result<(uuid::Uuid, Option<String>), CutoverError> {
-    if crate::backend::local::datadir::is_internal_topic(topic) {
+    if crate::machines::names::is_internal_topic(topic) {
         return Err(CutoverError::Refused(format!(
             "{topic} is an internal topic: it has no writer to hand over"
         )));

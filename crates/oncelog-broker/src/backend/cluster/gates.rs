@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use super::ClusterError;
 use crate::coordinators::cutover::{check_commit, check_write, protects, Cutover, Gate};
-use crate::coordinators::writers::WRITER_PREFIX_CONFIG;
 use crate::machines::txn_coordinator::{CoordError, Effect, TxnMeta, TxnState};
+use crate::machines::writers::WRITER_PREFIX_CONFIG;
 
 /// Why a decision wrote nothing: the coordinator's refusal, or the writer
 /// fence's or a cut-over's ([`Gate`]).

@@ -71,8 +71,8 @@ impl JobSettings {
             .unwrap_or(0.5)
     }
 
-    pub fn policy(&self, t: &TopicRow) -> crate::backend::local::topics::CleanupPolicy {
-        crate::backend::local::topics::CleanupPolicy::parse(
+    pub fn policy(&self, t: &TopicRow) -> crate::backend::topic::CleanupPolicy {
+        crate::backend::topic::CleanupPolicy::parse(
             &(self.config_of)(&t.configs, "cleanup.policy").unwrap_or_default(),
         )
     }

@@ -1,6 +1,6 @@
 //! Second-writer detection across the cluster (scenario S6): a topic's
 //! transactional writers (the job a transactional id belongs to, as
-//! [`crate::coordinators::writers::prefix_of`] reads it) and their last commit are rows of
+//! [`crate::machines::writers::prefix_of`] reads it) and their last commit are rows of
 //! `topic_writers`, so a broker sees the commits every broker coordinated.
 //! Written after the commit, at most once per [`RECORD_EVERY`] per topic and
 //! writer on each broker: a job's parallel producers do not queue on one row.
@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::{Cluster, ClusterError};
-use crate::coordinators::writers::{Writers, WINDOW_MS};
+use crate::machines::writers::{Writers, WINDOW_MS};
 
 /// How often one broker writes a (topic, writer) row.
 pub const RECORD_EVERY_MS: i64 = 5_000;

@@ -21,9 +21,9 @@ use oncelog_log::cleaner::{self, CleanOptions, CleanStats};
 use oncelog_log::now_ms;
 use serde::Serialize;
 
-use crate::backend::local::datadir::write_atomically;
 use crate::backend::local::partition::{CleanPlan, Partition};
 use crate::backend::local::topics::Topics;
+use crate::files::write_atomically;
 
 /// The cleaner threads' nice value.
 pub const CLEANER_NICE: i32 = 10;

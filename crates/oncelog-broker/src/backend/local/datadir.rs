@@ -24,15 +24,6 @@ use std::path::{Path, PathBuf};
 
 use crate::error::TopicError;
 
-/// Topic names that belong to the broker (Kafka's internal topics). Clients
-/// cannot create, delete, alter or write to them.
-pub const INTERNAL_TOPICS: &[&str] = &[
-    "__consumer_offsets",
-    "__transaction_state",
-    "__cluster_metadata",
-    "__share_group_state",
-];
-
 /// Directory (under the data dir) of the coordinators' internal logs.
 pub const INTERNAL_DIR: &str = "internal";
 /// Directory (under the data dir) of partitions not yet (or no longer) in the catalogue.
@@ -40,13 +31,6 @@ pub const STAGING_DIR: &str = "staging";
 const LOCK_FILE: &str = "oncelog.lock";
 /// The internal logs, by their directory name.
 pub const INTERNAL_LOGS: &[&str] = &["__transaction_state-0", "__consumer_offsets-0"];
-
-/// The pseudo-partition that stands for a group's offsets in a transaction.
-pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
-
-pub fn is_internal_topic(name: &str) -> bool {
-    INTERNAL_TOPICS.contains(&name)
-}
 
 pub fn internal_dir(data_dir: &Path) -> PathBuf {
     data_dir.join(INTERNAL_DIR)
@@ -228,57 +212,6 @@ pub fn open_files_now() -> Option<u64> {
     std::fs::read_dir("/proc/self/fd")
         .ok()
         .map(|d| d.count() as u64)
-}
-
-/// Reads the JSON state file `name` in `dir` (written by
-/// [`write_atomically`]); a missing file is the default state.
-pub fn read_json<T: serde::de::DeserializeOwned + Default>(
-    dir: &Path,
-    name: &str,
-) -> Result<T, TopicError> {
-    let path = dir.join(name);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| TopicError::Storage(format!("{}: {e}", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
-        Err(e) => Err(TopicError::Storage(format!("{}: {e}", path.display()))),
-    }
-}
-
-/// Writes `name` in `dir` through a temporary file, fsync and rename, so a
-/// crash leaves either the old or the new content.
-pub fn write_atomically(dir: &Path, name: &str, data: &[u8]) -> Result<(), TopicError> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{name}.tmp"));
-    let dst = dir.join(name);
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &dst)
-    })();
-    res.map_err(|e| TopicError::Storage(format!("write {}: {e}", dst.display())))?;
-    // After the rename the new content may or may not survive a crash: the
-    // caller can neither go on as if it did nor undo it. Stop; the next start
-    // reads whichever content the disk kept and settles from there.
-    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
-        fatal_storage(&format!(
-            "fsync of {} after replacing {name} failed: {e}",
-            dir.display()
-        ));
-    }
-    Ok(())
-}
-
-/// Stops the process when durable state is in doubt: an fsync failed after a
-/// change became visible, or a change could neither be finished nor undone.
-/// Every such change is settled by the next start from what is on disk.
-pub fn fatal_storage(what: &str) -> ! {
-    tracing::error!(
-        "{what}: stopping, so that the next start settles the change from what is on disk"
-    );
-    eprintln!("error: {what}");
-    std::process::abort()
 }
 
 #[cfg(test)]

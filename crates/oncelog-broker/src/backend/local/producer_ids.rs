@@ -7,8 +7,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::local::datadir::write_atomically;
 use crate::error::TopicError;
+use crate::files::write_atomically;
 
 const BLOCK: i64 = 1000;
 

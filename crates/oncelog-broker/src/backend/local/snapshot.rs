@@ -50,12 +50,8 @@ pub fn write(dir: &Path, offset: i64, state: &ProducerState) {
     let res = serde_json::to_vec(state)
         .map_err(|e| e.to_string())
         .and_then(|data| {
-            crate::backend::local::datadir::write_atomically(
-                dir,
-                &format!("{offset:020}.snapshot"),
-                &data,
-            )
-            .map_err(|e| e.to_string())
+            crate::files::write_atomically(dir, &format!("{offset:020}.snapshot"), &data)
+                .map_err(|e| e.to_string())
         });
     if let Err(e) = res {
         tracing::warn!(dir = %dir.display(), offset, error = %e, "producer snapshot not written; the log will be replayed instead");

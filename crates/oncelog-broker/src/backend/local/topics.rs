@@ -19,48 +19,13 @@ pub use crate::backend::local::partition::{
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::backend::local::datadir::{self, fatal_storage, write_atomically};
+use crate::backend::local::datadir;
+use crate::backend::topic::{check_new_topic, CleanupPolicy, TopicMeta};
 use crate::config::BrokerConfig;
 use crate::error::TopicError;
+use crate::files::{fatal_storage, write_atomically};
+use crate::machines::names;
 use oncelog_log::now_ms;
-
-/// What every backend checks before it creates a topic: a valid name that
-/// is not one of the broker's own, 1 to `max_partitions` partitions, and
-/// topic configs it knows with values it accepts.
-pub fn check_new_topic(
-    name: &str,
-    partitions: i32,
-    configs: &BTreeMap<String, String>,
-    max_partitions: i32,
-) -> Result<(), TopicError> {
-    validate_topic_name(name)?;
-    // The broker's own names: `__consumer_offsets` stands for a group's
-    // offsets inside a transaction, so no client topic may take it.
-    if datadir::is_internal_topic(name) {
-        return Err(TopicError::Internal {
-            topic: name.into(),
-            action: "create",
-        });
-    }
-    if partitions <= 0 || partitions > max_partitions {
-        return Err(TopicError::InvalidPartitions(format!(
-            "number of partitions must be between 1 and max.partitions.per.topic ({max_partitions}), got {partitions}"
-        )));
-    }
-    for (k, v) in configs {
-        crate::config::validate_topic_config(k, v).map_err(|e| TopicError::InvalidConfig(e.0))?;
-    }
-    Ok(())
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TopicMeta {
-    pub name: String,
-    pub id: Uuid,
-    pub partitions: i32,
-    #[serde(default)]
-    pub configs: BTreeMap<String, String>,
-}
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Catalogue {
@@ -101,27 +66,6 @@ impl Topic {
     }
 }
 
-/// What `cleanup.policy` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CleanupPolicy {
-    pub delete: bool,
-    pub compact: bool,
-}
-
-impl CleanupPolicy {
-    pub fn parse(text: &str) -> Self {
-        let mut p = Self::default();
-        for part in text.split(',') {
-            match part.trim() {
-                "delete" => p.delete = true,
-                "compact" => p.compact = true,
-                _ => {}
-            }
-        }
-        p
-    }
-}
-
 /// The outcome of opening one partition's log.
 type OpenResult = Result<Arc<Partition>, TopicError>;
 
@@ -134,26 +78,6 @@ pub struct Topics {
     write_lock: Mutex<()>,
     /// How every partition's writes become durable.
     mode: WriteMode,
-}
-
-pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
-    let bad = |why| Err(TopicError::InvalidName(name.to_string(), why));
-    if name.is_empty() {
-        return bad("empty");
-    }
-    if name == "." || name == ".." {
-        return bad("'.' and '..' are not allowed");
-    }
-    if name.len() > 249 {
-        return bad("longer than 249 characters");
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
-    {
-        return bad("only ASCII letters, digits, '.', '_' and '-' are allowed");
-    }
-    Ok(())
 }
 
 impl Topics {
@@ -179,7 +103,7 @@ impl Topics {
         for m in cat
             .topics
             .iter()
-            .filter(|m| datadir::is_internal_topic(&m.name))
+            .filter(|m| names::is_internal_topic(&m.name))
         {
             // Clients may have produced into the coordinator's log: let it
             // skip records it did not write (before the catalogue forgets).
@@ -187,7 +111,7 @@ impl Topics {
             tracing::error!(topic = %m.name, partitions = m.partitions,
                 "dropping a client-created topic with an internal name from the catalogue; its partition directories other than -0 are left in place");
         }
-        cat.topics.retain(|m| !datadir::is_internal_topic(&m.name));
+        cat.topics.retain(|m| !names::is_internal_topic(&m.name));
         finish_staged(&dir, &cat.topics)?;
         let topics = Self {
             dir,
@@ -602,7 +526,7 @@ impl Topics {
     /// through the change: appends, markers, retention and truncation reach
     /// files by path, and after the deletion those paths may be a new topic's.
     pub fn delete(&self, name: &str, id: Option<Uuid>) -> Result<(), TopicError> {
-        if datadir::is_internal_topic(name) {
+        if names::is_internal_topic(name) {
             return Err(TopicError::Internal {
                 topic: name.into(),
                 action: "delete",
@@ -685,7 +609,7 @@ impl Topics {
         count: i32,
         validate_only: bool,
     ) -> Result<(), TopicError> {
-        if datadir::is_internal_topic(name) {
+        if names::is_internal_topic(name) {
             return Err(TopicError::Internal {
                 topic: name.into(),
                 action: "add partitions to",
@@ -763,7 +687,7 @@ impl Topics {
         name: &str,
         change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, TopicError>,
     ) -> Result<(), TopicError> {
-        if datadir::is_internal_topic(name) {
+        if names::is_internal_topic(name) {
             return Err(TopicError::Internal {
                 topic: name.into(),
                 action: "alter",
@@ -924,7 +848,7 @@ mod tests {
     fn internal_names_cannot_be_created_deleted_or_altered() {
         let dir = tempfile::tempdir().unwrap();
         let topics = Topics::open(&config(dir.path()), interval()).unwrap();
-        for name in datadir::INTERNAL_TOPICS {
+        for name in names::INTERNAL_TOPICS {
             let e = topics.create(name, 1, BTreeMap::new(), false).unwrap_err();
             assert!(
                 matches!(

@@ -11,8 +11,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::backend::{self, Scope};
-use crate::coordinators::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 use crate::machines::txn_coordinator::{TxnMeta, TxnState};
+use crate::machines::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 use crate::observe::txn_history::{Epoch, EventKind};
 use crate::Broker;
 use oncelog_log::now_ms;

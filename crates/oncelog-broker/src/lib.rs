@@ -32,8 +32,8 @@ use std::sync::Arc;
 
 use backend::local::{compaction, datadir, durability, internal_log, partition, producer_ids};
 use backend::{cluster, storage};
-use coordinators::{cutover, groups, txn_service};
-use machines::{names, writers};
+use coordinators::{groups, txn_service};
+use machines::{cutover, names, writers};
 use observe::{histogram, samples};
 use security::acl;
 #[cfg(feature = "tls")]
@@ -90,7 +90,7 @@ pub struct Broker {
     pub groups: groups::Groups,
     pub writers: writers::Writers,
     /// Every topic's hand-over from one writer to another.
-    pub cutovers: cutover::Cutovers,
+    pub cutovers: backend::local::cutovers::CutoverFile,
     /// SCRAM credentials of the users SASL listeners authenticate.
     pub users: security::ScramUsers,
     /// Authentication outcomes, for /metrics.
@@ -323,7 +323,10 @@ impl Broker {
         let compact = internal_log::CompactPolicy {
             min_records: config.coordinator_log_compact_records,
         };
-        let cutovers = cutover::Cutovers::open(&config.data_dir)?;
+        let cutovers = backend::local::cutovers::CutoverFile::open(&config.data_dir)?;
+        cutovers
+            .forget_gone(|t| topics.get(t).is_some())
+            .map_err(TopicError::Storage)?;
         let users = security::ScramUsers::open(&config.data_dir)?;
         #[cfg(feature = "tls")]
         let tls = if config.listeners.iter().any(|l| l.protocol.tls()) {
@@ -593,7 +596,7 @@ impl Broker {
             loop {
                 tick.tick().await;
                 b.txns().time_out().await;
-                cutover::drive(&b).await;
+                coordinators::cutover::drive(&b.cutover_store()).await;
                 let cutoff = now_ms() - b.config.transactional_id_expiration_ms;
                 b.txn.expire_ids(cutoff).await;
             }
@@ -799,12 +802,10 @@ impl txn_service::TxnRuntime for Broker {
     }
 }
 
-impl cutover::Host for Broker {
-    fn cutovers(&self) -> &cutover::Cutovers {
-        &self.cutovers
-    }
-
-    fn writer_config(&self, topic: &str) -> Result<Option<String>, String> {
+impl Broker {
+    /// The topic's `writer.transactional.id.prefix` (local mode); `Err`
+    /// when there is no such topic, or it is internal.
+    pub(crate) fn writer_config(&self, topic: &str) -> Result<Option<String>, String> {
         if names::is_internal_topic(topic) {
             return Err(format!(
                 "{topic} is an internal topic: it has no writer to hand over"
@@ -818,7 +819,8 @@ impl cutover::Host for Broker {
         Ok(config)
     }
 
-    fn set_writer_config(&self, topic: &str, writer: &str) -> Result<(), String> {
+    /// Sets the topic's `writer.transactional.id.prefix` (local mode).
+    pub(crate) fn set_writer_config(&self, topic: &str, writer: &str) -> Result<(), String> {
         self.topics
             .update_configs(topic, |current| {
                 let mut configs = current.clone();

@@ -435,6 +435,10 @@ impl Catalogue<'_> {
         match self {
             Catalogue::Local(b) => {
                 blocking(|| b.topics.delete(name, id))?;
+                // Its cut-over goes with it, as a cluster's row does.
+                if let Err(e) = b.cutovers.forget_gone(|t| t != name) {
+                    tracing::warn!(topic = name, error = %e, "the deleted topic's cut-over is forgotten at the next start");
+                }
                 b.groups.topic_deleted(name).await;
                 Ok(())
             }

@@ -164,7 +164,7 @@ async fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
     let status = |topic: String| {
         let store = &store;
         async move {
-            match store.status(&topic).await {
+            match crate::coordinators::cutover::status(store, &topic).await {
                 Ok(v) => Reply::json("200 OK", v),
                 Err(f) => crate::observe::console::cutover_failure(f),
             }
@@ -178,7 +178,7 @@ async fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
             };
             let mut out = Vec::with_capacity(all.len());
             for c in all {
-                match store.status(&c.topic).await {
+                match crate::coordinators::cutover::status(&store, &c.topic).await {
                     Ok(v) => out.push(v),
                     Err(f) => return crate::observe::console::cutover_failure(f),
                 }
@@ -193,15 +193,17 @@ async fn cutover_endpoint(b: &Arc<Broker>, req: &Request) -> Reply {
                 Ok(d) => d,
                 Err(reply) => return reply,
             };
-            match store.start(&topic, from, to, drain).await {
+            match crate::coordinators::cutover::start(&store, &topic, from, to, drain).await {
                 Ok(_) => status(topic).await,
                 Err(f) => crate::observe::console::cutover_failure(f),
             }
         }
-        ("POST", "/v1/cutover/rollback") => match store.rollback(&topic).await {
-            Ok(_) => status(topic).await,
-            Err(f) => crate::observe::console::cutover_failure(f),
-        },
+        ("POST", "/v1/cutover/rollback") => {
+            match crate::coordinators::cutover::rollback(&store, &topic).await {
+                Ok(_) => status(topic).await,
+                Err(f) => crate::observe::console::cutover_failure(f),
+            }
+        }
         (_, "/v1/cutover/start" | "/v1/cutover/rollback") => {
             Reply::error("405 Method Not Allowed", "use POST".into())
         }

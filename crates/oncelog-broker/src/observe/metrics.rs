@@ -120,27 +120,12 @@ async fn render_transactions(out: &mut String, b: &Arc<Broker>) {
     let age = oldest.map_or(0.0, |t| (now_ms() - t).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "oncelog_transaction_oldest_open_age_seconds {age}");
     // (cut-over, open transactions of the old writer it waits for)
-    let cutovers: Vec<(crate::coordinators::cutover::Cutover, usize)> = match b.front() {
-        Some(f) => crate::backend::cluster::cutover::with_waiting(&f.cluster.pool)
-            .await
-            .unwrap_or_else(|e| {
-                tracing::debug!(error = %e, "metrics: the cluster's cut-overs could not be read");
-                Vec::new()
-            }),
-        None => b
-            .cutovers
-            .all()
-            .into_iter()
-            .map(|c| {
-                let n = if c.phase == crate::coordinators::cutover::Phase::Draining {
-                    b.txn.holding(&c.from, &c.topic).len()
-                } else {
-                    0
-                };
-                (c, n)
-            })
-            .collect(),
-    };
+    let cutovers = crate::coordinators::cutover::with_waiting(&b.cutover_store())
+        .await
+        .unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "metrics: the cut-overs could not be read");
+            Vec::new()
+        });
     family(
         out,
         "oncelog_cutover_phase",
@@ -166,7 +151,7 @@ async fn render_transactions(out: &mut String, b: &Arc<Broker>) {
     );
     for (c, n) in cutovers
         .iter()
-        .filter(|(c, _)| c.phase == crate::coordinators::cutover::Phase::Draining)
+        .filter(|(c, _)| c.phase == crate::machines::cutover::Phase::Draining)
     {
         let _ = writeln!(
             out,

@@ -16,7 +16,8 @@
 //!   the topic holds the row `FOR SHARE` while the cut-over is in progress, so none
 //!   runs beside the switch: every BLUE commit to the topic committed
 //!   before it, and every GREEN commit after it.
-//! * The driver ([`drive`], a job one broker holds the lease of) takes the
+//! * The driver ([`crate::coordinators::cutover::drive`], written once for
+//!   both modes; here a job one broker holds the lease of) takes the
 //!   switch, aborts at the drain deadline, and fences the old writer after
 //!   the switch (or the new one's holding transactions after a rollback),
 //!   each a decision of its own; a step cut short by a crash is done again
@@ -27,8 +28,8 @@ use tokio_postgres::GenericClient;
 
 use super::txn::{self, Gates};
 use super::{Cluster, ClusterError};
-use crate::coordinators::cutover::{plan_rollback, plan_start, status_json, Cutover, Phase};
 use crate::coordinators::txn_service::holds_topic;
+use crate::machines::cutover::{Cutover, Phase};
 use crate::machines::txn_coordinator::{Effect, TxnMeta, TxnState};
 use crate::machines::writers::{prefix_of, WRITER_PREFIX_CONFIG};
 
@@ -114,54 +115,29 @@ async fn store(
     Ok(())
 }
 
-/// `oncelog cutover start` (through any broker).
-pub async fn start(
+/// Changes the cut-over of `topic` to what `f` makes of the current one
+/// (given the topic's writer config and PostgreSQL's clock), in one
+/// transaction holding the topic's row and its cut-over's.
+pub async fn change(
     pool: &Pool,
     topic: &str,
-    from: &str,
-    to: &str,
-    drain_timeout_ms: i64,
+    f: impl FnOnce(Option<&Cutover>, Option<&str>, i64) -> Result<Cutover, String>,
 ) -> Result<Cutover, CutoverError> {
     let mut client = pool.get().await.map_err(ClusterError::from)?;
     let tx = client.transaction().await?;
     let (topic_id, config) = topic_for_change(&tx, topic).await?;
     let existing = current(&tx, topic_id).await?;
     let now = pg_now(&*tx).await?;
-    let c = plan_start(
-        existing.as_ref(),
-        topic,
-        config.as_deref(),
-        from,
-        to,
-        now,
-        drain_timeout_ms,
-    )
-    .map_err(CutoverError::Refused)?;
+    let c = f(existing.as_ref(), config.as_deref(), now).map_err(CutoverError::Refused)?;
     store(&tx, topic_id, &c).await?;
     tx.commit().await?;
-    let holding: Vec<String> = holding(pool, from, topic)
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| m.transactional_id)
-        .collect();
-    tracing::warn!(topic, from, to, drain_timeout_ms, open_transactions_of_from = ?holding,
-        "cut-over started: no new transaction of {from:?} may write the topic; commits of {to:?} wait until these have ended");
     Ok(c)
 }
 
-/// `oncelog cutover rollback`: only while draining.
-pub async fn rollback(pool: &Pool, topic: &str) -> Result<Cutover, CutoverError> {
-    let mut client = pool.get().await.map_err(ClusterError::from)?;
-    let tx = client.transaction().await?;
-    let (topic_id, _) = topic_for_change(&tx, topic).await?;
-    let cur = current(&tx, topic_id).await?;
-    let now = pg_now(&*tx).await?;
-    let c = plan_rollback(cur.as_ref(), topic, now).map_err(CutoverError::Refused)?;
-    store(&tx, topic_id, &c).await?;
-    tx.commit().await?;
-    tracing::warn!(topic, from = %c.from, to = %c.to, "cut-over rolled back: {:?} writes the topic again", c.from);
-    Ok(c)
+/// PostgreSQL's clock in ms.
+pub async fn now(pool: &Pool) -> Result<i64, ClusterError> {
+    let client = pool.get().await?;
+    pg_now(&**client).await
 }
 
 /// Every topic's latest cut-over.
@@ -181,22 +157,7 @@ pub async fn all(pool: &Pool) -> Result<Vec<Cutover>, ClusterError> {
         .collect()
 }
 
-/// Every cut-over with the number of the old writer's transactions a
-/// draining one waits for (`/metrics`).
-pub async fn with_waiting(pool: &Pool) -> Result<Vec<(Cutover, usize)>, ClusterError> {
-    let mut out = Vec::new();
-    for c in all(pool).await? {
-        let n = if c.phase == Phase::Draining {
-            holding(pool, &c.from, &c.topic).await?.len()
-        } else {
-            0
-        };
-        out.push((c, n));
-    }
-    Ok(out)
-}
-
-async fn get(pool: &Pool, topic: &str) -> Result<Option<Cutover>, ClusterError> {
+pub async fn get(pool: &Pool, topic: &str) -> Result<Option<Cutover>, ClusterError> {
     let client = pool.get().await?;
     client
         .query_opt(
@@ -241,20 +202,9 @@ pub async fn holding(pool: &Pool, writer: &str, topic: &str) -> Result<Vec<TxnMe
         .collect())
 }
 
-/// The cut-over's state for `oncelog cutover status`, with the open
-/// transactions the drain waits for (local mode's shape).
-pub async fn status(pool: &Pool, topic: &str) -> Result<serde_json::Value, ClusterError> {
-    let c = get(pool, topic).await?;
-    let waiting = match &c {
-        Some(c) if c.phase == Phase::Draining => holding(pool, &c.from, topic).await?,
-        _ => Vec::new(),
-    };
-    Ok(status_json(topic, c.as_ref(), &waiting))
-}
-
 /// Changes the cut-over of `topic` by `f` if it still is in `phase`, in one
 /// transaction holding its row.
-async fn update(
+pub async fn update_if(
     pool: &Pool,
     topic: &str,
     phase: Phase,
@@ -289,7 +239,7 @@ async fn update(
 /// transaction is aborted with a bumped epoch, an idle id gets a bumped
 /// epoch. Returns how many were fenced; an error leaves the rest to the
 /// next call.
-async fn fence_writer(
+pub async fn fence_writer(
     cluster: &Cluster,
     writer: &str,
     holding: Option<&str>,
@@ -347,7 +297,7 @@ async fn fence_writer(
 /// The switch: `Switched` and the topic's writer config in one transaction
 /// holding the cut-over row, taken only while no transaction of the old
 /// writer holds the topic. `Ok(false)`: not yet.
-async fn switch(pool: &Pool, c: &Cutover) -> Result<bool, ClusterError> {
+pub async fn switch(pool: &Pool, c: &Cutover) -> Result<bool, ClusterError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     // The topic's row before the cut-over's, in the order a start, a
@@ -411,68 +361,25 @@ async fn switch(pool: &Pool, c: &Cutover) -> Result<bool, ClusterError> {
     Ok(true)
 }
 
-/// One step of every cut-over: the drain deadline, the switch, then
-/// fencing the old writer (or, after a rollback, the new writer's
-/// transactions holding the topic).
-pub async fn drive(cluster: &Cluster) -> Result<(), ClusterError> {
-    for c in all(&cluster.pool).await? {
-        // Each topic on its own: one that fails holds up no other's
-        // deadline or switch.
-        let step = async {
-            match c.phase {
-                Phase::Draining => drain(cluster, &c).await,
-                Phase::Switched if !c.done => finish(cluster, &c).await,
-                Phase::RolledBack if !c.done => {
-                    fence_writer(cluster, &c.to, Some(&c.topic), "cut-over rolled back").await?;
-                    update(&cluster.pool, &c.topic, Phase::RolledBack, |n| {
-                        n.done = true
-                    })
-                    .await
-                }
-                _ => Ok(()),
-            }
-        };
-        if let Err(e) = step.await {
-            crate::backend::cluster::outage::cluster_warn!(cluster.outage, e, topic = %c.topic, phase = ?c.phase, error = %e, "cut-over: this step is not finished; retried");
-        }
-    }
-    Ok(())
-}
-
-async fn drain(cluster: &Cluster, c: &Cutover) -> Result<(), ClusterError> {
-    let now = {
-        let client = cluster.pool.get().await?;
-        pg_now(&**client).await?
-    };
-    if now >= c.drain_deadline_ms {
-        let open: Vec<String> = holding(&cluster.pool, &c.from, &c.topic)
-            .await?
-            .into_iter()
-            .map(|m| m.transactional_id)
-            .collect();
-        if !open.is_empty() {
-            tracing::warn!(topic = %c.topic, from = %c.from, transactions = ?open,
-                "cut-over drain deadline reached: aborting the old writer's open transactions");
-            fence_writer(cluster, &c.from, Some(&c.topic), "cut-over drain deadline").await?;
-            update(&cluster.pool, &c.topic, Phase::Draining, |n| {
-                n.aborted_at_deadline.extend(open)
-            })
+/// Sets the topic's `writer.transactional.id.prefix` (the switch already
+/// did; done again by the driver's last step, so it holds whatever the
+/// switch left).
+pub async fn set_writer(pool: &Pool, topic: &str, writer: &str) -> Result<(), ClusterError> {
+    let client = pool.get().await?;
+    let n = client
+        .execute(
+            "UPDATE topics SET configs = jsonb_set(configs, ARRAY[$2::text], to_jsonb($3::text)) \
+             WHERE name = $1 AND configs->>$2 IS DISTINCT FROM $3",
+            &[&topic, &WRITER_PREFIX_CONFIG, &writer],
+        )
+        .await?;
+    if n > 0 {
+        client
+            .execute(
+                "SELECT pg_notify($1, $2)",
+                &[&super::catalogue::CATALOGUE_CHANNEL, &topic],
+            )
             .await?;
-        }
     }
-    if switch(&cluster.pool, c).await? {
-        tracing::warn!(topic = %c.topic, from = %c.from, to = %c.to,
-            "cut-over switched: {:?} is the topic's writer; fencing every transactional id of {:?}", c.to, c.from);
-        if let Some(c) = get(&cluster.pool, &c.topic).await? {
-            finish(cluster, &c).await?;
-        }
-    }
-    Ok(())
-}
-
-async fn finish(cluster: &Cluster, c: &Cutover) -> Result<(), ClusterError> {
-    let fenced = fence_writer(cluster, &c.from, None, "cut-over").await?;
-    update(&cluster.pool, &c.topic, Phase::Switched, |n| n.done = true).await?;
-    tracing::info!(topic = %c.topic, from = %c.from, to = %c.to, fenced_ids = fenced, "cut-over done");
     Ok(())
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::ClusterError;
-use crate::coordinators::cutover::{check_commit, check_write, protects, Cutover, Gate};
+use crate::machines::cutover::{check_commit, check_write, protects, Cutover, Gate};
 use crate::machines::txn_coordinator::{CoordError, Effect, TxnMeta, TxnState};
 use crate::machines::writers::WRITER_PREFIX_CONFIG;
 

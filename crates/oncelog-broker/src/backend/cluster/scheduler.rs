@@ -65,7 +65,10 @@ pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
         CUTOVERS,
         CUTOVERS_EVERY,
         CUTOVERS_EVERY + lease * 2,
-        |c, _held| async move { super::cutover::drive(&c).await },
+        |c, _held| async move {
+            crate::coordinators::cutover::drive(&crate::backend::Cutovers::Cluster(&c)).await;
+            Ok(())
+        },
     ));
     if let Some(every) = settings.compaction_every {
         let s = settings;

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 
+use crate::coordinators::cutover;
 use crate::coordinators::txn_service::EndRequest;
 use crate::observe::httpmsg::{browser_guard, Reply, Request};
 use crate::observe::txn_history::Requester;
@@ -258,11 +259,11 @@ async fn act(b: &Arc<Broker>, req: &Request, action: &str) -> Reply {
                 Ok(d) => {
                     let store = b.cutover_store();
                     let topic = req.param("topic");
-                    match store
-                        .start(topic, req.param("from"), req.param("to"), d)
-                        .await
+                    match cutover::start(&store, topic, req.param("from"), req.param("to"), d).await
                     {
-                        Ok(_) => store.status(topic).await.map_err(cutover_failure),
+                        Ok(_) => cutover::status(&store, topic)
+                            .await
+                            .map_err(cutover_failure),
                         Err(f) => Err(cutover_failure(f)),
                     }
                 }
@@ -272,8 +273,10 @@ async fn act(b: &Arc<Broker>, req: &Request, action: &str) -> Reply {
         "cutover-rollback" => {
             let store = b.cutover_store();
             let topic = req.param("topic");
-            match store.rollback(topic).await {
-                Ok(_) => store.status(topic).await.map_err(cutover_failure),
+            match cutover::rollback(&store, topic).await {
+                Ok(_) => cutover::status(&store, topic)
+                    .await
+                    .map_err(cutover_failure),
                 Err(f) => Err(cutover_failure(f)),
             }
         }

@@ -93,7 +93,7 @@ struct WriterSeen {
     last_commit_ms: i64,
 }
 
-fn cutover_json(c: &crate::coordinators::cutover::Cutover) -> Value {
+fn cutover_json(c: &crate::machines::cutover::Cutover) -> Value {
     json!({
         "from": c.from, "to": c.to, "phase": format!("{:?}", c.phase), "done": c.done,
         "started_ms": c.started_ms, "drain_deadline_ms": c.drain_deadline_ms, "ended_ms": c.ended_ms,

@@ -222,13 +222,12 @@ pub fn status_json(topic: &str, c: Option<&Cutover>, waiting: &[TxnMeta]) -> ser
     v
 }
 
-/// The cut-over's state for `oncelog cutover status`, with the open
-/// transactions the drain waits for.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn draining() -> Cutover {
+    /// `orders` draining from `orders-sink` to `orders-green`.
+    pub(crate) fn draining() -> Cutover {
         plan_start(
             None,
             "orders",

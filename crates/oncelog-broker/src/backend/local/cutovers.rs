@@ -100,20 +100,7 @@ impl CutoverFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machines::cutover::plan_start;
-
-    fn draining() -> Cutover {
-        plan_start(
-            None,
-            "orders",
-            Some("orders-sink"),
-            "orders-sink",
-            "orders-green",
-            1000,
-            60_000,
-        )
-        .unwrap()
-    }
+    use crate::machines::cutover::tests::draining;
 
     #[test]
     fn state_survives_a_reopen() {

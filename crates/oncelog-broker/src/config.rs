@@ -22,7 +22,7 @@ pub enum ConfigError {
 /// Every broker setting: (name, default, help). The single source for
 /// parsing, `--help` and the README table.
 pub const SETTINGS: &[(&str, &str, &str)] = &[
-    ("data.dir", "./oncelog-data", "directory holding topic logs and broker metadata"),
+    ("data.dir", "./oncelog-data", "directory holding topic logs and broker metadata (local mode; a cluster-mode broker keeps nothing on local disk)"),
     ("listen", "127.0.0.1:9092", "address the Kafka listener binds"),
     ("metrics.listen", "127.0.0.1:9644", "HOST:PORT of the HTTP listener for /metrics (Prometheus text) and /health; empty = off"),
     ("console.enable", "true", "serve the web console at / on the HTTP listener (metrics.listen)"),
@@ -130,8 +130,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
     pub data_dir: PathBuf,
-    /// Whether `data.dir` was given (a cluster-mode broker without one
-    /// works in a scratch directory of its own: [`Self::scratch_data_dir`]).
+    /// Whether `data.dir` was given (a cluster-mode broker uses none, and
+    /// says so when one was given).
     pub data_dir_set: bool,
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
@@ -584,26 +584,6 @@ impl BrokerConfig {
     }
 
     /// The broker-level value behind a topic-level config name, as text.
-    /// Cluster mode without `data.dir`: a new directory of this process's
-    /// own under the system's temp dir becomes the data directory, and is
-    /// returned (the caller removes it at a clean stop). A cluster-mode
-    /// broker keeps nothing durable on its disk, so several brokers on one
-    /// host need no directory each. `None` in local mode or when `data.dir`
-    /// was given.
-    pub fn use_scratch_data_dir(&mut self) -> std::io::Result<Option<PathBuf>> {
-        if self.cluster_postgres.is_empty() || self.data_dir_set {
-            return Ok(None);
-        }
-        let dir = std::env::temp_dir().join(format!(
-            "oncelog-cluster-{}-{}",
-            std::process::id(),
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&dir)?;
-        self.data_dir = dir.clone();
-        Ok(Some(dir))
-    }
-
     pub fn topic_default(&self, topic_key: &str) -> Option<String> {
         Some(match topic_key {
             "segment.bytes" => self.segment_bytes.to_string(),

@@ -57,3 +57,14 @@ pub fn fatal_storage(what: &str) -> ! {
     eprintln!("error: {what}");
     std::process::abort()
 }
+
+/// The directory a local store keeps its files in: `None` in cluster mode,
+/// where the state is the cluster's and a broker keeps nothing on its
+/// local disk, so a change there is refused rather than written anywhere.
+pub fn local_dir(dir: &Option<std::path::PathBuf>) -> Result<&Path, TopicError> {
+    dir.as_deref().ok_or_else(|| {
+        TopicError::DataDir(
+            "a cluster-mode broker keeps no state on its local disk; this change belongs to the cluster".into(),
+        )
+    })
+}

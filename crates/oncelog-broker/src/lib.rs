@@ -116,7 +116,7 @@ pub struct Broker {
     /// Rates of the last minutes, for the console.
     pub samples: samples::Samples,
     /// This broker's exclusive hold on its data directory.
-    _dir_lock: datadir::DirLock,
+    _dir_lock: Option<datadir::DirLock>,
     /// The storage this broker serves from, chosen once before it is
     /// shared ([`Broker::start`]); the stores in `backend` match on it.
     pub mode: Mode,
@@ -302,11 +302,23 @@ impl Broker {
     }
 
     /// Everything a broker holds but its backend.
+    ///
+    /// In cluster mode the broker opens no data directory: its state is
+    /// PostgreSQL's and the object store's, and the local stores below are
+    /// empty, hold no directory, and refuse a change.
     fn build(config: BrokerConfig) -> Result<Self, TopicError> {
-        datadir::ensure_dir(&config.data_dir)?;
-        // Before anything is read or written: one broker per directory.
-        let dir_lock = datadir::lock(&config.data_dir)?;
-        datadir::migrate(&config.data_dir)?;
+        let cluster_mode = !config.cluster_postgres.is_empty();
+        let dir = (!cluster_mode).then(|| config.data_dir.clone());
+        let dir_lock = match &dir {
+            Some(d) => {
+                datadir::ensure_dir(d)?;
+                // Before anything is read or written: one broker per directory.
+                let lock = datadir::lock(d)?;
+                datadir::migrate(d)?;
+                Some(lock)
+            }
+            None => None,
+        };
         let data_notify = Arc::new(Notify::new());
         let syncer = Arc::new(Syncer::start(
             data_notify.clone(),
@@ -318,16 +330,32 @@ impl Broker {
         } else {
             partition::WriteMode::GroupCommit(syncer.clone())
         };
-        let topics = Topics::open(&config, mode)?;
-        let producer_ids = producer_ids::ProducerIds::open(&config.data_dir)?;
+        let (topics, producer_ids) = match &dir {
+            Some(d) => (
+                Topics::open(&config, mode)?,
+                producer_ids::ProducerIds::open(d)?,
+            ),
+            None => (
+                Topics::none(&config, mode),
+                producer_ids::ProducerIds::none(),
+            ),
+        };
         let compact = internal_log::CompactPolicy {
             min_records: config.coordinator_log_compact_records,
         };
-        let cutovers = backend::local::cutovers::CutoverFile::open(&config.data_dir)?;
-        cutovers
-            .forget_gone(|t| topics.get(t).is_some())
-            .map_err(TopicError::Storage)?;
-        let users = security::ScramUsers::open(&config.data_dir)?;
+        let (cutovers, users) = match &dir {
+            Some(d) => {
+                let cutovers = backend::local::cutovers::CutoverFile::open(d)?;
+                cutovers
+                    .forget_gone(|t| topics.get(t).is_some())
+                    .map_err(TopicError::Storage)?;
+                (cutovers, security::ScramUsers::open(d)?)
+            }
+            None => (
+                backend::local::cutovers::CutoverFile::none(),
+                security::ScramUsers::in_memory(),
+            ),
+        };
         #[cfg(feature = "tls")]
         let tls = if config.listeners.iter().any(|l| l.protocol.tls()) {
             let settings = tls::TlsSettings {
@@ -345,14 +373,13 @@ impl Broker {
             None
         };
         let authz = acl::Authorizer::open(
-            &config.data_dir,
+            dir.as_deref(),
             config.authorizer,
             &config.super_users,
             config.allow_everyone_if_no_acl,
         )?;
         // The coordinators' logs: the data directory's in local mode; in
         // cluster mode PostgreSQL holds their state, and they keep none.
-        let cluster_mode = !config.cluster_postgres.is_empty();
         let txn = if cluster_mode {
             txn_service::TxnService::in_memory()
                 .map_err(|e| TopicError::Storage(format!("transaction coordinator: {e}")))?

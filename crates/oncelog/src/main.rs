@@ -638,13 +638,13 @@ fn serve(args: ServeArgs) -> Result<()> {
         Broker::assign_node_id(&mut config)
             .await
             .context("starting cluster mode")?;
-        let scratch = config
-            .use_scratch_data_dir()
-            .context("making a scratch directory")?;
-        if let Some(d) = &scratch {
-            tracing::info!(scratch = %d.display(),
-                "cluster mode without data.dir: local scratch (nothing durable) in {}, removed at stop",
-                d.display());
+        if !config.cluster_postgres.is_empty() {
+            if config.data_dir_set {
+                tracing::warn!(data_dir = %config.data_dir.display(),
+                    "cluster mode keeps nothing on local disk: data.dir is not used");
+            } else {
+                tracing::info!("cluster mode: no data directory (nothing on local disk)");
+            }
         }
         let broker = Broker::start(config).await?;
         let mut listeners = Vec::new();
@@ -657,7 +657,11 @@ fn serve(args: ServeArgs) -> Result<()> {
         };
         tracing::info!(
             listen = %listen,
-            data_dir = %broker.config.data_dir.display(),
+            data_dir = %if broker.front().is_some() {
+                "none (cluster mode)".to_string()
+            } else {
+                broker.config.data_dir.display().to_string()
+            },
             advertised = %format!("{}:{}", broker.config.advertised_host, broker.config.advertised_port),
             mode = if broker.front().is_some() {
                 "cluster"
@@ -708,12 +712,6 @@ fn serve(args: ServeArgs) -> Result<()> {
             bail!("{failed} partitions could not be flushed at shutdown");
         }
         let (syncs, appended_bytes) = broker.io_counters();
-        if let Some(d) = &scratch {
-            drop(broker);
-            if let Err(e) = std::fs::remove_dir_all(d) {
-                tracing::warn!(scratch = %d.display(), error = %e, "could not remove the scratch directory");
-            }
-        }
         tracing::info!(syncs, appended_bytes, "flushed; stopped cleanly");
         Ok(())
     })

@@ -248,19 +248,24 @@ pub struct Authorizer {
     pub enabled: bool,
     super_users: Vec<String>,
     allow_if_no_acl: bool,
-    dir: PathBuf,
+    /// `None` in cluster mode: the ACLs are the cluster's, set here at
+    /// each refresh.
+    dir: Option<PathBuf>,
     acls: Arc<Mutex<Vec<Acl>>>,
     pub denials: DenyStats,
 }
 
 impl Authorizer {
     pub fn open(
-        data_dir: &Path,
+        data_dir: Option<&Path>,
         enabled: bool,
         super_users: &str,
         allow_if_no_acl: bool,
     ) -> Result<Self, TopicError> {
-        let acls = crate::files::read_json(data_dir, FILE)?;
+        let acls = match data_dir {
+            Some(d) => crate::files::read_json(d, FILE)?,
+            None => Vec::new(),
+        };
         Ok(Self {
             enabled,
             super_users: super_users
@@ -269,7 +274,7 @@ impl Authorizer {
                 .filter(|s| !s.is_empty())
                 .collect(),
             allow_if_no_acl,
-            dir: data_dir.to_path_buf(),
+            dir: data_dir.map(Path::to_path_buf),
             acls: Arc::new(Mutex::new(acls)),
             denials: DenyStats::default(),
         })
@@ -370,7 +375,9 @@ impl Authorizer {
 
     fn persist(&self, next: &[Acl]) -> Result<(), String> {
         let bytes = serde_json::to_vec_pretty(next).map_err(|e| e.to_string())?;
-        crate::files::write_atomically(&self.dir, FILE, &bytes).map_err(|e| e.to_string())
+        crate::files::local_dir(&self.dir)
+            .and_then(|dir| crate::files::write_atomically(dir, FILE, &bytes))
+            .map_err(|e| e.to_string())
     }
 
     /// Runs `plan` on the ACLs under the lock and stores what it makes of
@@ -682,7 +689,7 @@ mod tests {
 
     fn authz(acls: Vec<Acl>, allow_if_no_acl: bool) -> (tempfile::TempDir, Authorizer) {
         let dir = tempfile::tempdir().unwrap();
-        let a = Authorizer::open(dir.path(), true, "User:root", allow_if_no_acl).unwrap();
+        let a = Authorizer::open(Some(dir.path()), true, "User:root", allow_if_no_acl).unwrap();
         *a.lock() = acls;
         (dir, a)
     }
@@ -763,7 +770,7 @@ mod tests {
     #[test]
     fn create_describe_delete_are_durable_and_validated() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Authorizer::open(dir.path(), true, "", false).unwrap();
+        let a = Authorizer::open(Some(dir.path()), true, "", false).unwrap();
         let c = |t: i8, name: &str, p: i8, who: &str, op: i8, perm: i8| {
             AclCreation::default()
                 .with_resource_type(t)
@@ -786,7 +793,7 @@ mod tests {
         let r = plan.answer(&stored);
         let codes: Vec<i16> = r.results.iter().map(|x| x.error_code).collect();
         assert_eq!(codes, vec![0, 0, 42, 42, 42, 42]);
-        let again = Authorizer::open(dir.path(), true, "", false).unwrap();
+        let again = Authorizer::open(Some(dir.path()), true, "", false).unwrap();
         assert_eq!(again.count(), 2);
         let d = again.describe(
             &DescribeAclsRequest::default()
@@ -812,12 +819,12 @@ mod tests {
         let del = plan.answer(&stored);
         assert_eq!(del.filter_results[0].matching_acls.len(), 1);
         assert_eq!(
-            Authorizer::open(dir.path(), true, "", false)
+            Authorizer::open(Some(dir.path()), true, "", false)
                 .unwrap()
                 .count(),
             1
         );
-        let off = Authorizer::open(dir.path(), false, "", false).unwrap();
+        let off = Authorizer::open(Some(dir.path()), false, "", false).unwrap();
         assert!(!off.enabled);
         assert_eq!(
             create_disabled(

@@ -235,7 +235,9 @@ pub type UserMap = BTreeMap<String, BTreeMap<Mechanism, Credential>>;
 
 /// Every user's SCRAM credentials, durable in the data dir.
 pub struct ScramUsers {
-    dir: PathBuf,
+    /// `None` in cluster mode: the credentials are the cluster's, set here
+    /// at each refresh.
+    dir: Option<PathBuf>,
     state: Arc<Mutex<UserMap>>,
 }
 
@@ -243,9 +245,17 @@ impl ScramUsers {
     pub fn open(data_dir: &Path) -> Result<Self, TopicError> {
         let state = crate::files::read_json(data_dir, USERS_FILE)?;
         Ok(Self {
-            dir: data_dir.to_path_buf(),
+            dir: Some(data_dir.to_path_buf()),
             state: Arc::new(Mutex::new(state)),
         })
+    }
+
+    /// Cluster mode's: in memory, replaced from the cluster's rows.
+    pub fn in_memory() -> Self {
+        Self {
+            dir: None,
+            state: Arc::new(Mutex::new(UserMap::new())),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, UserMap> {
@@ -331,7 +341,8 @@ impl ScramUsers {
             serde_json::to_vec_pretty(&next)
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| {
-                    crate::files::write_atomically(&self.dir, USERS_FILE, &bytes)
+                    crate::files::local_dir(&self.dir)
+                        .and_then(|dir| crate::files::write_atomically(dir, USERS_FILE, &bytes))
                         .map_err(|e| e.to_string())
                 })
         } else {

@@ -14,7 +14,8 @@ pub const FILE: &str = "cutovers.json";
 /// Every topic's latest cut-over, kept durable in the data dir
 /// (`cutovers.json`, replaced whole at each change).
 pub struct CutoverFile {
-    dir: PathBuf,
+    /// `None` in cluster mode, whose cut-overs are the cluster's rows.
+    dir: Option<PathBuf>,
     state: Mutex<BTreeMap<String, Cutover>>,
 }
 
@@ -22,9 +23,17 @@ impl CutoverFile {
     pub fn open(data_dir: &Path) -> Result<Self, TopicError> {
         let state = read_json(data_dir, FILE)?;
         Ok(Self {
-            dir: data_dir.to_path_buf(),
+            dir: Some(data_dir.to_path_buf()),
             state: Mutex::new(state),
         })
+    }
+
+    /// Cluster mode's: holds none, and refuses a change.
+    pub fn none() -> Self {
+        Self {
+            dir: None,
+            state: Mutex::new(BTreeMap::new()),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Cutover>> {
@@ -91,7 +100,9 @@ impl CutoverFile {
             None => next.remove(topic),
         };
         let bytes = serde_json::to_vec_pretty(&next).map_err(|e| e.to_string())?;
-        write_atomically(&self.dir, FILE, &bytes).map_err(|e| e.to_string())?;
+        crate::files::local_dir(&self.dir)
+            .and_then(|dir| write_atomically(dir, FILE, &bytes))
+            .map_err(|e| e.to_string())?;
         *state = next;
         Ok(next_one)
     }

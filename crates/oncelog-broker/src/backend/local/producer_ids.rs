@@ -18,7 +18,7 @@ struct Stored {
 }
 
 pub struct ProducerIds {
-    dir: PathBuf,
+    dir: Option<PathBuf>,
     /// (next id to hand out, end of the durable block)
     state: Mutex<(i64, i64)>,
 }
@@ -38,9 +38,17 @@ impl ProducerIds {
             Err(e) => return Err(TopicError::Storage(format!("read {}: {e}", path.display()))),
         };
         Ok(Self {
-            dir: dir.to_path_buf(),
+            dir: Some(dir.to_path_buf()),
             state: Mutex::new((start, start)),
         })
+    }
+
+    /// Cluster mode's: producer ids come from PostgreSQL; this hands out none.
+    pub fn none() -> Self {
+        Self {
+            dir: None,
+            state: Mutex::new((0, 0)),
+        }
     }
 
     /// A producer id never handed out before.
@@ -50,7 +58,11 @@ impl ProducerIds {
             let end = st.1 + BLOCK;
             let data = serde_json::to_vec(&Stored { next_block: end })
                 .map_err(|e| TopicError::Storage(e.to_string()))?;
-            write_atomically(&self.dir, "producer_ids.json", &data)?;
+            write_atomically(
+                crate::files::local_dir(&self.dir)?,
+                "producer_ids.json",
+                &data,
+            )?;
             st.1 = end;
         }
         let id = st.0;

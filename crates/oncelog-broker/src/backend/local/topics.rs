@@ -70,7 +70,9 @@ impl Topic {
 type OpenResult = Result<Arc<Partition>, TopicError>;
 
 pub struct Topics {
-    dir: PathBuf,
+    /// `None` in cluster mode: the topics are the cluster's, and this
+    /// holds none and refuses every change.
+    dir: Option<PathBuf>,
     config: BrokerConfig,
     cluster_id: String,
     map: RwLock<HashMap<String, Arc<Topic>>>,
@@ -114,7 +116,7 @@ impl Topics {
         cat.topics.retain(|m| !names::is_internal_topic(&m.name));
         finish_staged(&dir, &cat.topics)?;
         let topics = Self {
-            dir,
+            dir: Some(dir),
             config: config.clone(),
             cluster_id: cat.cluster_id.clone(),
             map: RwLock::new(HashMap::new()),
@@ -155,8 +157,24 @@ impl Topics {
         &self.cluster_id
     }
 
-    fn partition_dir(&self, topic: &str, p: i32) -> PathBuf {
-        self.dir.join(format!("{topic}-{p}"))
+    /// Cluster mode's: no topics, no directory; every change is refused.
+    pub fn none(config: &BrokerConfig, mode: WriteMode) -> Self {
+        Self {
+            dir: None,
+            config: config.clone(),
+            cluster_id: String::new(),
+            map: RwLock::new(HashMap::new()),
+            write_lock: Mutex::new(()),
+            mode,
+        }
+    }
+
+    fn dir(&self) -> Result<&Path, TopicError> {
+        crate::files::local_dir(&self.dir)
+    }
+
+    fn partition_dir(&self, topic: &str, p: i32) -> Result<PathBuf, TopicError> {
+        Ok(self.dir()?.join(format!("{topic}-{p}")))
     }
 
     pub fn log_config(&self, meta: &TopicMeta) -> LogConfig {
@@ -220,7 +238,7 @@ impl Topics {
     }
 
     fn open_partition(&self, meta: &TopicMeta, p: i32) -> Result<Arc<Partition>, TopicError> {
-        let dir = self.partition_dir(&meta.name, p);
+        let dir = self.partition_dir(&meta.name, p)?;
         let (log, report) = Log::open(&dir, self.log_config(meta))?;
         if report.bytes_dropped > 0 {
             tracing::warn!(
@@ -302,11 +320,11 @@ impl Topics {
         };
         let data = serde_json::to_vec_pretty(&cat)
             .map_err(|e| TopicError::Storage(format!("encode catalogue: {e}")))?;
-        write_atomically(&self.dir, "topics.json", &data)
+        write_atomically(self.dir()?, "topics.json", &data)
     }
 
-    fn staged_dir(&self, id: Uuid) -> PathBuf {
-        datadir::staging_dir(&self.dir).join(id.simple().to_string())
+    fn staged_dir(&self, id: Uuid) -> Result<PathBuf, TopicError> {
+        Ok(datadir::staging_dir(self.dir()?).join(id.simple().to_string()))
     }
 
     /// Partitions held by the broker now.
@@ -346,7 +364,7 @@ impl Topics {
     /// Creates partitions `from..to` of `meta` under `staging/<topic id>/`
     /// and checks that their logs open. On failure nothing is left.
     fn stage(&self, meta: &TopicMeta, from: i32, to: i32) -> Result<(), TopicError> {
-        let staged = self.staged_dir(meta.id);
+        let staged = self.staged_dir(meta.id)?;
         let res = (|| -> Result<(), TopicError> {
             std::fs::create_dir_all(&staged)
                 .map_err(|e| TopicError::Storage(format!("create {}: {e}", staged.display())))?;
@@ -355,7 +373,7 @@ impl Topics {
                 Log::open(&d, self.log_config(meta))?;
             }
             datadir::sync_dir(&staged)?;
-            datadir::sync_dir(&datadir::staging_dir(&self.dir))
+            datadir::sync_dir(&datadir::staging_dir(self.dir()?))
         })();
         if res.is_err() {
             self.unstage(meta, from, to);
@@ -366,12 +384,14 @@ impl Topics {
     /// Removes staged partitions `from..to` of `meta` (only those: nothing
     /// else under `staging/<topic id>/` is this change's).
     fn unstage(&self, meta: &TopicMeta, from: i32, to: i32) {
-        let staged = self.staged_dir(meta.id);
+        let (Ok(dir), Ok(staged)) = (self.dir(), self.staged_dir(meta.id)) else {
+            return;
+        };
         for p in from..to {
             remove_quietly(&staged.join(format!("{}-{p}", meta.name)));
         }
         let _ = std::fs::remove_dir(&staged);
-        let _ = std::fs::remove_dir(datadir::staging_dir(&self.dir));
+        let _ = std::fs::remove_dir(datadir::staging_dir(dir));
     }
 
     /// Moves staged partitions `from..to` of a committed change into place
@@ -382,7 +402,7 @@ impl Topics {
         from: i32,
         to: i32,
     ) -> Result<Vec<Arc<Partition>>, TopicError> {
-        move_staged(&self.dir, meta, from, to)?;
+        move_staged(self.dir()?, meta, from, to)?;
         crate::faults::fail_point("topic-installed");
         (from..to).map(|p| self.open_partition(meta, p)).collect()
     }
@@ -402,8 +422,8 @@ impl Topics {
         tracing::error!(topic = %meta.name, error = %cause, "topic change failed after its catalogue write; undoing it");
         match self.write_catalogue(catalogue) {
             Ok(()) => {
-                for p in from..to {
-                    remove_quietly(&self.partition_dir(&meta.name, p));
+                for p in (from..to).filter_map(|p| self.partition_dir(&meta.name, p).ok()) {
+                    remove_quietly(&p);
                 }
                 self.unstage(meta, from, to);
             }
@@ -547,7 +567,8 @@ impl Topics {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let staged = self.staged_dir(meta.id);
+        let dir = self.dir()?;
+        let staged = self.staged_dir(meta.id)?;
         // Closed under their locks for the whole change: nothing of the old
         // topic is read or written meanwhile, nor written after.
         Partition::closing_all(&parts, || -> Result<(), TopicError> {
@@ -555,10 +576,10 @@ impl Topics {
                 std::fs::create_dir_all(&staged).map_err(|e| {
                     TopicError::Storage(format!("create {}: {e}", staged.display()))
                 })?;
-                datadir::sync_dir(&datadir::staging_dir(&self.dir))?;
-                datadir::sync_dir(&self.dir)?;
+                datadir::sync_dir(&datadir::staging_dir(dir))?;
+                datadir::sync_dir(dir)?;
                 for p in 0..meta.partitions {
-                    let src = self.partition_dir(name, p);
+                    let src = self.partition_dir(name, p)?;
                     let dst = staged.join(format!("{name}-{p}"));
                     if src.exists() {
                         std::fs::rename(&src, &dst).map_err(|e| {
@@ -567,7 +588,7 @@ impl Topics {
                     }
                 }
                 datadir::sync_dir(&staged)?;
-                datadir::sync_dir(&self.dir)
+                datadir::sync_dir(dir)
             })();
             crate::faults::fail_point("topic-delete-staged");
             let committed = moved.and_then(|()| {
@@ -580,7 +601,7 @@ impl Topics {
             });
             if let Err(e) = committed {
                 // Still in the catalogue: put back whatever was moved, then reopen.
-                if let Err(e2) = move_staged(&self.dir, &meta, 0, meta.partitions) {
+                if let Err(e2) = move_staged(dir, &meta, 0, meta.partitions) {
                     fatal_storage(&format!(
                         "could not move the partitions of {name} back after a failed delete: {e2}"
                     ));
@@ -598,7 +619,7 @@ impl Topics {
             &mut *t.partitions.write().unwrap_or_else(|p| p.into_inner()),
         ));
         remove_quietly(&staged);
-        let _ = std::fs::remove_dir(datadir::staging_dir(&self.dir));
+        let _ = std::fs::remove_dir(datadir::staging_dir(dir));
         tracing::info!(topic = name, "topic deleted");
         Ok(())
     }

@@ -57,6 +57,15 @@ def wait_for(driver, predicate, timeout=20.0, what="condition", interval=0.1):
                          f"(last error: {last_exc!r})\nconsole: {browser_errors(driver)}\npage:\n{body}")
 
 
+def click(driver, css, what="the element"):
+    """Finds and clicks `css`, again when a refresh replaced the element
+    between the two (a stale element)."""
+    def once(d):
+        d.find_element("css selector", css).click()
+        return True
+    wait_for(driver, once, what=f"a click on {what}")
+
+
 def text_of(driver, css):
     els = driver.find_elements("css selector", css)
     return "\n".join(e.text for e in els)

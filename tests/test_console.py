@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from browser import screenshot, start_chromium, text_of, wait_for, browser_errors
+from browser import browser_errors, click, screenshot, start_chromium, text_of, wait_for
 from clients import consumer_config, create_topic, txn_producer, unique_topic
 from conftest import free_port, oncelog_bin, wait_until
 from test_txn_history import late_write
@@ -302,7 +302,7 @@ def test_actions_need_enabling_a_confirmation_and_a_password(broker_factory, chr
     open_view(chrome, b, "/stuck")
     row_css = f'#stuck tr[data-partition="{topic}-0"]'
     wait_for(chrome, lambda d: d.find_elements("css selector", f"{row_css} button[data-action=abort]"), what="the abort button")
-    chrome.find_element("css selector", f"{row_css} button[data-action=abort]").click()
+    click(chrome, f"{row_css} button[data-action=abort]", "the abort button")
     wait_for(chrome, lambda d: d.find_element("id", "confirm").get_attribute("open") is not None, what="the confirmation")
     assert "oncelog txn abort" in chrome.find_element("id", "confirm-cli").text
     screenshot(chrome, "action-confirmation")
@@ -310,7 +310,7 @@ def test_actions_need_enabling_a_confirmation_and_a_password(broker_factory, chr
     chrome.find_element("id", "confirm-cancel").click()
     time.sleep(0.5)
     assert console_offsets(b, topic) == (0, 1)
-    chrome.find_element("css selector", f"{row_css} button[data-action=abort]").click()
+    click(chrome, f"{row_css} button[data-action=abort]", "the abort button")
     wait_for(chrome, lambda d: d.find_element("id", "confirm").get_attribute("open") is not None, what="the confirmation")
     chrome.find_element("id", "confirm-ok").click()
     wait_until(lambda: console_offsets(b, topic) == (2, 2) or None, 15,

@@ -15,6 +15,7 @@ each test with the `openssl` command (an EC CA, a server certificate for
 """
 
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -430,3 +431,53 @@ def test_large_fetches_to_a_slow_reader_complete(broker_factory, pki):
     assert got == n, f"read {got} of {n}"
     timeouts = [line for line in logs if "Timed out" in line]
     assert not timeouts, timeouts[:3]
+
+
+def test_the_http_listener_over_tls(broker_factory, pki, tmp_path):
+    """`metrics.tls`: /health, /metrics, the console and the CLI's endpoints
+    over TLS with the Kafka listeners' keystore. Plain HTTP and a client
+    that trusts another CA are refused; the CLI reaches it as https://,
+    checking the certificate against the system's bundle (SSL_CERT_FILE)."""
+    b = broker_factory(start=False)
+    b.overrides.update({"metrics.tls": "true",
+                        "ssl.keystore.location": str(pki / "server-bundle.pem")})
+    b.start()
+    addr = b.overrides["metrics.listen"]
+    url = f"https://{addr}"
+
+    def curl(*args):
+        return subprocess.run(["curl", "-sS", "--max-time", "10", *args],
+                              capture_output=True, text=True, timeout=30)
+
+    p = curl("--cacert", str(pki / "ca.pem"), f"{url}/health")
+    assert p.returncode == 0 and p.stdout.strip(), p
+    p = curl("--cacert", str(pki / "ca.pem"), f"{url}/metrics")
+    assert p.returncode == 0 and "oncelog_" in p.stdout, p.stderr
+    # keep-alive over TLS: two requests on one connection
+    p = curl("--cacert", str(pki / "ca.pem"), "-o", "/dev/null", "-o", "/dev/null",
+             "-w", "%{num_connects}\n", f"{url}/health", f"{url}/health")
+    assert p.returncode == 0 and p.stdout.split() == ["1", "0"], p
+    # the console's page, with its https address in the broker's log
+    p = curl("--cacert", str(pki / "ca.pem"), f"{url}/")
+    assert p.returncode == 0 and "<html" in p.stdout.lower(), p.stderr
+    assert f"console: https://{addr}/" in b.log_text(), b.log_tail()
+    # plain HTTP to a TLS listener, and a CA that did not sign its certificate
+    p = curl(f"http://{addr}/health")
+    assert p.returncode != 0, p
+    p = curl("--cacert", str(pki / "stranger-ca.pem"), f"{url}/health")
+    assert p.returncode != 0, p
+    # the CLI
+    env = {**os.environ, "SSL_CERT_FILE": str(pki / "ca.pem")}
+
+    def cli(*args, env=env):
+        return subprocess.run([str(oncelog_bin()), *args, "--bootstrap", b.bootstrap],
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    p = cli("cutover", "status", "--admin", url)
+    assert p.returncode == 0, p.stderr
+    p = cli("cutover", "status", "--admin", url,
+            env={**os.environ, "SSL_CERT_FILE": str(pki / "stranger-ca.pem")})
+    assert p.returncode != 0 and "TLS handshake failed" in p.stderr, p.stderr
+    p = cli("cutover", "status", "--admin", f"http://{addr}")
+    assert p.returncode != 0, p.stderr
+    assert b.alive

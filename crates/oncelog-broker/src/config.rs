@@ -25,6 +25,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("data.dir", "./oncelog-data", "directory holding topic logs and broker metadata (local mode; a cluster-mode broker keeps nothing on local disk)"),
     ("listen", "127.0.0.1:9092", "address the Kafka listener binds"),
     ("metrics.listen", "127.0.0.1:9644", "HOST:PORT of the HTTP listener for /metrics (Prometheus text) and /health; empty = off"),
+    ("metrics.tls", "false", "serve the HTTP listener (metrics.listen: /metrics, the console, the CLI's endpoints) over TLS, with the Kafka listeners' ssl.keystore.location and ssl.client.auth; the CLI then takes --admin https://HOST:PORT"),
     ("console.enable", "true", "serve the web console at / on the HTTP listener (metrics.listen)"),
     ("console.actions.enable", "false", "let the console change state (abort a hanging transaction, commit or abort a parked one, start or roll back a cut-over), each after a confirmation; with SASL listeners an action needs a SCRAM user's password (HTTP Basic) and, with an authorizer, ALTER on the cluster"),
     ("console.allowed.hosts", "", "host names (comma-separated) the console answers besides IP addresses and localhost (a Host header naming anything else is refused, against DNS rebinding)"),
@@ -135,6 +136,8 @@ pub struct BrokerConfig {
     pub data_dir_set: bool,
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
+    /// The HTTP listener speaks TLS (with the Kafka listeners' keystore).
+    pub metrics_tls: bool,
     pub advertised_host: String,
     pub advertised_port: i32,
     /// Every listener; the first is `listen` when `listeners` is not set.
@@ -230,6 +233,7 @@ where
 struct Network {
     listen: SocketAddr,
     metrics_listen: Option<SocketAddr>,
+    metrics_tls: bool,
     advertised_host: String,
     advertised_port: i32,
     listeners: Vec<crate::security::Listener>,
@@ -269,19 +273,25 @@ impl Network {
                 crate::security::SecurityProtocol::Ssl | crate::security::SecurityProtocol::SaslSsl
             )
         });
-        if let Some(l) = tls_listener {
+        let metrics_tls: bool = parse("metrics.tls", &get("metrics.tls"))?;
+        let tls_user = match (tls_listener, metrics_tls) {
+            (Some(l), _) => Some(("listeners", format!("listener {} is {}", l.name, l.protocol.name()))),
+            (None, true) => Some(("metrics.tls", "metrics.tls is true".to_string())),
+            (None, false) => None,
+        };
+        if let Some((key, what)) = tls_user {
             if !cfg!(feature = "tls") {
                 return Err(ConfigError::Invalid {
-                    key: "listeners".into(),
-                    value: get("listeners"),
-                    why: format!("listener {} is {}: this build has no TLS (built without the `tls` feature)", l.name, l.protocol.name()),
+                    key: key.into(),
+                    value: get(key),
+                    why: format!("{what}: this build has no TLS (built without the `tls` feature)"),
                 });
             }
             if get("ssl.keystore.location").trim().is_empty() {
                 return Err(ConfigError::Invalid {
                     key: "ssl.keystore.location".into(),
                     value: String::new(),
-                    why: format!("listener {} is {}: it needs ssl.keystore.location (a PEM file with the certificate chain and its private key)", l.name, l.protocol.name()),
+                    why: format!("{what}: it needs ssl.keystore.location (a PEM file with the certificate chain and its private key)"),
                 });
             }
         }
@@ -324,6 +334,7 @@ impl Network {
         Ok(Self {
             listen,
             metrics_listen,
+            metrics_tls,
             advertised_host,
             advertised_port,
             listeners,
@@ -358,6 +369,7 @@ impl BrokerConfig {
             data_dir_set: overrides.contains_key("data.dir"),
             listen: net.listen,
             metrics_listen: net.metrics_listen,
+            metrics_tls: net.metrics_tls,
             advertised_host: net.advertised_host,
             advertised_port: net.advertised_port,
             listeners: net.listeners,

@@ -357,7 +357,7 @@ impl Broker {
             ),
         };
         #[cfg(feature = "tls")]
-        let tls = if config.listeners.iter().any(|l| l.protocol.tls()) {
+        let tls = if config.metrics_tls || config.listeners.iter().any(|l| l.protocol.tls()) {
             let settings = tls::TlsSettings {
                 keystore: config.ssl_keystore.clone().into(),
                 truststore: (!config.ssl_truststore.is_empty())

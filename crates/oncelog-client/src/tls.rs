@@ -13,9 +13,9 @@ use std::sync::{Arc, OnceLock};
 use crate::error::ClientError;
 
 /// A connection's byte stream: TCP, or TLS over TCP.
-pub(crate) trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
-pub(crate) type Stream = Box<dyn Io>;
+pub type Stream = Box<dyn Io>;
 
 /// How this process's connections use TLS.
 #[derive(Debug, Clone, Default)]
@@ -73,6 +73,13 @@ fn pem_certs(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static
 /// call wins.
 #[cfg(feature = "tls")]
 pub fn set(c: TlsConfig) -> Result<(), ClientError> {
+    let cfg = build(&c)?;
+    let _ = CONFIG.set(Arc::new(cfg));
+    Ok(())
+}
+
+#[cfg(feature = "tls")]
+fn build(c: &TlsConfig) -> Result<rustls::ClientConfig, ClientError> {
     use rustls_pki_types::pem::PemObject;
     let ca = c.ca_cert.clone().or_else(system_bundle).ok_or_else(|| {
         bad(
@@ -107,8 +114,7 @@ pub fn set(c: TlsConfig) -> Result<(), ClientError> {
                 .map_err(|e| bad(format!("{}: {e}", cert.display())))?
         }
     };
-    let _ = CONFIG.set(Arc::new(cfg));
-    Ok(())
+    Ok(cfg)
 }
 
 #[cfg(not(feature = "tls"))]
@@ -128,10 +134,42 @@ pub fn enabled() -> bool {
 /// certificate's expected subject (a DNS name or an IP address).
 #[cfg(feature = "tls")]
 pub(crate) async fn wrap(tcp: tokio::net::TcpStream, addr: &str) -> Result<Stream, ClientError> {
-    let cfg = CONFIG
-        .get()
-        .expect("wrap is called only when TLS is set")
-        .clone();
+    let cfg = CONFIG.get().cloned().ok_or_else(|| ClientError::Tls {
+        addr: addr.to_string(),
+        why: "TLS is not set up".into(),
+    })?;
+    handshake(cfg, tcp, addr).await
+}
+
+/// Starts TLS on `tcp` to `addr` for a connection of the caller's own (the
+/// CLI's `https://` to a broker's HTTP endpoint): with this process's TLS
+/// settings when set ([`set`]), else against the system's CA bundle.
+#[cfg(feature = "tls")]
+pub async fn connect_https(tcp: tokio::net::TcpStream, addr: &str) -> Result<Stream, ClientError> {
+    let cfg = match CONFIG.get() {
+        Some(cfg) => cfg.clone(),
+        None => Arc::new(build(&TlsConfig::default()).map_err(|e| match e {
+            ClientError::Tls { why, .. } => ClientError::Tls {
+                addr: addr.to_string(),
+                why,
+            },
+            other => other,
+        })?),
+    };
+    handshake(cfg, tcp, addr).await
+}
+
+#[cfg(not(feature = "tls"))]
+pub async fn connect_https(_tcp: tokio::net::TcpStream, addr: &str) -> Result<Stream, ClientError> {
+    wrap(_tcp, addr).await
+}
+
+#[cfg(feature = "tls")]
+async fn handshake(
+    cfg: Arc<rustls::ClientConfig>,
+    tcp: tokio::net::TcpStream,
+    addr: &str,
+) -> Result<Stream, ClientError> {
     let host = addr
         .rsplit_once(':')
         .map_or(addr, |(h, _)| h)

@@ -600,13 +600,14 @@ impl Reserved {
 
 /// The web console's address for a browser on this host: a listener on
 /// every address (0.0.0.0, ::) is reached at the loopback address.
-fn console_url(at: std::net::SocketAddr) -> String {
+fn console_url(at: std::net::SocketAddr, tls: bool) -> String {
     let ip = match at.ip() {
         std::net::IpAddr::V4(a) if a.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
         std::net::IpAddr::V6(a) if a.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
         ip => ip,
     };
-    format!("http://{}/", std::net::SocketAddr::new(ip, at.port()))
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{}/", std::net::SocketAddr::new(ip, at.port()))
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
@@ -684,7 +685,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             tracing::info!(metrics = %addr, "metrics serving at /metrics and /health");
             if broker.config.console_enable {
                 let at = l.local_addr().unwrap_or(addr);
-                tracing::info!("console: {}", console_url(at));
+                tracing::info!("console: {}", console_url(at, broker.config.metrics_tls));
             }
             tokio::spawn(oncelog_broker::observe::http::serve(broker.clone(), l));
         }
@@ -834,10 +835,12 @@ mod tests {
 
     #[test]
     fn the_console_url_is_one_a_browser_here_opens() {
-        let url = |a: &str| super::console_url(a.parse().unwrap());
+        let url = |a: &str| super::console_url(a.parse().unwrap(), false);
         assert_eq!(url("127.0.0.1:9644"), "http://127.0.0.1:9644/");
         assert_eq!(url("0.0.0.0:9644"), "http://127.0.0.1:9644/");
         assert_eq!(url("[::]:9644"), "http://[::1]:9644/");
         assert_eq!(url("10.0.0.5:80"), "http://10.0.0.5:80/");
+        let tls = super::console_url("0.0.0.0:9644".parse().unwrap(), true);
+        assert_eq!(tls, "https://127.0.0.1:9644/");
     }
 }

@@ -91,19 +91,48 @@ pub async fn serve(b: Arc<Broker>, listener: TcpListener) {
         };
         let b = b.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let b = b.clone();
-                async move { Ok::<_, std::convert::Infallible>(answer(&b, req, peer).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(5))
-                .max_buf_size(8192)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(peer = %peer, error = %e, "HTTP connection ended with an error");
+            #[cfg(feature = "tls")]
+            if b.config.metrics_tls {
+                let Some(acceptor) = b.tls.as_ref().map(|t| t.acceptor()) else {
+                    return;
+                };
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => serve_connection(b, tls, peer).await,
+                    Ok(Err(e)) => {
+                        tracing::debug!(peer = %peer, error = %e, "HTTP listener: TLS handshake failed; closing connection")
+                    }
+                    Err(_) => {
+                        tracing::debug!(peer = %peer, "HTTP listener: no TLS handshake in time; closing connection")
+                    }
+                }
+                return;
             }
+            serve_connection(b, stream, peer).await
         });
+    }
+}
+
+/// How long the HTTP listener waits for a connection's TLS handshake.
+#[cfg(feature = "tls")]
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves one connection's requests (HTTP/1.1, keep-alive) on `io`: TCP,
+/// or TLS over it.
+async fn serve_connection<S>(b: Arc<Broker>, io: S, peer: std::net::SocketAddr)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let b = b.clone();
+        async move { Ok::<_, std::convert::Infallible>(answer(&b, req, peer).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(5))
+        .max_buf_size(8192)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    if let Err(e) = conn.await {
+        tracing::debug!(peer = %peer, error = %e, "HTTP connection ended with an error");
     }
 }
 

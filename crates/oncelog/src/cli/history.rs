@@ -111,19 +111,31 @@ pub async fn post_json(base: &str, path: &str) -> Result<Value> {
 }
 
 async fn request_json(method: &str, base: &str, path: &str) -> Result<Value> {
-    let rest = base
-        .strip_prefix("http://")
-        .ok_or_else(|| anyhow!("{base}: only http:// URLs are supported"))?;
+    let (scheme, rest) = if let Some(rest) = base.strip_prefix("https://") {
+        ("https", rest)
+    } else if let Some(rest) = base.strip_prefix("http://") {
+        ("http", rest)
+    } else {
+        bail!("{base}: give an http:// or https:// URL");
+    };
     let (authority, prefix) = match rest.split_once('/') {
         Some((a, p)) => (a, format!("/{}", p.trim_end_matches('/'))),
         None => (rest, String::new()),
     };
     let prefix = prefix.trim_end_matches('/');
-    let url = format!("http://{authority}{prefix}{path}");
-    let stream = tokio::time::timeout(DEADLINE, TcpStream::connect(authority))
+    let url = format!("{scheme}://{authority}{prefix}{path}");
+    let tcp = tokio::time::timeout(DEADLINE, TcpStream::connect(authority))
         .await
         .map_err(|_| anyhow!("{method} {url}: connect timed out"))?
         .with_context(|| format!("{method} {url}"))?;
+    let stream: oncelog_client::tls::Stream = if scheme == "https" {
+        tokio::time::timeout(DEADLINE, oncelog_client::tls::connect_https(tcp, authority))
+            .await
+            .map_err(|_| anyhow!("{method} {url}: TLS handshake timed out"))?
+            .with_context(|| format!("{method} {url}"))?
+    } else {
+        Box::new(tcp)
+    };
     let answer = tokio::time::timeout(DEADLINE, exchange(stream, method, authority, prefix, path))
         .await
         .map_err(|_| anyhow!("{method} {url}: no answer within {}s", DEADLINE.as_secs()))?
@@ -165,7 +177,7 @@ async fn request_json(method: &str, base: &str, path: &str) -> Result<Value> {
 }
 
 async fn exchange(
-    mut stream: TcpStream,
+    mut stream: oncelog_client::tls::Stream,
     method: &str,
     host: &str,
     prefix: &str,

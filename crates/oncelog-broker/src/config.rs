@@ -275,7 +275,10 @@ impl Network {
         });
         let metrics_tls: bool = parse("metrics.tls", &get("metrics.tls"))?;
         let tls_user = match (tls_listener, metrics_tls) {
-            (Some(l), _) => Some(("listeners", format!("listener {} is {}", l.name, l.protocol.name()))),
+            (Some(l), _) => Some((
+                "listeners",
+                format!("listener {} is {}", l.name, l.protocol.name()),
+            )),
             (None, true) => Some(("metrics.tls", "metrics.tls is true".to_string())),
             (None, false) => None,
         };

@@ -7,6 +7,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use kafka_protocol::messages::fetch_response::PartitionData;
 use oncelog_broker::now_ms;
 use oncelog_client::admin::{holding_transaction, TxnHolder};
 use oncelog_client::consumer::{
@@ -217,6 +218,123 @@ fn clamp_position(
     }
 }
 
+/// Where each partition starts: the group's committed offset, else
+/// `--from`, kept inside the log (`starts`, `hws`: each partition's log
+/// start and high watermark).
+async fn start_positions(
+    c: &mut Cluster,
+    a: &ConsumeArgs,
+    parts: &[i32],
+    from: Position,
+    committed_only: bool,
+    starts: &BTreeMap<i32, i64>,
+    hws: &BTreeMap<i32, i64>,
+) -> Result<BTreeMap<i32, i64>> {
+    let topic = &a.topic;
+    let start_of = |p: &i32| starts.get(p).copied().unwrap_or(0);
+    let hw_of = |p: &i32| hws.get(p).copied().unwrap_or(0);
+    // Start positions: the group's committed offsets, else --from.
+    let mut pos: BTreeMap<i32, i64> = match from {
+        Position::Earliest => starts.clone(),
+        Position::Latest => {
+            list_offsets(c.bootstrap(), topic, parts, LATEST, committed_only).await?
+        }
+        Position::Time(ts) => {
+            let found = list_offsets(c.bootstrap(), topic, parts, ts, false).await?;
+            found
+                .into_iter()
+                .map(|(p, o)| (p, if o < 0 { hw_of(&p) } else { o }))
+                .collect()
+        }
+        Position::Offset(o) => parts
+            .iter()
+            .map(|p| {
+                let o = if o < 0 {
+                    (hw_of(p) + o).max(start_of(p))
+                } else {
+                    clamp_position(topic, *p, o, start_of(p), hw_of(p), a.follow, "offset")
+                };
+                (*p, o)
+            })
+            .collect(),
+    };
+    if let Some(g) = &a.group {
+        for (pi, committed) in committed_offsets(c, g, topic, parts).await? {
+            let o = clamp_position(
+                topic,
+                pi,
+                committed,
+                start_of(&pi),
+                hw_of(&pi),
+                a.follow,
+                &format!("group {g}'s committed offset"),
+            );
+            pos.insert(pi, o);
+        }
+    }
+    Ok(pos)
+}
+
+/// A run that stopped at the last stable offset with the high watermark
+/// beyond it: records are held back by an open transaction; says which.
+#[allow(clippy::too_many_arguments)]
+async fn say_held_back(
+    c: &mut Cluster,
+    topic: &str,
+    parts: &[i32],
+    leaders: &BTreeMap<i32, i32>,
+    ends: &BTreeMap<i32, i64>,
+    hws: &BTreeMap<i32, i64>,
+    done: &BTreeSet<i32>,
+    pos: &BTreeMap<i32, i64>,
+) {
+    for p in parts {
+        let (lso, hw) = (
+            ends.get(p).copied().unwrap_or(0),
+            hws.get(p).copied().unwrap_or(0),
+        );
+        if done.contains(p) && lso < hw && pos.get(p).copied().unwrap_or(0) >= lso {
+            let who = txn_holding(c, *leaders.get(p).unwrap_or(&-1), topic, *p, lso).await;
+            eprintln!(
+                "{topic}-{p}: stopped at the last stable offset {lso} (read_committed); \
+                 the high watermark is {hw}: {} offsets are held back by {who}",
+                hw - lso
+            );
+        }
+    }
+}
+
+/// `--follow` behind an open transaction: says which, once it has held
+/// partition `p` for two seconds (`held`: per partition, the last stable
+/// offset it waits at, since when, and whether that was said).
+async fn say_waiting(
+    c: &mut Cluster,
+    held: &mut HashMap<i32, (i64, Instant, bool)>,
+    (leader, topic, p): (i32, &str, i32),
+    pd: &PartitionData,
+    at: i64,
+) {
+    let lso = pd.last_stable_offset;
+    if !(lso >= 0 && lso < pd.high_watermark && at >= lso) {
+        held.remove(&p);
+        return;
+    }
+    let h = held.entry(p).or_insert((lso, Instant::now(), false));
+    if h.0 != lso {
+        *h = (lso, Instant::now(), false);
+    }
+    if !h.2 && h.1.elapsed() >= Duration::from_secs(2) {
+        h.2 = true;
+        let hw = pd.high_watermark;
+        let who = txn_holding(c, leader, topic, p, lso).await;
+        eprintln!(
+            "{topic}-{p}: waiting at the last stable offset {lso} (read_committed); \
+             the high watermark is {hw}: {} offsets are held back by {who}",
+            hw - lso
+        );
+    }
+}
+
 pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
     if !FORMATS.contains(&a.format.as_str()) {
         bail!("--format must be one of {}", FORMATS.join(", "));
@@ -244,47 +362,7 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
     let topic = a.topic.clone();
     let starts = list_offsets(c.bootstrap(), &topic, &parts, EARLIEST, false).await?;
     let hws = list_offsets(c.bootstrap(), &topic, &parts, LATEST, false).await?;
-    let start_of = |p: &i32| starts.get(p).copied().unwrap_or(0);
-    let hw_of = |p: &i32| hws.get(p).copied().unwrap_or(0);
-    // Start positions: the group's committed offsets, else --from.
-    let mut pos: BTreeMap<i32, i64> = match from {
-        Position::Earliest => starts.clone(),
-        Position::Latest => {
-            list_offsets(c.bootstrap(), &topic, &parts, LATEST, committed_only).await?
-        }
-        Position::Time(ts) => {
-            let found = list_offsets(c.bootstrap(), &topic, &parts, ts, false).await?;
-            found
-                .into_iter()
-                .map(|(p, o)| (p, if o < 0 { hw_of(&p) } else { o }))
-                .collect()
-        }
-        Position::Offset(o) => parts
-            .iter()
-            .map(|p| {
-                let o = if o < 0 {
-                    (hw_of(p) + o).max(start_of(p))
-                } else {
-                    clamp_position(&topic, *p, o, start_of(p), hw_of(p), a.follow, "offset")
-                };
-                (*p, o)
-            })
-            .collect(),
-    };
-    if let Some(g) = &a.group {
-        for (pi, committed) in committed_offsets(&mut c, g, &topic, &parts).await? {
-            let o = clamp_position(
-                &topic,
-                pi,
-                committed,
-                start_of(&pi),
-                hw_of(&pi),
-                a.follow,
-                &format!("group {g}'s committed offset"),
-            );
-            pos.insert(pi, o);
-        }
-    }
+    let mut pos = start_positions(&mut c, &a, &parts, from, committed_only, &starts, &hws).await?;
     // The end for a run without --follow: the last stable offset (read_committed)
     // or the high watermark, as they are now.
     let ends = if committed_only {
@@ -403,32 +481,9 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
                         Err(e) => return Err(e).context("writing to stdout"),
                     }
                     progress.tick(count);
-                    // --follow behind an open transaction: say which, once it
-                    // has held this partition for two seconds.
-                    let lso = pd.last_stable_offset;
-                    let at = pos.get(&p).copied().unwrap_or(0);
-                    if a.follow
-                        && committed_only
-                        && lso >= 0
-                        && lso < pd.high_watermark
-                        && at >= lso
-                    {
-                        let h = held.entry(p).or_insert((lso, Instant::now(), false));
-                        if h.0 != lso {
-                            *h = (lso, Instant::now(), false);
-                        }
-                        if !h.2 && h.1.elapsed() >= Duration::from_secs(2) {
-                            h.2 = true;
-                            let hw = pd.high_watermark;
-                            let who = txn_holding(&mut c, leader, &topic, p, lso).await;
-                            eprintln!(
-                                "{topic}-{p}: waiting at the last stable offset {lso} (read_committed); \
-                                 the high watermark is {hw}: {} offsets are held back by {who}",
-                                hw - lso
-                            );
-                        }
-                    } else {
-                        held.remove(&p);
+                    if a.follow && committed_only {
+                        let at = pos.get(&p).copied().unwrap_or(0);
+                        say_waiting(&mut c, &mut held, (leader, &topic, p), pd, at).await;
                     }
                 }
             }
@@ -441,21 +496,8 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
     }
     drop(out);
     progress.done();
-    // Stopped at the last stable offset with the high watermark beyond it:
-    // records are held back by an open transaction; say which.
     if committed_only && !a.follow && stopped_by.is_none() && !stdout_closed {
-        for p in &parts {
-            let (lso, hw) = (ends.get(p).copied().unwrap_or(0), hw_of(p));
-            if done.contains(p) && lso < hw && pos.get(p).copied().unwrap_or(0) >= lso {
-                let who =
-                    txn_holding(&mut c, *leaders.get(p).unwrap_or(&-1), &topic, *p, lso).await;
-                eprintln!(
-                    "{topic}-{p}: stopped at the last stable offset {lso} (read_committed); \
-                     the high watermark is {hw}: {} offsets are held back by {who}",
-                    hw - lso
-                );
-            }
-        }
+        say_held_back(&mut c, &topic, &parts, &leaders, &ends, &hws, &done, &pos).await;
     }
     if let Some(sig) = stopped_by {
         eprintln!("interrupted ({sig})");

@@ -207,6 +207,108 @@ struct ProduceCounts {
     per_part: BTreeMap<i32, u64>,
 }
 
+/// The error a failed run ends with: what was done, and what a fence or
+/// an unanswered request leaves.
+fn stopped(e: anyhow::Error, a: &ProduceArgs, txn: bool, n: &ProduceCounts) -> anyhow::Error {
+    let mut msg = if txn {
+        format!(
+            "produce stopped after {} records were committed in {} transactions",
+            n.committed, n.txns
+        )
+    } else {
+        format!(
+            "produce stopped after {} records were acknowledged",
+            n.acked
+        )
+    };
+    if txn && fenced(&e) {
+        // A fence aborts the open transaction at the broker, and every
+        // later write of this producer is refused: nothing of it is left
+        // for a read_committed reader, whatever was in flight.
+        msg += &format!(
+            concat!(
+                "; this producer was fenced: a newer producer took transactional id {:?}, ",
+                "the broker aborted this one's open transaction and refuses its writes ",
+                "({} uncommitted records will never be read by read_committed consumers)"
+            ),
+            a.transactional_id.as_deref().unwrap_or(""),
+            n.open_txn
+        );
+        return e.context(msg);
+    }
+    if n.in_flight > 0 {
+        msg += &format!(
+            " ({} more were sent without an answer: they may or may not have been written)",
+            n.in_flight
+        );
+    }
+    if txn && n.open_txn > 0 {
+        msg += &format!(
+            "; the open transaction ({} records) stays open until the broker aborts it \
+             at its timeout (60 s)",
+            n.open_txn
+        );
+    }
+    e.context(msg)
+}
+
+/// The run's summary: JSON with `--json`, a line on stderr otherwise,
+/// and an interrupt said either way.
+fn report(
+    a: &ProduceArgs,
+    json_out: bool,
+    txn: bool,
+    n: &ProduceCounts,
+    stop: Option<&'static str>,
+    producer_id: i64,
+    started: Instant,
+) -> Result<()> {
+    let elapsed = started.elapsed().as_millis() as u64;
+    let records = if txn {
+        n.committed + n.aborted
+    } else {
+        n.acked
+    };
+    let v = json!({"topic": a.topic, "records": records, "acknowledged": if txn { n.committed } else { n.acked },
+        "partitions": n.per_part.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
+        "transactions": n.txns, "aborted_records": n.aborted,
+        "outcome": if !txn { "acknowledged" } else if a.abort || stop.is_some() { "aborted" } else { "committed" },
+        "interrupted": stop, "producer_id": producer_id, "elapsed_ms": elapsed});
+    if json_out {
+        println!("{}", serde_json::to_string(&v)?);
+    }
+    if let Some(sig) = stop {
+        // An interrupt is reported even with --json: a person pressed Ctrl-C.
+        let msg = if txn {
+            let mut m = format!(
+                "interrupted ({sig}): {} records acknowledged in {} committed transactions",
+                n.committed, n.txns
+            );
+            if n.open_txn > 0 {
+                m += &format!("; aborted the open transaction ({} records)", n.open_txn);
+            }
+            m
+        } else {
+            format!(
+                "interrupted ({sig}): {} records acknowledged, nothing left pending",
+                n.acked
+            )
+        };
+        eprintln!("{msg}");
+    } else if !json_out {
+        let mut msg = format!("produced {records} records to {} in {elapsed} ms", a.topic);
+        if txn {
+            msg += &format!(
+                " ({} transactions {})",
+                n.txns,
+                if a.abort { "aborted" } else { "committed" }
+            );
+        }
+        eprintln!("{msg}");
+    }
+    Ok(())
+}
+
 pub async fn produce(bootstrap: &str, json_out: bool, a: ProduceArgs) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let started = Instant::now();
@@ -369,91 +471,9 @@ pub async fn produce(bootstrap: &str, json_out: bool, a: ProduceArgs) -> Result<
     .await;
     progress.done();
     if let Err(e) = result {
-        let mut msg = if txn {
-            format!(
-                "produce stopped after {} records were committed in {} transactions",
-                n.committed, n.txns
-            )
-        } else {
-            format!(
-                "produce stopped after {} records were acknowledged",
-                n.acked
-            )
-        };
-        if txn && fenced(&e) {
-            // A fence aborts the open transaction at the broker, and every
-            // later write of this producer is refused: nothing of it is left
-            // for a read_committed reader, whatever was in flight.
-            msg += &format!(
-                concat!(
-                    "; this producer was fenced: a newer producer took transactional id {:?}, ",
-                    "the broker aborted this one's open transaction and refuses its writes ",
-                    "({} uncommitted records will never be read by read_committed consumers)"
-                ),
-                a.transactional_id.as_deref().unwrap_or(""),
-                n.open_txn
-            );
-            return Err(e.context(msg));
-        }
-        if n.in_flight > 0 {
-            msg += &format!(
-                " ({} more were sent without an answer: they may or may not have been written)",
-                n.in_flight
-            );
-        }
-        if txn && n.open_txn > 0 {
-            msg += &format!(
-                "; the open transaction ({} records) stays open until the broker aborts it \
-                 at its timeout (60 s)",
-                n.open_txn
-            );
-        }
-        return Err(e.context(msg));
+        return Err(stopped(e, &a, txn, &n));
     }
-    let elapsed = started.elapsed().as_millis() as u64;
-    let records = if txn {
-        n.committed + n.aborted
-    } else {
-        n.acked
-    };
-    let v = json!({"topic": a.topic, "records": records, "acknowledged": if txn { n.committed } else { n.acked },
-        "partitions": n.per_part.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
-        "transactions": n.txns, "aborted_records": n.aborted,
-        "outcome": if !txn { "acknowledged" } else if a.abort || stop.is_some() { "aborted" } else { "committed" },
-        "interrupted": stop, "producer_id": p.producer_id(), "elapsed_ms": elapsed});
-    if json_out {
-        println!("{}", serde_json::to_string(&v)?);
-    }
-    if let Some(sig) = stop {
-        // An interrupt is reported even with --json: a person pressed Ctrl-C.
-        let msg = if txn {
-            let mut m = format!(
-                "interrupted ({sig}): {} records acknowledged in {} committed transactions",
-                n.committed, n.txns
-            );
-            if n.open_txn > 0 {
-                m += &format!("; aborted the open transaction ({} records)", n.open_txn);
-            }
-            m
-        } else {
-            format!(
-                "interrupted ({sig}): {} records acknowledged, nothing left pending",
-                n.acked
-            )
-        };
-        eprintln!("{msg}");
-    } else if !json_out {
-        let mut msg = format!("produced {records} records to {} in {elapsed} ms", a.topic);
-        if txn {
-            msg += &format!(
-                " ({} transactions {})",
-                n.txns,
-                if a.abort { "aborted" } else { "committed" }
-            );
-        }
-        eprintln!("{msg}");
-    }
-    Ok(())
+    report(&a, json_out, txn, &n, stop, p.producer_id(), started)
 }
 
 #[cfg(test)]

@@ -116,40 +116,15 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
             replication_factor,
             configs,
         } => {
-            let mut cfgs = Vec::new();
-            for kv in configs {
-                let (k, val) = kv
-                    .split_once('=')
-                    .ok_or_else(|| anyhow!("--config expects KEY=VALUE, got {kv}"))?;
-                cfgs.push(
-                    CreatableTopicConfig::default()
-                        .with_name(s(k))
-                        .with_value(Some(s(val))),
-                );
-            }
-            let req = CreateTopicsRequest::default()
-                .with_timeout_ms(30000)
-                .with_topics(vec![CreatableTopic::default()
-                    .with_name(TopicName(s(&name)))
-                    .with_num_partitions(partitions)
-                    .with_replication_factor(replication_factor.unwrap_or(-1))
-                    .with_configs(cfgs)]);
-            let (r, _) = c
-                .call::<_, CreateTopicsResponse>(ApiKey::CreateTopics, &req)
-                .await?;
-            for t in &r.topics {
-                check_msg(
-                    t.error_code,
-                    t.error_message.as_ref(),
-                    &format!("create {name}"),
-                )?;
-            }
-            emit(
+            create(
+                &mut c,
                 json_out,
-                &json!({"created": name, "partitions": partitions}),
-                &["CREATED", "PARTITIONS"],
-                vec![vec![name.clone(), partitions.to_string()]],
-            );
+                name,
+                partitions,
+                replication_factor,
+                configs,
+            )
+            .await?
         }
         TopicCmd::Delete { name } => {
             let req = DeleteTopicsRequest::default()
@@ -200,201 +175,272 @@ pub async fn topic(bootstrap: &str, json_out: bool, cmd: TopicCmd) -> Result<()>
             );
         }
         TopicCmd::AlterConfig { name, set, delete } => {
-            if set.is_empty() && delete.is_empty() {
-                bail!("nothing to change: give --set KEY=VALUE or --delete KEY");
-            }
-            let mut cfgs = Vec::new();
-            for kv in &set {
-                let (k, val) = kv
-                    .split_once('=')
-                    .ok_or_else(|| anyhow!("--set expects KEY=VALUE, got {kv}"))?;
-                cfgs.push(
-                    AlterableConfig::default()
-                        .with_name(s(k))
-                        .with_config_operation(OP_SET)
-                        .with_value(Some(s(val))),
-                );
-            }
-            for k in &delete {
-                cfgs.push(
-                    AlterableConfig::default()
-                        .with_name(s(k))
-                        .with_config_operation(OP_DELETE)
-                        .with_value(None),
-                );
-            }
-            let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
-                AlterConfigsResource::default()
-                    .with_resource_type(RESOURCE_TOPIC)
-                    .with_resource_name(s(&name))
-                    .with_configs(cfgs),
-            ]);
-            let (r, _) = c
-                .call::<_, IncrementalAlterConfigsResponse>(ApiKey::IncrementalAlterConfigs, &req)
-                .await?;
-            for x in &r.responses {
-                if x.error_code != 0 {
-                    let msg = x
-                        .error_message
-                        .as_ref()
-                        .map(|m| m.to_string())
-                        .unwrap_or_default();
-                    check(x.error_code, &format!("alter configs of {name} ({msg})"))?;
-                }
-            }
-            let configs = topic_configs(&mut c, &name).await?;
-            emit(
-                json_out,
-                &json!({"topic": name, "configs": configs}),
-                &["CONFIG", "VALUE"],
-                configs
-                    .iter()
-                    .map(|(k, v)| vec![k.clone(), v.clone()])
-                    .collect(),
-            );
+            alter_config(&mut c, json_out, name, set, delete).await?
         }
         TopicCmd::Describe { name, admin } => {
-            let md = metadata(&mut c, Some(vec![name.clone()])).await?;
-            let t = md
-                .topics
-                .first()
-                .ok_or_else(|| anyhow!("no metadata for {name}"))?;
-            check(t.error_code, &format!("describe {name}"))?;
-            let parts: Vec<i32> = t.partitions.iter().map(|p| p.partition_index).collect();
-            let start = list_offsets(&mut c, &name, &parts, EARLIEST, false).await?;
-            let hw = list_offsets(&mut c, &name, &parts, LATEST, false).await?;
-            let lso = list_offsets(&mut c, &name, &parts, LATEST, true).await?;
-            let configs = topic_configs(&mut c, &name).await?;
-            let compacted = configs
-                .iter()
-                .any(|(k, v)| k == "cleanup.policy" && v.contains("compact"));
-            // The cleaner's state is not in the Kafka protocol: it comes
-            // from the HTTP port, and its absence must not hide the rest.
-            let mut cleaner = Value::Null;
-            let mut cleaner_unavailable = None;
-            let fenced = configs
-                .iter()
-                .any(|(k, _)| k == "writer.transactional.id.prefix");
-            let explicit_admin = admin.is_some();
-            let admin = super::history::admin_for(bootstrap, admin);
-            // A topic's cut-over (oncelog cutover), when it has or had one.
-            let mut cutover = Value::Null;
-            if fenced || explicit_admin {
-                let path = format!(
-                    "/v1/cutover?topic={}",
-                    super::history::percent_encode(&name)
-                );
-                if let Ok(v) = super::history::get_json(&admin, &path).await {
-                    if v["phase"] != "None" {
-                        cutover = v;
-                    }
-                }
-            }
-            if compacted {
-                match super::history::cleaner(&admin).await {
-                    Ok(v) => cleaner = v["partitions"].clone(),
-                    Err(e) => cleaner_unavailable = Some(format!("{e:#}")),
-                }
-            }
-            let state = |p: &i32| {
-                cleaner
-                    .get(format!("{name}-{p}"))
-                    .cloned()
-                    .unwrap_or(Value::Null)
-            };
-            let rows: Vec<Value> = parts
-                .iter()
-                .map(|p| {
-                    let mut row = json!({"partition": p, "log_start_offset": start.get(p), "high_watermark": hw.get(p),
-                        "last_stable_offset": lso.get(p)});
-                    if compacted {
-                        row["cleaner"] = state(p);
-                    }
-                    row
-                })
-                .collect();
-            if !json_out && !configs.is_empty() {
-                let cs: Vec<String> = configs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!("configs: {}", cs.join(", "));
-            }
-            if let (false, Some(why)) = (json_out, &cleaner_unavailable) {
-                println!("cleaner state unavailable: {why}");
-            }
-            if !json_out && !cutover.is_null() {
-                let waiting: Vec<&str> = cutover["waiting_for"]
-                    .as_array()
-                    .map(|w| {
-                        w.iter()
-                            .filter_map(|t| t["transactional_id"].as_str())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                println!(
-                    "cut-over: {} from {} to {}{}{}",
-                    cutover["phase"].as_str().unwrap_or("?"),
-                    cutover["from"].as_str().unwrap_or("?"),
-                    cutover["to"].as_str().unwrap_or("?"),
-                    if cutover["done"] == true {
-                        ", done"
-                    } else {
-                        ""
-                    },
-                    if waiting.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", waiting for {}", waiting.join(","))
-                    }
-                );
-            }
-            let mut header = vec!["PARTITION", "LOG-START", "HIGH-WATERMARK", "LSO"];
-            if compacted {
-                header.extend([
-                    "CLEANED-TO",
-                    "DIRTY-RATIO",
-                    "DIRTY-BYTES",
-                    "PASSES",
-                    "LAST-ERROR",
-                ]);
-            }
-            let table = parts
-                .iter()
-                .map(|p| {
-                    let mut row = vec![
-                        p.to_string(),
-                        start.get(p).unwrap_or(&-1).to_string(),
-                        hw.get(p).unwrap_or(&-1).to_string(),
-                        lso.get(p).unwrap_or(&-1).to_string(),
-                    ];
-                    if compacted {
-                        let s = state(p);
-                        let num = |k: &str| s.get(k).map_or("-".to_string(), |v| v.to_string());
-                        row.push(num("first_dirty_offset"));
-                        row.push(
-                            s.get("dirty_ratio")
-                                .and_then(Value::as_f64)
-                                .map_or("-".into(), |r| format!("{r:.2}")),
-                        );
-                        row.push(num("dirty_bytes"));
-                        row.push(num("passes"));
-                        row.push(
-                            s.get("last_error")
-                                .and_then(Value::as_str)
-                                .unwrap_or("-")
-                                .to_string(),
-                        );
-                    }
-                    row
-                })
-                .collect();
-            let mut out = json!({"topic": name, "partitions": rows, "configs": configs});
-            if let Some(why) = cleaner_unavailable {
-                out["cleaner_unavailable"] = json!(why);
-            }
-            if !cutover.is_null() {
-                out["cutover"] = cutover;
-            }
-            emit(json_out, &out, &header, table);
+            describe(&mut c, bootstrap, json_out, name, admin).await?
         }
     }
+    Ok(())
+}
+
+/// `topic create`.
+async fn create(
+    c: &mut Client,
+    json_out: bool,
+    name: String,
+    partitions: i32,
+    replication_factor: Option<i16>,
+    configs: Vec<String>,
+) -> Result<()> {
+    let mut cfgs = Vec::new();
+    for kv in configs {
+        let (k, val) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--config expects KEY=VALUE, got {kv}"))?;
+        cfgs.push(
+            CreatableTopicConfig::default()
+                .with_name(s(k))
+                .with_value(Some(s(val))),
+        );
+    }
+    let req = CreateTopicsRequest::default()
+        .with_timeout_ms(30000)
+        .with_topics(vec![CreatableTopic::default()
+            .with_name(TopicName(s(&name)))
+            .with_num_partitions(partitions)
+            .with_replication_factor(replication_factor.unwrap_or(-1))
+            .with_configs(cfgs)]);
+    let (r, _) = c
+        .call::<_, CreateTopicsResponse>(ApiKey::CreateTopics, &req)
+        .await?;
+    for t in &r.topics {
+        check_msg(
+            t.error_code,
+            t.error_message.as_ref(),
+            &format!("create {name}"),
+        )?;
+    }
+    emit(
+        json_out,
+        &json!({"created": name, "partitions": partitions}),
+        &["CREATED", "PARTITIONS"],
+        vec![vec![name.clone(), partitions.to_string()]],
+    );
+    Ok(())
+}
+
+/// `topic alter-config`: `--set KEY=VALUE` and `--delete KEY`.
+async fn alter_config(
+    c: &mut Client,
+    json_out: bool,
+    name: String,
+    set: Vec<String>,
+    delete: Vec<String>,
+) -> Result<()> {
+    if set.is_empty() && delete.is_empty() {
+        bail!("nothing to change: give --set KEY=VALUE or --delete KEY");
+    }
+    let mut cfgs = Vec::new();
+    for kv in &set {
+        let (k, val) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--set expects KEY=VALUE, got {kv}"))?;
+        cfgs.push(
+            AlterableConfig::default()
+                .with_name(s(k))
+                .with_config_operation(OP_SET)
+                .with_value(Some(s(val))),
+        );
+    }
+    for k in &delete {
+        cfgs.push(
+            AlterableConfig::default()
+                .with_name(s(k))
+                .with_config_operation(OP_DELETE)
+                .with_value(None),
+        );
+    }
+    let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(RESOURCE_TOPIC)
+            .with_resource_name(s(&name))
+            .with_configs(cfgs),
+    ]);
+    let (r, _) = c
+        .call::<_, IncrementalAlterConfigsResponse>(ApiKey::IncrementalAlterConfigs, &req)
+        .await?;
+    for x in &r.responses {
+        if x.error_code != 0 {
+            let msg = x
+                .error_message
+                .as_ref()
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            check(x.error_code, &format!("alter configs of {name} ({msg})"))?;
+        }
+    }
+    let configs = topic_configs(c, &name).await?;
+    emit(
+        json_out,
+        &json!({"topic": name, "configs": configs}),
+        &["CONFIG", "VALUE"],
+        configs
+            .iter()
+            .map(|(k, v)| vec![k.clone(), v.clone()])
+            .collect(),
+    );
+    Ok(())
+}
+
+/// `topic describe`: partitions, configs, and the broker's view of each
+/// partition's offsets.
+async fn describe(
+    c: &mut Client,
+    bootstrap: &str,
+    json_out: bool,
+    name: String,
+    admin: Option<String>,
+) -> Result<()> {
+    let md = metadata(c, Some(vec![name.clone()])).await?;
+    let t = md
+        .topics
+        .first()
+        .ok_or_else(|| anyhow!("no metadata for {name}"))?;
+    check(t.error_code, &format!("describe {name}"))?;
+    let parts: Vec<i32> = t.partitions.iter().map(|p| p.partition_index).collect();
+    let start = list_offsets(c, &name, &parts, EARLIEST, false).await?;
+    let hw = list_offsets(c, &name, &parts, LATEST, false).await?;
+    let lso = list_offsets(c, &name, &parts, LATEST, true).await?;
+    let configs = topic_configs(c, &name).await?;
+    let compacted = configs
+        .iter()
+        .any(|(k, v)| k == "cleanup.policy" && v.contains("compact"));
+    // The cleaner's state is not in the Kafka protocol: it comes
+    // from the HTTP port, and its absence must not hide the rest.
+    let mut cleaner = Value::Null;
+    let mut cleaner_unavailable = None;
+    let fenced = configs
+        .iter()
+        .any(|(k, _)| k == "writer.transactional.id.prefix");
+    let explicit_admin = admin.is_some();
+    let admin = super::history::admin_for(bootstrap, admin);
+    // A topic's cut-over (oncelog cutover), when it has or had one.
+    let mut cutover = Value::Null;
+    if fenced || explicit_admin {
+        let path = format!(
+            "/v1/cutover?topic={}",
+            super::history::percent_encode(&name)
+        );
+        if let Ok(v) = super::history::get_json(&admin, &path).await {
+            if v["phase"] != "None" {
+                cutover = v;
+            }
+        }
+    }
+    if compacted {
+        match super::history::cleaner(&admin).await {
+            Ok(v) => cleaner = v["partitions"].clone(),
+            Err(e) => cleaner_unavailable = Some(format!("{e:#}")),
+        }
+    }
+    let state = |p: &i32| {
+        cleaner
+            .get(format!("{name}-{p}"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let rows: Vec<Value> = parts
+        .iter()
+        .map(|p| {
+            let mut row = json!({"partition": p, "log_start_offset": start.get(p), "high_watermark": hw.get(p),
+                "last_stable_offset": lso.get(p)});
+            if compacted {
+                row["cleaner"] = state(p);
+            }
+            row
+        })
+        .collect();
+    if !json_out && !configs.is_empty() {
+        let cs: Vec<String> = configs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("configs: {}", cs.join(", "));
+    }
+    if let (false, Some(why)) = (json_out, &cleaner_unavailable) {
+        println!("cleaner state unavailable: {why}");
+    }
+    if !json_out && !cutover.is_null() {
+        let waiting: Vec<&str> = cutover["waiting_for"]
+            .as_array()
+            .map(|w| {
+                w.iter()
+                    .filter_map(|t| t["transactional_id"].as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "cut-over: {} from {} to {}{}{}",
+            cutover["phase"].as_str().unwrap_or("?"),
+            cutover["from"].as_str().unwrap_or("?"),
+            cutover["to"].as_str().unwrap_or("?"),
+            if cutover["done"] == true {
+                ", done"
+            } else {
+                ""
+            },
+            if waiting.is_empty() {
+                String::new()
+            } else {
+                format!(", waiting for {}", waiting.join(","))
+            }
+        );
+    }
+    let mut header = vec!["PARTITION", "LOG-START", "HIGH-WATERMARK", "LSO"];
+    if compacted {
+        header.extend([
+            "CLEANED-TO",
+            "DIRTY-RATIO",
+            "DIRTY-BYTES",
+            "PASSES",
+            "LAST-ERROR",
+        ]);
+    }
+    let table = parts
+        .iter()
+        .map(|p| {
+            let mut row = vec![
+                p.to_string(),
+                start.get(p).unwrap_or(&-1).to_string(),
+                hw.get(p).unwrap_or(&-1).to_string(),
+                lso.get(p).unwrap_or(&-1).to_string(),
+            ];
+            if compacted {
+                let s = state(p);
+                let num = |k: &str| s.get(k).map_or("-".to_string(), |v| v.to_string());
+                row.push(num("first_dirty_offset"));
+                row.push(
+                    s.get("dirty_ratio")
+                        .and_then(Value::as_f64)
+                        .map_or("-".into(), |r| format!("{r:.2}")),
+                );
+                row.push(num("dirty_bytes"));
+                row.push(num("passes"));
+                row.push(
+                    s.get("last_error")
+                        .and_then(Value::as_str)
+                        .unwrap_or("-")
+                        .to_string(),
+                );
+            }
+            row
+        })
+        .collect();
+    let mut out = json!({"topic": name, "partitions": rows, "configs": configs});
+    if let Some(why) = cleaner_unavailable {
+        out["cleaner_unavailable"] = json!(why);
+    }
+    if !cutover.is_null() {
+        out["cutover"] = cutover;
+    }
+    emit(json_out, &out, &header, table);
     Ok(())
 }

@@ -126,88 +126,266 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
         _ => {}
     }
     let mut cl = Cluster::connect(bootstrap).await?;
+    let cl = &mut cl;
     match cmd {
-        TxnCmd::Commit { .. } => {}
-        TxnCmd::List { states, admin } => {
-            // Parked is Ongoing on the wire (its transaction is open).
-            let parked_wanted = states.iter().any(|x| x == "Parked");
-            let wire_states: Vec<&String> = states.iter().filter(|x| *x != "Parked").collect();
-            let mut filters: Vec<_> = wire_states.iter().map(|x| s(x)).collect();
-            if parked_wanted && !wire_states.is_empty() {
-                filters.push(s("Ongoing"));
-            } else if parked_wanted {
-                filters = vec![s("Ongoing")];
-            }
-            let req = ListTransactionsRequest::default()
-                .with_state_filters(filters)
-                .with_duration_filter(-1);
-            let mut listed: Vec<_> = list_everywhere(&mut cl, &req)
-                .await?
-                .into_iter()
-                .flat_map(|(_, r)| r.transaction_states)
-                .collect();
-            listed.sort_by(|a, b| a.transactional_id.0.cmp(&b.transactional_id.0));
-            listed.dedup_by(|a, b| a.transactional_id == b.transactional_id);
-            let admin = history::admin_for(bootstrap, admin);
-            let parked: std::collections::HashMap<String, i64> = history::parked(&admin)
-                .await
-                .ok()
-                .and_then(|v| v["parked"].as_array().cloned())
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|p| {
-                    Some((
-                        p["transactional_id"].as_str()?.to_string(),
-                        p["parked_since_ms"].as_i64()?,
-                    ))
-                })
-                .collect();
-            let rows: Vec<Vec<String>> = listed
-                .iter()
-                .map(|t| {
-                    let id = t.transactional_id.0.to_string();
-                    let state = if parked.contains_key(&id) {
-                        "Parked".to_string()
-                    } else {
-                        t.transaction_state.to_string()
-                    };
-                    vec![id, t.producer_id.0.to_string(), state]
-                })
-                .filter(|r| {
-                    states.is_empty()
-                        || states.iter().any(|x| *x == r[2])
-                        || (r[2] == "Parked" && wire_states.iter().any(|x| *x == "Ongoing"))
-                })
-                .collect();
-            let v = json!(rows.iter().map(|r| json!({"transactional_id": r[0], "producer_id": r[1].parse::<i64>().unwrap_or(-1), "state": r[2],
-                "parked_since_ms": parked.get(&r[0])})).collect::<Vec<_>>());
-            emit(
-                json_out,
-                &v,
-                &["TRANSACTIONAL-ID", "PRODUCER-ID", "STATE"],
-                rows,
-            );
-        }
+        TxnCmd::Commit { .. }
+        | TxnCmd::Abort {
+            partition: None, ..
+        } => Ok(()),
+        TxnCmd::List { states, admin } => list(cl, bootstrap, json_out, states, admin).await,
         TxnCmd::Describe {
             transactional_id,
             admin,
+        } => describe(cl, bootstrap, json_out, transactional_id, admin).await,
+        TxnCmd::History {
+            transactional_id,
+            admin,
+        } => history_of(bootstrap, json_out, transactional_id, admin).await,
+        TxnCmd::Producers { topic, partition } => producers(cl, json_out, topic, partition).await,
+        TxnCmd::FindHanging { min_age_ms } => find_hanging(cl, json_out, min_age_ms).await,
+        TxnCmd::Abort {
+            target,
+            partition: Some(partition),
+            producer_id,
+            producer_epoch,
+            coordinator_epoch,
         } => {
-            let admin = history::admin_for(bootstrap, admin);
-            let req = DescribeTransactionsRequest::default()
-                .with_transactional_ids(vec![TransactionalId(s(&transactional_id))]);
-            let coordinator = cl
-                .coordinator(&transactional_id, CoordinatorType::Transaction)
-                .await?;
-            let (r, _) = cl
-                .node(coordinator)
-                .await?
-                .call::<_, DescribeTransactionsResponse>(ApiKey::DescribeTransactions, &req)
-                .await?;
-            let t = r
-                .transaction_states
-                .first()
-                .ok_or_else(|| anyhow!("empty answer"))?;
-            check(t.error_code, &format!("describe {transactional_id}"))?;
+            abort_at(
+                cl,
+                json_out,
+                target,
+                partition,
+                producer_id,
+                producer_epoch,
+                coordinator_epoch,
+            )
+            .await
+        }
+    }
+}
+
+/// `txn list`: every coordinator's ids, with the parked ones named.
+async fn list(
+    cl: &mut Cluster,
+    bootstrap: &str,
+    json_out: bool,
+    states: Vec<String>,
+    admin: Option<String>,
+) -> Result<()> {
+    // Parked is Ongoing on the wire (its transaction is open).
+    let parked_wanted = states.iter().any(|x| x == "Parked");
+    let wire_states: Vec<&String> = states.iter().filter(|x| *x != "Parked").collect();
+    let mut filters: Vec<_> = wire_states.iter().map(|x| s(x)).collect();
+    if parked_wanted && !wire_states.is_empty() {
+        filters.push(s("Ongoing"));
+    } else if parked_wanted {
+        filters = vec![s("Ongoing")];
+    }
+    let req = ListTransactionsRequest::default()
+        .with_state_filters(filters)
+        .with_duration_filter(-1);
+    let mut listed: Vec<_> = list_everywhere(cl, &req)
+        .await?
+        .into_iter()
+        .flat_map(|(_, r)| r.transaction_states)
+        .collect();
+    listed.sort_by(|a, b| a.transactional_id.0.cmp(&b.transactional_id.0));
+    listed.dedup_by(|a, b| a.transactional_id == b.transactional_id);
+    let admin = history::admin_for(bootstrap, admin);
+    let parked: std::collections::HashMap<String, i64> = history::parked(&admin)
+        .await
+        .ok()
+        .and_then(|v| v["parked"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p["transactional_id"].as_str()?.to_string(),
+                p["parked_since_ms"].as_i64()?,
+            ))
+        })
+        .collect();
+    let rows: Vec<Vec<String>> = listed
+        .iter()
+        .map(|t| {
+            let id = t.transactional_id.0.to_string();
+            let state = if parked.contains_key(&id) {
+                "Parked".to_string()
+            } else {
+                t.transaction_state.to_string()
+            };
+            vec![id, t.producer_id.0.to_string(), state]
+        })
+        .filter(|r| {
+            states.is_empty()
+                || states.iter().any(|x| *x == r[2])
+                || (r[2] == "Parked" && wire_states.iter().any(|x| *x == "Ongoing"))
+        })
+        .collect();
+    let v = json!(rows.iter().map(|r| json!({"transactional_id": r[0], "producer_id": r[1].parse::<i64>().unwrap_or(-1), "state": r[2],
+        "parked_since_ms": parked.get(&r[0])})).collect::<Vec<_>>());
+    emit(
+        json_out,
+        &v,
+        &["TRANSACTIONAL-ID", "PRODUCER-ID", "STATE"],
+        rows,
+    );
+    Ok(())
+}
+
+/// `txn describe`: the protocol's answer and the broker's history.
+async fn describe(
+    cl: &mut Cluster,
+    bootstrap: &str,
+    json_out: bool,
+    transactional_id: String,
+    admin: Option<String>,
+) -> Result<()> {
+    let admin = history::admin_for(bootstrap, admin);
+    let req = DescribeTransactionsRequest::default()
+        .with_transactional_ids(vec![TransactionalId(s(&transactional_id))]);
+    let coordinator = cl
+        .coordinator(&transactional_id, CoordinatorType::Transaction)
+        .await?;
+    let (r, _) = cl
+        .node(coordinator)
+        .await?
+        .call::<_, DescribeTransactionsResponse>(ApiKey::DescribeTransactions, &req)
+        .await?;
+    let t = r
+        .transaction_states
+        .first()
+        .ok_or_else(|| anyhow!("empty answer"))?;
+    check(t.error_code, &format!("describe {transactional_id}"))?;
+    let parts: Vec<String> = t
+        .topics
+        .iter()
+        .flat_map(|x| {
+            x.partitions
+                .iter()
+                .map(move |p| format!("{}-{p}", x.topic.0.as_str()))
+        })
+        .collect();
+    let mut v = json!({"transactional_id": transactional_id, "state": t.transaction_state.as_str(),
+        "producer_id": t.producer_id.0, "producer_epoch": t.producer_epoch,
+        "timeout_ms": t.transaction_timeout_ms, "start_time_ms": t.transaction_start_time_ms,
+        "partitions": parts});
+    // The Kafka protocol has no history: it comes from the HTTP port,
+    // and its absence must not hide what the protocol told.
+    let hist = history::fetch(&admin, &transactional_id).await;
+    match &hist {
+        Ok(h) => v["history"] = h.clone(),
+        Err(e) => {
+            v["history"] = Value::Null;
+            v["history_unavailable"] = json!(format!("{e:#}"));
+        }
+    }
+    emit(
+        json_out,
+        &v,
+        &[
+            "TRANSACTIONAL-ID",
+            "STATE",
+            "PRODUCER-ID",
+            "EPOCH",
+            "TIMEOUT-MS",
+            "PARTITIONS",
+        ],
+        vec![vec![
+            transactional_id.clone(),
+            t.transaction_state.to_string(),
+            t.producer_id.0.to_string(),
+            t.producer_epoch.to_string(),
+            t.transaction_timeout_ms.to_string(),
+            parts.join(","),
+        ]],
+    );
+    if !json_out {
+        match &hist {
+            Ok(h) => history::print_sections(h, table),
+            Err(e) => println!("\nhistory: unavailable ({e:#})"),
+        }
+    }
+    Ok(())
+}
+
+/// `txn history`: one id's recent events.
+async fn history_of(
+    bootstrap: &str,
+    json_out: bool,
+    transactional_id: String,
+    admin: Option<String>,
+) -> Result<()> {
+    let admin = history::admin_for(bootstrap, admin);
+    let h = history::fetch(&admin, &transactional_id).await?;
+    let v = json!({"transactional_id": transactional_id,
+        "history_since_ms": h["history_since_ms"], "events": h["events"],
+        "events_dropped": h["events_dropped"], "stuck": h["stuck"]});
+    if !json_out {
+        history::print_stuck(&h);
+    }
+    emit(
+        json_out,
+        &v,
+        history::EVENT_HEADERS,
+        history::event_rows(&h),
+    );
+    Ok(())
+}
+
+/// `txn producers`: the producers a partition knows.
+async fn producers(cl: &mut Cluster, json_out: bool, topic: String, partition: i32) -> Result<()> {
+    let rows: Vec<Vec<String>> = describe_producers(cl.bootstrap(), &topic, partition)
+        .await?
+        .iter()
+        .map(producer_row)
+        .collect();
+    let v = json!(rows.iter().map(|r| json!({"producer_id": r[0].parse::<i64>().unwrap_or(-1),
+        "epoch": r[1].parse::<i64>().unwrap_or(-1), "last_sequence": r[2].parse::<i64>().unwrap_or(-1),
+        "last_timestamp": r[3].parse::<i64>().unwrap_or(-1), "coordinator_epoch": r[4].parse::<i64>().unwrap_or(-1),
+        "current_txn_start_offset": r[5].parse::<i64>().unwrap_or(-1)})).collect::<Vec<_>>());
+    emit(
+        json_out,
+        &v,
+        &[
+            "PRODUCER-ID",
+            "EPOCH",
+            "LAST-SEQUENCE",
+            "LAST-TIMESTAMP",
+            "COORDINATOR-EPOCH",
+            "TXN-START-OFFSET",
+        ],
+        rows,
+    );
+    Ok(())
+}
+
+/// `txn find-hanging`: open transactions older than `min_age_ms`.
+async fn find_hanging(cl: &mut Cluster, json_out: bool, min_age_ms: i64) -> Result<()> {
+    let req = ListTransactionsRequest::default()
+        .with_state_filters(vec![s("Ongoing")])
+        .with_duration_filter(min_age_ms);
+    let mut rows = Vec::new();
+    // Each broker describes the transactions it coordinates.
+    for (broker, r) in list_everywhere(cl, &req).await? {
+        let ids: Vec<TransactionalId> = r
+            .transaction_states
+            .iter()
+            .map(|t| t.transactional_id.clone())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let (d, _) = cl
+            .node(broker)
+            .await?
+            .call::<_, DescribeTransactionsResponse>(
+                ApiKey::DescribeTransactions,
+                &DescribeTransactionsRequest::default().with_transactional_ids(ids),
+            )
+            .await?;
+        let now = oncelog_broker::now_ms();
+        for t in d.transaction_states.iter().filter(|t| t.error_code == 0) {
             let parts: Vec<String> = t
                 .topics
                 .iter()
@@ -217,216 +395,97 @@ pub async fn txn(bootstrap: &str, json_out: bool, cmd: TxnCmd) -> Result<()> {
                         .map(move |p| format!("{}-{p}", x.topic.0.as_str()))
                 })
                 .collect();
-            let mut v = json!({"transactional_id": transactional_id, "state": t.transaction_state.as_str(),
-                "producer_id": t.producer_id.0, "producer_epoch": t.producer_epoch,
-                "timeout_ms": t.transaction_timeout_ms, "start_time_ms": t.transaction_start_time_ms,
-                "partitions": parts});
-            // The Kafka protocol has no history: it comes from the HTTP port,
-            // and its absence must not hide what the protocol told.
-            let hist = history::fetch(&admin, &transactional_id).await;
-            match &hist {
-                Ok(h) => v["history"] = h.clone(),
-                Err(e) => {
-                    v["history"] = Value::Null;
-                    v["history_unavailable"] = json!(format!("{e:#}"));
-                }
-            }
-            emit(
-                json_out,
-                &v,
-                &[
-                    "TRANSACTIONAL-ID",
-                    "STATE",
-                    "PRODUCER-ID",
-                    "EPOCH",
-                    "TIMEOUT-MS",
-                    "PARTITIONS",
-                ],
-                vec![vec![
-                    transactional_id.clone(),
-                    t.transaction_state.to_string(),
-                    t.producer_id.0.to_string(),
-                    t.producer_epoch.to_string(),
-                    t.transaction_timeout_ms.to_string(),
-                    parts.join(","),
-                ]],
-            );
-            if !json_out {
-                match &hist {
-                    Ok(h) => history::print_sections(h, table),
-                    Err(e) => println!("\nhistory: unavailable ({e:#})"),
-                }
-            }
-        }
-        TxnCmd::History {
-            transactional_id,
-            admin,
-        } => {
-            let admin = history::admin_for(bootstrap, admin);
-            let h = history::fetch(&admin, &transactional_id).await?;
-            let v = json!({"transactional_id": transactional_id,
-                "history_since_ms": h["history_since_ms"], "events": h["events"],
-                "events_dropped": h["events_dropped"], "stuck": h["stuck"]});
-            if !json_out {
-                history::print_stuck(&h);
-            }
-            emit(
-                json_out,
-                &v,
-                history::EVENT_HEADERS,
-                history::event_rows(&h),
-            );
-        }
-        TxnCmd::Producers { topic, partition } => {
-            let rows: Vec<Vec<String>> = describe_producers(cl.bootstrap(), &topic, partition)
-                .await?
-                .iter()
-                .map(producer_row)
-                .collect();
-            let v = json!(rows.iter().map(|r| json!({"producer_id": r[0].parse::<i64>().unwrap_or(-1),
-                "epoch": r[1].parse::<i64>().unwrap_or(-1), "last_sequence": r[2].parse::<i64>().unwrap_or(-1),
-                "last_timestamp": r[3].parse::<i64>().unwrap_or(-1), "coordinator_epoch": r[4].parse::<i64>().unwrap_or(-1),
-                "current_txn_start_offset": r[5].parse::<i64>().unwrap_or(-1)})).collect::<Vec<_>>());
-            emit(
-                json_out,
-                &v,
-                &[
-                    "PRODUCER-ID",
-                    "EPOCH",
-                    "LAST-SEQUENCE",
-                    "LAST-TIMESTAMP",
-                    "COORDINATOR-EPOCH",
-                    "TXN-START-OFFSET",
-                ],
-                rows,
-            );
-        }
-        TxnCmd::FindHanging { min_age_ms } => {
-            let req = ListTransactionsRequest::default()
-                .with_state_filters(vec![s("Ongoing")])
-                .with_duration_filter(min_age_ms);
-            let mut rows = Vec::new();
-            // Each broker describes the transactions it coordinates.
-            for (broker, r) in list_everywhere(&mut cl, &req).await? {
-                let ids: Vec<TransactionalId> = r
-                    .transaction_states
-                    .iter()
-                    .map(|t| t.transactional_id.clone())
-                    .collect();
-                if ids.is_empty() {
-                    continue;
-                }
-                let (d, _) = cl
-                    .node(broker)
-                    .await?
-                    .call::<_, DescribeTransactionsResponse>(
-                        ApiKey::DescribeTransactions,
-                        &DescribeTransactionsRequest::default().with_transactional_ids(ids),
-                    )
-                    .await?;
-                let now = oncelog_broker::now_ms();
-                for t in d.transaction_states.iter().filter(|t| t.error_code == 0) {
-                    let parts: Vec<String> = t
-                        .topics
-                        .iter()
-                        .flat_map(|x| {
-                            x.partitions
-                                .iter()
-                                .map(move |p| format!("{}-{p}", x.topic.0.as_str()))
-                        })
-                        .collect();
-                    let age = if t.transaction_start_time_ms > 0 {
-                        now - t.transaction_start_time_ms
-                    } else {
-                        -1
-                    };
-                    rows.push(vec![
-                        t.transactional_id.0.to_string(),
-                        t.producer_id.0.to_string(),
-                        t.producer_epoch.to_string(),
-                        age.to_string(),
-                        parts.join(","),
-                    ]);
-                }
-            }
-            let v = json!(rows.iter().map(|r| json!({"transactional_id": r[0], "producer_id": r[1].parse::<i64>().unwrap_or(-1),
-                "producer_epoch": r[2].parse::<i64>().unwrap_or(-1), "age_ms": r[3].parse::<i64>().unwrap_or(-1),
-                "partitions": r[4].split(',').filter(|x| !x.is_empty()).collect::<Vec<_>>()})).collect::<Vec<_>>());
-            emit(
-                json_out,
-                &v,
-                &[
-                    "TRANSACTIONAL-ID",
-                    "PRODUCER-ID",
-                    "EPOCH",
-                    "AGE-MS",
-                    "PINNED-PARTITIONS",
-                ],
-                rows,
-            );
-        }
-        TxnCmd::Abort {
-            partition: None, ..
-        } => {}
-        TxnCmd::Abort {
-            target: topic,
-            partition: Some(partition),
-            producer_id,
-            producer_epoch,
-            coordinator_epoch,
-        } => {
-            // Every broker's coordinator: in a cluster each lists its own ids.
-            let req = ListTransactionsRequest::default()
-                .with_producer_id_filters(vec![ProducerId(producer_id)])
-                .with_duration_filter(-1);
-            let held = list_everywhere(&mut cl, &req)
-                .await?
-                .iter()
-                .find_map(|(_, r)| open_transaction_in(r, producer_id));
-            let c = cl.bootstrap();
-            let open_here = describe_producers(c, &topic, partition)
-                .await?
-                .iter()
-                .any(|p| p.producer_id.0 == producer_id && p.current_txn_start_offset != -1);
-            if held.is_none() && !open_here {
-                bail!(
-                    "nothing open: producer {producer_id} has no open transaction at \
-                     {topic}-{partition}, and the transaction coordinator holds none for it; \
-                     nothing was aborted"
-                );
-            }
-            let req =
-                WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
-                    .with_producer_id(ProducerId(producer_id))
-                    .with_producer_epoch(producer_epoch)
-                    .with_transaction_result(false)
-                    .with_coordinator_epoch(coordinator_epoch)
-                    .with_topics(vec![WritableTxnMarkerTopic::default()
-                        .with_name(TopicName(s(&topic)))
-                        .with_partition_indexes(vec![partition])])]);
-            let (r, _) = c
-                .call::<_, WriteTxnMarkersResponse>(ApiKey::WriteTxnMarkers, &req)
-                .await?;
-            for m in &r.markers {
-                for t in &m.topics {
-                    for p in &t.partitions {
-                        check(p.error_code, &format!("abort at {topic}-{partition}"))?;
-                    }
-                }
-            }
-            emit(
-                json_out,
-                &json!({"aborted": {"topic": topic, "partition": partition, "producer_id": producer_id,
-                    "transactional_id": held}}),
-                &["ABORTED", "PRODUCER-ID", "TRANSACTIONAL-ID"],
-                vec![vec![
-                    format!("{topic}-{partition}"),
-                    producer_id.to_string(),
-                    held.clone().unwrap_or_else(|| "-".to_string()),
-                ]],
-            );
+            let age = if t.transaction_start_time_ms > 0 {
+                now - t.transaction_start_time_ms
+            } else {
+                -1
+            };
+            rows.push(vec![
+                t.transactional_id.0.to_string(),
+                t.producer_id.0.to_string(),
+                t.producer_epoch.to_string(),
+                age.to_string(),
+                parts.join(","),
+            ]);
         }
     }
+    let v = json!(rows.iter().map(|r| json!({"transactional_id": r[0], "producer_id": r[1].parse::<i64>().unwrap_or(-1),
+        "producer_epoch": r[2].parse::<i64>().unwrap_or(-1), "age_ms": r[3].parse::<i64>().unwrap_or(-1),
+        "partitions": r[4].split(',').filter(|x| !x.is_empty()).collect::<Vec<_>>()})).collect::<Vec<_>>());
+    emit(
+        json_out,
+        &v,
+        &[
+            "TRANSACTIONAL-ID",
+            "PRODUCER-ID",
+            "EPOCH",
+            "AGE-MS",
+            "PINNED-PARTITIONS",
+        ],
+        rows,
+    );
+    Ok(())
+}
+
+/// `txn abort TOPIC PARTITION`: an abort marker for a hanging transaction.
+async fn abort_at(
+    cl: &mut Cluster,
+    json_out: bool,
+    topic: String,
+    partition: i32,
+    producer_id: i64,
+    producer_epoch: i16,
+    coordinator_epoch: i32,
+) -> Result<()> {
+    // Every broker's coordinator: in a cluster each lists its own ids.
+    let req = ListTransactionsRequest::default()
+        .with_producer_id_filters(vec![ProducerId(producer_id)])
+        .with_duration_filter(-1);
+    let held = list_everywhere(cl, &req)
+        .await?
+        .iter()
+        .find_map(|(_, r)| open_transaction_in(r, producer_id));
+    let c = cl.bootstrap();
+    let open_here = describe_producers(c, &topic, partition)
+        .await?
+        .iter()
+        .any(|p| p.producer_id.0 == producer_id && p.current_txn_start_offset != -1);
+    if held.is_none() && !open_here {
+        bail!(
+            "nothing open: producer {producer_id} has no open transaction at \
+             {topic}-{partition}, and the transaction coordinator holds none for it; \
+             nothing was aborted"
+        );
+    }
+    let req = WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
+        .with_producer_id(ProducerId(producer_id))
+        .with_producer_epoch(producer_epoch)
+        .with_transaction_result(false)
+        .with_coordinator_epoch(coordinator_epoch)
+        .with_topics(vec![WritableTxnMarkerTopic::default()
+            .with_name(TopicName(s(&topic)))
+            .with_partition_indexes(vec![partition])])]);
+    let (r, _) = c
+        .call::<_, WriteTxnMarkersResponse>(ApiKey::WriteTxnMarkers, &req)
+        .await?;
+    for m in &r.markers {
+        for t in &m.topics {
+            for p in &t.partitions {
+                check(p.error_code, &format!("abort at {topic}-{partition}"))?;
+            }
+        }
+    }
+    emit(
+        json_out,
+        &json!({"aborted": {"topic": topic, "partition": partition, "producer_id": producer_id,
+            "transactional_id": held}}),
+        &["ABORTED", "PRODUCER-ID", "TRANSACTIONAL-ID"],
+        vec![vec![
+            format!("{topic}-{partition}"),
+            producer_id.to_string(),
+            held.clone().unwrap_or_else(|| "-".to_string()),
+        ]],
+    );
     Ok(())
 }
 

@@ -41,7 +41,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::backend::local::internal_log::CompactPolicy;
-use crate::backend::local::internal_log::{InternalLog, PersistError};
+use crate::backend::local::internal_log::{InternalLog, PersistError, Record};
 use crate::backend::local::partition::{durable, SyncError, SyncReply};
 use crate::backend::local::partition::{Marker, MarkerError};
 use crate::backend::storage::{PartitionStore, SharedStateLog};
@@ -267,34 +267,23 @@ impl TxnService {
             Box::new(crate::backend::local::internal_log::compact_keyed),
             compact,
         );
-        let mut txns: HashMap<String, TxnMeta> = HashMap::new();
         let client_written =
             crate::backend::local::datadir::client_written(data_dir, "__transaction_state-0");
-        for (key, value) in records {
-            let Some(key) = key.and_then(|k| String::from_utf8(k).ok()) else {
-                continue;
-            };
-            match value {
-                None => {
-                    txns.remove(&key);
-                }
-                Some(v) => match serde_json::from_slice::<TxnMeta>(&v) {
-                    Ok(m) => {
-                        txns.insert(key, m);
-                    }
-                    // A client's record, from before internal names were
-                    // reserved (see datadir::mark_client_written): skipped.
-                    Err(e) if client_written => {
-                        tracing::error!(key = %key, error = %e, "skipping a transaction log record the broker did not write");
-                    }
-                    Err(e) => {
-                        return Err(TopicError::Storage(format!(
-                            "transaction log record for {key}: {e}"
-                        )))
-                    }
-                },
-            }
-        }
+        let txns = load(records, client_written)?;
+        let log = log
+            .into_writer("__transaction_state-0")
+            .map_err(|e| TopicError::Storage(format!("transaction log writer: {e}")))?;
+        Ok(Self::loaded(Arc::new(log), txns))
+    }
+
+    /// A coordinator over `log`, whose durable records so far are
+    /// `records` (a log of another kind than the data directory's: the
+    /// simulation's in-memory log, replayed after a crash).
+    pub fn replay(log: SharedStateLog, records: Vec<Record>) -> Result<Self, TopicError> {
+        Ok(Self::loaded(log, load(records, false)?))
+    }
+
+    fn loaded(log: SharedStateLog, txns: HashMap<String, TxnMeta>) -> Self {
         let mut producers = HashMap::new();
         for m in txns.values() {
             update_view(&mut producers, m);
@@ -303,10 +292,7 @@ impl TxnService {
             transactional_ids = txns.len(),
             "transaction coordinator loaded"
         );
-        let log = log
-            .into_writer("__transaction_state-0")
-            .map_err(|e| TopicError::Storage(format!("transaction log writer: {e}")))?;
-        Ok(Self::with_log(Arc::new(log), txns, producers))
+        Self::with_log(log, txns, producers)
     }
 
     /// A coordinator whose log keeps nothing ([`crate::backend::local::internal_log::MemoryLog`]):
@@ -1629,6 +1615,39 @@ impl TxnService {
         }
         self.unstick(id);
     }
+}
+
+/// Every id's state from the transaction log's records (a tombstone forgets
+/// the id). `client_written`: records a client wrote there before internal
+/// names were reserved may be in it, and are skipped.
+fn load(records: Vec<Record>, client_written: bool) -> Result<HashMap<String, TxnMeta>, TopicError> {
+    let mut txns: HashMap<String, TxnMeta> = HashMap::new();
+    for (key, value) in records {
+        let Some(key) = key.and_then(|k| String::from_utf8(k).ok()) else {
+            continue;
+        };
+        match value {
+            None => {
+                txns.remove(&key);
+            }
+            Some(v) => match serde_json::from_slice::<TxnMeta>(&v) {
+                Ok(m) => {
+                    txns.insert(key, m);
+                }
+                // A client's record, from before internal names were
+                // reserved (see datadir::mark_client_written): skipped.
+                Err(e) if client_written => {
+                    tracing::error!(key = %key, error = %e, "skipping a transaction log record the broker did not write");
+                }
+                Err(e) => {
+                    return Err(TopicError::Storage(format!(
+                        "transaction log record for {key}: {e}"
+                    )))
+                }
+            },
+        }
+    }
+    Ok(txns)
 }
 
 /// A source of fresh producer ids for the planners; an allocation failure

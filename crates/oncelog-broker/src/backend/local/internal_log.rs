@@ -126,6 +126,16 @@ impl MemoryLog {
 }
 
 impl Pending {
+    /// A change whose outcome `rx` brings (a [`crate::backend::storage::StateLog`]
+    /// of another kind: the simulation's in-memory log); `dir` names the log
+    /// in the error when the reply is dropped.
+    pub fn from_reply(
+        rx: tokio::sync::oneshot::Receiver<Result<(), Arc<LogError>>>,
+        dir: PathBuf,
+    ) -> Self {
+        Self { rx, dir }
+    }
+
     pub async fn durable(self) -> Result<(), PersistError> {
         match self.rx.await {
             Ok(res) => res.map_err(PersistError::Group),

@@ -412,7 +412,11 @@ impl PartitionStore for MemPart {
             data: Ok(Vec::new()),
         }
     }
-    fn offset_for(&self, _spec: i64, _committed: bool) -> Result<Option<(i64, i64)>, OffsetLookupError> {
+    fn offset_for(
+        &self,
+        _spec: i64,
+        _committed: bool,
+    ) -> Result<Option<(i64, i64)>, OffsetLookupError> {
         Ok(None)
     }
     fn open_transactions(&self) -> Vec<(i64, i64, i16)> {
@@ -513,7 +517,28 @@ struct Book {
     offsets_acked: BTreeSet<u32>,
     /// EndTxn answered: true = committed, false = aborted.
     outcome: BTreeMap<u32, bool>,
+    /// How often each thing the schedule is about happened.
+    seen: Counts,
     trace: Vec<String>,
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+struct Counts {
+    crashes: usize,
+    fenced: usize,
+    lost_replies: usize,
+    duplicates: usize,
+    timeouts: usize,
+}
+
+impl Counts {
+    fn add(&mut self, o: Counts) {
+        self.crashes += o.crashes;
+        self.fenced += o.fenced;
+        self.lost_replies += o.lost_replies;
+        self.duplicates += o.duplicates;
+        self.timeouts += o.timeouts;
+    }
 }
 
 impl Book {
@@ -640,17 +665,25 @@ enum Answer {
 
 fn txn_answer(e: &TxnError) -> Answer {
     match e {
-        TxnError::Coord(CoordError::ConcurrentTransactions) | TxnError::Persist(_) => {
-            Answer::Again
-        }
+        TxnError::Coord(CoordError::ConcurrentTransactions) | TxnError::Persist(_) => Answer::Again,
         _ => Answer::Reset,
     }
 }
 
-async fn send(node: &Arc<Node>, c: &Arc<Mutex<Client>>, book: &Arc<Mutex<Book>>, req: &Req) -> Answer {
+async fn send(
+    node: &Arc<Node>,
+    c: &Arc<Mutex<Client>>,
+    book: &Arc<Mutex<Book>>,
+    req: &Req,
+) -> Answer {
     let (id, ident, timeout_ms, tag) = {
         let c = lock(c);
-        (c.id.clone(), c.ident, c.timeout_ms, c.txn.as_ref().map(|t| t.0))
+        (
+            c.id.clone(),
+            c.ident,
+            c.timeout_ms,
+            c.txn.as_ref().map(|t| t.0),
+        )
     };
     let who = Requester::default();
     let txn = node.txn();
@@ -706,7 +739,12 @@ async fn send(node: &Arc<Node>, c: &Arc<Mutex<Client>>, book: &Arc<Mutex<Book>>,
                     if durable.is_err() {
                         return Answer::Again;
                     }
-                    lock(book).acked.entry(tag).or_default().push((*part, *value));
+                    lock(book).seen.duplicates += usize::from(a.duplicate);
+                    lock(book)
+                        .acked
+                        .entry(tag)
+                        .or_default()
+                        .push((*part, *value));
                     lock(c).seqs.insert(*part, seq + 1);
                     Answer::Done
                 }
@@ -727,7 +765,11 @@ async fn send(node: &Arc<Node>, c: &Arc<Mutex<Client>>, book: &Arc<Mutex<Book>>,
             if txn.verify(pid, epoch, OFFSETS_TOPIC, 0).is_err() {
                 return Answer::Reset;
             }
-            lock(&node.offsets).pending.entry(pid).or_default().insert(tag);
+            lock(&node.offsets)
+                .pending
+                .entry(pid)
+                .or_default()
+                .insert(tag);
             lock(book).offsets_acked.insert(tag);
             lock(c).offsets_sent = true;
             Answer::Done
@@ -783,7 +825,10 @@ async fn client_loop(node: Arc<Node>, c: Arc<Mutex<Client>>, book: Arc<Mutex<Boo
             };
             let line = format!("{} {:?} {req:?}: {said}", c.name, c.ident);
             drop(c);
-            lock(&book).note(line);
+            let mut b = lock(&book);
+            b.seen.lost_replies += usize::from(said == "reply lost");
+            b.seen.fenced += usize::from(said == "reset");
+            b.note(line);
         } else if lock(&c).stopped {
             return;
         }
@@ -903,6 +948,7 @@ impl Sim {
     /// recovers (syncing as it goes) and clients come back.
     fn crash(&mut self, life: Life) -> Result<Life, String> {
         drop(life);
+        lock(&self.book).seen.crashes += 1;
         let records = self.log.crash();
         for p in &self.parts {
             p.crash();
@@ -950,7 +996,9 @@ impl Sim {
 
     fn run(&mut self) -> Result<(), String> {
         let crash_per_mille = 2 + self.rng.below(8);
-        let mut life = Life::start(self.node(TxnService::replay(self.log.clone(), Vec::new()).map_err(|e| e.to_string())?));
+        let mut life = Life::start(
+            self.node(TxnService::replay(self.log.clone(), Vec::new()).map_err(|e| e.to_string())?),
+        );
         for id in 0..IDS {
             self.new_client(&life, id);
         }
@@ -971,6 +1019,7 @@ impl Sim {
                 std::thread::sleep(Duration::from_millis(2));
                 let _guard = life.rt.enter();
                 life.node.txn().abort_timed_out(&life.node);
+                lock(&self.book).seen.timeouts += 1;
                 "timeout reaper".into()
             } else if r < 665 {
                 let id = self.rng.below(IDS);
@@ -1008,7 +1057,14 @@ impl Sim {
                 for _ in 0..100 {
                     let init = node
                         .txn()
-                        .init_producer_id(&node, &id, 60_000, None, TwoPhase::default(), &Requester::default())
+                        .init_producer_id(
+                            &node,
+                            &id,
+                            60_000,
+                            None,
+                            TwoPhase::default(),
+                            &Requester::default(),
+                        )
                         .await;
                     match init {
                         Ok(_) => return Ok(()),
@@ -1032,9 +1088,7 @@ impl Sim {
             if !h.is_finished() {
                 return Err("a transactional id could not be taken over at the end".into());
             }
-            life.rt
-                .block_on(h)
-                .map_err(|e| format!("closer: {e}"))??;
+            life.rt.block_on(h).map_err(|e| format!("closer: {e}"))??;
         }
         for _ in 0..20 {
             life.settle();
@@ -1114,14 +1168,20 @@ impl Sim {
                     }
                 }
                 if book.offsets_acked.contains(tag) && !offsets.committed.contains(tag) {
-                    return Err(format!("transaction {tag} was committed, its offsets were not"));
+                    return Err(format!(
+                        "transaction {tag} was committed, its offsets were not"
+                    ));
                 }
             } else {
                 if seen.is_some() {
-                    return Err(format!("transaction {tag} was aborted, yet {seen:?} are visible"));
+                    return Err(format!(
+                        "transaction {tag} was aborted, yet {seen:?} are visible"
+                    ));
                 }
                 if offsets.committed.contains(tag) {
-                    return Err(format!("transaction {tag} was aborted, its offsets committed"));
+                    return Err(format!(
+                        "transaction {tag} was aborted, its offsets committed"
+                    ));
                 }
             }
         }
@@ -1129,13 +1189,15 @@ impl Sim {
     }
 }
 
-fn run_seed(seed: u64, lie: Lie) -> Result<(usize, usize), (String, Vec<String>)> {
+type Ran = (usize, usize, Counts);
+
+fn run_seed(seed: u64, lie: Lie) -> Result<Ran, (String, Vec<String>)> {
     let mut sim = Sim::new(seed, lie);
     match sim.run() {
         Ok(()) => {
             let book = lock(&sim.book);
             let commits = book.outcome.values().filter(|c| **c).count();
-            Ok((commits, book.outcome.len() - commits))
+            Ok((commits, book.outcome.len() - commits, book.seen))
         }
         Err(e) => Err((e, lock(&sim.book).trace.clone())),
     }
@@ -1146,7 +1208,7 @@ fn the_real_driver_keeps_exactly_once_through_crashes_and_zombies() {
     if let Ok(seed) = std::env::var("SIM_SEED") {
         let seed: u64 = seed.parse().expect("SIM_SEED is a number");
         match run_seed(seed, Lie::Honest) {
-            Ok(r) => println!("seed {seed}: ok, {r:?} (commits, aborts)"),
+            Ok((c, a, n)) => println!("seed {seed}: ok, {c} commits, {a} aborts, {n:?}"),
             Err((e, trace)) => {
                 for l in &trace {
                     println!("{l}");
@@ -1160,12 +1222,13 @@ fn the_real_driver_keeps_exactly_once_through_crashes_and_zombies() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
-    let (mut commits, mut aborts) = (0, 0);
+    let (mut commits, mut aborts, mut seen) = (0, 0, Counts::default());
     for seed in 0..seeds {
         match run_seed(seed, Lie::Honest) {
-            Ok((c, a)) => {
+            Ok((c, a, n)) => {
                 commits += c;
                 aborts += a;
+                seen.add(n);
             }
             Err((e, trace)) => {
                 let tail = trace.len().saturating_sub(60);
@@ -1176,9 +1239,27 @@ fn the_real_driver_keeps_exactly_once_through_crashes_and_zombies() {
             }
         }
     }
-    println!("{seeds} schedules: {commits} acknowledged commits, {aborts} acknowledged aborts");
-    assert!(commits > seeds as usize, "the schedules commit too little to test anything");
+    println!(
+        "{seeds} schedules: {commits} acknowledged commits, {aborts} acknowledged aborts, {seen:?}"
+    );
+    assert!(
+        commits > seeds as usize,
+        "the schedules commit too little to test anything"
+    );
     assert!(aborts > 0, "no schedule aborted a transaction");
+    if seeds >= 100 {
+        let Counts {
+            crashes,
+            fenced,
+            lost_replies,
+            duplicates,
+            timeouts,
+        } = seen;
+        assert!(
+            crashes > 0 && fenced > 0 && lost_replies > 0 && duplicates > 0 && timeouts > 0,
+            "a fault the schedule is about never happened: {seen:?}"
+        );
+    }
 }
 
 #[test]

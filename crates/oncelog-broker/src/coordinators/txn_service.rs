@@ -1620,7 +1620,10 @@ impl TxnService {
 /// Every id's state from the transaction log's records (a tombstone forgets
 /// the id). `client_written`: records a client wrote there before internal
 /// names were reserved may be in it, and are skipped.
-fn load(records: Vec<Record>, client_written: bool) -> Result<HashMap<String, TxnMeta>, TopicError> {
+fn load(
+    records: Vec<Record>,
+    client_written: bool,
+) -> Result<HashMap<String, TxnMeta>, TopicError> {
     let mut txns: HashMap<String, TxnMeta> = HashMap::new();
     for (key, value) in records {
         let Some(key) = key.and_then(|k| String::from_utf8(k).ok()) else {

@@ -40,9 +40,12 @@
 //! coordinator log and a partition that acknowledge a write before it is
 //! synced.
 //!
-//! Not modelled: the group coordinator's own log (transactional offsets
-//! are written and completed at once, durable), the offsets' partition
-//! markers, cut-overs, and cluster mode's driver (its decisions are the
+//! Transactional offsets go through the broker's group coordinator
+//! (`coordinators::groups::Groups`: TxnOffsetCommit with its verification
+//! under the groups' lock, completion at the transaction's end) over an
+//! in-memory offsets log that a crash cuts back to its synced part too.
+//!
+//! Not modelled: consumer group membership, cut-overs, and cluster mode's driver (its decisions are the
 //! same `decide_*`, its effects one PostgreSQL transaction; `tests/cluster.rs`
 //! runs it against a real PostgreSQL). The driver walks hash maps, so a
 //! replayed seed (`SIM_SEED`) takes the same path only as far as their
@@ -58,14 +61,19 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use oncelog_broker::backend::local::internal_log::{OnDurable, Pending, PersistError, Record};
+use oncelog_broker::backend::local::internal_log::{
+    CompactPolicy, OnDurable, Pending, PersistError, Record,
+};
 use oncelog_broker::backend::local::partition::{
     AppendError, Appended, Marker, MarkerError, OffsetLookupError, PartitionStatus, Read,
     SyncError, SyncReply,
 };
 use oncelog_broker::backend::storage::{PartitionStore, StateLog};
+use oncelog_broker::coordinators::groups::{GroupSettings, Groups};
 use oncelog_broker::coordinators::txn_service::{EndRequest, TxnError, TxnRuntime, TxnService};
+use oncelog_broker::error::ErrorCode;
 use oncelog_broker::error::{Gate, TopicError};
+use oncelog_broker::machines::group::OffsetMeta;
 use oncelog_broker::machines::names::OFFSETS_TOPIC;
 use oncelog_broker::machines::producer_state::{
     MarkerReject, ProducerBatch, ProducerEntry, ProducerState, Verdict,
@@ -453,17 +461,11 @@ impl PartitionStore for MemPart {
 // ---------------------------------------------------------------------------
 // The group coordinator's side of transactional offsets, and the node.
 
-#[derive(Default)]
-struct Offsets {
-    pending: BTreeMap<i64, BTreeSet<u32>>,
-    committed: BTreeSet<u32>,
-}
-
 /// What the driver reaches of the broker (`TxnRuntime`).
 struct Node {
     txn: TxnService,
     parts: Vec<Arc<MemPart>>,
-    offsets: Arc<Mutex<Offsets>>,
+    groups: Groups,
     next_pid: Arc<AtomicI64>,
 }
 
@@ -482,12 +484,7 @@ impl TxnRuntime for Node {
         producer_id: i64,
         commit: bool,
     ) -> impl std::future::Future<Output = Result<(), PersistError>> + Send {
-        let mut o = lock(&self.offsets);
-        let tags = o.pending.remove(&producer_id).unwrap_or_default();
-        if commit {
-            o.committed.extend(tags);
-        }
-        std::future::ready(Ok(()))
+        self.groups.complete_txn(producer_id, commit)
     }
     fn next_producer_id(&self) -> Result<i64, TopicError> {
         Ok(self.next_pid.fetch_add(1, Ordering::Relaxed))
@@ -529,6 +526,7 @@ struct Counts {
     lost_replies: usize,
     duplicates: usize,
     timeouts: usize,
+    offsets: usize,
 }
 
 impl Counts {
@@ -538,6 +536,7 @@ impl Counts {
         self.lost_replies += o.lost_replies;
         self.duplicates += o.duplicates;
         self.timeouts += o.timeouts;
+        self.offsets += o.offsets;
     }
 }
 
@@ -759,20 +758,32 @@ async fn send(
             if let Err(e) = txn.add_partitions(&id, pid, epoch, &tps).await {
                 return txn_answer(&e);
             }
-            // TxnOffsetCommit: held pending for the producer's transaction,
-            // if that transaction holds the offsets (the verification a
-            // group coordinator makes).
-            if txn.verify(pid, epoch, OFFSETS_TOPIC, 0).is_err() {
-                return Answer::Reset;
+            // TxnOffsetCommit: one offset per transaction (partition = its
+            // tag), held pending until the transaction ends.
+            let meta = OffsetMeta {
+                offset: i64::from(tag),
+                leader_epoch: -1,
+                metadata: None,
+                commit_ms: 0,
+            };
+            let offsets = vec![(OFFSET_TOPIC.to_string(), tag as i32, meta)];
+            let verify = || match txn.verify(pid, epoch, OFFSETS_TOPIC, 0) {
+                Ok(()) => ErrorCode::None,
+                Err(_) => ErrorCode::InvalidTxnState,
+            };
+            match node
+                .groups
+                .txn_commit(GROUP, pid, -1, "", None, offsets, verify)
+                .await
+            {
+                ErrorCode::None => {
+                    lock(book).offsets_acked.insert(tag);
+                    lock(c).offsets_sent = true;
+                    Answer::Done
+                }
+                ErrorCode::CoordinatorNotAvailable => Answer::Again,
+                _ => Answer::Reset,
             }
-            lock(&node.offsets)
-                .pending
-                .entry(pid)
-                .or_default()
-                .insert(tag);
-            lock(book).offsets_acked.insert(tag);
-            lock(c).offsets_sent = true;
-            Answer::Done
         }
         Req::End(commit) => {
             let (Some((pid, epoch)), Some(tag)) = (ident, tag) else {
@@ -843,6 +854,20 @@ async fn client_loop(node: Arc<Node>, c: Arc<Mutex<Client>>, book: Arc<Mutex<Boo
 // The machine and the schedule.
 
 const IDS: usize = 3;
+/// The consumer group whose offsets the transactions commit.
+const GROUP: &str = "sim-group";
+/// The topic those offsets are for (one partition per transaction).
+const OFFSET_TOPIC: &str = "consumed";
+
+fn group_settings() -> GroupSettings {
+    GroupSettings {
+        initial_rebalance_delay: Duration::ZERO,
+        min_session_timeout_ms: 6_000,
+        max_session_timeout_ms: 300_000,
+        offsets_retention_ms: 7 * 24 * 3_600_000,
+        compact: CompactPolicy { min_records: 1_000 },
+    }
+}
 const STEPS: usize = 400;
 /// How often a step yields to the other tasks (more than a client's pause).
 const SETTLE_YIELDS: usize = 16;
@@ -885,7 +910,7 @@ struct Sim {
     rng: Rng,
     parts: Vec<Arc<MemPart>>,
     log: Arc<MemLog>,
-    offsets: Arc<Mutex<Offsets>>,
+    offsets_log: Arc<MemLog>,
     next_pid: Arc<AtomicI64>,
     book: Arc<Mutex<Book>>,
     clients: Vec<Arc<Mutex<Client>>>,
@@ -911,7 +936,7 @@ impl Sim {
                 lie: lie == Lie::LogAcksEarly,
                 ..Default::default()
             }),
-            offsets: Arc::default(),
+            offsets_log: Arc::default(),
             next_pid: Arc::new(AtomicI64::new(1000)),
             book: Arc::default(),
             clients: Vec::new(),
@@ -920,13 +945,18 @@ impl Sim {
         }
     }
 
-    fn node(&self, txn: TxnService) -> Node {
-        Node {
+    /// A process's coordinators, from what their logs hold.
+    fn node(&self, txn_records: Vec<Record>, offsets_records: Vec<Record>) -> Result<Node, String> {
+        let txn = TxnService::replay(self.log.clone(), txn_records)
+            .map_err(|e| format!("replay of the transaction log: {e}"))?;
+        let groups = Groups::replay(self.offsets_log.clone(), offsets_records, group_settings())
+            .map_err(|e| format!("replay of the offsets log: {e}"))?;
+        Ok(Node {
             txn,
             parts: self.parts.clone(),
-            offsets: self.offsets.clone(),
+            groups,
             next_pid: self.next_pid.clone(),
-        }
+        })
     }
 
     fn sync_all(&self) {
@@ -934,6 +964,7 @@ impl Sim {
             p.sync();
         }
         self.log.sync();
+        self.offsets_log.sync();
     }
 
     fn new_client(&mut self, life: &Life, id: usize) {
@@ -950,12 +981,11 @@ impl Sim {
         drop(life);
         lock(&self.book).seen.crashes += 1;
         let records = self.log.crash();
+        let offsets = self.offsets_log.crash();
         for p in &self.parts {
             p.crash();
         }
-        let txn = TxnService::replay(self.log.clone(), records)
-            .map_err(|e| format!("replay after a crash: {e}"))?;
-        let life = Life::start(self.node(txn));
+        let life = Life::start(self.node(records, offsets)?);
         let recovery = {
             let _guard = life.rt.enter();
             let node = life.node.clone();
@@ -996,9 +1026,7 @@ impl Sim {
 
     fn run(&mut self) -> Result<(), String> {
         let crash_per_mille = 2 + self.rng.below(8);
-        let mut life = Life::start(
-            self.node(TxnService::replay(self.log.clone(), Vec::new()).map_err(|e| e.to_string())?),
-        );
+        let mut life = Life::start(self.node(Vec::new(), Vec::new())?);
         for id in 0..IDS {
             self.new_client(&life, id);
         }
@@ -1007,13 +1035,16 @@ impl Sim {
             let what = if r < crash_per_mille {
                 life = self.crash(life)?;
                 "crash".to_string()
-            } else if r < 400 {
+            } else if r < 380 {
                 let i = self.rng.below(self.parts.len());
                 self.parts[i].sync();
                 format!("sync partition {i}")
-            } else if r < 600 {
+            } else if r < 520 {
                 self.log.sync();
-                "sync the coordinator's log".into()
+                "sync the transaction log".into()
+            } else if r < 600 {
+                self.offsets_log.sync();
+                "sync the offsets log".into()
             } else if r < 640 {
                 // Past every 1 ms timeout, never near the others.
                 std::thread::sleep(Duration::from_millis(2));
@@ -1095,13 +1126,29 @@ impl Sim {
             self.sync_all();
         }
         self.check_growth()?;
-        let states = life.rt.block_on(life.node.txn().list());
-        self.check_end(&states)
+        let groups = &life.node.groups;
+        let (states, fetched, pending) = life.rt.block_on(async {
+            (
+                life.node.txn().list().await,
+                groups.fetch_offsets(GROUP, None, false).await,
+                groups.pending_offsets(GROUP).await,
+            )
+        });
+        if !pending.is_empty() {
+            return Err(format!("offsets left pending: {pending:?}"));
+        }
+        let committed = fetched
+            .iter()
+            .filter(|f| f.offset >= 0)
+            .map(|f| f.partition as u32)
+            .collect();
+        self.check_end(&states, &committed)
     }
 
     fn check_end(
         &self,
         states: &[oncelog_broker::machines::txn_coordinator::TxnMeta],
+        committed: &BTreeSet<u32>,
     ) -> Result<(), String> {
         for m in states {
             if !matches!(
@@ -1121,10 +1168,6 @@ impl Sim {
                     p.open_transactions()
                 ));
             }
-        }
-        let offsets = lock(&self.offsets);
-        if !offsets.pending.is_empty() {
-            return Err(format!("offsets left pending: {:?}", offsets.pending));
         }
         let book = lock(&self.book);
         let mut logged: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
@@ -1149,7 +1192,7 @@ impl Sim {
                 ));
             }
             let data_visible = seen.is_some();
-            let offsets_committed = offsets.committed.contains(tag);
+            let offsets_committed = committed.contains(tag);
             if book.offsets_acked.contains(tag) && data_visible != offsets_committed {
                 return Err(format!(
                     "transaction {tag}: records visible {data_visible}, offsets committed {offsets_committed}"
@@ -1167,7 +1210,7 @@ impl Sim {
                         ));
                     }
                 }
-                if book.offsets_acked.contains(tag) && !offsets.committed.contains(tag) {
+                if book.offsets_acked.contains(tag) && !committed.contains(tag) {
                     return Err(format!(
                         "transaction {tag} was committed, its offsets were not"
                     ));
@@ -1178,7 +1221,7 @@ impl Sim {
                         "transaction {tag} was aborted, yet {seen:?} are visible"
                     ));
                 }
-                if offsets.committed.contains(tag) {
+                if committed.contains(tag) {
                     return Err(format!(
                         "transaction {tag} was aborted, its offsets committed"
                     ));
@@ -1197,7 +1240,9 @@ fn run_seed(seed: u64, lie: Lie) -> Result<Ran, (String, Vec<String>)> {
         Ok(()) => {
             let book = lock(&sim.book);
             let commits = book.outcome.values().filter(|c| **c).count();
-            Ok((commits, book.outcome.len() - commits, book.seen))
+            let mut seen = book.seen;
+            seen.offsets = book.offsets_acked.len();
+            Ok((commits, book.outcome.len() - commits, seen))
         }
         Err(e) => Err((e, lock(&sim.book).trace.clone())),
     }
@@ -1254,9 +1299,11 @@ fn the_real_driver_keeps_exactly_once_through_crashes_and_zombies() {
             lost_replies,
             duplicates,
             timeouts,
+            offsets,
         } = seen;
+        let all = [crashes, fenced, lost_replies, duplicates, timeouts, offsets];
         assert!(
-            crashes > 0 && fenced > 0 && lost_replies > 0 && duplicates > 0 && timeouts > 0,
+            all.iter().all(|n| *n > 0),
             "a fault the schedule is about never happened: {seen:?}"
         );
     }

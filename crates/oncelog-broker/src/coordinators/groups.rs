@@ -338,53 +338,75 @@ fn compact_offsets(
 /// Errors of the membership calls.
 pub type GroupResult<T> = Result<T, ErrorCode>;
 
+/// The groups from the offsets log's records. `client_written`: records a
+/// client wrote there before internal names were reserved may be in it, and
+/// are skipped.
+fn load(
+    records: Vec<crate::backend::local::internal_log::Record>,
+    client_written: bool,
+) -> Result<HashMap<String, Group>, TopicError> {
+    let mut groups = HashMap::new();
+    let mut foreign = 0usize;
+    for (_, value) in records {
+        let Some(v) = value else { continue };
+        match serde_json::from_slice::<OffsetRecord>(&v) {
+            Ok(rec) => apply(&mut groups, rec),
+            Err(e) if !client_written => {
+                return Err(TopicError::Storage(format!("offsets log record: {e}")))
+            }
+            // Before internal names were reserved a client could produce
+            // into this log; such a record is not the broker's. It stays
+            // on disk, and must not keep the broker from starting.
+            Err(e) => {
+                foreign += 1;
+                if foreign == 1 {
+                    tracing::error!(error = %e, "the offsets log holds a record the broker did not write (a client's, from before internal topics were reserved?); skipping it");
+                }
+            }
+        }
+    }
+    if foreign > 0 {
+        tracing::error!(
+            records = foreign,
+            "skipped records of the offsets log that the broker did not write"
+        );
+    }
+    let now = Instant::now();
+    let mut restored = 0usize;
+    for g in groups.values_mut() {
+        g.restore(now);
+        restored += g.members.len();
+    }
+    tracing::info!(
+        groups = groups.len(),
+        members = restored,
+        "group coordinator loaded"
+    );
+    Ok(groups)
+}
+
 impl Groups {
     pub fn open(data_dir: &Path, settings: GroupSettings) -> Result<Self, TopicError> {
         let (log, records) = InternalLog::open(data_dir, "__consumer_offsets-0")?;
         let log = log.with_compactor(Box::new(compact_offsets), settings.compact);
-        let mut groups = HashMap::new();
-        let mut foreign = 0usize;
         let client_written =
             crate::backend::local::datadir::client_written(data_dir, "__consumer_offsets-0");
-        for (_, value) in records {
-            let Some(v) = value else { continue };
-            match serde_json::from_slice::<OffsetRecord>(&v) {
-                Ok(rec) => apply(&mut groups, rec),
-                Err(e) if !client_written => {
-                    return Err(TopicError::Storage(format!("offsets log record: {e}")))
-                }
-                // Before internal names were reserved a client could produce
-                // into this log; such a record is not the broker's. It stays
-                // on disk, and must not keep the broker from starting.
-                Err(e) => {
-                    foreign += 1;
-                    if foreign == 1 {
-                        tracing::error!(error = %e, "the offsets log holds a record the broker did not write (a client's, from before internal topics were reserved?); skipping it");
-                    }
-                }
-            }
-        }
-        if foreign > 0 {
-            tracing::error!(
-                records = foreign,
-                "skipped records of the offsets log that the broker did not write"
-            );
-        }
-        let now = Instant::now();
-        let mut restored = 0usize;
-        for g in groups.values_mut() {
-            g.restore(now);
-            restored += g.members.len();
-        }
-        tracing::info!(
-            groups = groups.len(),
-            members = restored,
-            "group coordinator loaded"
-        );
+        let groups = load(records, client_written)?;
         let log = log
             .into_writer("__consumer_offsets-0")
             .map_err(|e| TopicError::Storage(format!("start the offsets log writer: {e}")))?;
         Ok(Self::with_log(Arc::new(log), groups, settings))
+    }
+
+    /// A coordinator over `log`, whose durable records so far are
+    /// `records` (a log of another kind than the data directory's: the
+    /// simulation's in-memory log, replayed after a crash).
+    pub fn replay(
+        log: SharedStateLog,
+        records: Vec<crate::backend::local::internal_log::Record>,
+        settings: GroupSettings,
+    ) -> Result<Self, TopicError> {
+        Ok(Self::with_log(log, load(records, false)?, settings))
     }
 
     /// A coordinator whose log keeps nothing ([`crate::backend::local::internal_log::MemoryLog`]):

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from browser import browser_errors, click, screenshot, start_chromium, text_of, wait_for
 from clients import consumer_config, create_topic, txn_producer, unique_topic
-from conftest import free_port, oncelog_bin, wait_until
+from conftest import both_modes, free_port, oncelog_bin, wait_until
 from test_txn_history import late_write
 
 
@@ -478,7 +478,7 @@ def test_big_lists_are_paged(broker_factory, chrome):
 
 
 class _Console:
-    """One cluster broker's console (its HTTP listener)."""
+    """One broker's console (its HTTP listener)."""
 
     def __init__(self, broker):
         self.admin = broker.metrics_url
@@ -529,7 +529,7 @@ def test_a_clusters_console_shows_and_acts_on_the_whole_cluster_through_any_brok
     trow = next(r for r in overview["topics"]["rows"] if r["topic"] == topic)
     assert (trow["lso_gap"], trow["pinned_partitions"]) == (5, 1), trow
     assert [w["prefix"] for w in trow["writers"]] == ["copier"], trow
-    assert trow["size_bytes"] is None, "objects are shared: no size per partition"
+    assert trow["size_bytes"] > 0, trow
     parts = json.loads(http(one, "GET", f"/v1/console/topic?topic={topic}")[1])["partitions"]["rows"]
     assert parts[0]["open"][0]["transactional_id"] == "billing-7", parts
 
@@ -617,3 +617,35 @@ def test_a_clusters_console_shows_and_acts_on_the_whole_cluster_through_any_brok
         consumer.close()
     assert any("console action done" in x.log_text() for x in c.brokers)
     no_page_errors(chrome)
+
+
+@pytest.mark.timeout(180)
+@both_modes("broker_factory")
+def test_partition_sizes_and_where_each_end_of_a_transaction_went(broker_factory):
+    """The console's topic view gives each partition's size, and a
+    transactional id's page says where each of its commits and aborts
+    went: the partition, the transaction's first offset there and its
+    marker's offset. Alike in both modes, through every broker."""
+    b = broker_factory()
+    consoles = [_Console(x) for x in getattr(b, "brokers", None) or [b]]
+    topic = unique_topic("fares")
+    create_topic(b.bootstrap, topic)
+    p = txn_producer(b.bootstrap, "ends-" + topic)
+    p.init_transactions(30)
+    for values, commit in (([b"a", b"b"], True), ([b"c"], False), ([b"d"], True)):
+        p.begin_transaction()
+        for v in values:
+            p.produce(topic, value=v, partition=0)
+        p.flush(30)
+        p.commit_transaction(30) if commit else p.abort_transaction(30)
+        time.sleep(0.2)  # ends apart in time: the page pairs an end with its marker by time
+    # offsets 0-1 committed (marker 2), 3 aborted (marker 4), 5 committed (marker 6)
+    want = [(True, 0, 2), (False, 3, 4), (True, 5, 6)]
+    for x in consoles:
+        wait_until(lambda: console_offsets(x, topic) == (7, 7) or None, 15, what="every marker")
+        rows = json.loads(http(x, "GET", f"/v1/console/topic?topic={topic}")[1])["partitions"]["rows"]
+        assert rows[0]["size_bytes"] > 0, rows
+        page = json.loads(http(x, "GET", f"/v1/console/transaction?id=ends-{topic}")[1])
+        got = sorted(((m["commit"], m["first_offset"], m["marker_offset"]) for m in page["markers"]
+                      if m["partition"] == f"{topic}-0"), key=lambda m: m[2])
+        assert got == want, page["markers"]

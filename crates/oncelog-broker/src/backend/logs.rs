@@ -448,25 +448,34 @@ impl Logs<'_> {
             Logs::Cluster(_, front) => {
                 let me = front.cluster.config.broker_id;
                 let live: Vec<i32> = front.live().iter().map(|x| x.id).collect();
-                match crate::backend::cluster::reader::all_offsets(&front.cluster).await {
-                    Ok(rows) => rows
+                let sizes = match scope {
+                    Scope::All => crate::backend::cluster::reader::sizes(&front.cluster)
+                        .await
+                        .map(Some),
+                    Scope::Mine => Ok(None),
+                };
+                let offsets = crate::backend::cluster::reader::all_offsets(&front.cluster).await;
+                match offsets.and_then(|o| sizes.map(|s| (o, s))) {
+                    Ok((rows, sizes)) => rows
                         .into_iter()
                         .filter(|(id, _, p, _)| {
                             scope == Scope::All
                                 || crate::machines::placement::preferred_broker(id, *p, &live)
                                     == Some(me)
                         })
-                        .map(|(_, topic, partition, o)| PartitionRow {
+                        .map(|(id, topic, partition, o)| PartitionRow {
                             topic,
                             partition,
                             high_watermark: o.high_watermark,
                             last_stable_offset: o.last_stable_offset,
                             log_start_offset: o.log_start_offset,
-                            size_bytes: None,
+                            size_bytes: sizes
+                                .as_ref()
+                                .map(|s| s.get(&(id, partition)).copied().unwrap_or(0)),
                         })
                         .collect(),
                     Err(e) => {
-                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the partitions' offsets for /metrics failed");
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading the partitions' offsets (or sizes) failed");
                         Vec::new()
                     }
                 }
@@ -475,10 +484,9 @@ impl Logs<'_> {
     }
 
     /// The markers written at a partition lately, oldest first (where a
-    /// transaction's commit or abort went). Cluster mode keeps no such
-    /// record: its markers are written in the batch of the commit that
-    /// decides them, and the answer is empty.
-    pub fn recent_markers(
+    /// transaction's commit or abort went): the partition's own record in
+    /// local mode, the batch index in cluster mode.
+    pub async fn recent_markers(
         &self,
         topic: &str,
         partition: i32,
@@ -490,7 +498,14 @@ impl Logs<'_> {
                 .and_then(|t| t.partition(partition))
                 .map(|p| p.recent_markers())
                 .unwrap_or_default(),
-            Logs::Cluster(..) => Vec::new(),
+            Logs::Cluster(_, front) => {
+                crate::backend::cluster::reader::recent_markers(&front.cluster, topic, partition)
+                    .await
+                    .unwrap_or_else(|e| {
+                        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: reading a partition's markers failed");
+                        Vec::new()
+                    })
+            }
         }
     }
 

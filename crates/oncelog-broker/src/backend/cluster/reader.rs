@@ -174,6 +174,76 @@ pub async fn all_offsets(
         .collect())
 }
 
+/// Every partition's size: the bytes of its batches (the console's view;
+/// a scan of the batch index, so not for every `/metrics` scrape).
+pub async fn sizes(cluster: &Cluster) -> Result<HashMap<(Uuid, i32), u64>, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT topic_id, partition, sum(length)::bigint FROM batches \
+             GROUP BY topic_id, partition",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let bytes: i64 = r.get(2);
+            ((r.get(0), r.get(1)), bytes.max(0) as u64)
+        })
+        .collect())
+}
+
+/// The last [`crate::backend::local::partition::RECENT_MARKERS`] markers
+/// of a partition, oldest first, each with the first offset its
+/// transaction wrote there (the producer's first data batch after its
+/// marker before). Read from the batch index and the markers' own bytes.
+pub async fn recent_markers(
+    cluster: &Cluster,
+    topic: &str,
+    partition: i32,
+) -> Result<Vec<crate::backend::local::partition::MarkerWritten>, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let limit = crate::backend::local::partition::RECENT_MARKERS as i64;
+    let rows = client
+        .query(
+            "SELECT m.base_offset, m.max_timestamp, m.producer_id, m.inline_data, \
+               (SELECT min(d.base_offset) FROM batches d \
+                 WHERE d.topic_id = m.topic_id AND d.partition = m.partition \
+                   AND d.producer_id = m.producer_id AND NOT d.control \
+                   AND d.base_offset < m.base_offset \
+                   AND d.base_offset > coalesce( \
+                     (SELECT max(p.base_offset) FROM batches p \
+                       WHERE p.topic_id = m.topic_id AND p.partition = m.partition \
+                         AND p.producer_id = m.producer_id AND p.control \
+                         AND p.base_offset < m.base_offset), -1)) \
+             FROM batches m JOIN topics t ON t.id = m.topic_id \
+             WHERE t.name = $1 AND m.partition = $2 AND m.control \
+             ORDER BY m.base_offset DESC LIMIT $3",
+            &[&topic, &partition, &limit],
+        )
+        .await?;
+    let mut markers: Vec<_> = rows
+        .iter()
+        .filter_map(|r| {
+            let data: Option<Vec<u8>> = r.get(3);
+            let data = data?;
+            let (kind, _) = oncelog_log::batch::control_record(&data)?;
+            let epoch = oncelog_log::batch::BatchHeader::new(&data).ok()?.producer_epoch();
+            Some(crate::backend::local::partition::MarkerWritten {
+                producer_id: r.get(2),
+                epoch,
+                commit: kind == oncelog_log::batch::CONTROL_COMMIT,
+                first_offset: r.get(4),
+                marker_offset: r.get(0),
+                time_ms: r.get(1),
+            })
+        })
+        .collect();
+    markers.reverse();
+    Ok(markers)
+}
+
 /// Reads from `offset`: up to `max_bytes` of whole batches (at least one
 /// when `min_one`), below the LSO for read_committed, else below the high
 /// watermark. `Ok(None)`: no such partition.

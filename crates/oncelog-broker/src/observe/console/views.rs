@@ -647,6 +647,7 @@ pub async fn transaction(b: &Arc<Broker>, id: &str) -> Value {
             let m = b
                 .logs()
                 .recent_markers(t, i)
+                .await
                 .into_iter()
                 .filter(|m| m.producer_id == e.producer_id && m.commit == commit)
                 .min_by_key(|m| (m.time_ms - e.time_ms).abs());

@@ -33,6 +33,22 @@ use crate::backend::topic::TopicMeta;
 use crate::error::TopicError;
 use crate::Broker;
 
+/// A catalogue map's entries, sorted by `key` (listings: both backends
+/// keep their topics in such a map).
+pub(crate) fn sorted_values<V: Clone, K: Ord>(
+    map: &std::sync::RwLock<std::collections::HashMap<String, V>>,
+    key: impl FnMut(&V) -> K,
+) -> Vec<V> {
+    let mut v: Vec<V> = map
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    v.sort_by_key(key);
+    v
+}
+
 /// Runs file-heavy work (a topic's directories, their fsyncs) without
 /// stalling the other tasks of an async worker thread, where the runtime
 /// allows it.

@@ -153,15 +153,7 @@ impl Front {
 
     /// Every topic as last seen.
     pub fn topics(&self) -> Vec<TopicRow> {
-        let mut v: Vec<TopicRow> = self
-            .topics
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        v.sort_by(|a, b| a.name.cmp(&b.name));
-        v
+        crate::backend::sorted_values(&self.topics, |t| t.name.clone())
     }
 
     /// A topic by name: from the copy, else from PostgreSQL (a topic another

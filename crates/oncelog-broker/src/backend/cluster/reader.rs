@@ -229,7 +229,9 @@ pub async fn recent_markers(
             let data: Option<Vec<u8>> = r.get(3);
             let data = data?;
             let (kind, _) = oncelog_log::batch::control_record(&data)?;
-            let epoch = oncelog_log::batch::BatchHeader::new(&data).ok()?.producer_epoch();
+            let epoch = oncelog_log::batch::BatchHeader::new(&data)
+                .ok()?
+                .producer_epoch();
             Some(crate::backend::local::partition::MarkerWritten {
                 producer_id: r.get(2),
                 epoch,

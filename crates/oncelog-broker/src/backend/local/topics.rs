@@ -444,15 +444,7 @@ impl Topics {
     }
 
     pub fn all(&self) -> Vec<Arc<Topic>> {
-        let mut v: Vec<_> = self
-            .map
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        v.sort_by_key(|t| t.meta().name);
-        v
+        crate::backend::sorted_values(&self.map, |t| t.meta().name)
     }
 
     pub fn all_partitions(&self) -> Vec<Arc<Partition>> {

@@ -309,149 +309,243 @@ pub fn run(a: WorkerArgs) -> i32 {
 }
 
 fn run_inner(a: &WorkerArgs) -> Result<i32> {
-    let mut log = Log::open(&a.history)?;
-    let mut rng = Rng::new(a.seed ^ ((a.process as u64) << 32));
-    let p = producer(a)?;
-    let init = retry(Duration::from_secs(60), || {
-        p.init_transactions(Duration::from_secs(15))
-    });
-    if let Err(e) = init {
-        log.ev(&Event::Exit {
-            ms: now_ms(),
-            reason: format!("init_transactions: {e}"),
-        })?;
-        log.flush()?;
-        return Ok(match classify(e) {
-            Failure::Fatal(_) => 3,
-            Failure::Abortable(_) => 4,
-        });
+    let mut w = Worker::new(a)?;
+    if let Some(code) = w.start()? {
+        return Ok(code);
     }
-    log.ev(&Event::Ready { ms: now_ms() })?;
-    log.flush()?;
-
-    let reads_input = a.workload == "copier" || a.workload == "queue";
-    let parts: Vec<i32> = a
-        .partitions
-        .split(',')
-        .filter(|x| !x.is_empty())
-        .map(|x| x.parse().map_err(|_| anyhow!("bad partition {x}")))
-        .collect::<Result<_>>()?;
-    let c = if reads_input {
-        Some(consumer(a)?)
-    } else {
-        None
-    };
-    // Committed positions (where an abort rewinds to) and read positions.
-    let mut committed: BTreeMap<i32, i64> = BTreeMap::new();
-    if let Some(c) = &c {
-        let mut tpl = TopicPartitionList::new();
-        for p in &parts {
-            tpl.add_partition(&a.input, *p);
-        }
-        let got = c
-            .committed_offsets(tpl, Duration::from_secs(30))
-            .context("fetching committed offsets")?;
-        for e in got.elements() {
-            let o = match e.offset() {
-                Offset::Offset(o) => o,
-                _ => 0,
-            };
-            committed.insert(e.partition(), o);
-        }
-        assign(c, &a.input, &committed)?;
-    }
-    let mut positions = committed.clone();
     let mut n: u64 = 0;
-    let mut sent_seq: u64 = 0;
     loop {
         if a.stop_file.exists() || !parent_alive() {
-            log.ev(&Event::Exit {
-                ms: now_ms(),
-                reason: "stopped".into(),
-            })?;
-            log.flush()?;
-            return Ok(0);
+            return exit(&mut w.log, "stopped", 0);
         }
         n += 1;
-        let txn = n;
-        log.ev(&Event::Begin { txn, ms: now_ms() })?;
-        if let Err(e) = p.begin_transaction() {
-            log.ev(&Event::End {
+        if let Some(code) = w.one_transaction(n)? {
+            return Ok(code);
+        }
+    }
+}
+
+/// A record to send: (partition, key, value).
+type Outgoing = (i32, String, String);
+
+/// How a transaction ended, and whether the worker goes on.
+enum TxnEnd {
+    /// The transaction has this outcome and the worker carries on.
+    Outcome(crate::Outcome),
+    /// The transaction's end and the worker's exit are logged: stop with
+    /// this exit code.
+    Exit(i32),
+}
+
+/// The state of one workload process between transactions (the clients are
+/// dropped before the history, consumer first).
+struct Worker<'a> {
+    a: &'a WorkerArgs,
+    /// The read_committed consumer of the input (copier, queue).
+    c: Option<BaseConsumer>,
+    p: TxnProducer,
+    log: Log,
+    rng: Rng,
+    /// Committed positions of the input (where an abort rewinds to).
+    committed: BTreeMap<i32, i64>,
+    /// Read positions of the input.
+    positions: BTreeMap<i32, i64>,
+    /// Values generated so far (workloads that do not copy).
+    sent_seq: u64,
+}
+
+impl<'a> Worker<'a> {
+    /// Opens the history and creates the (not yet initialised) producer.
+    fn new(a: &'a WorkerArgs) -> Result<Self> {
+        let log = Log::open(&a.history)?;
+        let rng = Rng::new(a.seed ^ ((a.process as u64) << 32));
+        let p = producer(a)?;
+        Ok(Self {
+            a,
+            c: None,
+            p,
+            log,
+            rng,
+            committed: BTreeMap::new(),
+            positions: BTreeMap::new(),
+            sent_seq: 0,
+        })
+    }
+
+    /// Initialises the transactional producer (logging `Ready`), then opens
+    /// the input. `Some(code)`: the producer could not be initialised, the
+    /// exit is logged and the worker stops with that code.
+    fn start(&mut self) -> Result<Option<i32>> {
+        let init = retry(Duration::from_secs(60), || {
+            self.p.init_transactions(Duration::from_secs(15))
+        });
+        if let Err(e) = init {
+            let reason = format!("init_transactions: {e}");
+            return exit(&mut self.log, &reason, exit_code(e)).map(Some);
+        }
+        self.log.ev(&Event::Ready { ms: now_ms() })?;
+        self.log.flush()?;
+        self.open_input()?;
+        Ok(None)
+    }
+
+    /// For the workloads that read (copier, queue): creates the consumer and
+    /// assigns it the worker's input partitions at the group's committed
+    /// offsets, which are also the starting read positions.
+    fn open_input(&mut self) -> Result<()> {
+        let a = self.a;
+        let reads_input = a.workload == "copier" || a.workload == "queue";
+        let parts: Vec<i32> = a
+            .partitions
+            .split(',')
+            .filter(|x| !x.is_empty())
+            .map(|x| x.parse().map_err(|_| anyhow!("bad partition {x}")))
+            .collect::<Result<_>>()?;
+        if reads_input {
+            let c = consumer(a)?;
+            let mut tpl = TopicPartitionList::new();
+            for p in &parts {
+                tpl.add_partition(&a.input, *p);
+            }
+            let got = c
+                .committed_offsets(tpl, Duration::from_secs(30))
+                .context("fetching committed offsets")?;
+            for e in got.elements() {
+                let o = match e.offset() {
+                    Offset::Offset(o) => o,
+                    _ => 0,
+                };
+                self.committed.insert(e.partition(), o);
+            }
+            assign(&c, &a.input, &self.committed)?;
+            self.c = Some(c);
+        }
+        self.positions = self.committed.clone();
+        Ok(())
+    }
+
+    /// Runs transaction `txn` from `Begin` to `End`. `Some(code)`: the
+    /// worker must stop with that exit code (its exit is logged).
+    fn one_transaction(&mut self, txn: u64) -> Result<Option<i32>> {
+        self.log.ev(&Event::Begin { txn, ms: now_ms() })?;
+        if let Err(e) = self.p.begin_transaction() {
+            self.log.ev(&Event::End {
                 txn,
                 ms: now_ms(),
                 outcome: crate::Outcome::Aborted,
             })?;
-            log.ev(&Event::Exit {
+            return exit(&mut self.log, &format!("begin_transaction: {e}"), 3).map(Some);
+        }
+        let mut to_send = self.read_input(txn)?;
+        self.generate(&mut to_send);
+        let mut failure = self.send_records(txn, to_send)?;
+        let abort_on_purpose = self.a.abort_every > 0 && self.rng.below(self.a.abort_every) == 0;
+        if abort_on_purpose && failure.is_none() {
+            // Let the records reach the log before the abort, so readers
+            // must skip them (an abort of unsent records tests nothing).
+            if let Err(e) = self.p.flush(Duration::from_secs(20)) {
+                failure = Some(classify(e));
+            }
+        }
+        if failure.is_none() && !abort_on_purpose {
+            failure = self.send_offsets()?;
+        }
+        let outcome = match self.end_transaction(txn, failure, abort_on_purpose)? {
+            TxnEnd::Outcome(outcome) => outcome,
+            TxnEnd::Exit(code) => return Ok(Some(code)),
+        };
+        self.log_acks(txn)?;
+        log_end(&mut self.log, txn, outcome)?;
+        if outcome != crate::Outcome::Committed {
+            self.positions = self.committed.clone();
+            if let Some(c) = &self.c {
+                assign(c, &self.a.input, &self.committed)?;
+            }
+        }
+        Ok(None)
+    }
+
+    /// For the workloads that read: polls the input for a while (logging a
+    /// `Poll` of what was read) and returns the copier's records to send.
+    fn read_input(&mut self, txn: u64) -> Result<Vec<Outgoing>> {
+        let a = self.a;
+        let mut to_send: Vec<Outgoing> = Vec::new();
+        let Some(c) = &self.c else {
+            return Ok(to_send);
+        };
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let want = if a.workload == "copier" {
+            a.txn_records
+        } else {
+            1 + self.rng.below(a.txn_records as u64) as usize
+        };
+        let mut reads = Vec::new();
+        while reads.len() < want && Instant::now() < deadline {
+            match c.poll(Duration::from_millis(50)) {
+                None => {}
+                Some(Err(e)) => {
+                    eprintln!("audit worker {}: consumer: {e}", a.process);
+                }
+                Some(Ok(m)) => {
+                    let v = m
+                        .payload()
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_default();
+                    self.positions.insert(m.partition(), m.offset() + 1);
+                    reads.push((m.topic().to_string(), m.partition(), m.offset(), v));
+                }
+            }
+        }
+        if !reads.is_empty() {
+            for (_, part, _, v) in &reads {
+                if a.workload == "copier" {
+                    // input value "i{n}" → output key "out-{n}"
+                    let id = v.strip_prefix('i').unwrap_or(v);
+                    to_send.push((
+                        *part % a.output_partitions.max(1),
+                        format!("out-{id}"),
+                        format!("o{id}.{}.{txn}", a.process),
+                    ));
+                }
+            }
+            self.log.ev(&Event::Poll {
+                txn,
                 ms: now_ms(),
-                reason: format!("begin_transaction: {e}"),
+                reads,
             })?;
-            log.flush()?;
-            return Ok(3);
         }
-        let mut failure: Option<Failure> = None;
-        // Read (copier, queue).
-        let mut to_send: Vec<(i32, String, String)> = Vec::new();
-        if let Some(c) = &c {
-            let deadline = Instant::now() + Duration::from_millis(300);
-            let want = if a.workload == "copier" {
-                a.txn_records
+        Ok(to_send)
+    }
+
+    /// For every workload but the copier: adds fresh records to `to_send`.
+    fn generate(&mut self, to_send: &mut Vec<Outgoing>) {
+        let a = self.a;
+        if a.workload == "copier" {
+            return;
+        }
+        let k = 1 + self.rng.below(a.txn_records.max(1) as u64) as usize;
+        for _ in 0..k {
+            self.sent_seq += 1;
+            let v = format!("v{}.{}", a.process, self.sent_seq);
+            let part = self.rng.below(a.output_partitions.max(1) as u64) as i32;
+            // compacted: a small key space, written by every worker, so
+            // the cleaner has superseded, aborted and live records.
+            let key = if a.workload == "compacted" {
+                format!("k{}", self.rng.below(COMPACTED_KEYS))
             } else {
-                1 + rng.below(a.txn_records as u64) as usize
+                v.clone()
             };
-            let mut reads = Vec::new();
-            while reads.len() < want && Instant::now() < deadline {
-                match c.poll(Duration::from_millis(50)) {
-                    None => {}
-                    Some(Err(e)) => {
-                        eprintln!("audit worker {}: consumer: {e}", a.process);
-                    }
-                    Some(Ok(m)) => {
-                        let v = m
-                            .payload()
-                            .map(|b| String::from_utf8_lossy(b).into_owned())
-                            .unwrap_or_default();
-                        positions.insert(m.partition(), m.offset() + 1);
-                        reads.push((m.topic().to_string(), m.partition(), m.offset(), v));
-                    }
-                }
-            }
-            if !reads.is_empty() {
-                for (_, part, _, v) in &reads {
-                    if a.workload == "copier" {
-                        // input value "i{n}" → output key "out-{n}"
-                        let id = v.strip_prefix('i').unwrap_or(v);
-                        to_send.push((
-                            *part % a.output_partitions.max(1),
-                            format!("out-{id}"),
-                            format!("o{id}.{}.{txn}", a.process),
-                        ));
-                    }
-                }
-                log.ev(&Event::Poll {
-                    txn,
-                    ms: now_ms(),
-                    reads,
-                })?;
-            }
+            to_send.push((part, key, v));
         }
-        if a.workload != "copier" {
-            let k = 1 + rng.below(a.txn_records.max(1) as u64) as usize;
-            for _ in 0..k {
-                sent_seq += 1;
-                let v = format!("v{}.{sent_seq}", a.process);
-                let part = rng.below(a.output_partitions.max(1) as u64) as i32;
-                // compacted: a small key space, written by every worker, so
-                // the cleaner has superseded, aborted and live records.
-                let key = if a.workload == "compacted" {
-                    format!("k{}", rng.below(COMPACTED_KEYS))
-                } else {
-                    v.clone()
-                };
-                to_send.push((part, key, v));
-            }
-        }
+    }
+
+    /// Logs a `Send` of every record, flushes the history, then produces
+    /// the records (waiting while the producer queue is full). Returns how
+    /// the first failed send leaves the transaction, if one fails.
+    fn send_records(&mut self, txn: u64, to_send: Vec<Outgoing>) -> Result<Option<Failure>> {
+        let a = self.a;
         for (part, key, value) in &to_send {
-            log.ev(&Event::Send {
+            self.log.ev(&Event::Send {
                 txn,
                 topic: a.output.clone(),
                 partition: *part,
@@ -460,130 +554,145 @@ fn run_inner(a: &WorkerArgs) -> Result<i32> {
             })?;
         }
         // The sends are logged before any of them can become visible.
-        log.flush()?;
+        self.log.flush()?;
         for (part, key, value) in to_send {
             let mut rec = BaseRecord::with_opaque_to(&a.output, Box::new(value.clone()))
                 .partition(part)
                 .key(key.as_bytes())
                 .payload(value.as_bytes());
             loop {
-                match p.send(rec) {
+                match self.p.send(rec) {
                     Ok(()) => break,
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                         std::thread::sleep(Duration::from_millis(5));
                         rec = r;
                     }
-                    Err((e, _)) => {
-                        failure = Some(classify(e));
-                        break;
-                    }
+                    Err((e, _)) => return Ok(Some(classify(e))),
                 }
             }
-            if failure.is_some() {
-                break;
-            }
         }
-        let abort_on_purpose = a.abort_every > 0 && rng.below(a.abort_every) == 0;
-        if abort_on_purpose && failure.is_none() {
-            // Let the records reach the log before the abort, so readers
-            // must skip them (an abort of unsent records tests nothing).
-            if let Err(e) = p.flush(Duration::from_secs(20)) {
-                failure = Some(classify(e));
-            }
+        Ok(None)
+    }
+
+    /// For the workloads that read: adds the read positions, when they moved
+    /// since the last commit, to the transaction. Returns how a failure
+    /// leaves the transaction, if it fails.
+    fn send_offsets(&mut self) -> Result<Option<Failure>> {
+        let Some(c) = &self.c else {
+            return Ok(None);
+        };
+        if self.positions == self.committed {
+            return Ok(None);
         }
+        let mut tpl = TopicPartitionList::new();
+        for (part, o) in &self.positions {
+            tpl.add_partition_offset(&self.a.input, *part, Offset::Offset(*o))
+                .map_err(|e| anyhow!("{e}"))?;
+        }
+        let meta = c
+            .group_metadata()
+            .ok_or_else(|| anyhow!("no consumer group metadata"))?;
+        let sent = retry(Duration::from_secs(30), || {
+            self.p
+                .send_offsets_to_transaction(&tpl, &meta, Duration::from_secs(15))
+        });
+        Ok(sent.err().map(classify))
+    }
+
+    /// Commits the transaction (logging `Commit` first) when nothing failed
+    /// and no abort is wanted, and aborts it otherwise.
+    fn end_transaction(
+        &mut self,
+        txn: u64,
+        failure: Option<Failure>,
+        abort_on_purpose: bool,
+    ) -> Result<TxnEnd> {
         if failure.is_none() && !abort_on_purpose {
-            if let Some(c) = &c {
-                if positions != committed {
-                    let mut tpl = TopicPartitionList::new();
-                    for (part, o) in &positions {
-                        tpl.add_partition_offset(&a.input, *part, Offset::Offset(*o))
-                            .map_err(|e| anyhow!("{e}"))?;
-                    }
-                    let meta = c
-                        .group_metadata()
-                        .ok_or_else(|| anyhow!("no consumer group metadata"))?;
-                    if let Err(e) = retry(Duration::from_secs(30), || {
-                        p.send_offsets_to_transaction(&tpl, &meta, Duration::from_secs(15))
-                    }) {
-                        failure = Some(classify(e));
-                    }
-                }
-            }
-        }
-        let outcome;
-        if failure.is_none() && !abort_on_purpose {
-            log.ev(&Event::Commit { txn, ms: now_ms() })?;
-            log.flush()?;
-            match retry(Duration::from_secs(60), || {
-                p.commit_transaction(Duration::from_secs(20))
-            }) {
-                Ok(()) => {
-                    outcome = crate::Outcome::Committed;
-                    committed = positions.clone();
-                }
-                Err(e) => {
-                    // The commit was requested: unless the client says the
-                    // transaction must be aborted, we cannot know.
-                    match classify(e) {
-                        Failure::Abortable(why) => match p
-                            .abort_transaction(Duration::from_secs(30))
-                        {
-                            Ok(()) => {
-                                eprintln!(
-                                    "audit worker {}: commit failed ({why}), aborted",
-                                    a.process
-                                );
-                                outcome = crate::Outcome::Aborted;
-                            }
-                            Err(e2) => {
-                                log_end(&mut log, txn, crate::Outcome::Indeterminate)?;
-                                return exit(&mut log, &format!("commit: {why}; abort: {e2}"), 4);
-                            }
-                        },
-                        Failure::Fatal(why) => {
-                            log_end(&mut log, txn, crate::Outcome::Indeterminate)?;
-                            return exit(&mut log, &format!("commit: {why}"), 3);
-                        }
-                    }
-                }
-            }
+            self.commit(txn)
         } else {
-            match failure {
-                Some(Failure::Fatal(why)) => {
-                    // Never asked to commit: the transaction cannot commit.
-                    log_end(&mut log, txn, crate::Outcome::Aborted)?;
-                    return exit(&mut log, &why, 3);
+            self.abort(txn, failure)
+        }
+    }
+
+    /// Logs `Commit`, then commits the transaction; on success the read
+    /// positions become the committed ones.
+    fn commit(&mut self, txn: u64) -> Result<TxnEnd> {
+        self.log.ev(&Event::Commit { txn, ms: now_ms() })?;
+        self.log.flush()?;
+        let e = match retry(Duration::from_secs(60), || {
+            self.p.commit_transaction(Duration::from_secs(20))
+        }) {
+            Ok(()) => {
+                self.committed = self.positions.clone();
+                return Ok(TxnEnd::Outcome(crate::Outcome::Committed));
+            }
+            Err(e) => e,
+        };
+        // The commit was requested: unless the client says the
+        // transaction must be aborted, we cannot know.
+        match classify(e) {
+            Failure::Abortable(why) => match self.p.abort_transaction(Duration::from_secs(30)) {
+                Ok(()) => {
+                    eprintln!(
+                        "audit worker {}: commit failed ({why}), aborted",
+                        self.a.process
+                    );
+                    Ok(TxnEnd::Outcome(crate::Outcome::Aborted))
                 }
-                _ => match p.abort_transaction(Duration::from_secs(30)) {
-                    Ok(()) => outcome = crate::Outcome::Aborted,
-                    Err(e) => {
-                        log_end(&mut log, txn, crate::Outcome::Aborted)?;
-                        let code = match classify(e) {
-                            Failure::Fatal(_) => 3,
-                            Failure::Abortable(_) => 4,
-                        };
-                        return exit(&mut log, "abort_transaction failed", code);
-                    }
-                },
+                Err(e2) => {
+                    log_end(&mut self.log, txn, crate::Outcome::Indeterminate)?;
+                    let reason = format!("commit: {why}; abort: {e2}");
+                    exit(&mut self.log, &reason, 4).map(TxnEnd::Exit)
+                }
+            },
+            Failure::Fatal(why) => {
+                log_end(&mut self.log, txn, crate::Outcome::Indeterminate)?;
+                exit(&mut self.log, &format!("commit: {why}"), 3).map(TxnEnd::Exit)
             }
         }
-        // Acks that arrived for this transaction.
-        let acked: Vec<(String, i64)> = p
+    }
+
+    /// Aborts the transaction, which never asked to commit; a fatal
+    /// `failure` stops the worker without trying.
+    fn abort(&mut self, txn: u64, failure: Option<Failure>) -> Result<TxnEnd> {
+        if let Some(Failure::Fatal(why)) = failure {
+            // Never asked to commit: the transaction cannot commit.
+            log_end(&mut self.log, txn, crate::Outcome::Aborted)?;
+            return exit(&mut self.log, &why, 3).map(TxnEnd::Exit);
+        }
+        match self.p.abort_transaction(Duration::from_secs(30)) {
+            Ok(()) => Ok(TxnEnd::Outcome(crate::Outcome::Aborted)),
+            Err(e) => {
+                log_end(&mut self.log, txn, crate::Outcome::Aborted)?;
+                let code = exit_code(e);
+                exit(&mut self.log, "abort_transaction failed", code).map(TxnEnd::Exit)
+            }
+        }
+    }
+
+    /// Logs an `Ack` of every delivery report that arrived since the last
+    /// call (those of transaction `txn`).
+    fn log_acks(&mut self, txn: u64) -> Result<()> {
+        let acked: Vec<(String, i64)> = self
+            .p
             .context()
             .acked
             .lock()
             .map(|mut v| std::mem::take(&mut *v))
             .unwrap_or_default();
         for (value, offset) in acked {
-            log.ev(&Event::Ack { txn, value, offset })?;
+            self.log.ev(&Event::Ack { txn, value, offset })?;
         }
-        log_end(&mut log, txn, outcome)?;
-        if outcome != crate::Outcome::Committed {
-            positions = committed.clone();
-            if let Some(c) = &c {
-                assign(c, &a.input, &committed)?;
-            }
-        }
+        Ok(())
+    }
+}
+
+/// The exit code of a worker stopped by `e`: 3 when the producer is fenced
+/// or failed fatally, 4 otherwise.
+fn exit_code(e: KafkaError) -> i32 {
+    match classify(e) {
+        Failure::Fatal(_) => 3,
+        Failure::Abortable(_) => 4,
     }
 }
 

@@ -4,17 +4,19 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{IsTerminal, Write};
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use kafka_protocol::messages::fetch_response::PartitionData;
+use kafka_protocol::records::Record;
 use oncelog_broker::now_ms;
 use oncelog_client::admin::{holding_transaction, TxnHolder};
 use oncelog_client::consumer::{
     commit_group, committed_offsets, decode_partition, fetch, list_offsets, AbortedTxns, EARLIEST,
     LATEST,
 };
-use oncelog_client::{check, Cluster, ResponseError};
+use oncelog_client::{check, Cluster, Leaders, ResponseError};
 
 use super::format::{write_record, FORMATS};
 use super::progress::Progress;
@@ -335,7 +337,9 @@ async fn say_waiting(
     }
 }
 
-pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
+/// Checks `--format`, and reads `--isolation` (true: read_committed) and
+/// where to start.
+fn read_mode(a: &ConsumeArgs) -> Result<(bool, Position)> {
     if !FORMATS.contains(&a.format.as_str()) {
         bail!("--format must be one of {}", FORMATS.join(", "));
     }
@@ -349,6 +353,16 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
     } else {
         Position::parse(&a.from)?
     };
+    Ok((committed_only, from))
+}
+
+/// Whether writing to stdout failed because its reader went away.
+fn broken_pipe(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
+}
+
+pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
+    let (committed_only, from) = read_mode(&a)?;
     let deadline = a
         .timeout_ms
         .map(|t| Instant::now() + Duration::from_millis(t));
@@ -362,7 +376,7 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
     let topic = a.topic.clone();
     let starts = list_offsets(c.bootstrap(), &topic, &parts, EARLIEST, false).await?;
     let hws = list_offsets(c.bootstrap(), &topic, &parts, LATEST, false).await?;
-    let mut pos = start_positions(&mut c, &a, &parts, from, committed_only, &starts, &hws).await?;
+    let pos = start_positions(&mut c, &a, &parts, from, committed_only, &starts, &hws).await?;
     // The end for a run without --follow: the last stable offset (read_committed)
     // or the high watermark, as they are now.
     let ends = if committed_only {
@@ -371,158 +385,321 @@ pub async fn consume(bootstrap: &str, a: ConsumeArgs) -> Result<()> {
         hws.clone()
     };
     let stop = StopFlag::install()?;
-    let mut done: BTreeSet<i32> = BTreeSet::new();
-    let mut aborted: HashMap<i32, AbortedTxns> = HashMap::new();
     let stdout = std::io::stdout();
     let to_terminal = stdout.is_terminal();
     // A terminal or a pipe that is followed sees every record at once;
     // otherwise records are flushed after each fetched batch (before any wait).
     let flush_each = to_terminal || a.follow;
-    let mut progress = Progress::new(a.progress, !to_terminal, "consumed");
+    let progress = Progress::new(a.progress, !to_terminal, "consumed");
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let mut count = 0u64;
-    let limit = a.max_messages.unwrap_or(u64::MAX);
-    let mut stopped_by: Option<&'static str> = None;
-    let mut stdout_closed = false;
-    // --follow: per partition, the last stable offset it waits at behind a
-    // higher high watermark, since when, and whether that was reported.
-    let mut held: HashMap<i32, (i64, Instant, bool)> = HashMap::new();
-    let mut committed_pos = pos.clone();
-    let mut last_commit = Instant::now();
-    let broken_pipe = |e: &std::io::Error| e.kind() == std::io::ErrorKind::BrokenPipe;
-    'outer: while count < limit {
-        if let Some(sig) = stop.get() {
-            stopped_by = Some(sig);
-            break;
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
-        if !a.follow {
-            for p in &parts {
-                if pos.get(p).copied().unwrap_or(0) >= ends.get(p).copied().unwrap_or(0) {
-                    done.insert(*p);
-                }
-            }
-            if done.len() == parts.len() {
-                break;
-            }
-        }
-        if let (Some(g), true) = (&a.group, a.follow) {
-            if pos != committed_pos && last_commit.elapsed() >= Duration::from_secs(5) {
-                // A failed periodic commit is retried at the next one and
-                // at the end; the run goes on.
-                match commit_group(&mut c, g, &topic, &pos).await {
-                    Ok(()) => committed_pos = pos.clone(),
-                    Err(e) => eprintln!(
-                        "warning: periodic commit of group {g}: {:#}",
-                        anyhow::Error::from(e)
-                    ),
-                }
-                last_commit = Instant::now();
-            }
-        }
-        let mut by_leader: BTreeMap<i32, Vec<(i32, i64)>> = BTreeMap::new();
-        for p in parts.iter().filter(|p| !done.contains(p)) {
-            by_leader
-                .entry(*leaders.get(p).unwrap_or(&-1))
-                .or_default()
-                .push((*p, pos.get(p).copied().unwrap_or(0)));
-        }
-        for (leader, positions) in by_leader {
-            let r = fetch(&mut c, leader, &topic, &positions, committed_only).await?;
-            for t in &r.responses {
-                for pd in &t.partitions {
-                    let p = pd.partition_index;
-                    let at = pos.get(&p).copied().unwrap_or(0);
-                    if pd.error_code == ResponseError::OffsetOutOfRange.code() {
-                        // Out of range: into the log, never back to its start from past its end.
-                        let s0 = list_offsets(c.bootstrap(), &topic, &[p], EARLIEST, false).await?;
-                        let e0 = list_offsets(c.bootstrap(), &topic, &[p], LATEST, false).await?;
-                        let (s0, e0) = (
-                            s0.get(&p).copied().unwrap_or(0),
-                            e0.get(&p).copied().unwrap_or(0),
-                        );
-                        let to = clamp_position(&topic, p, at, s0, e0, a.follow, "offset");
-                        if to == at {
-                            // in range again by now (retention or a write raced the answer)
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                        pos.insert(p, to);
-                        continue;
-                    }
-                    check(pd.error_code, &format!("fetch {topic}-{p}"))?;
-                    let (recs, next) =
-                        decode_partition(pd, at, committed_only, aborted.entry(p).or_default())?;
-                    pos.insert(p, next.max(at));
-                    for r in &recs {
-                        if count >= limit {
-                            pos.insert(p, r.offset);
-                            break 'outer;
-                        }
-                        let written = write_record(&mut out, &a.format, &topic, p, r)
-                            .and_then(|()| if flush_each { out.flush() } else { Ok(()) });
-                        match written {
-                            Ok(()) => {}
-                            Err(e) if broken_pipe(&e) => {
-                                stdout_closed = true;
-                                break 'outer;
-                            }
-                            Err(e) => return Err(e).context("writing to stdout"),
-                        }
-                        count += 1;
-                    }
-                    match out.flush() {
-                        Ok(()) => {}
-                        Err(e) if broken_pipe(&e) => {
-                            stdout_closed = true;
-                            break 'outer;
-                        }
-                        Err(e) => return Err(e).context("writing to stdout"),
-                    }
-                    progress.tick(count);
-                    if a.follow && committed_only {
-                        let at = pos.get(&p).copied().unwrap_or(0);
-                        say_waiting(&mut c, &mut held, (leader, &topic, p), pd, at).await;
-                    }
-                }
-            }
-        }
-    }
+    let mut r = Reader {
+        a: &a,
+        committed_only,
+        c,
+        parts,
+        leaders,
+        hws,
+        ends,
+        stop,
+        deadline,
+        flush_each,
+        limit: a.max_messages.unwrap_or(u64::MAX),
+        progress,
+        committed_pos: pos.clone(),
+        pos,
+        done: BTreeSet::new(),
+        aborted: HashMap::new(),
+        held: HashMap::new(),
+        count: 0,
+        stopped_by: None,
+        stdout_closed: false,
+        last_commit: Instant::now(),
+    };
+    r.run(&mut out).await?;
     match out.flush() {
         Ok(()) => {}
-        Err(e) if broken_pipe(&e) => stdout_closed = true,
+        Err(e) if broken_pipe(&e) => r.stdout_closed = true,
         Err(e) => return Err(e).context("writing to stdout"),
     }
     drop(out);
-    progress.done();
-    if committed_only && !a.follow && stopped_by.is_none() && !stdout_closed {
-        say_held_back(&mut c, &topic, &parts, &leaders, &ends, &hws, &done, &pos).await;
-    }
-    if let Some(sig) = stopped_by {
-        eprintln!("interrupted ({sig})");
-    }
-    if stdout_closed {
-        eprintln!(
-            "stdout was closed after {count} records{}",
-            if a.group.is_some() {
-                "; offsets not committed"
-            } else {
-                ""
+    r.finish().await
+}
+
+/// A consume run while it reads, and what it reached.
+struct Reader<'a> {
+    a: &'a ConsumeArgs,
+    /// read_committed.
+    committed_only: bool,
+    c: Cluster,
+    /// The partitions read.
+    parts: Vec<i32>,
+    leaders: Leaders,
+    /// Each partition's high watermark at the start.
+    hws: BTreeMap<i32, i64>,
+    /// Where a run without --follow stops, per partition.
+    ends: BTreeMap<i32, i64>,
+    stop: StopFlag,
+    deadline: Option<Instant>,
+    /// Flush stdout after every record.
+    flush_each: bool,
+    /// The most records to write.
+    limit: u64,
+    progress: Progress,
+    /// Each partition's next offset to read.
+    pos: BTreeMap<i32, i64>,
+    /// The partitions read up to their end (without --follow).
+    done: BTreeSet<i32>,
+    aborted: HashMap<i32, AbortedTxns>,
+    /// --follow: per partition, the last stable offset it waits at behind a
+    /// higher high watermark, since when, and whether that was reported.
+    held: HashMap<i32, (i64, Instant, bool)>,
+    /// Records written.
+    count: u64,
+    /// The signal that stopped the run, if one did.
+    stopped_by: Option<&'static str>,
+    stdout_closed: bool,
+    /// The positions last committed for the group, and when.
+    committed_pos: BTreeMap<i32, i64>,
+    last_commit: Instant,
+}
+
+impl Reader<'_> {
+    /// Writes records to `out` until the limit, the deadline, a signal, the
+    /// end (without --follow) or a closed stdout.
+    async fn run(&mut self, out: &mut impl Write) -> Result<()> {
+        while self.count < self.limit {
+            if let Some(sig) = self.stop.get() {
+                self.stopped_by = Some(sig);
+                break;
             }
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            if !self.a.follow && self.all_done() {
+                break;
+            }
+            self.commit_periodically().await;
+            for (leader, positions) in self.by_leader() {
+                if self.fetch_from(out, leader, &positions).await?.is_break() {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the partitions read up to their end; true once all are.
+    fn all_done(&mut self) -> bool {
+        for p in &self.parts {
+            if self.pos.get(p).copied().unwrap_or(0) >= self.ends.get(p).copied().unwrap_or(0) {
+                self.done.insert(*p);
+            }
+        }
+        self.done.len() == self.parts.len()
+    }
+
+    /// With --group and --follow: commits the position reached when it
+    /// moved, at most every 5 s.
+    async fn commit_periodically(&mut self) {
+        let a = self.a;
+        let (Some(g), true) = (&a.group, a.follow) else {
+            return;
+        };
+        if self.pos != self.committed_pos && self.last_commit.elapsed() >= Duration::from_secs(5) {
+            // A failed periodic commit is retried at the next one and
+            // at the end; the run goes on.
+            match commit_group(&mut self.c, g, &a.topic, &self.pos).await {
+                Ok(()) => self.committed_pos = self.pos.clone(),
+                Err(e) => eprintln!(
+                    "warning: periodic commit of group {g}: {:#}",
+                    anyhow::Error::from(e)
+                ),
+            }
+            self.last_commit = Instant::now();
+        }
+    }
+
+    /// The partitions still to read, with their positions, by leader.
+    fn by_leader(&self) -> BTreeMap<i32, Vec<(i32, i64)>> {
+        let mut by_leader: BTreeMap<i32, Vec<(i32, i64)>> = BTreeMap::new();
+        for p in self.parts.iter().filter(|p| !self.done.contains(p)) {
+            by_leader
+                .entry(*self.leaders.get(p).unwrap_or(&-1))
+                .or_default()
+                .push((*p, self.pos.get(p).copied().unwrap_or(0)));
+        }
+        by_leader
+    }
+
+    /// Fetches `positions` from `leader` and writes what came back.
+    /// `Break`: the run stops (the limit is reached or stdout closed).
+    async fn fetch_from(
+        &mut self,
+        out: &mut impl Write,
+        leader: i32,
+        positions: &[(i32, i64)],
+    ) -> Result<ControlFlow<()>> {
+        let a = self.a;
+        let r = fetch(
+            &mut self.c,
+            leader,
+            &a.topic,
+            positions,
+            self.committed_only,
+        )
+        .await?;
+        for t in &r.responses {
+            for pd in &t.partitions {
+                if self.read_partition(out, leader, pd).await?.is_break() {
+                    return Ok(ControlFlow::Break(()));
+                }
+            }
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Decodes and writes one partition's fetched records, moving its
+    /// position. `Break`: the run stops.
+    async fn read_partition(
+        &mut self,
+        out: &mut impl Write,
+        leader: i32,
+        pd: &PartitionData,
+    ) -> Result<ControlFlow<()>> {
+        let a = self.a;
+        let topic = &a.topic;
+        let p = pd.partition_index;
+        let at = self.pos.get(&p).copied().unwrap_or(0);
+        if pd.error_code == ResponseError::OffsetOutOfRange.code() {
+            self.out_of_range(p, at).await?;
+            return Ok(ControlFlow::Continue(()));
+        }
+        check(pd.error_code, &format!("fetch {topic}-{p}"))?;
+        let (recs, next) = decode_partition(
+            pd,
+            at,
+            self.committed_only,
+            self.aborted.entry(p).or_default(),
+        )?;
+        self.pos.insert(p, next.max(at));
+        if self.write_records(out, p, &recs)?.is_break() {
+            return Ok(ControlFlow::Break(()));
+        }
+        self.progress.tick(self.count);
+        if a.follow && self.committed_only {
+            let at = self.pos.get(&p).copied().unwrap_or(0);
+            say_waiting(&mut self.c, &mut self.held, (leader, topic, p), pd, at).await;
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// A fetch of `p` at `at` was out of range: moves the position into the
+    /// log, never back to its start from past its end.
+    async fn out_of_range(&mut self, p: i32, at: i64) -> Result<()> {
+        let topic = &self.a.topic;
+        let s0 = list_offsets(self.c.bootstrap(), topic, &[p], EARLIEST, false).await?;
+        let e0 = list_offsets(self.c.bootstrap(), topic, &[p], LATEST, false).await?;
+        let (s0, e0) = (
+            s0.get(&p).copied().unwrap_or(0),
+            e0.get(&p).copied().unwrap_or(0),
         );
-        return Ok(());
+        let to = clamp_position(topic, p, at, s0, e0, self.a.follow, "offset");
+        if to == at {
+            // in range again by now (retention or a write raced the answer)
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.pos.insert(p, to);
+        Ok(())
     }
-    eprintln!("consumed {count} records from {topic}");
-    if let Some(g) = &a.group {
-        commit_group(&mut c, g, &topic, &pos).await?;
-        let at: Vec<String> = pos
-            .iter()
-            .map(|(p, o)| format!("{topic}-{p} at {o}"))
-            .collect();
-        eprintln!("committed group {g}: {}", at.join(", "));
+
+    /// Writes partition `p`'s records up to the limit, then flushes.
+    /// `Break`: the limit is reached (the position stays at the first
+    /// record not written) or stdout was closed.
+    fn write_records(
+        &mut self,
+        out: &mut impl Write,
+        p: i32,
+        recs: &[Record],
+    ) -> Result<ControlFlow<()>> {
+        for r in recs {
+            if self.count >= self.limit {
+                self.pos.insert(p, r.offset);
+                return Ok(ControlFlow::Break(()));
+            }
+            let written = write_record(out, &self.a.format, &self.a.topic, p, r).and_then(|()| {
+                if self.flush_each {
+                    out.flush()
+                } else {
+                    Ok(())
+                }
+            });
+            match written {
+                Ok(()) => {}
+                Err(e) if broken_pipe(&e) => {
+                    self.stdout_closed = true;
+                    return Ok(ControlFlow::Break(()));
+                }
+                Err(e) => return Err(e).context("writing to stdout"),
+            }
+            self.count += 1;
+        }
+        match out.flush() {
+            Ok(()) => {}
+            Err(e) if broken_pipe(&e) => {
+                self.stdout_closed = true;
+                return Ok(ControlFlow::Break(()));
+            }
+            Err(e) => return Err(e).context("writing to stdout"),
+        }
+        Ok(ControlFlow::Continue(()))
     }
-    Ok(())
+
+    /// Once stdout is flushed: says how the run ended and commits the
+    /// group's offsets (unless stdout was closed).
+    async fn finish(mut self) -> Result<()> {
+        let a = self.a;
+        let topic = &a.topic;
+        self.progress.done();
+        if self.committed_only && !a.follow && self.stopped_by.is_none() && !self.stdout_closed {
+            say_held_back(
+                &mut self.c,
+                topic,
+                &self.parts,
+                &self.leaders,
+                &self.ends,
+                &self.hws,
+                &self.done,
+                &self.pos,
+            )
+            .await;
+        }
+        if let Some(sig) = self.stopped_by {
+            eprintln!("interrupted ({sig})");
+        }
+        let count = self.count;
+        if self.stdout_closed {
+            eprintln!(
+                "stdout was closed after {count} records{}",
+                if a.group.is_some() {
+                    "; offsets not committed"
+                } else {
+                    ""
+                }
+            );
+            return Ok(());
+        }
+        eprintln!("consumed {count} records from {topic}");
+        if let Some(g) = &a.group {
+            commit_group(&mut self.c, g, topic, &self.pos).await?;
+            let at: Vec<String> = self
+                .pos
+                .iter()
+                .map(|(p, o)| format!("{topic}-{p} at {o}"))
+                .collect();
+            eprintln!("committed group {g}: {}", at.join(", "));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

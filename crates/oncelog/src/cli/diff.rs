@@ -481,6 +481,47 @@ impl Comparison {
 
     /// [`Comparison::report`] once every hash vector is sorted.
     fn verdict(&self, a: &str, b: &str, window: &Window) -> Report {
+        let found = self.findings();
+        Report {
+            equal: found.equal,
+            json: self.verdict_json(a, b, window, &found),
+            text: self.verdict_text(a, b, window, &found),
+        }
+    }
+
+    /// What differs between the two topics (hash vectors sorted).
+    fn findings(&self) -> Findings<'_> {
+        let (missing, extra, mismatch) = self.differing_keys();
+        let split = self.unkeyed.partition_point(|h| h & SIDE_BIT == 0);
+        let (ua, ub) = self.unkeyed.split_at(split);
+        let unkeyed_equal = same_values(ua, ub);
+        let sums: Vec<(String, &Sum, &Sum, bool)> = self
+            .sum_fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let (sa, sb) = (&self.sides[0].sums[i], &self.sides[1].sums[i]);
+                (f.clone(), sa, sb, sa.same_as(sb))
+            })
+            .collect();
+        let equal = missing.is_empty()
+            && extra.is_empty()
+            && mismatch.is_empty()
+            && unkeyed_equal
+            && sums.iter().all(|s| s.3);
+        Findings {
+            equal,
+            keys_total: self.by_key.len(),
+            missing: self.examples(missing),
+            extra: self.examples(extra),
+            mismatch: self.examples(mismatch),
+            unkeyed_equal,
+            sums,
+        }
+    }
+
+    /// The keys only in A, only in B, and in both with different values.
+    fn differing_keys(&self) -> (Vec<Example<'_>>, Vec<Example<'_>>, Vec<Example<'_>>) {
         let mut missing: Vec<Example> = Vec::new();
         let mut extra: Vec<Example> = Vec::new();
         let mut mismatch: Vec<Example> = Vec::new();
@@ -500,36 +541,24 @@ impl Comparison {
                 mismatch.push(ex());
             }
         }
-        let split = self.unkeyed.partition_point(|h| h & SIDE_BIT == 0);
-        let (ua, ub) = self.unkeyed.split_at(split);
-        let unkeyed_equal = same_values(ua, ub);
-        let sums: Vec<(String, &Sum, &Sum, bool)> = self
-            .sum_fields
+        (missing, extra, mismatch)
+    }
+
+    /// How many keys `v` holds, and the first ones in the order of their
+    /// bytes (at most `max_report`) as examples.
+    fn examples(&self, mut v: Vec<Example>) -> Examples {
+        v.sort_unstable_by(|x, y| x.key.cmp(y.key));
+        let shown = v
             .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let (sa, sb) = (&self.sides[0].sums[i], &self.sides[1].sums[i]);
-                (f.clone(), sa, sb, sa.same_as(sb))
-            })
+            .take(self.max_report)
+            .map(|e| (show_key(&self.keying, e.key), e.a, e.b))
             .collect();
-        let equal = missing.is_empty()
-            && extra.is_empty()
-            && mismatch.is_empty()
-            && unkeyed_equal
-            && sums.iter().all(|s| s.3);
+        (v.len(), shown)
+    }
+
+    /// The verdict as a JSON document.
+    fn verdict_json(&self, a: &str, b: &str, window: &Window, found: &Findings) -> Value {
         let [sa, sb] = &self.sides;
-        let keys_total = self.by_key.len();
-        // Examples: the first keys in the order of their bytes.
-        let pick = |mut v: Vec<Example>| -> (usize, Vec<(String, usize, usize)>) {
-            v.sort_unstable_by(|x, y| x.key.cmp(y.key));
-            let shown = v
-                .iter()
-                .take(self.max_report)
-                .map(|e| (show_key(&self.keying, e.key), e.a, e.b))
-                .collect();
-            (v.len(), shown)
-        };
-        let (missing, extra, mismatch) = (pick(missing), pick(extra), pick(mismatch));
         let examples_json = |v: &[(String, usize, usize)]| -> Value {
             v.iter()
                 .map(|(k, na, nb)| json!({ "key": k, "a": na, "b": nb }))
@@ -545,7 +574,8 @@ impl Comparison {
                 "unkeyed_examples": s.unkeyed_at,
             })
         };
-        let sums_json: serde_json::Map<String, Value> = sums
+        let sums_json: serde_json::Map<String, Value> = found
+            .sums
             .iter()
             .map(|(f, x, y, eq)| {
                 let v = json!({
@@ -557,8 +587,9 @@ impl Comparison {
                 (f.clone(), v)
             })
             .collect();
-        let json = json!({
-            "equal": equal,
+        let (missing, extra, mismatch) = (&found.missing, &found.extra, &found.mismatch);
+        json!({
+            "equal": found.equal,
             "a": side_json(a, sa),
             "b": side_json(b, sb),
             "key": match &self.keying {
@@ -569,14 +600,18 @@ impl Comparison {
                 "from": window.from.map(|w| w.json()),
                 "to": window.to.map(|w| w.json()),
             },
-            "keys": keys_total,
+            "keys": found.keys_total,
             "missing": { "count": missing.0, "examples": examples_json(&missing.1) },
             "extra": { "count": extra.0, "examples": examples_json(&extra.1) },
             "mismatch": { "count": mismatch.0, "examples": examples_json(&mismatch.1) },
-            "unkeyed_equal": unkeyed_equal,
+            "unkeyed_equal": found.unkeyed_equal,
             "sums": sums_json,
-        });
+        })
+    }
 
+    /// The verdict as text for people.
+    fn verdict_text(&self, a: &str, b: &str, window: &Window, found: &Findings) -> String {
+        let [sa, sb] = &self.sides;
         let mut t = String::new();
         let width = a.len().max(b.len());
         for (label, topic, s) in [("A", a, sa), ("B", b, sb)] {
@@ -596,68 +631,105 @@ impl Comparison {
                 counted(s.partitions as u64, "partition"),
             );
         }
-        if let (Some(f), Some(to)) = (window.from, window.to) {
-            t += &format!("window: from {f} to {to} (exclusive)\n");
-        } else if let Some(f) = window.from {
-            t += &format!("window: from {f}\n");
-        } else if let Some(to) = window.to {
-            t += &format!("window: up to {to} (exclusive)\n");
-        }
-        if equal {
-            t += &format!(
-                "equal: {}, the same values for each\n",
-                counted(keys_total as u64, "key")
-            );
+        t += &window_text(window);
+        t += &differences_text(found);
+        t += &sums_text(&found.sums);
+        t
+    }
+}
+
+/// Keys that differ in one way: how many, and the first few as
+/// (key as shown, records in A, records in B).
+type Examples = (usize, Vec<(String, usize, usize)>);
+
+/// What [`Comparison::verdict`] found.
+struct Findings<'a> {
+    /// Both topics hold the same records.
+    equal: bool,
+    /// Keys in either topic.
+    keys_total: usize,
+    /// Keys only in A.
+    missing: Examples,
+    /// Keys only in B.
+    extra: Examples,
+    /// Keys in both, with different values.
+    mismatch: Examples,
+    unkeyed_equal: bool,
+    /// Per summed field: its sums in A and B, and whether they are equal.
+    sums: Vec<(String, &'a Sum, &'a Sum, bool)>,
+}
+
+/// The window's line of the text verdict (empty without a window).
+fn window_text(window: &Window) -> String {
+    if let (Some(f), Some(to)) = (window.from, window.to) {
+        format!("window: from {f} to {to} (exclusive)\n")
+    } else if let Some(f) = window.from {
+        format!("window: from {f}\n")
+    } else if let Some(to) = window.to {
+        format!("window: up to {to} (exclusive)\n")
+    } else {
+        String::new()
+    }
+}
+
+/// The text verdict's "equal" line, or its "DIFFERENT" line and examples.
+fn differences_text(found: &Findings) -> String {
+    if found.equal {
+        return format!(
+            "equal: {}, the same values for each\n",
+            counted(found.keys_total as u64, "key")
+        );
+    }
+    let mut t = format!(
+        "DIFFERENT: {} missing from B, {} extra in B, {} with different values{}\n",
+        counted(found.missing.0 as u64, "key"),
+        counted(found.extra.0 as u64, "key"),
+        counted(found.mismatch.0 as u64, "key"),
+        if found.unkeyed_equal {
+            ""
         } else {
-            t += &format!(
-                "DIFFERENT: {} missing from B, {} extra in B, {} with different values{}\n",
-                counted(missing.0 as u64, "key"),
-                counted(extra.0 as u64, "key"),
-                counted(mismatch.0 as u64, "key"),
-                if unkeyed_equal {
-                    ""
-                } else {
-                    ", unkeyed records differ"
-                }
-            );
-            let line = |what: &str, (n, shown): &(usize, Vec<(String, usize, usize)>)| {
-                if *n == 0 {
-                    return String::new();
-                }
-                let ks: Vec<String> = shown
-                    .iter()
-                    .map(|(k, na, nb)| format!("{k:?} ({na} in A, {nb} in B)"))
-                    .collect();
-                let more = if *n > shown.len() { ", ..." } else { "" };
-                format!("  {what}: {}{more}\n", ks.join(", "))
-            };
-            t += &line("missing from B", &missing);
-            t += &line("extra in B", &extra);
-            t += &line("different values", &mismatch);
+            ", unkeyed records differ"
         }
-        for (f, x, y, eq) in &sums {
-            let diff = if *eq {
-                "equal".to_string()
-            } else {
-                format!("difference B - A = {}", y.minus(x))
-            };
-            t += &format!("sum {f}: A {}, B {} ({diff})\n", x.shown(), y.shown());
-            for (label, s) in [("A", x), ("B", y)] {
-                if s.non_numeric > 0 {
-                    t += &format!(
-                        "  {label}: {} of {f} not a number (at {})\n",
-                        counted(s.non_numeric, "value"),
-                        positions(s.non_numeric, &s.non_numeric_at)
-                    );
-                }
+    );
+    let line = |what: &str, (n, shown): &Examples| {
+        if *n == 0 {
+            return String::new();
+        }
+        let ks: Vec<String> = shown
+            .iter()
+            .map(|(k, na, nb)| format!("{k:?} ({na} in A, {nb} in B)"))
+            .collect();
+        let more = if *n > shown.len() { ", ..." } else { "" };
+        format!("  {what}: {}{more}\n", ks.join(", "))
+    };
+    t += &line("missing from B", &found.missing);
+    t += &line("extra in B", &found.extra);
+    t += &line("different values", &found.mismatch);
+    t
+}
+
+/// The text verdict's lines of the summed fields, with where values were
+/// not numbers.
+fn sums_text(sums: &[(String, &Sum, &Sum, bool)]) -> String {
+    let mut t = String::new();
+    for (f, x, y, eq) in sums {
+        let diff = if *eq {
+            "equal".to_string()
+        } else {
+            format!("difference B - A = {}", y.minus(x))
+        };
+        t += &format!("sum {f}: A {}, B {} ({diff})\n", x.shown(), y.shown());
+        for (label, s) in [("A", x), ("B", y)] {
+            if s.non_numeric > 0 {
+                t += &format!(
+                    "  {label}: {} of {f} not a number (at {})\n",
+                    counted(s.non_numeric, "value"),
+                    positions(s.non_numeric, &s.non_numeric_at)
+                );
             }
         }
-        Report {
-            equal,
-            json,
-            text: t,
-        }
     }
+    t
 }
 
 /// `n` things: "1 key", "2 keys".

@@ -316,7 +316,7 @@ pub async fn produce(bootstrap: &str, json_out: bool, a: ProduceArgs) -> Result<
         bail!("--batch-records must be at least 1");
     }
     let mut c = Cluster::connect(bootstrap).await?;
-    let mut p = Producer::init(&mut c, producer_config(&a)?).await?;
+    let p = Producer::init(&mut c, producer_config(&a)?).await?;
     let nparts = p.leaders().len() as i32;
     if let Some(part) = a.partition {
         if !p.leaders().contains_key(&part) {
@@ -331,149 +331,240 @@ pub async fn produce(bootstrap: &str, json_out: bool, a: ProduceArgs) -> Result<
     };
     // From here on an interrupt is handled: what is pending is sent (or the
     // open transaction aborted) and the count of acknowledged records printed.
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let interactive = std::io::stdin().is_terminal();
-    let mut progress = Progress::new(a.progress, !interactive && !a.verbose, "produced");
-    let mut rx = spawn_line_reader();
-    let txn = p.is_transactional();
-    let linger = Duration::from_millis(a.linger_ms);
-    let mut n = ProduceCounts::default();
-    let mut pending: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
-    let mut npending = 0usize;
-    let mut sticky = 0i32;
-    let mut deadline: Option<tokio::time::Instant> = None;
-    let mut eof = false;
-    let mut stop: Option<&'static str> = None;
-    let topic = a.topic.clone();
-    let result: Result<()> = async {
-        // Sends what is pending and reports each acknowledgement.
-        macro_rules! flush_pending {
-            () => {
-                n.in_flight = npending as u64;
-                let acked = p.send(&mut c, std::mem::take(&mut pending)).await?;
-                n.in_flight = 0;
-                n.acked += acked.len() as u64;
-                npending = 0;
-                deadline = None;
-                sticky = (sticky + 1) % nparts.max(1);
-                let mut out = std::io::stdout().lock();
-                for r in &acked {
-                    *n.per_part.entry(r.partition).or_default() += 1;
-                    if a.verbose {
-                        if json_out {
-                            let v = json!({"topic": topic, "partition": r.partition,
-                                "offset": r.offset, "timestamp": r.timestamp});
-                            writeln!(out, "{v}")?;
-                        } else {
-                            writeln!(
-                                out,
-                                "Produced to partition {} at offset {} with timestamp {}.",
-                                r.partition, r.offset, r.timestamp
-                            )?;
-                        }
-                    }
-                }
-                out.flush()?;
-                progress.tick(n.acked);
-            };
-        }
+    let progress = Progress::new(a.progress, !interactive && !a.verbose, "produced");
+    let rx = spawn_line_reader();
+    let mut r = Run {
+        a: &a,
+        json_out,
+        txn: p.is_transactional(),
+        c,
+        p,
+        nparts,
+        parser,
+        progress,
+        rx,
+        sigint,
+        sigterm,
+        linger: Duration::from_millis(a.linger_ms),
+        n: ProduceCounts::default(),
+        pending: BTreeMap::new(),
+        npending: 0,
+        sticky: 0,
+        deadline: None,
+        eof: false,
+        stop: None,
+    };
+    let result = r.run().await;
+    r.progress.done();
+    if let Err(e) = result {
+        return Err(stopped(e, &a, r.txn, &r.n));
+    }
+    report(
+        &a,
+        json_out,
+        r.txn,
+        &r.n,
+        r.stop,
+        r.p.producer_id(),
+        started,
+    )
+}
+
+/// A produce run: stdin's lines batched into requests (and transactions).
+struct Run<'a> {
+    a: &'a ProduceArgs,
+    json_out: bool,
+    /// Writing inside transactions.
+    txn: bool,
+    c: Cluster,
+    p: Producer,
+    /// The topic's partition count.
+    nparts: i32,
+    parser: LineParser,
+    progress: Progress,
+    /// stdin's lines.
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    sigint: tokio::signal::unix::Signal,
+    sigterm: tokio::signal::unix::Signal,
+    linger: Duration,
+    n: ProduceCounts,
+    /// Records read and not sent yet, by partition, and how many.
+    pending: BTreeMap<i32, Vec<Record>>,
+    npending: usize,
+    /// The partition of records without a key (the next one after each request).
+    sticky: i32,
+    /// When what is pending must be sent (`--linger-ms` after its first line).
+    deadline: Option<tokio::time::Instant>,
+    /// stdin is at its end.
+    eof: bool,
+    /// The signal that interrupted the run, if one did.
+    stop: Option<&'static str>,
+}
+
+impl Run<'_> {
+    /// Reads, sends and ends transactions until stdin ends or a signal
+    /// comes (then winds up).
+    async fn run(&mut self) -> Result<()> {
+        let a = self.a;
         loop {
-            let txn_full = a.transaction_records > 0 && n.open_txn >= a.transaction_records;
-            let due = deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
-            let send_now = eof || due || txn_full || npending >= a.batch_records;
-            if npending > 0 && stop.is_none() && send_now {
-                flush_pending!();
+            let txn_full = a.transaction_records > 0 && self.n.open_txn >= a.transaction_records;
+            let due = self
+                .deadline
+                .is_some_and(|d| tokio::time::Instant::now() >= d);
+            let send_now = self.eof || due || txn_full || self.npending >= a.batch_records;
+            if self.npending > 0 && self.stop.is_none() && send_now {
+                self.flush_pending().await?;
             }
-            if txn && stop.is_none() && (txn_full || eof) && n.open_txn > 0 {
-                p.end_txn(&mut c, !a.abort).await?;
-                n.txns += 1;
-                if a.abort {
-                    n.aborted += n.open_txn;
+            if self.txn && self.stop.is_none() && (txn_full || self.eof) && self.n.open_txn > 0 {
+                self.end_txn().await?;
+            }
+            if self.stop.is_some() {
+                return self.wind_up().await;
+            }
+            if self.eof {
+                return Ok(());
+            }
+            self.wait().await?;
+        }
+    }
+
+    /// Sends what is pending and reports each acknowledgement.
+    async fn flush_pending(&mut self) -> Result<()> {
+        let a = self.a;
+        let n = &mut self.n;
+        n.in_flight = self.npending as u64;
+        let acked = self
+            .p
+            .send(&mut self.c, std::mem::take(&mut self.pending))
+            .await?;
+        n.in_flight = 0;
+        n.acked += acked.len() as u64;
+        self.npending = 0;
+        self.deadline = None;
+        self.sticky = (self.sticky + 1) % self.nparts.max(1);
+        let mut out = std::io::stdout().lock();
+        for r in &acked {
+            *n.per_part.entry(r.partition).or_default() += 1;
+            if a.verbose {
+                if self.json_out {
+                    let v = json!({"topic": a.topic, "partition": r.partition,
+                        "offset": r.offset, "timestamp": r.timestamp});
+                    writeln!(out, "{v}")?;
                 } else {
-                    n.committed += n.open_txn;
+                    writeln!(
+                        out,
+                        "Produced to partition {} at offset {} with timestamp {}.",
+                        r.partition, r.offset, r.timestamp
+                    )?;
                 }
-                n.open_txn = 0;
             }
-            if stop.is_some() {
-                if txn {
-                    // The open transaction (sent or not) is aborted, never half-committed.
-                    if n.open_txn > 0 {
-                        p.end_txn(&mut c, false).await?;
-                        n.aborted += n.open_txn;
-                    }
-                } else {
-                    // Send what was read: pending records and lines already taken from stdin.
-                    loop {
-                        while npending < a.batch_records {
-                            let Ok(Ok(line)) = rx.try_recv() else { break };
-                            let (part, rec) = parser.record(line, sticky);
-                            pending.entry(part).or_default().push(rec);
-                            npending += 1;
-                        }
-                        if npending == 0 {
-                            break;
-                        }
-                        flush_pending!();
-                    }
+        }
+        out.flush()?;
+        self.progress.tick(n.acked);
+        Ok(())
+    }
+
+    /// Ends the open transaction: a commit, or an abort with --abort.
+    async fn end_txn(&mut self) -> Result<()> {
+        let a = self.a;
+        self.p.end_txn(&mut self.c, !a.abort).await?;
+        let n = &mut self.n;
+        n.txns += 1;
+        if a.abort {
+            n.aborted += n.open_txn;
+        } else {
+            n.committed += n.open_txn;
+        }
+        n.open_txn = 0;
+        Ok(())
+    }
+
+    /// After a signal: aborts the open transaction, or without transactions
+    /// sends what was read.
+    async fn wind_up(&mut self) -> Result<()> {
+        if self.txn {
+            // The open transaction (sent or not) is aborted, never half-committed.
+            if self.n.open_txn > 0 {
+                self.p.end_txn(&mut self.c, false).await?;
+                self.n.aborted += self.n.open_txn;
+            }
+        } else {
+            // Send what was read: pending records and lines already taken from stdin.
+            loop {
+                while self.npending < self.a.batch_records {
+                    let Ok(Ok(line)) = self.rx.try_recv() else {
+                        break;
+                    };
+                    self.add(line);
                 }
-                break;
-            }
-            if eof {
-                break;
-            }
-            let wait_until = deadline;
-            tokio::select! {
-                biased;
-                _ = sigint.recv() => stop = Some("SIGINT"),
-                _ = sigterm.recv() => stop = Some("SIGTERM"),
-                _ = async {
-                    if let Some(d) = wait_until {
-                        tokio::time::sleep_until(d).await
-                    }
-                }, if wait_until.is_some() => {}
-                msg = rx.recv() => match msg {
-                    None => eof = true,
-                    Some(Err(e)) => return Err(anyhow!(e).context("reading stdin")),
-                    Some(Ok(line)) => {
-                        let mut line = Some(line);
-                        // This line and whatever else is already read, up to
-                        // a request's worth or the end of the transaction.
-                        while let Some(l) = line.take() {
-                            let (part, rec) = parser.record(l, sticky);
-                            pending.entry(part).or_default().push(rec);
-                            npending += 1;
-                            n.open_txn += u64::from(txn);
-                            let full = npending >= a.batch_records
-                                || (a.transaction_records > 0
-                                    && n.open_txn >= a.transaction_records);
-                            if !full {
-                                line = match rx.try_recv() {
-                                    Ok(Ok(l)) => Some(l),
-                                    Ok(Err(e)) => return Err(anyhow!(e).context("reading stdin")),
-                                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
-                                        eof = true;
-                                        None
-                                    }
-                                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
-                                };
-                            }
-                        }
-                        if deadline.is_none() {
-                            deadline = Some(tokio::time::Instant::now() + linger);
-                        }
-                    }
-                },
+                if self.npending == 0 {
+                    break;
+                }
+                self.flush_pending().await?;
             }
         }
         Ok(())
     }
-    .await;
-    progress.done();
-    if let Err(e) = result {
-        return Err(stopped(e, &a, txn, &n));
+
+    /// Waits for a signal, the linger deadline or a line of stdin (taking
+    /// it and whatever else is already read).
+    async fn wait(&mut self) -> Result<()> {
+        let wait_until = self.deadline;
+        tokio::select! {
+            biased;
+            _ = self.sigint.recv() => self.stop = Some("SIGINT"),
+            _ = self.sigterm.recv() => self.stop = Some("SIGTERM"),
+            _ = async {
+                if let Some(d) = wait_until {
+                    tokio::time::sleep_until(d).await
+                }
+            }, if wait_until.is_some() => {}
+            msg = self.rx.recv() => match msg {
+                None => self.eof = true,
+                Some(Err(e)) => return Err(anyhow!(e).context("reading stdin")),
+                Some(Ok(line)) => self.take_lines(line)?,
+            },
+        }
+        Ok(())
     }
-    report(&a, json_out, txn, &n, stop, p.producer_id(), started)
+
+    /// Adds `line` and whatever else is already read, up to a request's
+    /// worth or the end of the transaction, then starts the linger wait.
+    fn take_lines(&mut self, line: Vec<u8>) -> Result<()> {
+        let a = self.a;
+        let mut line = Some(line);
+        while let Some(l) = line.take() {
+            self.add(l);
+            self.n.open_txn += u64::from(self.txn);
+            let full = self.npending >= a.batch_records
+                || (a.transaction_records > 0 && self.n.open_txn >= a.transaction_records);
+            if !full {
+                line = match self.rx.try_recv() {
+                    Ok(Ok(l)) => Some(l),
+                    Ok(Err(e)) => return Err(anyhow!(e).context("reading stdin")),
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                        self.eof = true;
+                        None
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
+                };
+            }
+        }
+        if self.deadline.is_none() {
+            self.deadline = Some(tokio::time::Instant::now() + self.linger);
+        }
+        Ok(())
+    }
+
+    /// Makes `line` a pending record.
+    fn add(&mut self, line: Vec<u8>) {
+        let (part, rec) = self.parser.record(line, self.sticky);
+        self.pending.entry(part).or_default().push(rec);
+        self.npending += 1;
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! Lock-free fixed-bucket histograms for the Prometheus exposition: request
 //! latency per API, fsync latency and bytes per sync, transaction durations.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Upper bounds (seconds) for latencies: 0.5 ms to 30 s.
@@ -69,26 +68,18 @@ impl Histogram {
         self.sum.load(Relaxed) as f64 / self.scale
     }
 
-    /// Writes the `_bucket`, `_sum` and `_count` samples; `labels` is either
-    /// empty or `key="value",…` without braces.
-    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cum = 0u64;
-        for (i, b) in self.bounds.iter().enumerate() {
-            cum += self.buckets[i].load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cum}");
-        }
-        cum += self.buckets[self.bounds.len()].load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cum}");
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let sum = self.sum.load(Relaxed) as f64 / self.scale;
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        // the count of the cumulative buckets, so the two always agree
-        let _ = writeln!(out, "{name}_count{braces} {cum}");
+    /// (upper bound, observations in that bucket alone), the last one's
+    /// bound +Inf: what the exposition writes as cumulative `_bucket`s
+    /// ([`crate::observe::exposition`]).
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        let mut v: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (*b, self.buckets[i].load(Relaxed)))
+            .collect();
+        v.push((f64::INFINITY, self.buckets[self.bounds.len()].load(Relaxed)));
+        v
     }
 }
 
@@ -97,34 +88,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buckets_are_cumulative_and_agree_with_count() {
+    fn buckets_hold_what_falls_between_their_bounds() {
         let h = Histogram::latency();
         for v in [0.0001, 0.0005, 0.003, 0.2, 100.0] {
             h.observe(v);
         }
-        let mut out = String::new();
-        h.render(&mut out, "x", "api=\"Produce\"");
-        assert!(
-            out.contains("x_bucket{api=\"Produce\",le=\"0.0005\"} 2\n"),
-            "{out}"
-        );
-        assert!(out.contains("x_bucket{api=\"Produce\",le=\"0.005\"} 3\n"));
-        assert!(out.contains("x_bucket{api=\"Produce\",le=\"0.25\"} 4\n"));
-        assert!(out.contains("x_bucket{api=\"Produce\",le=\"30\"} 4\n"));
-        assert!(out.contains("x_bucket{api=\"Produce\",le=\"+Inf\"} 5\n"));
-        assert!(out.contains("x_count{api=\"Produce\"} 5\n"));
+        let b = h.buckets();
+        let at = |bound: f64| b.iter().find(|(x, _)| *x == bound).map(|(_, n)| *n);
+        assert_eq!(at(0.0005), Some(2));
+        assert_eq!(at(0.003), Some(1));
+        assert_eq!(at(0.005), Some(0));
+        assert_eq!(at(0.25), Some(1));
+        assert_eq!(at(30.0), Some(0));
+        assert_eq!(at(f64::INFINITY), Some(1));
+        assert_eq!(b.iter().map(|(_, n)| n).sum::<u64>(), 5);
         assert_eq!(h.count(), 5);
     }
 
     #[test]
-    fn sizes_without_labels() {
+    fn sizes_sum() {
         let h = Histogram::size();
         h.observe(5000.0);
-        let mut out = String::new();
-        h.render(&mut out, "s", "");
-        assert!(out.contains("s_bucket{le=\"4096\"} 0\n"), "{out}");
-        assert!(out.contains("s_bucket{le=\"16384\"} 1\n"));
-        assert!(out.contains("s_sum 5000\n"));
-        assert!(out.contains("s_count 1\n"));
+        assert_eq!(h.sum(), 5000.0);
+        assert_eq!(h.buckets().iter().map(|(_, n)| n).sum::<u64>(), 1);
     }
 }

@@ -44,7 +44,11 @@ async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
         return reply;
     }
     match path {
-        "/metrics" => Reply::new("200 OK", render(b).await, "text/plain; version=0.0.4"),
+        "/metrics" => Reply::new(
+            "200 OK",
+            render(b).await,
+            crate::observe::exposition::CONTENT_TYPE,
+        ),
         "/health" => Reply::text("200 OK", "ok\n"),
         "/v1/cleaner" => {
             let parts: serde_json::Map<String, serde_json::Value> = b

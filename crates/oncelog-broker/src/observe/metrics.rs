@@ -1,25 +1,15 @@
 //! Metrics in the Prometheus text format, served at `/metrics` by the
-//! broker's HTTP listener ([`crate::observe::http`]). Label cardinality is bounded: partitions and groups are what the operator
-//! created; fence and zombie-write counters keep at most
+//! broker's HTTP listener ([`crate::observe::http`]) and written by
+//! [`crate::observe::exposition`]. Label cardinality is bounded: partitions
+//! and groups are what the operator created; fence and zombie-write
+//! counters keep at most
 //! [`crate::coordinators::txn_service::MAX_FENCE_LABELS`] transactional ids.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
+use crate::observe::exposition::Scrape;
 use crate::Broker;
 use oncelog_log::now_ms;
-
-/// Escapes a label value (backslash, quote, newline).
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
 
 /// (topic, partition, high watermark, LSO, log start, size in bytes)
 type Row = (String, i32, i64, i64, i64, Option<u64>);
@@ -29,7 +19,7 @@ type Gauge = (&'static str, &'static str, fn(&Row) -> Option<i64>);
 
 /// The whole exposition.
 pub async fn render(b: &Arc<Broker>) -> String {
-    let mut out = String::with_capacity(4096);
+    let mut out = Scrape::default();
     render_partitions(&mut out, b).await;
     render_transactions(&mut out, b).await;
     render_clients(&mut out, b);
@@ -39,11 +29,11 @@ pub async fn render(b: &Arc<Broker>) -> String {
     if let Some(front) = b.front() {
         front.render_metrics(&mut out);
     }
-    out
+    out.encode()
 }
 
 /// Every partition's offsets and size.
-async fn render_partitions(out: &mut String, b: &Arc<Broker>) {
+async fn render_partitions(out: &mut Scrape, b: &Arc<Broker>) {
     let rows: Vec<Row> = b
         .logs()
         .statuses(crate::backend::Scope::Mine)
@@ -88,37 +78,75 @@ async fn render_partitions(out: &mut String, b: &Arc<Broker>) {
         ),
     ];
     for (name, help, get) in gauges {
-        family(out, name, "gauge", help);
+        let mut family = out.gauge(name, help);
         for r in &rows {
             let Some(v) = get(r) else { continue };
-            let _ = writeln!(
-                out,
-                "{name}{{topic=\"{}\",partition=\"{}\"}} {v}",
-                esc(&r.0),
-                r.1,
-            );
+            family.int(&[("topic", &r.0), ("partition", &r.1.to_string())], v);
         }
     }
 }
 
 /// Open, parked and stuck transactions, cut-overs, fences and zombie writes.
-async fn render_transactions(out: &mut String, b: &Arc<Broker>) {
+async fn render_transactions(out: &mut Scrape, b: &Arc<Broker>) {
     let (open, oldest) = b.txns().open_transactions().await;
-    family(
-        out,
-        "oncelog_transactions_open",
-        "gauge",
-        "Transactions currently open.",
-    );
-    let _ = writeln!(out, "oncelog_transactions_open {open}");
-    family(
-        out,
-        "oncelog_transaction_oldest_open_age_seconds",
-        "gauge",
-        "Age of the oldest open transaction (0 when none).",
-    );
+    out.gauge("oncelog_transactions_open", "Transactions currently open.")
+        .int(&[], open as i64);
     let age = oldest.map_or(0.0, |t| (now_ms() - t).max(0) as f64 / 1000.0);
-    let _ = writeln!(out, "oncelog_transaction_oldest_open_age_seconds {age}");
+    out.gauge(
+        "oncelog_transaction_oldest_open_age_seconds",
+        "Age of the oldest open transaction (0 when none).",
+    )
+    .float(&[], age);
+    render_cutovers(out, b).await;
+    // In a cluster, those this broker coordinates (sum across brokers).
+    let (parked, now) = b
+        .txns()
+        .parked(crate::backend::Scope::Mine)
+        .await
+        .unwrap_or_else(|_| (Vec::new(), now_ms()));
+    out.gauge(
+        "oncelog_transactions_parked",
+        "Transactions kept open past their timeout under transaction.two.phase.commit.prefixes.",
+    )
+    .int(&[], parked.len() as i64);
+    let age = parked
+        .first()
+        .map_or(0.0, |p| (now - p.parked_since_ms).max(0) as f64 / 1000.0);
+    out.gauge(
+        "oncelog_transaction_oldest_parked_age_seconds",
+        "How long the oldest parked transaction has been parked (0 when none).",
+    )
+    .float(&[], age);
+    out.gauge(
+        "oncelog_transactions_stuck",
+        "Transactions whose markers have failed to be written several times in a row (retried until durable).",
+    )
+    .int(&[], b.txn.stuck_count() as i64);
+    let stats = b.txn.stats();
+    out.counter(
+        "oncelog_transactions_completed_total",
+        "Transactions completed, by result.",
+    )
+    .int(&[("result", "commit")], stats.commits as i64)
+    .int(&[("result", "abort")], stats.aborts as i64);
+    let mut fences = out.counter(
+        "oncelog_transaction_fences_total",
+        "Producers fenced, by transactional id and cause (newer_producer, timeout, administrator).",
+    );
+    for ((id, cause), n) in &stats.fences {
+        fences.int(&[("transactional_id", id), ("cause", cause)], *n as i64);
+    }
+    let mut zombies = out.counter(
+        "oncelog_rejected_zombie_writes_total",
+        "Transactional produce batches refused: a fenced producer's late write, or a partition outside its producer's open transaction.",
+    );
+    for (id, n) in &stats.zombie_writes {
+        zombies.int(&[("transactional_id", id)], *n as i64);
+    }
+}
+
+/// Each topic's latest cut-over, and the transactions a draining one waits for.
+async fn render_cutovers(out: &mut Scrape, b: &Arc<Broker>) {
     // (cut-over, open transactions of the old writer it waits for)
     let cutovers = crate::coordinators::cutover::with_waiting(&b.cutover_store())
         .await
@@ -126,202 +154,87 @@ async fn render_transactions(out: &mut String, b: &Arc<Broker>) {
             tracing::debug!(error = %e, "metrics: the cut-overs could not be read");
             Vec::new()
         });
-    family(
-        out,
+    let mut phases = out.gauge(
         "oncelog_cutover_phase",
-        "gauge",
         "Each topic's latest cut-over (oncelog cutover): 1 for its phase (Draining, Switched, RolledBack); done=\"true\" once the old writer is fenced.",
     );
     for (c, _) in &cutovers {
-        let _ = writeln!(
-            out,
-            "oncelog_cutover_phase{{topic=\"{}\",from=\"{}\",to=\"{}\",phase=\"{:?}\",done=\"{}\"}} 1",
-            esc(&c.topic),
-            esc(&c.from),
-            esc(&c.to),
-            c.phase,
-            c.done
-        );
+        let phase = format!("{:?}", c.phase);
+        let done = c.done.to_string();
+        let l = [
+            ("topic", c.topic.as_str()),
+            ("from", &c.from),
+            ("to", &c.to),
+            ("phase", &phase),
+            ("done", &done),
+        ];
+        phases.int(&l, 1);
     }
-    family(
-        out,
+    let mut waiting = out.gauge(
         "oncelog_cutover_waiting_transactions",
-        "gauge",
         "Open transactions of the old writer a draining cut-over waits for.",
     );
     for (c, n) in cutovers
         .iter()
         .filter(|(c, _)| c.phase == crate::machines::cutover::Phase::Draining)
     {
-        let _ = writeln!(
-            out,
-            "oncelog_cutover_waiting_transactions{{topic=\"{}\"}} {n}",
-            esc(&c.topic),
-        );
-    }
-    // In a cluster, those this broker coordinates (sum across brokers).
-    let (parked, now) = b
-        .txns()
-        .parked(crate::backend::Scope::Mine)
-        .await
-        .unwrap_or_else(|_| (Vec::new(), now_ms()));
-    family(
-        out,
-        "oncelog_transactions_parked",
-        "gauge",
-        "Transactions kept open past their timeout under transaction.two.phase.commit.prefixes.",
-    );
-    let _ = writeln!(out, "oncelog_transactions_parked {}", parked.len());
-    family(
-        out,
-        "oncelog_transaction_oldest_parked_age_seconds",
-        "gauge",
-        "How long the oldest parked transaction has been parked (0 when none).",
-    );
-    let age = parked
-        .first()
-        .map_or(0.0, |p| (now - p.parked_since_ms).max(0) as f64 / 1000.0);
-    let _ = writeln!(out, "oncelog_transaction_oldest_parked_age_seconds {age}");
-    family(
-        out,
-        "oncelog_transactions_stuck",
-        "gauge",
-        "Transactions whose markers have failed to be written several times in a row (retried until durable).",
-    );
-    let _ = writeln!(out, "oncelog_transactions_stuck {}", b.txn.stuck_count());
-    let stats = b.txn.stats();
-    family(
-        out,
-        "oncelog_transactions_completed_total",
-        "counter",
-        "Transactions completed, by result.",
-    );
-    let _ = writeln!(
-        out,
-        "oncelog_transactions_completed_total{{result=\"commit\"}} {}",
-        stats.commits
-    );
-    let _ = writeln!(
-        out,
-        "oncelog_transactions_completed_total{{result=\"abort\"}} {}",
-        stats.aborts
-    );
-    family(
-        out,
-        "oncelog_transaction_fences_total",
-        "counter",
-        "Producers fenced, by transactional id and cause (newer_producer, timeout, administrator).",
-    );
-    for ((id, cause), n) in &stats.fences {
-        let _ = writeln!(
-            out,
-            "oncelog_transaction_fences_total{{transactional_id=\"{}\",cause=\"{cause}\"}} {n}",
-            esc(id)
-        );
-    }
-    family(
-        out,
-        "oncelog_rejected_zombie_writes_total",
-        "counter",
-        "Transactional produce batches refused: a fenced producer's late write, or a partition outside its producer's open transaction.",
-    );
-    for (id, n) in &stats.zombie_writes {
-        let _ = writeln!(
-            out,
-            "oncelog_rejected_zombie_writes_total{{transactional_id=\"{}\"}} {n}",
-            esc(id)
-        );
+        waiting.int(&[("topic", &c.topic)], *n as i64);
     }
 }
 
 /// Writers per topic, authentications, connections, ACL denials, ACLs and users.
-fn render_clients(out: &mut String, b: &Arc<Broker>) {
-    family(out, "oncelog_topic_transactional_writers", "gauge",
+fn render_clients(out: &mut Scrape, b: &Arc<Broker>) {
+    let mut writers = out.gauge("oncelog_topic_transactional_writers",
         "Distinct transactional-id prefixes that committed to a topic within the last minute (more than one: outputs add up).");
     for (topic, prefixes) in b.writers.live(now_ms()) {
-        let _ = writeln!(
-            out,
-            "oncelog_topic_transactional_writers{{topic=\"{}\"}} {}",
-            esc(&topic),
-            prefixes.len()
-        );
+        writers.int(&[("topic", &topic)], prefixes.len() as i64);
     }
-    family(out, "oncelog_authentications_total", "counter",
+    let mut auths = out.counter("oncelog_authentications_total",
         "SASL authentications by listener, mechanism and result (success or failure; a failure closes its connection).");
     for ((listener, mechanism, result), n) in b.auth_stats.snapshot() {
-        let _ = writeln!(
-            out,
-            "oncelog_authentications_total{{listener=\"{}\",mechanism=\"{}\",result=\"{result}\"}} {n}",
-            esc(&listener),
-            esc(&mechanism)
-        );
+        let l = [
+            ("listener", listener.as_str()),
+            ("mechanism", &mechanism),
+            ("result", result),
+        ];
+        auths.int(&l, n as i64);
     }
-    family(
-        out,
-        "oncelog_connections",
-        "gauge",
-        "Client connections open now.",
-    );
-    let _ = writeln!(out, "oncelog_connections {}", b.connections.open());
-    family(out, "oncelog_connections_refused_total", "counter",
+    out.gauge("oncelog_connections", "Client connections open now.")
+        .int(&[], b.connections.open() as i64);
+    let mut refused = out.counter("oncelog_connections_refused_total",
         "Connections refused or closed early: over max.connections or max.connections.per.ip, or not authenticated within connections.max.unauthenticated.ms.");
     for (why, n) in b.connections.refused() {
-        let _ = writeln!(
-            out,
-            "oncelog_connections_refused_total{{reason=\"{why}\"}} {n}"
-        );
+        refused.int(&[("reason", why)], n as i64);
     }
-    family(
-        out,
+    let mut denials = out.counter(
         "oncelog_authorization_denials_total",
-        "counter",
         "Requests (or parts of requests) the authorizer refused, by resource type.",
     );
     for (t, n) in b.authz.denials.snapshot() {
-        let _ = writeln!(
-            out,
-            "oncelog_authorization_denials_total{{resource_type=\"{t}\"}} {n}"
-        );
+        denials.int(&[("resource_type", &t.to_string())], n as i64);
     }
-    family(
-        out,
+    out.gauge(
         "oncelog_acls",
-        "gauge",
         "ACLs stored (enforced when authorizer.class.name is set).",
-    );
-    let _ = writeln!(out, "oncelog_acls {}", b.authz.count());
-    family(
-        out,
-        "oncelog_scram_users",
-        "gauge",
-        "Users with SCRAM credentials.",
-    );
-    let _ = writeln!(out, "oncelog_scram_users {}", b.users.count());
+    )
+    .int(&[], b.authz.count() as i64);
+    out.gauge("oncelog_scram_users", "Users with SCRAM credentials.")
+        .int(&[], b.users.count() as i64);
 }
 
 /// Orphans found, transaction durations, request latency, fsyncs and bytes appended.
-fn render_durations(out: &mut String, b: &Arc<Broker>) {
-    family(out, "oncelog_transaction_orphans_found_total", "counter",
-        "Partition-side open transactions the coordinator did not know, found by the healing check.");
-    let _ = writeln!(
-        out,
-        "oncelog_transaction_orphans_found_total {}",
-        b.orphans.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    family(
-        out,
+fn render_durations(out: &mut Scrape, b: &Arc<Broker>) {
+    out.counter("oncelog_transaction_orphans_found_total",
+        "Partition-side open transactions the coordinator did not know, found by the healing check.")
+        .int(&[], b.orphans.load(std::sync::atomic::Ordering::Relaxed) as i64);
+    let mut durations = out.histogram(
         "oncelog_transaction_duration_seconds",
-        "histogram",
         "Transaction duration, first partition added to markers written, by result.",
     );
     for (i, result) in ["commit", "abort"].iter().enumerate() {
-        b.txn.durations[i].render(
-            out,
-            "oncelog_transaction_duration_seconds",
-            &format!("result=\"{result}\""),
-        );
+        durations.histogram(&[("result", result)], &b.txn.durations[i]);
     }
-    family(out, "oncelog_request_latency_seconds", "histogram",
+    let mut latency = out.histogram("oncelog_request_latency_seconds",
         "Time from a request's arrival to its response being ready, by API (produce includes fsync; fetch includes long-poll waits).");
     for (k, h) in b.request_latency.iter().enumerate() {
         if h.count() == 0 {
@@ -330,72 +243,62 @@ fn render_durations(out: &mut String, b: &Arc<Broker>) {
         let api = kafka_protocol::messages::ApiKey::try_from(k as i16)
             .map(|a| format!("{a:?}"))
             .unwrap_or_else(|_| k.to_string());
-        h.render(
-            out,
-            "oncelog_request_latency_seconds",
-            &format!("api=\"{api}\""),
-        );
+        latency.histogram(&[("api", &api)], h);
     }
     let sync_stats = &b.syncer.stats;
-    family(
-        out,
+    out.histogram(
         "oncelog_fsync_latency_seconds",
-        "histogram",
         "Duration of one group-commit fdatasync.",
-    );
-    sync_stats
-        .latency
-        .render(out, "oncelog_fsync_latency_seconds", "");
-    family(
-        out,
+    )
+    .histogram(&[], &sync_stats.latency);
+    out.histogram(
         "oncelog_fsync_bytes",
-        "histogram",
         "Bytes made durable by one group-commit fdatasync.",
-    );
-    sync_stats.bytes.render(out, "oncelog_fsync_bytes", "");
+    )
+    .histogram(&[], &sync_stats.bytes);
     let (syncs, bytes) = b.io_counters();
-    family(
-        out,
+    out.counter(
         "oncelog_fsync_total",
-        "counter",
         "fdatasync calls made by group commit.",
-    );
-    let _ = writeln!(out, "oncelog_fsync_total {syncs}");
-    family(
-        out,
+    )
+    .int(&[], syncs as i64);
+    out.counter(
         "oncelog_appended_bytes_total",
-        "counter",
         "Record-batch bytes appended by producers.",
-    );
-    let _ = writeln!(out, "oncelog_appended_bytes_total {bytes}");
+    )
+    .int(&[], bytes as i64);
 }
 
 /// Each group's read_committed lag.
-async fn render_group_lag(out: &mut String, b: &Arc<Broker>) {
-    family(
-        out,
-        "oncelog_group_lag",
-        "gauge",
-        "Records between a group's committed offset and the last stable offset.",
-    );
-    for (group, _, _) in b.group_store().list().await.unwrap_or_default() {
+async fn render_group_lag(out: &mut Scrape, b: &Arc<Broker>) {
+    let groups = b.group_store().list().await.unwrap_or_default();
+    let mut rows = Vec::new();
+    for (group, _, _) in groups {
         for r in b.group_lag(&group).await {
             if r.lag_committed >= 0 {
-                let _ = writeln!(
-                    out,
-                    "oncelog_group_lag{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {}",
-                    esc(&group),
-                    esc(&r.topic),
-                    r.partition,
-                    r.lag_committed
-                );
+                rows.push((group.clone(), r));
             }
         }
+    }
+    let mut lag = out.gauge(
+        "oncelog_group_lag",
+        "Records between a group's committed offset and the last stable offset.",
+    );
+    for (group, r) in rows {
+        let partition = r.partition.to_string();
+        lag.int(
+            &[
+                ("group", &group),
+                ("topic", &r.topic),
+                ("partition", &partition),
+            ],
+            r.lag_committed,
+        );
     }
 }
 
 /// The log cleaner's totals and each compacted partition's dirt.
-fn render_cleaner(out: &mut String, b: &Broker) {
+fn render_cleaner(out: &mut Scrape, b: &Broker) {
     use std::sync::atomic::Ordering::Relaxed;
     let t = &b.cleaner.totals;
     let counters: [(&str, &str, u64); 6] = [
@@ -431,8 +334,7 @@ fn render_cleaner(out: &mut String, b: &Broker) {
         ),
     ];
     for (name, help, v) in counters {
-        family(out, name, "counter", help);
-        let _ = writeln!(out, "{name} {v}");
+        out.counter(name, help).int(&[], v as i64);
     }
     for (name, help, ms) in [
         (
@@ -446,8 +348,7 @@ fn render_cleaner(out: &mut String, b: &Broker) {
             t.throttled_ms.load(Relaxed),
         ),
     ] {
-        family(out, name, "counter", help);
-        let _ = writeln!(out, "{name} {:.3}", ms as f64 / 1000.0);
+        out.counter(name, help).float(&[], ms as f64 / 1000.0);
     }
     let statuses = b.cleaner.statuses();
     type Field = fn(&crate::backend::local::compaction::CleanerStatus) -> f64;
@@ -469,15 +370,10 @@ fn render_cleaner(out: &mut String, b: &Broker) {
         ),
     ];
     for (name, help, f) in gauges {
-        family(out, name, "gauge", help);
+        let mut family = out.gauge(name, help);
         for (part, s) in &statuses {
             let (topic, index) = part.rsplit_once('-').unwrap_or((part.as_str(), "0"));
-            let _ = writeln!(
-                out,
-                "{name}{{topic=\"{}\",partition=\"{index}\"}} {}",
-                esc(topic),
-                f(s)
-            );
+            family.float(&[("topic", topic), ("partition", index)], f(s));
         }
     }
 }

@@ -3,6 +3,7 @@
 //! of each transactional id.
 
 pub mod console;
+pub mod exposition;
 pub mod histogram;
 pub mod http;
 pub mod httpmsg;

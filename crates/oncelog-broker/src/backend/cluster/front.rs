@@ -193,8 +193,7 @@ impl Front {
     /// Cluster mode's part of /metrics: object PUT/GET counts, bytes and
     /// latencies, produce-commit latency (the PostgreSQL transaction) and
     /// ack latency, flushes, cache hits, and this broker's lease.
-    pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write;
+    pub fn render_metrics(&self, out: &mut crate::observe::exposition::Scrape) {
         use std::sync::atomic::Ordering::Relaxed;
         let o = &self.cluster.objects.stats;
         let f = &self.flusher.stats;
@@ -262,10 +261,7 @@ impl Front {
             ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
+            out.counter(name, help).int(&[], v as i64);
         }
         let hists = [
             (
@@ -290,15 +286,13 @@ impl Front {
             ),
         ];
         for (name, help, h) in hists {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            h.render(out, name, "");
+            out.histogram(name, help).histogram(&[], h);
         }
         let s = &self.cluster.session;
-        let _ = writeln!(
-            out,
-            "# HELP oncelog_cluster_session This broker's session number (0 while fenced).\n\
-             # TYPE oncelog_cluster_session gauge\noncelog_cluster_session {}",
-            if s.is_live() { s.session() } else { 0 }
-        );
+        out.gauge(
+            "oncelog_cluster_session",
+            "This broker's session number (0 while fenced).",
+        )
+        .int(&[], if s.is_live() { s.session() } else { 0 });
     }
 }

@@ -186,6 +186,9 @@ def main():
                 log("aborted the open transaction")
             except KafkaException as e2:
                 log("abort failed:", e2)
+                # a produce() can fail with librdkafka's bare _FATAL before
+                # the fatal error's cause reaches us; the abort names it
+                fenced = is_fenced(e2)
         close_quietly(consumer)
         sys.stderr.flush()
         # Out at once, past the producer's destructor: librdkafka tearing down

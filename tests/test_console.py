@@ -649,3 +649,37 @@ def test_partition_sizes_and_where_each_end_of_a_transaction_went(broker_factory
         got = sorted(((m["commit"], m["first_offset"], m["marker_offset"]) for m in page["markers"]
                       if m["partition"] == f"{topic}-0"), key=lambda m: m[2])
         assert got == want, page["markers"]
+
+
+@pytest.mark.timeout(180)
+@both_modes("broker_factory")
+def test_a_rebalance_in_progress_shows_through_every_broker(broker_factory):
+    """A group's state at each step of a rebalance, not only at rest,
+    shows in the console of every broker: a first member held in
+    PreparingRebalance by group.initial.rebalance.delay.ms is seen as such
+    through brokers that do not coordinate the group, then Stable."""
+    b = broker_factory({"group.initial.rebalance.delay.ms": 6000})
+    consoles = [_Console(x) for x in getattr(b, "brokers", None) or [b]]
+    topic = unique_topic("rides")
+    create_topic(b.bootstrap, topic)
+    group = "riders-" + topic
+
+    def state(x):
+        rows = json.loads(http(x, "GET", f"/v1/console/groups?q={group}")[1])["groups"]["rows"]
+        row = next((r for r in rows if r["group"] == group), None)
+        return row and (row["state"], row["members"])
+
+    consumer = Consumer(consumer_config(b.bootstrap, **{"group.id": group, "auto.offset.reset": "earliest"}))
+    consumer.subscribe([topic])
+    try:
+        consumer.poll(0.5)
+        for x in consoles:
+            wait_until(lambda: state(x) == ("PreparingRebalance", 1) or None, 5,
+                       what="the joining member, held back by the initial delay")
+        deadline = time.monotonic() + 30
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.5)
+        for x in consoles:
+            wait_until(lambda: state(x) == ("Stable", 1) or None, 15, what="the group at rest")
+    finally:
+        consumer.close()

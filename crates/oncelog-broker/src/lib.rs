@@ -219,7 +219,7 @@ impl Broker {
         // The transaction history is the cluster's: rows every broker reads.
         self.txn
             .journal_to(cluster::history::start(front.cluster.clone()));
-        // Each group's membership at rest too: any broker's console shows it.
+        // Each group's state and members too: any broker's console shows them.
         self.groups
             .journal_to(cluster::membership::start(front.cluster.clone()));
         Ok(Some(front))

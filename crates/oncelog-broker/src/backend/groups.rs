@@ -231,7 +231,7 @@ impl Groups<'_> {
     /// Every group of [`Scope`] as (id, its snapshot if any): this broker's
     /// ([`Groups::list`]) or, with [`Scope::All`], the cluster's. A group
     /// this broker coordinates is shown as its memory has it; another as
-    /// its coordinator last wrote it at rest; one with only offsets has no
+    /// its coordinator last wrote it (a moment after each change); one with only offsets has no
     /// snapshot (Empty).
     pub async fn snapshots(
         &self,

@@ -177,6 +177,8 @@ struct Inner {
     /// JoinGroup and SyncGroup requests waiting, by (group, member id).
     joins: HashMap<(String, String), oneshot::Sender<JoinResult>>,
     syncs: HashMap<(String, String), oneshot::Sender<(ErrorCode, Bytes)>>,
+    /// What was last sent to the snapshot journal, by group.
+    journaled: HashMap<String, GroupSnapshot>,
 }
 
 impl Inner {
@@ -432,6 +434,7 @@ impl Groups {
                 groups,
                 joins: HashMap::new(),
                 syncs: HashMap::new(),
+                journaled: HashMap::new(),
             })),
             log,
             settings,
@@ -491,10 +494,32 @@ impl Groups {
         self.log.submit(values, Some(apply_all))
     }
 
+    /// Sends `group` as it is now to the snapshot journal (cluster mode:
+    /// the rows every broker's console reads) when it differs from what was
+    /// sent last: each step of a rebalance too, not only membership at
+    /// rest. Never waits: a full queue drops it, and the group's next
+    /// change sends it again (nothing decides on it).
+    fn journal(&self, inner: &mut Inner, group: &str) {
+        let Some(j) = self.snapshots.get() else {
+            return;
+        };
+        let Some(g) = inner.groups.get(group) else {
+            return;
+        };
+        let now = GroupSnapshot::of(g);
+        if inner.journaled.get(group) == Some(&now) {
+            return;
+        }
+        if j.try_send((group.to_string(), now.clone())).is_ok() {
+            inner.journaled.insert(group.to_string(), now);
+        }
+    }
+
     /// Writes `group`'s membership if it is at rest and differs from what
     /// the log holds. Membership is not acknowledged to anyone: if the write
     /// fails it is logged, and after a restart the members rebalance.
     fn save_membership(&self, inner: &mut Inner, group: &str) {
+        self.journal(inner, group);
         let Some(g) = inner.groups.get(group) else {
             return;
         };
@@ -506,11 +531,6 @@ impl Groups {
         }
         let generation = rec.generation;
         let members = rec.members.len();
-        if let Some(j) = self.snapshots.get() {
-            // never waits: a full queue drops it (the next change at rest
-            // sends the group again; nothing decides on it)
-            let _ = j.try_send((group.to_string(), GroupSnapshot::of(g)));
-        }
         let group = group.to_string();
         match self.submit(vec![OffsetRecord::Membership(rec)]) {
             Ok(pending) => {
@@ -569,6 +589,7 @@ impl Groups {
                 }
             };
             inner.deliver(&req.group, effects);
+            self.journal(&mut inner, &req.group);
             rx
         };
         match rx.await {
@@ -600,6 +621,7 @@ impl Groups {
             if let SyncOutcome::Answer(code, a) = outcome {
                 let proto = (g.protocol_type.clone(), g.protocol.clone());
                 inner.deliver(group, effects);
+                self.journal(&mut inner, group);
                 return (code, a, proto.0, proto.1);
             }
             let (tx, rx) = oneshot::channel();
@@ -706,6 +728,7 @@ impl Groups {
     pub async fn forget_membership(&self, group: &str) {
         let mut inner = self.state.lock().await;
         inner.groups.remove(group);
+        inner.journaled.remove(group);
         let joins: Vec<_> = inner
             .joins
             .keys()
@@ -1037,6 +1060,7 @@ impl Groups {
         }
         for (id, e) in effects {
             inner.deliver(&id, e);
+            self.journal(&mut inner, &id);
         }
         for id in changed {
             self.save_membership(&mut inner, &id);

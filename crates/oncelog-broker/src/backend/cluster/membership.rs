@@ -1,6 +1,6 @@
-//! Each group's membership at rest (Stable or Empty), as its coordinator
-//! last saw it: rows of `group_membership`, so that the console of any
-//! broker shows a group's members and assignments. The coordinator's
+//! Each group as its coordinator last saw it (its state at every step of
+//! a rebalance, its members and assignments): rows of `group_membership`,
+//! so that the console of any broker shows them. The coordinator's
 //! memory stays the truth (a group's new owner starts its membership
 //! afresh); a row is written a moment after the change, and a queue that
 //! is full drops it until the group's next change.
@@ -56,7 +56,7 @@ async fn write(
     Ok(())
 }
 
-/// Every group's last membership at rest.
+/// Every group as its coordinator last wrote it.
 pub async fn all(cluster: &Cluster) -> Result<HashMap<String, GroupSnapshot>, ClusterError> {
     let client = cluster.pool.get().await?;
     let rows = client

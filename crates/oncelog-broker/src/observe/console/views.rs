@@ -713,7 +713,7 @@ fn assignment(raw: &bytes::Bytes) -> Vec<(String, Vec<i32>)> {
 /// `GET /v1/console/groups?page=&q=`: consumer groups with their state,
 /// members and total lag against the LSO and the high watermark (in
 /// cluster mode every group of the cluster, as its coordinator last saw
-/// it at rest).
+/// it).
 pub async fn groups(b: &Arc<Broker>, paging: Paging, q: &str) -> Value {
     let q = q.to_lowercase();
     let store = b.group_store();

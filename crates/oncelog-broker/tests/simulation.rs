@@ -23,6 +23,9 @@
 //! prints its seed and the step trace, and `SIM_SEED=<seed>` runs that one
 //! schedule again, printing its trace.
 
+mod sim_support;
+use sim_support::Rng;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use oncelog_broker::coordinators::groups::OFFSETS_TOPIC;
@@ -30,25 +33,6 @@ use oncelog_broker::machines::producer_state::{ProducerBatch, ProducerState, Ver
 use oncelog_broker::machines::txn_coordinator::{
     self as tc, update_view, verify_write, CoordError, Effect, ProducerView, TxnMeta, TxnState,
 };
-
-/// splitmix64: small, deterministic, good enough for schedules.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
 
 type Tp = (String, i32);
 
@@ -124,24 +108,10 @@ impl Part {
     /// What a read_committed fetch returns: data below the LSO outside
     /// every aborted transaction's range.
     fn read_committed(&self) -> Vec<u64> {
-        let lso = self.lso();
-        let aborted = self.state.aborted_overlapping(0, lso as i64);
-        self.entries[..lso]
-            .iter()
-            .enumerate()
-            .filter_map(|(o, e)| match e {
-                Entry::Data { pid, value, .. }
-                    if !aborted.iter().any(|a| {
-                        a.producer_id == *pid
-                            && a.first_offset <= o as i64
-                            && o as i64 <= a.last_offset
-                    }) =>
-                {
-                    Some(*value)
-                }
-                _ => None,
-            })
-            .collect()
+        sim_support::read_committed(&self.entries, &self.state, self.synced, |e| match e {
+            Entry::Data { pid, value, .. } => Some((*pid, *value)),
+            Entry::Marker { .. } => None,
+        })
     }
 }
 

@@ -53,6 +53,9 @@
 //!
 //! `SIM_DRIVER_SEEDS=n` sets how many schedules run (default 300).
 
+mod sim_support;
+use sim_support::Rng;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -84,26 +87,6 @@ use oncelog_log::LogError;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// splitmix64: small and deterministic.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
 }
 
 /// Which storage acknowledges before it syncs (a planted fault).
@@ -304,24 +287,10 @@ impl MemPart {
     /// every aborted transaction's range.
     fn read_committed(&self) -> Vec<u64> {
         let g = lock(&self.inner);
-        let lso = g.state.last_stable_offset(g.synced as i64) as usize;
-        let aborted = g.state.aborted_overlapping(0, lso as i64);
-        g.entries[..lso]
-            .iter()
-            .enumerate()
-            .filter_map(|(o, e)| match e {
-                Entry::Data { pid, value, .. }
-                    if !aborted.iter().any(|a| {
-                        a.producer_id == *pid
-                            && a.first_offset <= o as i64
-                            && o as i64 <= a.last_offset
-                    }) =>
-                {
-                    Some(*value)
-                }
-                _ => None,
-            })
-            .collect()
+        sim_support::read_committed(&g.entries, &g.state, g.synced, |e| match e {
+            Entry::Data { pid, value, .. } => Some((*pid, *value)),
+            Entry::Marker { .. } => None,
+        })
     }
 
     fn values(&self) -> Vec<u64> {

@@ -33,6 +33,14 @@ bounded by --warmup + --seconds plus a flush timeout. Medians of --runs runs.
     .venv/bin/python bench/cluster_bench.py --runs 3 --seconds 8 --json /tmp/cluster-bench.json
     .venv/bin/python bench/cluster_bench.py --tansu ~/.cargo/bin/tansu --tansu-schema 010-schema.sql
 
+Hosts apart: --pg-delay-ms D and --s3-delay-ms D put a TCP delay proxy
+(tests/faultproxy.py, D ms each way) between the brokers and PostgreSQL or
+the S3 server, as hosts of one cloud region are apart (2 ms and 20 ms, say).
+With --pg-delay-ms (0 included) the run also counts the brokers' PostgreSQL
+round trips (request/response turn-arounds through the proxy) per flush.
+
+    .venv/bin/python bench/cluster_bench.py --configs cluster-1,cluster-3 --pg-delay-ms 2 --s3-delay-ms 20
+
 Tansu: `cargo install tansu --locked --features postgres` (0.6.0 measured);
 its schema is etc/initdb.d/010-schema.sql of Tansu's repository at the same
 tag (`git show v0.6.0:etc/initdb.d/010-schema.sql`).
@@ -54,6 +62,9 @@ from benchlib.brokers import Oncelog, TansuPeer, exit_on_signal, stop_live_broke
 from benchlib.load import closed_loop_load, e2e_load  # noqa: E402
 from benchlib.brokers import hist_quantile  # noqa: E402
 from produce_bench import ROOT  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from faultproxy import FaultProxy  # noqa: E402
 
 SERVICES = os.path.join(ROOT, "scripts", "services.sh")
 
@@ -93,9 +104,15 @@ class Brokers:
     """Several oncelog brokers seen as one by benchlib's load: the bootstrap
     list of all, /metrics summed, CPU and RSS of the first."""
 
-    def __init__(self, members):
+    def __init__(self, members, proxies=()):
         self.members = members
         self.bootstrap = ",".join(m.bootstrap for m in members)
+        # (name, FaultProxy) between the brokers and PostgreSQL or S3
+        self.proxies = dict(proxies)
+
+    def pg_round_trips(self):
+        p = self.proxies.get("pg")
+        return p.turns if p is not None else None
 
     pid = property(lambda self: self.members[0].pid)
 
@@ -109,6 +126,13 @@ class Brokers:
     def stop(self):
         for m in self.members:
             m.stop()
+        for p in self.proxies.values():
+            p.close()
+
+
+def apart(url_host, url_port, delay_ms):
+    """A FaultProxy to host:port `delay_ms` away, each way."""
+    return FaultProxy(url_host, url_port, delay_ms=delay_ms)
 
 
 def start_config(kind, a, env, tmp, run):
@@ -135,7 +159,21 @@ def start_config(kind, a, env, tmp, run):
     if kind.endswith("-file"):  # a shared directory instead of S3
         store = f"file://{d}/objects"
         os.makedirs(f"{d}/objects", exist_ok=True)
-    os.environ.update({"AWS_ENDPOINT": env["ONCELOG_TEST_S3_ENDPOINT"],
+    from urllib.parse import urlsplit
+    proxies = []
+    if a.pg_delay_ms is not None:
+        u = urlsplit(url)
+        pg = apart(u.hostname, u.port or 5432, a.pg_delay_ms)
+        proxies.append(("pg", pg))
+        auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
+        url = f"{u.scheme}://{auth}127.0.0.1:{pg.port}{u.path}"
+    endpoint = env["ONCELOG_TEST_S3_ENDPOINT"]
+    if a.s3_delay_ms is not None and not kind.endswith("-file"):
+        u = urlsplit(endpoint)
+        s3 = apart(u.hostname, u.port, a.s3_delay_ms)
+        proxies.append(("s3", s3))
+        endpoint = f"http://127.0.0.1:{s3.port}"
+    os.environ.update({"AWS_ENDPOINT": endpoint,
                        "AWS_ACCESS_KEY_ID": env["ONCELOG_TEST_S3_KEY"],
                        "AWS_SECRET_ACCESS_KEY": env["ONCELOG_TEST_S3_SECRET"],
                        "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"})
@@ -146,7 +184,7 @@ def start_config(kind, a, env, tmp, run):
                               f"cluster.flush.ms={a.flush_ms}"])
         b.start()
         members.append(b)
-    return Brokers(members), db
+    return Brokers(members, proxies), db
 
 
 def one_run(kind, a, env, tmp, run):
@@ -154,7 +192,9 @@ def one_run(kind, a, env, tmp, run):
     try:
         x0 = xact_commits(env, db) if db else None
         m0 = target.metrics()
+        t0 = target.pg_round_trips() if isinstance(target, Brokers) else None
         r = closed_loop_load(target, f"bench-{kind}-{run}", a.size, a.partitions, a)
+        t1 = target.pg_round_trips() if isinstance(target, Brokers) else None
         m1 = target.metrics()
         x1 = xact_commits(env, db) if db else None
     finally:
@@ -171,6 +211,10 @@ def one_run(kind, a, env, tmp, run):
         row["object_puts"] = puts
         row["object_puts_per_gb"] = puts / gb if gb else None
         row.update(cluster_histograms(m0, m1))
+        if t0 is not None:
+            row["pg_round_trips"] = t1 - t0
+            row["pg_round_trips_per_flush"] = (t1 - t0) / row["flushes"] if row["flushes"] else None
+            row["pg_round_trips_per_gb"] = (t1 - t0) / gb if gb else None
     return row
 
 
@@ -273,6 +317,10 @@ def main():
                     help="msgs/s of the read_committed end-to-end run (0: none)")
     ap.add_argument("--e2e-commit-ms", type=float, default=100)
     ap.add_argument("--e2e-linger-ms", type=float, default=5)
+    ap.add_argument("--pg-delay-ms", type=float, default=None,
+                    help="PostgreSQL this many ms away each way (a delay proxy); also counts round trips")
+    ap.add_argument("--s3-delay-ms", type=float, default=None,
+                    help="the S3 server this many ms away each way (a delay proxy)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     a.client_cpus = None
@@ -307,6 +355,8 @@ def main():
                       + (f"  PUT p50/p99 <= {row['put_p50_le_ms']}/{row['put_p99_le_ms']} ms, commit p50/p99 <= "
                          f"{row['pg_commit_p50_le_ms']}/{row['pg_commit_p99_le_ms']} ms, {row['flushes']:.0f} flushes"
                          if "flushes" in row else "")
+                      + (f"  PG round trips/flush {row['pg_round_trips_per_flush']:.2f}"
+                         if row.get("pg_round_trips_per_flush") is not None else "")
                       + (f"  errors {row['errors']}" if row["errors"] else ""), flush=True)
                 if a.ack_rate or a.e2e_rate:
                     lat = latency_run(kind, a, env, tmp, run)
@@ -331,16 +381,18 @@ def main():
     print(f"\ndurable produce, {a.size} B messages, {a.partitions} partitions, {a.producers} producers, "
           f"median of {a.runs} runs")
     print(f"{'config':14} {'msgs/s':>9} {'MB/s':>7} {'ack p50':>8} {'ack p99':>8} {'PG commit p99<=':>16} "
-          f"{'PG xacts/GB':>12} {'PUTs/GB':>8}")
+          f"{'PG xacts/GB':>12} {'PUTs/GB':>8} {'PG RTs/flush':>13} {'PG RTs/GB':>10}")
     summary = {}
     for kind in configs:
         rs = [r for r in rows if r["kind"] == kind]
         s = {k: med(rs, k) for k in ("msgs_per_s", "mb_per_s", "ack_p50_ms", "ack_p99_ms", "pg_commit_p99_le_ms",
-                                       "pg_xacts_per_gb", "object_puts_per_gb")}
+                                       "pg_xacts_per_gb", "object_puts_per_gb", "pg_round_trips_per_flush",
+                                       "pg_round_trips_per_gb")}
         summary[kind] = s
         print(f"{kind:14} {fmt(s['msgs_per_s'], '9.0f')} {fmt(s['mb_per_s'], '7.1f')} {fmt(s['ack_p50_ms'], '8.1f')} "
               f"{fmt(s['ack_p99_ms'], '8.1f')} {fmt(s['pg_commit_p99_le_ms'], '>16.1f')} "
-              f"{fmt(s['pg_xacts_per_gb'], '>12.0f')} {fmt(s['object_puts_per_gb'], '>8.0f')}")
+              f"{fmt(s['pg_xacts_per_gb'], '>12.0f')} {fmt(s['object_puts_per_gb'], '>8.0f')} "
+              f"{fmt(s['pg_round_trips_per_flush'], '>13.2f')} {fmt(s['pg_round_trips_per_gb'], '>10.0f')}")
     if "tansu" in summary and summary["tansu"]["msgs_per_s"]:
         for kind in configs:
             if kind.startswith("cluster") and summary[kind]["msgs_per_s"]:

@@ -499,6 +499,69 @@ class Conn:
         self.close()
 
 
+# ------------------------------------------------------------ group member
+
+API_JOIN_GROUP, API_HEARTBEAT, API_SYNC_GROUP = 11, 12, 14
+
+
+class WireMember:
+    """One consumer-group member speaking JoinGroup, SyncGroup and Heartbeat
+    v0 to one broker over its own connection, so a test sees exactly which
+    broker answered what, and when. Each call returns the error code."""
+
+    def __init__(self, host, port, group, session_timeout_ms=10000, timeout=10.0):
+        self.addr = (host, port)
+        self.group = group
+        self.session_timeout_ms = session_timeout_ms
+        self.timeout = timeout
+        self.member_id = ""
+        self.generation = -1
+        self.conn = None
+        self.cid = 0
+
+    def _call(self, api, body):
+        if self.conn is None:
+            self.conn = Conn(*self.addr, timeout=self.timeout)
+        self.cid += 1
+        try:
+            self.conn.send(frame(request_header_v1(api, 0, self.cid) + body))
+            return Reader(self.conn.recv_response(self.cid))
+        except (OSError, ValueError, ConnectionError):
+            self.close()
+            raise
+
+    def join(self):
+        """JoinGroup (a one-member "consumer" group with one protocol)."""
+        r = self._call(API_JOIN_GROUP, string(self.group) + i32(self.session_timeout_ms)
+                       + string(self.member_id) + string("consumer")
+                       + i32(1) + string("range") + nbytes(b""))
+        code = r.i16()
+        generation = r.i32()
+        r.string()                        # protocol
+        r.string()                        # leader
+        member_id = r.string()
+        if code == 0:
+            self.generation, self.member_id = generation, member_id
+        return code
+
+    def sync(self):
+        """SyncGroup as the leader, assigning nothing to itself."""
+        r = self._call(API_SYNC_GROUP, string(self.group) + i32(self.generation)
+                       + string(self.member_id)
+                       + i32(1) + string(self.member_id) + nbytes(b""))
+        return r.i16()
+
+    def heartbeat(self):
+        r = self._call(API_HEARTBEAT, string(self.group) + i32(self.generation)
+                       + string(self.member_id))
+        return r.i16()
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
 # ------------------------------------------------------------ segment files
 
 class BatchInfo:

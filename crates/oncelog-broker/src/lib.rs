@@ -179,6 +179,7 @@ impl Broker {
         cc.flush_bytes = c.cluster_flush_bytes;
         cc.lease = std::time::Duration::from_millis(c.cluster_lease_ms.max(300));
         cc.cache_bytes = c.cluster_cache_bytes;
+        cc.put_timeout = std::time::Duration::from_millis(c.cluster_put_timeout_ms.max(100));
         cc.intent_grace = std::time::Duration::from_millis(c.cluster_intent_grace_ms);
         let security = cluster::security::Copies::new(self.authz.shared(), self.users.shared());
         let front = cluster::front::Front::start(cc, security).await?;

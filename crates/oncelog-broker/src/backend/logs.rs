@@ -627,6 +627,7 @@ fn committed(o: crate::backend::cluster::flusher::ProduceResult) -> Result<Acked
             "the partition does not exist",
         )),
         Ok(BatchOutcome::Unverified(v)) => Err(Refusal::new(unverified_code(&v), v.to_string())),
+        Ok(BatchOutcome::Behind(why)) => Err(Refusal::new(ErrorCode::KafkaStorageError, why)),
         // Fenced: this broker's session ended; NOT_LEADER makes the client
         // refresh its metadata and retry (elsewhere, or here once re-registered).
         Err(e) if matches!(*e, ClusterError::Fenced { .. }) => {

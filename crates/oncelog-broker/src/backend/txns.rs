@@ -206,6 +206,9 @@ impl Txns<'_> {
                     .map_err(|e| txn_error_code(&e, fenced_known))
             }
             Txns::Cluster(b, front) => {
+                if front.added.covers(tid, pid, epoch, parts) {
+                    return Ok(());
+                }
                 let add = parts.to_vec();
                 let names: Vec<String> = parts.iter().map(|(t, _)| t.clone()).collect();
                 let tid = id.to_string();
@@ -723,6 +726,9 @@ impl Txns<'_> {
                 Err((code, NOT_ADDED.to_string()))
             }
             Txns::Cluster(b, front) => {
+                if front.added.covers(tid, pid, epoch, parts) {
+                    return Ok(());
+                }
                 let add = parts.to_vec();
                 let names: Vec<String> = parts.iter().map(|(t, _)| t.clone()).collect();
                 let id = tid.to_string();
@@ -749,6 +755,7 @@ impl Txns<'_> {
                         if let Some(after) = ran.after() {
                             b.txn.note_added(ran.before.as_ref(), after, who);
                         }
+                        front.added.note(tid, pid, epoch, parts);
                         return Ok(());
                     }
                     Err(d) => d,

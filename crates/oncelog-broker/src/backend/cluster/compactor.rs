@@ -82,7 +82,8 @@ pub async fn run(
             map_entries: settings.map_entries,
         };
         for p in 0..t.partitions {
-            match compact(cluster, &t, p, s, oncelog_log::now_ms()).await {
+            let now = super::jobs::database_now_ms(cluster).await?;
+            match compact(cluster, &t, p, s, now).await {
                 Ok(Some(stats)) => {
                     passes += 1;
                     tracing::info!(

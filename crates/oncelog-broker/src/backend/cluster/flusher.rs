@@ -250,6 +250,7 @@ async fn commit_in_order(
             Ok(()) => {
                 sequencer::commit_flush(
                     &cluster.pool,
+                    &|t, p, n| cluster.check_next(t, p, n),
                     cluster.config.broker_id,
                     session,
                     &f.key,
@@ -275,7 +276,7 @@ async fn commit_in_order(
                     stats.ack_latency.observe_duration(at.elapsed());
                     let _ = reply.send(Ok(o));
                 }
-                cluster.advanced(&advanced);
+                cluster.committed(&advanced);
             }
             Err(e) => {
                 stats.failed_flushes.fetch_add(1, Ordering::Relaxed);

@@ -28,6 +28,8 @@ pub struct Front {
     pub cluster_id: String,
     /// The consumer groups this broker coordinates.
     pub groups: Ownership,
+    /// Partitions known to be in transactions (Produce v12's implicit adds).
+    pub added: super::txn::Added,
     /// When this broker last recorded each topic's writers.
     pub writers: super::writers::Recorded,
     /// Transactional ids this broker fenced by a timeout abort, not yet
@@ -52,6 +54,7 @@ impl Front {
             topics: RwLock::new(HashMap::new()),
             cluster_id,
             groups: Ownership::default(),
+            added: Default::default(),
             writers: Default::default(),
             security,
         });

@@ -202,3 +202,18 @@ pub async fn job_rows(
 pub(super) async fn topics(cluster: &Cluster) -> Result<Vec<TopicRow>, ClusterError> {
     catalogue::topics(&cluster.pool).await
 }
+
+/// PostgreSQL's time in ms since the epoch. Every job measures ages by it
+/// (retention, compaction lags, producer expiry), not by the clock of
+/// whichever broker holds the job: a broker whose clock jumped must not
+/// remove data early or keep it forever.
+pub async fn database_now_ms(cluster: &Cluster) -> Result<i64, ClusterError> {
+    let client = cluster.pool.get().await?;
+    let row = client
+        .query_one(
+            "SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}

@@ -81,6 +81,9 @@ pub struct ClusterConfig {
     pub intent_grace: Duration,
     /// Connections to PostgreSQL.
     pub pool_size: usize,
+    /// How long an object PUT may take before its flush fails
+    /// (`cluster.put.timeout.ms`).
+    pub put_timeout: Duration,
 }
 
 impl ClusterConfig {
@@ -98,6 +101,7 @@ impl ClusterConfig {
             cache_bytes: 256 << 20,
             intent_grace: Duration::from_secs(120),
             pool_size: 16,
+            put_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -110,6 +114,11 @@ pub enum ClusterError {
     Pool(#[from] deadpool_postgres::PoolError),
     #[error("object store: {0}")]
     Objects(#[from] object_store::Error),
+    /// A PUT was not answered within `cluster.put.timeout.ms`.
+    #[error(
+        "object store: the PUT of {key} was not answered in {after_ms} ms (cluster.put.timeout.ms)"
+    )]
+    PutTimeout { key: String, after_ms: u64 },
     #[error("bad cluster setting: {0}")]
     Config(String),
     /// This broker's session is not the current one, or its lease ended:
@@ -125,6 +134,20 @@ pub enum ClusterError {
     /// Another broker coordinates this group (or took it over).
     #[error("group {0} is coordinated by another broker")]
     NotCoordinator(String),
+    /// PostgreSQL's next offset of a partition is below one this broker saw
+    /// committed: the database lost acknowledged commits.
+    #[error(
+        "partition {partition} of topic id {topic_id}: PostgreSQL's next offset is {database}, \
+         below {seen}, which this broker saw committed: the database lost acknowledged commits \
+         (an asynchronous standby promoted, or a backup restored); the partition is not served \
+         rather than hand out those offsets again (docs/cluster.md, \"PostgreSQL settings\")"
+    )]
+    Behind {
+        topic_id: uuid::Uuid,
+        partition: i32,
+        database: i64,
+        seen: i64,
+    },
     /// The collector removed this object's intent: its commit must fail.
     #[error("object {0} was collected before its commit")]
     IntentGone(String),
@@ -199,6 +222,12 @@ pub struct Cluster {
     pub catalogue_notify: tokio::sync::Notify,
     /// The highest next offset seen per partition (from commits and NOTIFY).
     known: Mutex<HashMap<(uuid::Uuid, i32), i64>>,
+    /// This broker's commits' new offsets, for [`announce`] to tell the
+    /// other brokers.
+    announcements: tokio::sync::mpsc::UnboundedSender<Vec<sequencer::Advanced>>,
+    /// The partitions found behind what this broker saw ([`Self::check_next`]),
+    /// said once each.
+    behind: Mutex<std::collections::HashSet<(uuid::Uuid, i32)>>,
 }
 
 impl Cluster {
@@ -208,11 +237,14 @@ impl Cluster {
         let pg = pg::target(&config.postgres_url)?;
         let pool = pool(&pg, config.pool_size, config.lease)?;
         schema::migrate(&pool).await?;
-        let objects = Objects::from_url(&config.object_store_url)?;
+        let objects =
+            Objects::from_url(&config.object_store_url)?.with_put_timeout(config.put_timeout);
         let cluster_id = schema::cluster_id(&pool).await?;
         binding::check(&objects, &pool, &cluster_id).await?;
         let session = Session::register(&pool, &config).await?;
         let cache = BatchCache::new(config.cache_bytes);
+        let (announcements, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(announce(pool.clone(), rx));
         Ok(Arc::new(Self {
             config,
             outage: outage::Outage::new(&pg.config),
@@ -224,7 +256,20 @@ impl Cluster {
             data_notify: tokio::sync::Notify::new(),
             catalogue_notify: tokio::sync::Notify::new(),
             known: Mutex::new(HashMap::new()),
+            behind: Mutex::new(Default::default()),
+            announcements,
         }))
+    }
+
+    /// After a commit of this broker's: records the high watermarks that
+    /// moved, wakes this broker's waiting fetches, and has the other brokers
+    /// told ([`announce`]).
+    pub fn committed(&self, moved: &[sequencer::Advanced]) {
+        if moved.is_empty() {
+            return;
+        }
+        self.advanced(moved);
+        let _ = self.announcements.send(moved.to_vec());
     }
 
     /// Records high watermarks that moved and wakes waiting fetches.
@@ -239,10 +284,93 @@ impl Cluster {
         self.data_notify.notify_waiters();
     }
 
+    /// `Err(Behind)` when PostgreSQL's next offset of a partition,
+    /// `database`, is below the highest this broker saw committed: the
+    /// database lost acknowledged commits, and offsets handed out from it
+    /// would be handed out twice. Every reader and writer of a partition's
+    /// offsets asks this first, so the partition is not served; the first
+    /// finding is logged as an error.
+    pub fn check_next(
+        &self,
+        topic_id: &uuid::Uuid,
+        partition: i32,
+        database: i64,
+    ) -> Result<(), ClusterError> {
+        let seen = self.known_next_offset(topic_id, partition);
+        if database >= seen {
+            return Ok(());
+        }
+        let e = ClusterError::Behind {
+            topic_id: *topic_id,
+            partition,
+            database,
+            seen,
+        };
+        let first = self
+            .behind
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((*topic_id, partition));
+        if first {
+            tracing::error!(%topic_id, partition, database, seen, error = %e, "cluster: a partition went back");
+        }
+        Err(e)
+    }
+
     /// The highest next offset this broker has seen for a partition (a lower
     /// bound of its high watermark; 0 when it saw none).
     pub fn known_next_offset(&self, topic_id: &uuid::Uuid, partition: i32) -> i64 {
         let k = self.known.lock().unwrap_or_else(|p| p.into_inner());
         k.get(&(*topic_id, partition)).copied().unwrap_or(0)
+    }
+}
+
+/// How long [`announce`] gathers commits into one NOTIFY.
+const ANNOUNCE_WINDOW: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Tells the other brokers (their LISTEN tasks) where this broker's commits
+/// moved partitions' offsets, after the commits and coalesced: one NOTIFY
+/// for every commit of a couple of milliseconds, each partition at its
+/// newest offset. A NOTIFY inside each data commit would take PostgreSQL's
+/// one instance-wide notification lock at every commit, serialising every
+/// produce and EndTxn commit of the cluster. A lost NOTIFY (a crash after
+/// the commit, PostgreSQL unreachable) costs only a wake-up: a long poll
+/// reads PostgreSQL again when its wait ends.
+async fn announce(
+    pool: Pool,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<sequencer::Advanced>>,
+) {
+    let mut latest: std::collections::BTreeMap<(uuid::Uuid, i32), i64> = Default::default();
+    while let Some(first) = rx.recv().await {
+        let mut merge = |moved: Vec<sequencer::Advanced>| {
+            for a in moved {
+                let e = latest.entry((a.topic_id, a.partition)).or_insert(0);
+                *e = (*e).max(a.next_offset);
+            }
+        };
+        merge(first);
+        tokio::time::sleep(ANNOUNCE_WINDOW).await;
+        while let Ok(more) = rx.try_recv() {
+            merge(more);
+        }
+        let moved: Vec<sequencer::Advanced> = std::mem::take(&mut latest)
+            .into_iter()
+            .map(|((topic_id, partition), next_offset)| sequencer::Advanced {
+                topic_id,
+                partition,
+                next_offset,
+            })
+            .collect();
+        let payload = sequencer::notify_payload(&moved);
+        let sent = async {
+            let c = pool.get().await?;
+            let st = c.prepare_cached("SELECT pg_notify($1, $2)").await?;
+            c.execute(&st, &[&sequencer::DATA_CHANNEL, &payload])
+                .await?;
+            Ok::<_, ClusterError>(())
+        };
+        if let Err(e) = sent.await {
+            tracing::debug!(error = %e, "cluster: the announcement of new offsets was not sent");
+        }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::TryStreamExt;
@@ -51,6 +51,10 @@ pub struct Objects {
     /// What the URL named, for `cluster info` and logs (no credentials).
     pub describe: String,
     pub stats: ObjectStats,
+    /// A PUT not answered in this time fails (`cluster.put.timeout.ms`):
+    /// a hung object store fails its flush, retriably, instead of holding
+    /// every later flush of the broker behind it.
+    put_timeout: Duration,
 }
 
 /// Where data objects live under the prefix.
@@ -111,7 +115,14 @@ impl Objects {
             prefix: prefix.trim_matches('/').to_string(),
             describe: describe.to_string(),
             stats: ObjectStats::default(),
+            put_timeout: Duration::from_secs(10),
         }
+    }
+
+    /// Sets how long a PUT may take before it fails.
+    pub fn with_put_timeout(mut self, timeout: Duration) -> Self {
+        self.put_timeout = timeout;
+        self
     }
 
     fn path(&self, key: &str) -> Path {
@@ -138,20 +149,28 @@ impl Objects {
     pub async fn put(&self, key: &str, data: Bytes) -> Result<(), ClusterError> {
         let t = Instant::now();
         let n = data.len() as u64;
-        let r = self
-            .store
-            .put(&self.path(key), PutPayload::from(data))
-            .await;
+        let r = tokio::time::timeout(
+            self.put_timeout,
+            self.store.put(&self.path(key), PutPayload::from(data)),
+        )
+        .await;
         self.stats.put_latency.observe_duration(t.elapsed());
         match r {
-            Ok(_) => {
+            Ok(Ok(_)) => {
                 self.stats.puts.fetch_add(1, Ordering::Relaxed);
                 self.stats.put_bytes.fetch_add(n, Ordering::Relaxed);
                 Ok(())
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 self.stats.put_errors.fetch_add(1, Ordering::Relaxed);
                 Err(e.into())
+            }
+            Err(_) => {
+                self.stats.put_errors.fetch_add(1, Ordering::Relaxed);
+                Err(ClusterError::PutTimeout {
+                    key: key.to_string(),
+                    after_ms: self.put_timeout.as_millis() as u64,
+                })
             }
         }
     }

@@ -128,6 +128,9 @@ pub async fn offsets(
             &[topic_id, &partition],
         )
         .await?;
+    if let Some(r) = &row {
+        cluster.check_next(topic_id, partition, r.get(0))?;
+    }
     Ok(row.map(|r| {
         let hw: i64 = r.get(0);
         let open: Option<i64> = r.get(2);

@@ -43,7 +43,7 @@ pub async fn run(
     held: jobs::Held,
 ) -> Result<RetentionReport, ClusterError> {
     let mut report = RetentionReport::default();
-    let now = oncelog_log::now_ms();
+    let now = jobs::database_now_ms(cluster).await?;
     super::expiry::producers(cluster, now - settings.producer_id_expiration_ms).await?;
     for t in jobs::topics(cluster).await? {
         if !settings.policy(&t).delete {

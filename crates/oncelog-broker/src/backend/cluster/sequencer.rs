@@ -13,9 +13,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use deadpool_postgres::Pool;
+use tokio_postgres::Statement;
 use uuid::Uuid;
 
-use super::session::check_fence;
 use super::ClusterError;
 use crate::machines::producer_state::{
     ProduceReject, ProducerBatch, ProducerEntry, ProducerState, Verdict,
@@ -56,6 +56,9 @@ pub enum BatchOutcome {
     /// A transactional batch its producer's open transaction does not hold
     /// (not added, ended, or the producer was fenced).
     Unverified(VerifyError),
+    /// The partition's next offset in PostgreSQL is below one this broker
+    /// saw committed ([`super::Cluster::check_next`]): not appended. Says why.
+    Behind(String),
 }
 
 /// A partition's high watermark after a commit.
@@ -88,76 +91,162 @@ pub async fn insert_intent(
     Ok(())
 }
 
-/// The state of the producers `batches` write for, from their rows, by
-/// partition (read in the flush's transaction, its partitions locked).
-async fn load_producers(
-    tx: &tokio_postgres::Transaction<'_>,
-    batches: &[FlushBatch],
-) -> Result<BTreeMap<(Uuid, i32), ProducerState>, ClusterError> {
-    let mut want: Vec<(Uuid, i32, i64)> = batches
-        .iter()
-        .filter_map(|b| b.producer.map(|p| (b.topic_id, b.partition, p.producer_id)))
-        .collect();
-    want.sort();
-    want.dedup();
-    let mut states: BTreeMap<(Uuid, i32), ProducerState> = BTreeMap::new();
-    if !want.is_empty() {
-        let wt: Vec<Uuid> = want.iter().map(|w| w.0).collect();
-        let wp: Vec<i32> = want.iter().map(|w| w.1).collect();
-        let wi: Vec<i64> = want.iter().map(|w| w.2).collect();
-        let rows = tx
-            .query(
-                "SELECT topic_id, partition, producer_id, entry FROM producers \
-                 WHERE (topic_id, partition, producer_id) IN \
-                   (SELECT * FROM unnest($1::uuid[], $2::int[], $3::bigint[]))",
-                &[&wt, &wp, &wi],
-            )
-            .await?;
-        let mut loaded: BTreeMap<(Uuid, i32), Vec<(i64, ProducerEntry)>> = BTreeMap::new();
-        for r in &rows {
-            let entry: serde_json::Value = r.get(3);
-            let entry: ProducerEntry = serde_json::from_value(entry).map_err(|e| {
-                ClusterError::Invariant(format!("a producers row does not parse: {e}"))
-            })?;
-            loaded
-                .entry((r.get(0), r.get(1)))
-                .or_default()
-                .push((r.get(2), entry));
-        }
-        for (k, entries) in loaded {
-            states.insert(k, ProducerState::with_entries(entries));
+/// A statement's parameter.
+type Param<'a> = dyn tokio_postgres::types::ToSql + Sync + 'a;
+
+/// Asks whether a partition's next offset in PostgreSQL is behind what
+/// this broker saw ([`super::Cluster::check_next`]).
+pub type CheckNext<'a> = dyn Fn(&Uuid, i32, i64) -> Result<(), ClusterError> + Sync + 'a;
+
+/// The statements of a produce commit, prepared once per connection
+/// (deadpool's statement cache), so each costs no round trip of its own.
+struct Statements {
+    fence: Statement,
+    claim_intent: Statement,
+    insert_object: Statement,
+    views: Statement,
+    lock: Statement,
+    producers: Statement,
+    insert_batches: Statement,
+    write_producers: Statement,
+    advance: Statement,
+}
+
+const CLAIM_INTENT: &str = "DELETE FROM object_intents WHERE key = $1";
+const INSERT_OBJECT: &str = "INSERT INTO objects (key, size, broker_id) VALUES ($1, $2, $3)";
+/// Transactional producers' coordinator rows, `FOR SHARE` (before the
+/// partitions, the order EndTxn takes them in too).
+const VIEWS: &str = "SELECT meta FROM transactions WHERE producer_id = ANY($1) \
+     ORDER BY transactional_id FOR SHARE";
+/// Every partition of the flush, locked in order.
+const LOCK: &str = "SELECT topic_id, partition, next_offset, log_start_offset FROM partitions \
+     WHERE (topic_id, partition) IN (SELECT * FROM unnest($1::uuid[], $2::int[])) \
+     ORDER BY topic_id, partition FOR UPDATE";
+const PRODUCERS: &str = "SELECT topic_id, partition, producer_id, entry FROM producers \
+     WHERE (topic_id, partition, producer_id) IN \
+       (SELECT * FROM unnest($1::uuid[], $2::int[], $3::bigint[]))";
+const INSERT_BATCHES: &str = "INSERT INTO batches (topic_id, partition, base_offset, \
+       last_offset, object_key, position, length, max_timestamp, producer_id, control) \
+     SELECT t, p, b, l, k, pos, len, ts, pid, false FROM unnest($1::uuid[], $2::int[], \
+       $3::bigint[], $4::bigint[], $5::text[], $6::bigint[], $7::int[], $8::bigint[], \
+       $9::bigint[]) AS u (t, p, b, l, k, pos, len, ts, pid)";
+const WRITE_PRODUCERS: &str = "INSERT INTO producers (topic_id, partition, producer_id, \
+       txn_first_offset, entry) \
+     SELECT * FROM unnest($1::uuid[], $2::int[], $3::bigint[], $4::bigint[], $5::jsonb[]) \
+     ON CONFLICT (topic_id, partition, producer_id) DO UPDATE \
+       SET txn_first_offset = EXCLUDED.txn_first_offset, entry = EXCLUDED.entry";
+const ADVANCE: &str = "UPDATE partitions AS p SET next_offset = u.n \
+     FROM unnest($1::uuid[], $2::int[], $3::bigint[]) AS u (t, q, n) \
+     WHERE p.topic_id = u.t AND p.partition = u.q AND p.next_offset <> u.n";
+
+impl Statements {
+    async fn prepare(c: &deadpool_postgres::Client) -> Result<Self, ClusterError> {
+        let (fence, claim_intent, insert_object, views, lock, producers) = futures_util::try_join!(
+            c.prepare_cached(super::session::FENCE_SQL),
+            c.prepare_cached(CLAIM_INTENT),
+            c.prepare_cached(INSERT_OBJECT),
+            c.prepare_cached(VIEWS),
+            c.prepare_cached(LOCK),
+            c.prepare_cached(PRODUCERS),
+        )?;
+        let (insert_batches, write_producers, advance) = futures_util::try_join!(
+            c.prepare_cached(INSERT_BATCHES),
+            c.prepare_cached(WRITE_PRODUCERS),
+            c.prepare_cached(ADVANCE),
+        )?;
+        Ok(Self {
+            fence,
+            claim_intent,
+            insert_object,
+            views,
+            lock,
+            producers,
+            insert_batches,
+            write_producers,
+            advance,
+        })
+    }
+}
+
+/// A pooled connection inside a transaction its BEGIN was pipelined into.
+/// The connection goes back to the pool only once the transaction is known
+/// to have ended (its COMMIT answered, or a ROLLBACK after a failure); a
+/// failed ROLLBACK, or a commit dropped midway, closes the connection
+/// instead, which ends the transaction in PostgreSQL.
+struct Pipelined {
+    client: Option<deadpool_postgres::Client>,
+    ended: bool,
+}
+
+impl Pipelined {
+    fn new(client: deadpool_postgres::Client) -> Self {
+        Self {
+            client: Some(client),
+            ended: false,
         }
     }
-    Ok(states)
+
+    async fn end(mut self, committed: bool) {
+        self.ended = committed;
+        if !committed {
+            if let Some(c) = &self.client {
+                self.ended = c.batch_execute("ROLLBACK").await.is_ok();
+            }
+        }
+    }
+}
+
+impl Drop for Pipelined {
+    fn drop(&mut self) {
+        if !self.ended {
+            if let Some(c) = self.client.take() {
+                drop(deadpool_postgres::Object::take(c));
+            }
+        }
+    }
 }
 
 /// Commits one flushed object of `size` bytes holding `batches`.
 /// `Err` means nothing was committed (every batch may be retried).
+///
+/// Two round trips to PostgreSQL, each a pipeline of prepared statements:
+/// the first begins the transaction, checks the fencing token, claims the
+/// object's intent, records the object and locks and reads what the
+/// decisions need (the transactional producers' views, the partitions'
+/// offsets, the producers' states); the second, after the same decisions
+/// as local mode's, writes the batch index, the producers and the offsets
+/// and commits. A failure anywhere ends the transaction unwritten.
 pub async fn commit_flush(
     pool: &Pool,
+    check_next: &CheckNext<'_>,
     broker_id: i32,
     session: i64,
     key: &str,
     size: u64,
     batches: &[FlushBatch],
 ) -> Result<(Vec<BatchOutcome>, Vec<Advanced>), ClusterError> {
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    check_fence(&*tx, broker_id, session).await?;
-    let claimed = tx
-        .execute("DELETE FROM object_intents WHERE key = $1", &[&key])
-        .await?;
-    if claimed == 0 {
-        return Err(ClusterError::IntentGone(key.to_string()));
-    }
-    tx.execute(
-        "INSERT INTO objects (key, size, broker_id) VALUES ($1, $2, $3)",
-        &[&key, &(size as i64), &broker_id],
-    )
-    .await?;
+    let client = pool.get().await?;
+    let st = Statements::prepare(&client).await?;
+    let open = Pipelined::new(client);
+    let Some(c) = open.client.as_ref() else {
+        return Err(ClusterError::Invariant("no connection".into()));
+    };
+    let result = commit_pipelined(c, &st, check_next, broker_id, session, key, size, batches).await;
+    open.end(result.is_ok()).await;
+    result
+}
 
-    // Transactional producers' coordinator rows, FOR SHARE (before the
-    // partitions, the order EndTxn takes them in too).
+#[allow(clippy::too_many_arguments)]
+async fn commit_pipelined(
+    c: &deadpool_postgres::Client,
+    st: &Statements,
+    check_next: &CheckNext<'_>,
+    broker_id: i32,
+    session: i64,
+    key: &str,
+    size: u64,
+    batches: &[FlushBatch],
+) -> Result<(Vec<BatchOutcome>, Vec<Advanced>), ClusterError> {
     let mut txn_pids: Vec<i64> = batches
         .iter()
         .filter_map(|b| {
@@ -168,38 +257,60 @@ pub async fn commit_flush(
         .collect();
     txn_pids.sort();
     txn_pids.dedup();
-    let views = if txn_pids.is_empty() {
-        Default::default()
-    } else {
-        views_for_produce(&tx, &txn_pids).await?
-    };
-
-    // Lock every partition of the flush, in order.
     let mut parts: Vec<(Uuid, i32)> = batches.iter().map(|b| (b.topic_id, b.partition)).collect();
     parts.sort();
     parts.dedup();
     let (pt, pp): (Vec<Uuid>, Vec<i32>) = parts.iter().copied().unzip();
-    let rows = tx
-        .query(
-            "SELECT topic_id, partition, next_offset, log_start_offset FROM partitions \
-             WHERE (topic_id, partition) IN (SELECT * FROM unnest($1::uuid[], $2::int[])) \
-             ORDER BY topic_id, partition FOR UPDATE",
-            &[&pt, &pp],
-        )
-        .await?;
+    let (wt, wp, wi) = producer_keys(batches);
+
+    // Round trip 1.
+    let size = size as i64;
+    let fence_p: [&Param<'_>; 2] = [&broker_id, &session];
+    let intent_p: [&Param<'_>; 1] = [&key];
+    let object_p: [&Param<'_>; 3] = [&key, &size, &broker_id];
+    let views_p: [&Param<'_>; 1] = [&txn_pids];
+    let lock_p: [&Param<'_>; 2] = [&pt, &pp];
+    let producers_p: [&Param<'_>; 3] = [&wt, &wp, &wi];
+    let (_, fence, claimed, _, views, rows, producers) = futures_util::try_join!(
+        c.batch_execute("BEGIN"),
+        c.query_opt(&st.fence, &fence_p),
+        c.execute(&st.claim_intent, &intent_p),
+        c.execute(&st.insert_object, &object_p),
+        c.query(&st.views, &views_p),
+        c.query(&st.lock, &lock_p),
+        c.query(&st.producers, &producers_p),
+    )?;
+    if fence.is_none() {
+        return Err(ClusterError::Fenced { broker_id, session });
+    }
+    if claimed == 0 {
+        return Err(ClusterError::IntentGone(key.to_string()));
+    }
+    let views = parse_views(&views)?;
+    let mut states = parse_producers(&producers)?;
     // (next offset, log start) per locked partition
     let mut offsets: BTreeMap<(Uuid, i32), (i64, i64)> = rows
         .iter()
         .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3))))
         .collect();
-
-    let mut states = load_producers(&tx, batches).await?;
+    // A partition behind what this broker saw appends nothing.
+    let mut behind: BTreeMap<(Uuid, i32), String> = BTreeMap::new();
+    for (k, (next, _)) in &offsets {
+        if let Err(e) = check_next(&k.0, k.1, *next) {
+            behind.insert(*k, e.to_string());
+        }
+    }
+    offsets.retain(|k, _| !behind.contains_key(k));
 
     let mut outcomes = Vec::with_capacity(batches.len());
     let mut ins = BatchRows::default();
     let mut touched: Vec<(Uuid, i32, i64)> = Vec::new();
     for b in batches {
         let k = (b.topic_id, b.partition);
+        if let Some(e) = behind.get(&k) {
+            outcomes.push(BatchOutcome::Behind(e.clone()));
+            continue;
+        }
         let Some((next, log_start)) = offsets.get_mut(&k) else {
             outcomes.push(BatchOutcome::UnknownPartition);
             continue;
@@ -249,9 +360,6 @@ pub async fn commit_flush(
         });
     }
 
-    ins.insert(&tx).await?;
-    write_producers(&tx, &states, touched).await?;
-
     let advanced: Vec<Advanced> = offsets
         .iter()
         .map(|((t, p), (n, _))| Advanced {
@@ -260,29 +368,70 @@ pub async fn commit_flush(
             next_offset: *n,
         })
         .collect();
-    let (at, ap, an) = advanced.iter().fold(
-        (Vec::new(), Vec::new(), Vec::new()),
-        |(mut t, mut p, mut n), a| {
-            t.push(a.topic_id);
-            p.push(a.partition);
-            n.push(a.next_offset);
-            (t, p, n)
-        },
+    let (at, ap, an): (Vec<Uuid>, Vec<i32>, Vec<i64>) = (
+        advanced.iter().map(|a| a.topic_id).collect(),
+        advanced.iter().map(|a| a.partition).collect(),
+        advanced.iter().map(|a| a.next_offset).collect(),
     );
-    tx.execute(
-        "UPDATE partitions AS p SET next_offset = u.n \
-         FROM unnest($1::uuid[], $2::int[], $3::bigint[]) AS u (t, q, n) \
-         WHERE p.topic_id = u.t AND p.partition = u.q AND p.next_offset <> u.n",
-        &[&at, &ap, &an],
-    )
-    .await?;
-    tx.execute(
-        "SELECT pg_notify($1, $2)",
-        &[&DATA_CHANNEL, &notify_payload(&advanced)],
-    )
-    .await?;
-    tx.commit().await?;
+    let w = ProducerRows::of(&states, touched)?;
+
+    // Round trip 2.
+    let batches_p: [&Param<'_>; 9] = [
+        &ins.topic,
+        &ins.partition,
+        &ins.base,
+        &ins.last,
+        &ins.key,
+        &ins.position,
+        &ins.length,
+        &ins.max_ts,
+        &ins.pid,
+    ];
+    let producers_p: [&Param<'_>; 5] = [&w.topic, &w.partition, &w.id, &w.txn, &w.entry];
+    let advance_p: [&Param<'_>; 3] = [&at, &ap, &an];
+    futures_util::try_join!(
+        c.execute(&st.insert_batches, &batches_p),
+        c.execute(&st.write_producers, &producers_p),
+        c.execute(&st.advance, &advance_p),
+        c.batch_execute("COMMIT"),
+    )?;
     Ok((outcomes, advanced))
+}
+
+/// The (topic id, partition, producer id) of every producer `batches`
+/// write for, as columns.
+fn producer_keys(batches: &[FlushBatch]) -> (Vec<Uuid>, Vec<i32>, Vec<i64>) {
+    let mut want: Vec<(Uuid, i32, i64)> = batches
+        .iter()
+        .filter_map(|b| b.producer.map(|p| (b.topic_id, b.partition, p.producer_id)))
+        .collect();
+    want.sort();
+    want.dedup();
+    (
+        want.iter().map(|w| w.0).collect(),
+        want.iter().map(|w| w.1).collect(),
+        want.iter().map(|w| w.2).collect(),
+    )
+}
+
+/// The producers' states by partition, from their rows.
+fn parse_producers(
+    rows: &[tokio_postgres::Row],
+) -> Result<BTreeMap<(Uuid, i32), ProducerState>, ClusterError> {
+    let mut loaded: BTreeMap<(Uuid, i32), Vec<(i64, ProducerEntry)>> = BTreeMap::new();
+    for r in rows {
+        let entry: serde_json::Value = r.get(3);
+        let entry: ProducerEntry = serde_json::from_value(entry)
+            .map_err(|e| ClusterError::Invariant(format!("a producers row does not parse: {e}")))?;
+        loaded
+            .entry((r.get(0), r.get(1)))
+            .or_default()
+            .push((r.get(2), entry));
+    }
+    Ok(loaded
+        .into_iter()
+        .map(|(k, entries)| (k, ProducerState::with_entries(entries)))
+        .collect())
 }
 
 /// `topic-id:partition:next` entries separated by spaces; `*` (everything
@@ -329,42 +478,43 @@ pub fn parse_notify(payload: &str) -> Option<Vec<Advanced>> {
     )
 }
 
-async fn write_producers(
-    tx: &tokio_postgres::Transaction<'_>,
-    states: &BTreeMap<(Uuid, i32), ProducerState>,
-    mut touched: Vec<(Uuid, i32, i64)>,
-) -> Result<(), ClusterError> {
-    touched.sort();
-    touched.dedup();
-    if touched.is_empty() {
-        return Ok(());
-    }
-    let mut t = Vec::new();
-    let mut p = Vec::new();
-    let mut id = Vec::new();
-    let mut txn = Vec::new();
-    let mut entry = Vec::new();
-    for (topic, part, pid) in touched {
-        let Some(e) = states.get(&(topic, part)).and_then(|s| s.get(pid)) else {
-            continue;
+/// The producers' rows a commit writes, column by column.
+struct ProducerRows {
+    topic: Vec<Uuid>,
+    partition: Vec<i32>,
+    id: Vec<i64>,
+    txn: Vec<Option<i64>>,
+    entry: Vec<serde_json::Value>,
+}
+
+impl ProducerRows {
+    fn of(
+        states: &BTreeMap<(Uuid, i32), ProducerState>,
+        mut touched: Vec<(Uuid, i32, i64)>,
+    ) -> Result<Self, ClusterError> {
+        touched.sort();
+        touched.dedup();
+        let mut w = Self {
+            topic: Vec::new(),
+            partition: Vec::new(),
+            id: Vec::new(),
+            txn: Vec::new(),
+            entry: Vec::new(),
         };
-        t.push(topic);
-        p.push(part);
-        id.push(pid);
-        txn.push(e.current_txn_first_offset);
-        entry.push(serde_json::to_value(e).map_err(|e| {
-            ClusterError::Invariant(format!("a producer entry does not serialize: {e}"))
-        })?);
+        for (topic, part, pid) in touched {
+            let Some(e) = states.get(&(topic, part)).and_then(|s| s.get(pid)) else {
+                continue;
+            };
+            w.topic.push(topic);
+            w.partition.push(part);
+            w.id.push(pid);
+            w.txn.push(e.current_txn_first_offset);
+            w.entry.push(serde_json::to_value(e).map_err(|e| {
+                ClusterError::Invariant(format!("a producer entry does not serialize: {e}"))
+            })?);
+        }
+        Ok(w)
     }
-    tx.execute(
-        "INSERT INTO producers (topic_id, partition, producer_id, txn_first_offset, entry) \
-         SELECT * FROM unnest($1::uuid[], $2::int[], $3::bigint[], $4::bigint[], $5::jsonb[]) \
-         ON CONFLICT (topic_id, partition, producer_id) DO UPDATE \
-           SET txn_first_offset = EXCLUDED.txn_first_offset, entry = EXCLUDED.entry",
-        &[&t, &p, &id, &txn, &entry],
-    )
-    .await?;
-    Ok(())
 }
 
 /// `batches` rows to insert, column by column (one multi-row INSERT).
@@ -394,32 +544,6 @@ impl BatchRows {
         self.pid
             .push(b.producer.map(|p| p.producer_id).unwrap_or(-1));
     }
-
-    async fn insert(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<(), ClusterError> {
-        if self.topic.is_empty() {
-            return Ok(());
-        }
-        tx.execute(
-            "INSERT INTO batches (topic_id, partition, base_offset, last_offset, object_key, \
-               position, length, max_timestamp, producer_id, control) \
-             SELECT t, p, b, l, k, pos, len, ts, pid, false FROM unnest($1::uuid[], $2::int[], \
-               $3::bigint[], $4::bigint[], $5::text[], $6::bigint[], $7::int[], $8::bigint[], \
-               $9::bigint[]) AS u (t, p, b, l, k, pos, len, ts, pid)",
-            &[
-                &self.topic,
-                &self.partition,
-                &self.base,
-                &self.last,
-                &self.key,
-                &self.position,
-                &self.length,
-                &self.max_ts,
-                &self.pid,
-            ],
-        )
-        .await?;
-        Ok(())
-    }
 }
 
 /// Inside a produce commit: the verification views of `producer_ids`, their
@@ -430,13 +554,11 @@ pub async fn views_for_produce(
     tx: &tokio_postgres::Transaction<'_>,
     producer_ids: &[i64],
 ) -> Result<HashMap<i64, ProducerView>, ClusterError> {
-    let rows = tx
-        .query(
-            "SELECT meta FROM transactions WHERE producer_id = ANY($1) \
-             ORDER BY transactional_id FOR SHARE",
-            &[&producer_ids],
-        )
-        .await?;
+    parse_views(&tx.query(VIEWS, &[&producer_ids]).await?)
+}
+
+/// The verification views of the transactions rows `rows` ([`VIEWS`]).
+fn parse_views(rows: &[tokio_postgres::Row]) -> Result<HashMap<i64, ProducerView>, ClusterError> {
     let mut out = HashMap::new();
     for r in rows {
         let v: serde_json::Value = r.get(0);

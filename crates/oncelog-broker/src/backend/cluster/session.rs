@@ -10,9 +10,18 @@
 //! taken over (its session fenced). A broker whose row was taken over stops
 //! ([`Session::stopped`]) instead of taking it back. A broker given no
 //! `node.id` is assigned one the cluster never used ([`assign_id`]).
+//!
+//! The lease is kept in PostgreSQL's clock, but a broker cut off from
+//! PostgreSQL cannot read that clock. So it keeps its own deadline on its
+//! monotonic clock: a renewal (or registration) sent at local instant `t`
+//! moves PostgreSQL's expiry to at least `t + lease`, and the broker counts
+//! itself live only until `t + lease × 3/4` ([`Session::is_live`]). Past that
+//! it stops serving what it holds in memory (group membership) until a
+//! renewal reaches PostgreSQL again, so no other broker can have claimed
+//! those groups while it still answers for them.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -28,6 +37,13 @@ pub struct Session {
     session: AtomicI64,
     /// False once a renewal found the lease ended (until a new registration).
     live: AtomicBool,
+    /// Until when this broker may count its lease as held, in ms of
+    /// [`monotonic_ms`]: three quarters of a lease after the last successful
+    /// renewal was sent.
+    live_until_ms: AtomicU64,
+    /// Whether the last [`Self::is_live`] found the local deadline passed
+    /// (to say so once, not on every request).
+    lapsed: AtomicBool,
     lease_ms: i64,
     host: String,
     port: i32,
@@ -42,6 +58,12 @@ pub struct Session {
 pub fn incarnation() -> uuid::Uuid {
     static ID: OnceLock<uuid::Uuid> = OnceLock::new();
     *ID.get_or_init(uuid::Uuid::new_v4)
+}
+
+/// Milliseconds on this process's monotonic clock (since its first call).
+fn monotonic_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 /// Any number that no other user of the database takes as advisory lock.
@@ -123,6 +145,8 @@ impl Session {
             broker_id: config.broker_id,
             session: AtomicI64::new(0),
             live: AtomicBool::new(false),
+            live_until_ms: AtomicU64::new(0),
+            lapsed: AtomicBool::new(false),
             lease_ms,
             host: config.advertised_host.clone(),
             port: config.advertised_port,
@@ -202,7 +226,8 @@ impl Session {
                 },
             };
             if take {
-                let session = self.write_row(&*tx).await?;
+                let sent = monotonic_ms();
+                let session = self.write_row(&*tx, sent).await?;
                 tx.commit().await?;
                 return Ok(session);
             }
@@ -212,8 +237,9 @@ impl Session {
         }
     }
 
-    /// Makes the row this incarnation's, with a new session and a fresh lease.
-    async fn write_row(&self, tx: &impl GenericClient) -> Result<i64, ClusterError> {
+    /// Makes the row this incarnation's, with a new session and a fresh lease
+    /// (counted locally from `sent`, an instant before the statement).
+    async fn write_row(&self, tx: &impl GenericClient, sent: u64) -> Result<i64, ClusterError> {
         let row = tx
             .query_one(
                 "INSERT INTO brokers (id, session, host, port, lease_expires_at, registered_at, renewed_at, \
@@ -237,7 +263,7 @@ impl Session {
             .await?;
         let session: i64 = row.get(0);
         self.session.store(session, Ordering::Release);
-        self.live.store(true, Ordering::Release);
+        self.renewed(sent);
         Ok(session)
     }
 
@@ -245,6 +271,7 @@ impl Session {
     /// an earlier one fails from now on. Refused when another broker took
     /// the id meanwhile ([`ClusterError::Replaced`]).
     pub async fn reregister(&self, pool: &Pool) -> Result<i64, ClusterError> {
+        let sent = monotonic_ms();
         let mut client = pool.get().await?;
         let tx = client.transaction().await?;
         let holder: Option<(Option<uuid::Uuid>, String)> = tx
@@ -262,9 +289,25 @@ impl Session {
                 });
             }
         }
-        let session = self.write_row(&*tx).await?;
+        let session = self.write_row(&*tx, sent).await?;
         tx.commit().await?;
         Ok(session)
+    }
+
+    /// A renewal sent at `sent` reached PostgreSQL: the lease is held until
+    /// at least `sent + lease` there, so count it held until three quarters
+    /// of that here.
+    fn renewed(&self, sent: u64) {
+        let until = sent + (self.lease_ms.max(0) as u64) * 3 / 4;
+        self.live_until_ms.fetch_max(until, Ordering::AcqRel);
+        self.live.store(true, Ordering::Release);
+        if self.lapsed.swap(false, Ordering::AcqRel) {
+            tracing::info!(
+                broker = self.broker_id,
+                session = self.session(),
+                "cluster: the lease was renewed again; serving groups again"
+            );
+        }
     }
 
     /// Ends this broker's lease at once (a clean stop), so that its id is
@@ -300,15 +343,34 @@ impl Session {
         self.session.load(Ordering::Acquire)
     }
 
-    /// Whether the last renewal kept the lease.
+    /// Whether this broker can prove it still holds its lease: the last
+    /// renewal kept it, and was sent less than three quarters of a lease ago
+    /// on this broker's monotonic clock (see the module's doc).
     pub fn is_live(&self) -> bool {
-        self.live.load(Ordering::Acquire)
+        if !self.live.load(Ordering::Acquire) {
+            return false;
+        }
+        if monotonic_ms() < self.live_until_ms.load(Ordering::Acquire) {
+            return true;
+        }
+        if !self.lapsed.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                broker = self.broker_id,
+                session = self.session(),
+                lease_ms = self.lease_ms,
+                "cluster: no renewal of this broker's lease reached PostgreSQL for three quarters \
+                 of a lease; it stops coordinating groups until one does (another broker may \
+                 take them over once the lease ends)"
+            );
+        }
+        false
     }
 
     /// Extends the lease if it has not ended. `Err(Fenced)` when it had: the
     /// broker must stop acknowledging and [`Self::reregister`].
     pub async fn renew(&self, pool: &Pool) -> Result<(), ClusterError> {
         let session = self.session();
+        let sent = monotonic_ms();
         let client = pool.get().await?;
         let n = client
             .execute(
@@ -325,7 +387,7 @@ impl Session {
                 session,
             });
         }
-        self.live.store(true, Ordering::Release);
+        self.renewed(sent);
         Ok(())
     }
 
@@ -364,6 +426,11 @@ impl Session {
     }
 }
 
+/// The fencing check's statement: a row when the session `$2` of broker `$1`
+/// is current and its lease live, held `FOR SHARE`.
+pub const FENCE_SQL: &str = "SELECT 1 FROM brokers WHERE id = $1 AND session = $2 \
+     AND lease_expires_at > clock_timestamp() FOR SHARE";
+
 /// Inside a commit's transaction: holds this broker's row `FOR SHARE` if its
 /// session is current and its lease live (PostgreSQL's clock). An expiry or
 /// a new session updates the row, so it waits for commits holding it, and
@@ -373,13 +440,7 @@ pub async fn check_fence(
     broker_id: i32,
     session: i64,
 ) -> Result<(), ClusterError> {
-    let row = tx
-        .query_opt(
-            "SELECT 1 FROM brokers WHERE id = $1 AND session = $2 \
-             AND lease_expires_at > clock_timestamp() FOR SHARE",
-            &[&broker_id, &session],
-        )
-        .await?;
+    let row = tx.query_opt(FENCE_SQL, &[&broker_id, &session]).await?;
     match row {
         Some(_) => Ok(()),
         None => Err(ClusterError::Fenced { broker_id, session }),

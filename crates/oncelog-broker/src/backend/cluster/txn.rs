@@ -18,7 +18,7 @@ use oncelog_log::batch;
 use uuid::Uuid;
 
 pub use super::gates::{Gates, Refusal};
-use super::sequencer::{notify_payload, Advanced, DATA_CHANNEL};
+use super::sequencer::Advanced;
 use super::session::check_fence;
 use super::{Cluster, ClusterError};
 use crate::machines::producer_state::{ProducerEntry, ProducerState};
@@ -154,7 +154,16 @@ pub async fn run(
                 partitions,
             } => {
                 moved.extend(
-                    write_markers(&tx, producer_id, epoch, commit, &partitions, now).await?,
+                    write_markers(
+                        &tx,
+                        &|t, p, n| cluster.check_next(t, p, n),
+                        producer_id,
+                        epoch,
+                        commit,
+                        &partitions,
+                        now,
+                    )
+                    .await?,
                 );
             }
             Effect::CompleteOffsets {
@@ -164,15 +173,8 @@ pub async fn run(
             Effect::Reply { producer_id, epoch } => reply = Some((producer_id, epoch)),
         }
     }
-    if !moved.is_empty() {
-        tx.execute(
-            "SELECT pg_notify($1, $2)",
-            &[&DATA_CHANNEL, &notify_payload(&moved)],
-        )
-        .await?;
-    }
     tx.commit().await?;
-    cluster.advanced(&moved);
+    cluster.committed(&moved);
     Ok(Ok(Ran {
         identity: reply.unwrap_or((-1, -1)),
         before: existing,
@@ -183,8 +185,10 @@ pub async fn run(
 /// Writes one marker per partition, in (topic id, partition) order, each
 /// under its partition's row lock, with the producer-state change (the LSO)
 /// and, for an abort, the aborted-index row.
+#[allow(clippy::too_many_arguments)]
 async fn write_markers(
     tx: &tokio_postgres::Transaction<'_>,
+    check_next: &super::sequencer::CheckNext<'_>,
     producer_id: i64,
     epoch: i16,
     commit: bool,
@@ -220,6 +224,7 @@ async fn write_markers(
             continue; // the partition went with its topic
         };
         let offset: i64 = row.get(0);
+        check_next(&topic_id, partition, offset)?;
         let entry = tx
             .query_opt(
                 "SELECT entry FROM producers WHERE topic_id = $1 AND partition = $2 \
@@ -468,4 +473,46 @@ pub async fn admin_abort(cluster: &Cluster, pid: i64) -> Result<AdminAbort, Clus
         }
     }
     Ok(AdminAbort::Done(aborted))
+}
+
+/// The partitions this broker has seen added to each transactional id's
+/// current transaction, by producer id and epoch (KIP-890 part 2: with
+/// transactions V2 every transaction ends with a new epoch, so a producer
+/// id and epoch name one transaction). A Produce v12 request whose
+/// partitions are all here needs no coordinator decision to add them: the
+/// produce commit verifies every transactional batch against the id's row
+/// anyway, so a transaction that ended meanwhile still refuses the batch.
+#[derive(Default)]
+pub struct Added {
+    by_id: std::sync::Mutex<HashMap<String, ((i64, i16), std::collections::HashSet<(String, i32)>)>>,
+}
+
+/// Transactional ids [`Added`] remembers at most (it forgets all beyond).
+const ADDED_IDS: usize = 65_536;
+
+impl Added {
+    /// Whether every one of `parts` was added to the transaction of
+    /// `tid`'s producer `pid` at `epoch`.
+    pub fn covers(&self, tid: &str, pid: i64, epoch: i16, parts: &[(String, i32)]) -> bool {
+        let m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        match m.get(tid) {
+            Some((who, held)) if *who == (pid, epoch) => parts.iter().all(|p| held.contains(p)),
+            _ => false,
+        }
+    }
+
+    /// `parts` are in the transaction of `tid`'s producer `pid` at `epoch`.
+    pub fn note(&self, tid: &str, pid: i64, epoch: i16, parts: &[(String, i32)]) {
+        let mut m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= ADDED_IDS && !m.contains_key(tid) {
+            m.clear();
+        }
+        let e = m
+            .entry(tid.to_string())
+            .or_insert_with(|| ((pid, epoch), Default::default()));
+        if e.0 != (pid, epoch) {
+            *e = ((pid, epoch), Default::default());
+        }
+        e.1.extend(parts.iter().cloned());
+    }
 }

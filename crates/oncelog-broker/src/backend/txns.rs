@@ -206,9 +206,6 @@ impl Txns<'_> {
                     .map_err(|e| txn_error_code(&e, fenced_known))
             }
             Txns::Cluster(b, front) => {
-                if front.added.covers(tid, pid, epoch, parts) {
-                    return Ok(());
-                }
                 let add = parts.to_vec();
                 let names: Vec<String> = parts.iter().map(|(t, _)| t.clone()).collect();
                 let tid = id.to_string();

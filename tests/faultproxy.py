@@ -208,6 +208,15 @@ class FaultProxy:
                 _abort(writer)
 
 
+def via(url, proxy):
+    """A postgres:// or http:// URL with its host and port those of `proxy`
+    (user, path and query kept)."""
+    from urllib.parse import urlsplit, urlunsplit
+    u = urlsplit(url)
+    auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
+    return urlunsplit((u.scheme, f"{auth}127.0.0.1:{proxy.port}", u.path, u.query, u.fragment))
+
+
 def _abort(writer):
     """Closes with an RST rather than a FIN."""
     sock = writer.get_extra_info("socket")

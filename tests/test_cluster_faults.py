@@ -8,20 +8,12 @@ import time
 import pytest
 
 import kafka_wire as kw
-from faultproxy import FaultProxy
+from faultproxy import FaultProxy, via
 
 
 NOT_COORDINATOR = 16
 UNKNOWN_MEMBER_ID = 25
 LEASE_MS = 3000
-
-
-def proxied(db_url, proxy):
-    """The PostgreSQL URL `db_url` with its host and port those of `proxy`."""
-    from urllib.parse import urlsplit, urlunsplit
-    u = urlsplit(db_url)
-    auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
-    return urlunsplit((u.scheme, f"{auth}127.0.0.1:{proxy.port}", u.path, u.query, u.fragment))
 
 
 @pytest.fixture
@@ -33,7 +25,7 @@ def cut_off_cluster(cluster_factory):
                                     "group.initial.rebalance.delay.ms": 0})
     u = urlsplit(cl.db)
     proxy = FaultProxy(u.hostname or "127.0.0.1", u.port or 5432)
-    cl.by_id(1).overrides["cluster.postgres"] = proxied(cl.db, proxy)
+    cl.by_id(1).overrides["cluster.postgres"] = via(cl.db, proxy)
     cl.start()
     yield cl, proxy
     proxy.close()
@@ -153,7 +145,7 @@ def test_a_hung_put_fails_its_flush_and_the_producers_retry_lands_once(cluster_f
     proxy = FaultProxy(s3.hostname, s3.port)
     try:
         b = cl.by_id(1)
-        b.env["AWS_ENDPOINT"] = f"http://127.0.0.1:{proxy.port}"
+        b.env["AWS_ENDPOINT"] = via(cl.env["ONCELOG_TEST_S3_ENDPOINT"], proxy)
         cl.start()
         create_topic(b.bootstrap, "fares", 1)
         p = Producer(producer_config(b.bootstrap, enable_idempotence=True))

@@ -35,7 +35,9 @@ impl Broker {
 /// The code a failed cluster-mode group step is answered with.
 fn storage_code(front: &Front, group: &str, e: &ClusterError) -> ErrorCode {
     match e {
-        ClusterError::NotCoordinator(_) | ClusterError::Fenced { .. } => ErrorCode::NotCoordinator,
+        ClusterError::NotCoordinator(_)
+        | ClusterError::Fenced { .. }
+        | ClusterError::LeaseUnproven { .. } => ErrorCode::NotCoordinator,
         e => {
             crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, *e, group, error = %e, "cluster: group coordination failed");
             ErrorCode::CoordinatorNotAvailable

@@ -149,12 +149,7 @@ async fn gather(
             let cluster = cluster.clone();
             let key = key.clone();
             tokio::spawn(async move {
-                if !cluster.session.is_live() {
-                    return Err(ClusterError::Fenced {
-                        broker_id: cluster.config.broker_id,
-                        session,
-                    });
-                }
+                cluster.session.check_live()?;
                 sequencer::insert_intent(&cluster.pool, &key, cluster.config.broker_id, session)
                     .await
             })

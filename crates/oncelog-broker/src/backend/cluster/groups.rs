@@ -80,12 +80,7 @@ impl Ownership {
     /// session is over (or it has none).
     pub async fn coordinate(&self, cluster: &Cluster, group: &str) -> Result<Claim, ClusterError> {
         let session = cluster.session.session();
-        if !cluster.session.is_live() {
-            return Err(ClusterError::Fenced {
-                broker_id: cluster.config.broker_id,
-                session,
-            });
-        }
+        cluster.session.check_live()?;
         if self.holds(session, group) {
             return Ok(Claim::Held);
         }

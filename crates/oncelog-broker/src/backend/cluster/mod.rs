@@ -127,6 +127,14 @@ pub enum ClusterError {
         "broker {broker_id} session {session} is fenced (lease ended or a newer session exists)"
     )]
     Fenced { broker_id: i32, session: i64 },
+    /// No renewal of this broker's lease reached PostgreSQL for three
+    /// quarters of a lease ([`session::Session::is_live`]): it may have
+    /// ended, so nothing held in memory is served.
+    #[error(
+        "broker {broker_id} session {session} cannot prove its lease: no renewal reached PostgreSQL \
+         for three quarters of a lease"
+    )]
+    LeaseUnproven { broker_id: i32, session: i64 },
     /// Another broker registered with this broker's node id after its lease
     /// ended: this one must stop.
     #[error("node.id {broker_id} was taken over by another broker at {by}, after this broker's lease ended")]

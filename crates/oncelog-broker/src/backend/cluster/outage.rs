@@ -49,6 +49,8 @@ pub fn unreachable(e: &ClusterError) -> bool {
         ClusterError::Pool(deadpool_postgres::PoolError::Timeout(_))
         | ClusterError::Pool(deadpool_postgres::PoolError::Closed) => true,
         ClusterError::Postgres(pg) => pg_unreachable(pg),
+        // no renewal got through: PostgreSQL is unreachable from here
+        ClusterError::LeaseUnproven { .. } => true,
         _ => false,
     }
 }

@@ -343,6 +343,21 @@ impl Session {
         self.session.load(Ordering::Acquire)
     }
 
+    /// `Ok` while [`Self::is_live`]; else `Fenced` when a renewal found
+    /// the lease ended, or `LeaseUnproven` when no renewal got through in
+    /// time (PostgreSQL unreachable: counted as part of the outage).
+    pub fn check_live(&self) -> Result<(), ClusterError> {
+        if self.is_live() {
+            return Ok(());
+        }
+        let (broker_id, session) = (self.broker_id, self.session());
+        if self.live.load(Ordering::Acquire) {
+            Err(ClusterError::LeaseUnproven { broker_id, session })
+        } else {
+            Err(ClusterError::Fenced { broker_id, session })
+        }
+    }
+
     /// Whether this broker can prove it still holds its lease: the last
     /// renewal kept it, and was sent less than three quarters of a lease ago
     /// on this broker's monotonic clock (see the module's doc).

@@ -484,7 +484,8 @@ pub async fn admin_abort(cluster: &Cluster, pid: i64) -> Result<AdminAbort, Clus
 /// anyway, so a transaction that ended meanwhile still refuses the batch.
 #[derive(Default)]
 pub struct Added {
-    by_id: std::sync::Mutex<HashMap<String, ((i64, i16), std::collections::HashSet<(String, i32)>)>>,
+    by_id:
+        std::sync::Mutex<HashMap<String, ((i64, i16), std::collections::HashSet<(String, i32)>)>>,
 }
 
 /// Transactional ids [`Added`] remembers at most (it forgets all beyond).

@@ -82,11 +82,11 @@ pub async fn insert_intent(
     session: i64,
 ) -> Result<(), ClusterError> {
     let client = pool.get().await?;
+    let insert = client
+        .prepare_cached("INSERT INTO object_intents (key, broker_id, session) VALUES ($1, $2, $3)")
+        .await?;
     client
-        .execute(
-            "INSERT INTO object_intents (key, broker_id, session) VALUES ($1, $2, $3)",
-            &[&key, &broker_id, &session],
-        )
+        .execute(&insert, &[&key, &broker_id, &session])
         .await?;
     Ok(())
 }

@@ -302,6 +302,58 @@ async fn commit_pipelined(
     }
     offsets.retain(|k, _| !behind.contains_key(k));
 
+    let (outcomes, ins, touched) =
+        decide_batches(batches, key, &mut offsets, &behind, &mut states, &views);
+
+    let advanced: Vec<Advanced> = offsets
+        .iter()
+        .map(|((t, p), (n, _))| Advanced {
+            topic_id: *t,
+            partition: *p,
+            next_offset: *n,
+        })
+        .collect();
+    let (at, ap, an): (Vec<Uuid>, Vec<i32>, Vec<i64>) = (
+        advanced.iter().map(|a| a.topic_id).collect(),
+        advanced.iter().map(|a| a.partition).collect(),
+        advanced.iter().map(|a| a.next_offset).collect(),
+    );
+    let w = ProducerRows::of(&states, touched)?;
+
+    // Round trip 2.
+    let batches_p: [&Param<'_>; 9] = [
+        &ins.topic,
+        &ins.partition,
+        &ins.base,
+        &ins.last,
+        &ins.key,
+        &ins.position,
+        &ins.length,
+        &ins.max_ts,
+        &ins.pid,
+    ];
+    let producers_p: [&Param<'_>; 5] = [&w.topic, &w.partition, &w.id, &w.txn, &w.entry];
+    let advance_p: [&Param<'_>; 3] = [&at, &ap, &an];
+    futures_util::try_join!(
+        c.execute(&st.insert_batches, &batches_p),
+        c.execute(&st.write_producers, &producers_p),
+        c.execute(&st.advance, &advance_p),
+        c.batch_execute("COMMIT"),
+    )?;
+    Ok((outcomes, advanced))
+}
+
+/// Each batch's outcome by the same rules as a local partition, over the
+/// locked partitions' `offsets` (advanced here) and the producers' `states`
+/// (updated here); with the rows to insert and the producers touched.
+fn decide_batches(
+    batches: &[FlushBatch],
+    key: &str,
+    offsets: &mut BTreeMap<(Uuid, i32), (i64, i64)>,
+    behind: &BTreeMap<(Uuid, i32), String>,
+    states: &mut BTreeMap<(Uuid, i32), ProducerState>,
+    views: &HashMap<i64, ProducerView>,
+) -> (Vec<BatchOutcome>, BatchRows, Vec<(Uuid, i32, i64)>) {
     let mut outcomes = Vec::with_capacity(batches.len());
     let mut ins = BatchRows::default();
     let mut touched: Vec<(Uuid, i32, i64)> = Vec::new();
@@ -360,42 +412,7 @@ async fn commit_pipelined(
         });
     }
 
-    let advanced: Vec<Advanced> = offsets
-        .iter()
-        .map(|((t, p), (n, _))| Advanced {
-            topic_id: *t,
-            partition: *p,
-            next_offset: *n,
-        })
-        .collect();
-    let (at, ap, an): (Vec<Uuid>, Vec<i32>, Vec<i64>) = (
-        advanced.iter().map(|a| a.topic_id).collect(),
-        advanced.iter().map(|a| a.partition).collect(),
-        advanced.iter().map(|a| a.next_offset).collect(),
-    );
-    let w = ProducerRows::of(&states, touched)?;
-
-    // Round trip 2.
-    let batches_p: [&Param<'_>; 9] = [
-        &ins.topic,
-        &ins.partition,
-        &ins.base,
-        &ins.last,
-        &ins.key,
-        &ins.position,
-        &ins.length,
-        &ins.max_ts,
-        &ins.pid,
-    ];
-    let producers_p: [&Param<'_>; 5] = [&w.topic, &w.partition, &w.id, &w.txn, &w.entry];
-    let advance_p: [&Param<'_>; 3] = [&at, &ap, &an];
-    futures_util::try_join!(
-        c.execute(&st.insert_batches, &batches_p),
-        c.execute(&st.write_producers, &producers_p),
-        c.execute(&st.advance, &advance_p),
-        c.batch_execute("COMMIT"),
-    )?;
-    Ok((outcomes, advanced))
+    (outcomes, ins, touched)
 }
 
 /// The (topic id, partition, producer id) of every producer `batches`

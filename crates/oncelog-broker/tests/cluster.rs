@@ -387,15 +387,32 @@ async fn a_broker_past_its_lease_or_session_is_fenced() {
     // No renewal (the broker is "paused") past the lease: PostgreSQL's clock
     // says the lease ended, whatever this broker believes.
     tokio::time::sleep(Duration::from_millis(600)).await;
+    // PostgreSQL's fencing check refuses the session by itself...
+    {
+        let client = paused.pool.get().await.unwrap();
+        let fenced = session::check_fence(&**client, 1, paused.session.session()).await;
+        assert!(
+            matches!(fenced, Err(ClusterError::Fenced { .. })),
+            "{fenced:?}"
+        );
+    }
+    // ...and the broker's own deadline (3/4 of the lease since its last
+    // renewal, on its monotonic clock) has passed too: it stops by itself.
     assert!(
-        paused.session.is_live(),
-        "the broker itself has not noticed"
+        !paused.session.is_live(),
+        "the broker's local deadline did not pass"
     );
     match f
         .produce(topic.id, "t", 0, batch("late", 1, -1, -1, 0))
         .await
     {
-        Err(e) => assert!(matches!(*e, ClusterError::Fenced { .. }), "{e}"),
+        Err(e) => assert!(
+            matches!(
+                *e,
+                ClusterError::Fenced { .. } | ClusterError::LeaseUnproven { .. }
+            ),
+            "{e}"
+        ),
         Ok(o) => panic!("a write past the lease was committed: {o:?}"),
     }
     // Renewing now fails too: the session is over.
@@ -611,6 +628,7 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
     let h = oncelog_log::batch::BatchHeader::new(&data).unwrap();
     let late = sequencer::commit_flush(
         &b.pool,
+        &|t, p, n| b.check_next(t, p, n),
         1,
         session,
         &key,

@@ -79,6 +79,12 @@ install_test_tools() {
     step "installing postgresql"
     apt_install postgresql
   fi
+  # its hosts apart cut links with nftables (tests/hosts.py) and step a
+  # broker's wall clock with libfaketime (tests/cluster_audit.py)
+  if ! { command -v nft && ls /usr/lib/*/faketime/libfaketimeMT.so.1; } >/dev/null 2>&1; then
+    step "installing nftables and faketime"
+    apt_install nftables faketime
+  fi
 
   # --- Python clients ---------------------------------------------------------
   if [ ! -x "$VENV/bin/python" ]; then

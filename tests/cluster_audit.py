@@ -7,8 +7,10 @@ workers run (and its client faults: worker kill -9 and zombies):
   pg-restart    PostgreSQL restarted (pg_ctl restart -m fast)
   store-outage  the S3 server stopped (SIGSTOP) for a few seconds
 
-and, through a TCP proxy on each link of each broker (tests/faultproxy.py),
-network partitions of one broker at a time:
+  clock-jump    a broker's wall clock stepped forward or back by minutes
+                (libfaketime; its monotonic clock goes on), then set right
+
+and network partitions of one broker at a time:
 
   pg-partition         broker <-> PostgreSQL cut both ways for longer than
                        its lease (its groups move; it must stop answering
@@ -20,18 +22,35 @@ network partitions of one broker at a time:
                        advertises its proxy's address, so every client
                        connection to it crosses the cut)
 
-Used by tests/test_cluster.py at a small size, and on its own for long runs:
+The partitions are made one of two ways:
+
+  * by default, through a TCP proxy on each link of each broker
+    (tests/faultproxy.py); no root needed;
+  * with --netns, between hosts (tests/hosts.py): the whole run moves into a
+    private network namespace of its own, where each broker, PostgreSQL, the
+    S3 server and the clients are hosts with their own loopback address (and
+    the brokers and clients their own uid), and a partition is an nftables
+    rule on the broker's uid and the other host's address. A delay proxy on
+    each service's address puts PostgreSQL --pg-delay-ms and the S3 server
+    --s3-delay-ms away. Needs root.
+
+Used by tests/test_cluster.py and tests/test_cluster_hosts.py at a small
+size, and on its own for long runs:
 
   .venv/bin/python tests/cluster_audit.py --duration 150 --report report.json
+  .venv/bin/python tests/cluster_audit.py --netns --pg-delay-ms 2 --s3-delay-ms 20 \
+      --workload copier --duration 900 --report report.json
 
 (it starts PostgreSQL and s3proxy itself unless ONCELOG_TEST_* say where they
-are, and a fresh database and three brokers; everything it starts it stops).
+are (always, with --netns), and a fresh database and three brokers;
+everything it starts it stops).
 """
 
 import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,12 +61,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import hosts  # noqa: E402
 from cluster_env import Cluster, fresh_database, s3_store, services_env  # noqa: E402
-from conftest import oncelog_bin  # noqa: E402
+from conftest import free_port, oncelog_bin  # noqa: E402
 from faultproxy import FaultProxy, via  # noqa: E402
 
 FAULTS = ("broker-kill", "broker-pause", "pg-restart", "store-outage")
 PARTITIONS = ("pg-partition", "pg-partition-oneway", "store-partition", "client-partition")
+CLOCK = ("clock-jump",)
 
 
 class Links:
@@ -76,10 +97,113 @@ class Links:
     def bootstrap(self):
         return ",".join(f"127.0.0.1:{links['client'].port}" for links in self.by_broker.values())
 
+    def partition(self, b, link, up=True, down=True):
+        proxy = self.by_broker[b][link]
+        proxy.partition(up=up, down=down)
+        return proxy
+
+    def heal(self, proxy):
+        proxy.heal()
+
     def close(self):
         for links in self.by_broker.values():
             for p in links.values():
                 p.close()
+
+
+class HostLinks:
+    """The links between hosts inside the run's network namespace
+    (tests/hosts.py): each broker on its own address and uid, a delay proxy
+    on each service's address, partitions by nftables rules."""
+
+    def __init__(self, cluster, env, pg_delay_ms=0, s3_delay_ms=0):
+        from urllib.parse import urlsplit
+        self.cluster = cluster
+        self.rules = hosts.Rules()
+        pg = urlsplit(cluster.db)
+        s3 = urlsplit(env["ONCELOG_TEST_S3_ENDPOINT"])
+        self.proxies = [FaultProxy(pg.hostname, pg.port, listen_host=pg.hostname,
+                                   delay_ms=pg_delay_ms),
+                        FaultProxy(s3.hostname, s3.port, listen_host=s3.hostname,
+                                   delay_ms=s3_delay_ms)]
+        self.service = {"pg": pg.hostname, "store": s3.hostname}
+        self.uid = {}
+        for i, b in enumerate(cluster.brokers, 1):
+            b.host = hosts.broker_host(i)
+            b.overrides["metrics.listen"] = f"{b.host}:{free_port()}"
+            b.overrides["cluster.postgres"] = via(cluster.db, self.proxies[0])
+            b.env["AWS_ENDPOINT"] = via(env["ONCELOG_TEST_S3_ENDPOINT"], self.proxies[1])
+            self.uid[b] = hosts.broker_uid(i)
+            b.prefix = hosts.as_host(self.uid[b])
+            for d in (b.data_dir.parent, b.data_dir):
+                d.mkdir(parents=True, exist_ok=True)
+                os.chown(d, self.uid[b], self.uid[b])
+
+    def started(self):
+        pass
+
+    def bootstrap(self):
+        return self.cluster.bootstrap
+
+    def partition(self, b, link, up=True, down=True):
+        if link == "client":
+            return self.rules.cut(hosts.CLIENT_UID, b.host, up, down)
+        return self.rules.cut(self.uid[b], self.service[link], up, down)
+
+    def heal(self, handles):
+        self.rules.heal(handles)
+
+    def close(self):
+        for p in self.proxies:
+            p.close()
+
+
+def faketime_lib():
+    """libfaketime's multithreaded library, if installed."""
+    import glob
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+    if not found:
+        raise RuntimeError("clock-jump needs libfaketime (apt-get install faketime)")
+    return found[0]
+
+
+class Clocks:
+    """Each broker's wall clock, offset through libfaketime's timestamp
+    file (re-read every second); the monotonic clock is left alone, as an
+    NTP step leaves it. The library is loaded after the switch to the
+    broker's uid (`env` in its argv), so its shared memory is the broker's."""
+
+    def __init__(self, cluster):
+        lib = faketime_lib()
+        self.files = {}
+        for b in cluster.brokers:
+            f = b.data_dir.parent / "faketime"
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text("+0\n")
+            f.chmod(0o644)
+            self.files[b] = f
+            b.prefix = [*b.prefix, "env", f"LD_PRELOAD={lib}"]
+            b.env.update({"FAKETIME_TIMESTAMP_FILE": str(f), "FAKETIME_CACHE_DURATION": "1",
+                          "DONT_FAKE_MONOTONIC": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+
+    @staticmethod
+    def clean():
+        """The library's semaphores and shared memory of brokers killed
+        with -9 (gone processes only)."""
+        import glob
+        for f in glob.glob("/dev/shm/sem.faketime_sem_*") + glob.glob("/dev/shm/faketime_shm_*"):
+            pid = f.rsplit("_", 1)[1]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    os.unlink(f)
+                except OSError:
+                    pass
+
+    def set(self, b, offset_s):
+        tmp = self.files[b].with_suffix(".tmp")
+        tmp.write_text(f"{offset_s:+d}\n")
+        tmp.chmod(0o644)
+        os.replace(tmp, self.files[b])
 
 
 def pg_restart(env):
@@ -98,10 +222,10 @@ class FaultLoop(threading.Thread):
     """Injects one fault, waits a quiet period, the next; stops by itself at
     `until` (monotonic) with everything healed."""
 
-    def __init__(self, cluster, env, faults, until, lease_s, seed, links=None):
+    def __init__(self, cluster, env, faults, until, lease_s, seed, links=None, clocks=None):
         super().__init__(daemon=True)
         self.cluster, self.env, self.faults = cluster, env, list(faults)
-        self.links = links
+        self.links, self.clocks = links, clocks
         self.until, self.lease_s = until, lease_s
         self.rng = random.Random(seed)
         self.done = []
@@ -130,7 +254,7 @@ class FaultLoop(threading.Thread):
     def inject(self, fault):
         b = self.rng.choice(self.cluster.brokers)
         print(f"cluster-audit: {fault}" + (f" broker {b.overrides['node.id']}"
-              if fault.startswith("broker") or fault in PARTITIONS else ""), flush=True)
+              if fault.startswith("broker") or fault in PARTITIONS + CLOCK else ""), flush=True)
         if fault == "broker-kill":
             b.kill9()
             time.sleep(self.rng.uniform(1.0, 3.0))
@@ -148,16 +272,24 @@ class FaultLoop(threading.Thread):
                           "pg-partition-oneway": ("pg", self.lease_s + self.rng.uniform(0.5, 2.0)),
                           "store-partition": ("store", self.rng.uniform(1.5, 3.0)),
                           "client-partition": ("client", self.rng.uniform(2.0, 5.0))}[fault]
-            proxy = self.links.by_broker[b][link]
+            up = down = True
             if fault == "pg-partition-oneway":
                 up = self.rng.random() < 0.5
-                proxy.partition(up=up, down=not up)
-            else:
-                proxy.partition()
+                down = not up
+            cut = self.links.partition(b, link, up=up, down=down)
             try:
                 time.sleep(hold)
             finally:
-                proxy.heal()
+                self.links.heal(cut)
+        elif fault == "clock-jump":
+            offset = self.rng.choice((-1, 1)) * self.rng.randint(60, 600)
+            print(f"cluster-audit: broker {b.overrides['node.id']}'s clock {offset:+d} s",
+                  flush=True)
+            self.clocks.set(b, offset)
+            try:
+                time.sleep(self.rng.uniform(3.0, 6.0))
+            finally:
+                self.clocks.set(b, 0)
         elif fault == "store-outage":
             pid = int(self.env["ONCELOG_TEST_S3_PID"])
             os.kill(pid, signal.SIGSTOP)
@@ -167,23 +299,51 @@ class FaultLoop(threading.Thread):
                 os.kill(pid, signal.SIGCONT)
 
 
+def client_side(base_dir):
+    """Inside the namespace the clients are a host of their own: the
+    binary where every uid can run it, the auditor's files theirs.
+    Returns (binary, argv prefix, where the auditor writes its report)."""
+    base = Path(base_dir)
+    base.chmod(0o755)
+    binary = base / "bin" / "oncelog"
+    binary.parent.mkdir(exist_ok=True)
+    shutil.copy2(oncelog_bin(), binary)
+    binary.chmod(0o755)
+    for d in (base / "audit", base / "client"):
+        d.mkdir(parents=True, exist_ok=True)
+        os.chown(d, hosts.CLIENT_UID, hosts.CLIENT_UID)
+    return binary, hosts.as_host(hosts.CLIENT_UID), base / "client" / "report.json"
+
+
 def run_audit(base_dir, env, duration, report, faults=FAULTS, workload="zombie",
-              brokers=3, lease_ms=3000, seed=1, extra=()):
-    """Runs the audit; returns (exit code, report dict, faults injected, cluster)."""
+              brokers=3, lease_ms=3000, seed=1, extra=(), delays=(0, 0)):
+    """Runs the audit; returns (exit code, report dict, faults injected, cluster).
+    Inside tests/hosts.py's namespace the brokers and clients are hosts and
+    `delays` (ms to PostgreSQL, to the S3 server) apply."""
     db = fresh_database(env)
     store = s3_store(env)
+    binary, prefix, written = (client_side(base_dir) if hosts.inside()
+                               else (oncelog_bin(), [], report))
     cl = Cluster(base_dir, env, db, store, brokers,
                  {"cluster.lease.ms": lease_ms, "transaction.max.timeout.ms": 900000})
-    links = Links(cl, env) if any(f in PARTITIONS for f in faults) else None
+    for b in cl.brokers:
+        b.binary = binary
+    if hosts.inside():
+        links = HostLinks(cl, env, *delays)
+    elif any(f in PARTITIONS for f in faults):
+        links = Links(cl, env)
+    else:
+        links = None
+    clocks = Clocks(cl) if "clock-jump" in faults else None
     cl.start()
     if links is not None:
         links.started()
     try:
         until = time.monotonic() + duration
-        loop = FaultLoop(cl, env, faults, until, lease_ms / 1000.0, seed, links)
+        loop = FaultLoop(cl, env, faults, until, lease_ms / 1000.0, seed, links, clocks)
         bootstrap = links.bootstrap() if links is not None else cl.bootstrap
-        cmd = [str(oncelog_bin()), "audit", "--workload", workload, "--bootstrap", bootstrap,
-               "--duration", str(duration), "--report", str(report), "--seed", str(seed),
+        cmd = [*prefix, str(binary), "audit", "--workload", workload, "--bootstrap", bootstrap,
+               "--duration", str(duration), "--report", str(written), "--seed", str(seed),
                "--workdir", str(Path(base_dir) / "audit"), *extra]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         loop.start()
@@ -196,6 +356,8 @@ def run_audit(base_dir, env, duration, report, faults=FAULTS, workload="zombie",
         loop.join(60)
         if loop.error:
             raise loop.error
+        if Path(written) != Path(report) and Path(written).exists():
+            shutil.copyfile(written, report)
         data = json.loads(Path(report).read_text()) if Path(report).exists() else {}
         data["_output"] = "".join(out)
         return rc, data, loop.done, cl
@@ -205,6 +367,8 @@ def run_audit(base_dir, env, duration, report, faults=FAULTS, workload="zombie",
                 b.kill9()
         if links is not None:
             links.close()
+        if clocks is not None:
+            clocks.clean()
 
 
 def main():
@@ -212,19 +376,35 @@ def main():
     ap.add_argument("--duration", type=int, default=150)
     ap.add_argument("--report", default="cluster-audit-report.json")
     ap.add_argument("--workload", default="zombie")
-    ap.add_argument("--faults", default=",".join(FAULTS + PARTITIONS))
+    ap.add_argument("--faults", default=",".join(FAULTS + PARTITIONS + CLOCK))
     ap.add_argument("--lease-ms", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--netns", action="store_true",
+                    help="run between hosts in a network namespace of its own (root)")
+    ap.add_argument("--pg-delay-ms", type=int, default=0, help="with --netns")
+    ap.add_argument("--s3-delay-ms", type=int, default=0, help="with --netns")
     ap.add_argument("audit_args", nargs="*", help="more `oncelog audit` flags, after --")
     a = ap.parse_args()
+    if a.netns and not hosts.inside():
+        # the same command again, inside; the namespace goes with it
+        os.environ["ONCELOG_BIN"] = str(oncelog_bin())
+        sys.exit(hosts.run_inside([sys.executable, *sys.argv]))
     base = Path(tempfile.mkdtemp(prefix="oncelog-cluster-audit-"))
-    env, stop = services_env()
+    if hosts.inside():
+        os.environ.update({"ONCELOG_SERVICES_PG_HOST": hosts.PG_HOST,
+                           "ONCELOG_SERVICES_S3_HOST": hosts.S3_HOST})
+    env, stop = services_env(own=bool(hosts.inside()))
     try:
-        rc, data, done, _ = run_audit(base, env, a.duration, Path(a.report).resolve(),
+        rc, data, done, cl = run_audit(base, env, a.duration, Path(a.report).resolve(),
                                       a.faults.split(","), a.workload, lease_ms=a.lease_ms,
-                                      seed=a.seed, extra=a.audit_args)
+                                      seed=a.seed, extra=a.audit_args,
+                                      delays=(a.pg_delay_ms, a.s3_delay_ms))
     finally:
         stop()
+    errors = [line for line in cl.log_text().splitlines() if " ERROR " in line]
+    print(f"cluster-audit: broker log errors: {len(errors)}")
+    for line in errors[:20]:
+        print(f"  {line}")
     print(f"cluster-audit: cluster faults injected: {len(done)} ({', '.join(done)})")
     print(f"cluster-audit: audit exit {rc}; report {a.report}")
     sys.exit(rc)

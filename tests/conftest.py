@@ -125,6 +125,8 @@ class Broker:
         # and an optional RLIMIT_NOFILE (soft = hard) to start it under.
         self.env = {}
         self.nofile = None
+        # What runs the broker (e.g. tests/hosts.py's as_host: another uid).
+        self.prefix = []
         self.proc = None
         self.starts = 0
         self._log_start_offset = 0
@@ -194,7 +196,7 @@ class Broker:
                     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
             self.proc = subprocess.Popen(
-                self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                self.prefix + self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 env=env, cwd=str(self.data_dir.parent), preexec_fn=preexec)
         self.starts += 1
 

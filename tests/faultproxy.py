@@ -47,6 +47,7 @@ class FaultProxy:
     def __init__(self, target_host, target_port, listen_host="127.0.0.1", listen_port=0,
                  delay_ms=0):
         self.target = (target_host, target_port)
+        self.host = listen_host
         self.up = _Direction()     # client -> server
         self.down = _Direction()   # server -> client
         self.up.delay_s = self.down.delay_s = delay_ms / 1000
@@ -131,6 +132,7 @@ class FaultProxy:
 
     def _run(self, host, port, ready):
         asyncio.set_event_loop(self._loop)
+        self._loop.set_exception_handler(_quiet_cancel)
         self._healed = asyncio.Event()
         self._healed.set()
         self._server = self._loop.run_until_complete(
@@ -214,7 +216,15 @@ def via(url, proxy):
     from urllib.parse import urlsplit, urlunsplit
     u = urlsplit(url)
     auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
-    return urlunsplit((u.scheme, f"{auth}127.0.0.1:{proxy.port}", u.path, u.query, u.fragment))
+    return urlunsplit((u.scheme, f"{auth}{proxy.host}:{proxy.port}", u.path, u.query, u.fragment))
+
+
+def _quiet_cancel(loop, context):
+    """The default handler, but for connections cancelled by `close()`
+    (asyncio's stream callback then reports their CancelledError)."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
 
 
 def _abort(writer):

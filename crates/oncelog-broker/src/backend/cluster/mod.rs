@@ -298,13 +298,35 @@ impl Cluster {
     /// would be handed out twice. Every reader and writer of a partition's
     /// offsets asks this first, so the partition is not served; the first
     /// finding is logged as an error.
+    ///
+    /// For a value read under the partition row's lock (`FOR UPDATE`): no
+    /// commit this broker can have seen is newer than it. A value read
+    /// without the lock comes from a snapshot that may predate a commit
+    /// announced since: that takes [`Self::check_next_since`].
     pub fn check_next(
         &self,
         topic_id: &uuid::Uuid,
         partition: i32,
         database: i64,
     ) -> Result<(), ClusterError> {
-        let seen = self.known_next_offset(topic_id, partition);
+        self.check_next_since(
+            topic_id,
+            partition,
+            database,
+            self.known_next_offset(topic_id, partition),
+        )
+    }
+
+    /// [`Self::check_next`] against `seen`, what
+    /// [`Self::known_next_offset`] said before the read of `database`
+    /// began: every commit seen by then is in the read's snapshot.
+    pub fn check_next_since(
+        &self,
+        topic_id: &uuid::Uuid,
+        partition: i32,
+        database: i64,
+        seen: i64,
+    ) -> Result<(), ClusterError> {
         if database >= seen {
             return Ok(());
         }

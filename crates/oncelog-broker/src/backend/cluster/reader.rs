@@ -117,6 +117,8 @@ pub async fn offsets(
     topic_id: &Uuid,
     partition: i32,
 ) -> Result<Option<PartitionOffsets>, ClusterError> {
+    // before the read: a commit announced during it may be newer than its snapshot
+    let seen = cluster.known_next_offset(topic_id, partition);
     let client = cluster.pool.get().await?;
     let row = client
         .query_opt(
@@ -129,7 +131,7 @@ pub async fn offsets(
         )
         .await?;
     if let Some(r) = &row {
-        cluster.check_next(topic_id, partition, r.get(0))?;
+        cluster.check_next_since(topic_id, partition, r.get(0), seen)?;
     }
     Ok(row.map(|r| {
         let hw: i64 = r.get(0);

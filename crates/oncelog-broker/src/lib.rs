@@ -99,6 +99,8 @@ pub struct Broker {
     pub authz: acl::Authorizer,
     /// Open client connections and their limits.
     pub connections: Arc<security::Connections>,
+    /// What Fetch's reads and long polls did, for `/metrics`.
+    pub fetch_stats: protocol::FetchStats,
     /// The TLS listeners' certificates, when there are TLS listeners.
     #[cfg(feature = "tls")]
     pub tls: Option<tls::TlsServer>,
@@ -421,6 +423,7 @@ impl Broker {
             auth_stats: Default::default(),
             authz,
             connections: Default::default(),
+            fetch_stats: Default::default(),
             #[cfg(feature = "tls")]
             tls,
             syncer,

@@ -187,6 +187,25 @@ impl Logs<'_> {
         }
     }
 
+    /// The end of `topic`'s `partition` as this broker knows it without
+    /// reading storage: its high watermark (local), the highest next offset
+    /// it saw committed, by its own commits and the others' announcements
+    /// (cluster). A long poll reads again only when this passed what its
+    /// last read returned. `None`: no such partition here.
+    pub async fn known_end(&self, topic: &str, partition: i32) -> Option<i64> {
+        match self {
+            Logs::Local(b) => b
+                .topics
+                .get(topic)
+                .and_then(|t| t.partition(partition))
+                .map(|p| p.high_watermark()),
+            Logs::Cluster(_, front) => {
+                let t = front.topic(topic).await.ok().flatten()?;
+                Some(front.cluster.known_next_offset(&t.id, partition))
+            }
+        }
+    }
+
     /// Appends `data`, a client batch already checked (its producer's
     /// batch `producer` when it has a producer id), to `topic`'s
     /// `partition`. The batch takes its place now, in the order of calls;

@@ -199,6 +199,13 @@ fn render_clients(out: &mut Scrape, b: &Arc<Broker>) {
         ];
         auths.int(&l, n as i64);
     }
+    let f = &b.fetch_stats;
+    out.counter("oncelog_fetch_rounds_total",
+        "Fetch rounds: reads of every partition of a Fetch request (its first, and again after a wake-up that found one of its partitions moved).")
+        .int(&[], f.rounds.load(std::sync::atomic::Ordering::Relaxed) as i64);
+    out.counter("oncelog_fetch_wakeups_skipped_total",
+        "Long-poll wake-ups that read nothing: new data, but none in the waiting Fetch's partitions.")
+        .int(&[], f.wakeups_skipped.load(std::sync::atomic::Ordering::Relaxed) as i64);
     out.gauge("oncelog_connections", "Client connections open now.")
         .int(&[], b.connections.open() as i64);
     let mut refused = out.counter("oncelog_connections_refused_total",

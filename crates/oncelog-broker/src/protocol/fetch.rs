@@ -8,6 +8,7 @@
 //! aborted-transaction list (null), as Kafka sends. Control batches are
 //! always delivered; clients skip them.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,10 +32,36 @@ use crate::Broker;
 /// Longest long poll we honour, whatever the client asks.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
+/// What Fetch did: rounds of reads (each reads every partition of its
+/// request) and long-poll wake-ups that read nothing because none of the
+/// poll's partitions had moved.
+#[derive(Default)]
+pub struct FetchStats {
+    pub rounds: AtomicU64,
+    pub wakeups_skipped: AtomicU64,
+}
+
 struct Round {
     resp: FetchResponse,
     bytes: usize,
     has_error: bool,
+    /// Each partition read and the high watermark its read returned.
+    ends: Vec<(String, i32, i64)>,
+}
+
+impl Round {
+    /// Did any partition of this round move past what the round read
+    /// ([`crate::backend::Logs::known_end`], no storage read)? A long poll
+    /// woken by another partition's data reads nothing again.
+    async fn moved(&self, logs: &crate::backend::Logs<'_>) -> bool {
+        for (topic, partition, hw) in &self.ends {
+            match logs.known_end(topic, *partition).await {
+                Some(end) if end <= *hw => {}
+                _ => return true,
+            }
+        }
+        false
+    }
 }
 
 async fn fetch_once(b: &Arc<Broker>, req: &FetchRequest, version: i16) -> Round {
@@ -43,6 +70,7 @@ async fn fetch_once(b: &Arc<Broker>, req: &FetchRequest, version: i16) -> Round 
     let mut remaining = (req.max_bytes.max(0) as usize).min(b.config.fetch_max_bytes);
     let mut total = 0usize;
     let mut has_error = false;
+    let mut ends = Vec::new();
     let mut topics = Vec::with_capacity(req.topics.len());
     for ft in &req.topics {
         let mut parts = Vec::with_capacity(ft.partitions.len());
@@ -76,6 +104,7 @@ async fn fetch_once(b: &Arc<Broker>, req: &FetchRequest, version: i16) -> Round 
             };
             pd.high_watermark = read.high_watermark;
             pd.last_stable_offset = read.last_stable_offset;
+            ends.push((ft.topic.0.to_string(), fp.partition, read.high_watermark));
             if version >= 5 {
                 pd.log_start_offset = read.log_start_offset;
             }
@@ -120,11 +149,14 @@ async fn fetch_once(b: &Arc<Broker>, req: &FetchRequest, version: i16) -> Round 
         resp: FetchResponse::default().with_responses(topics),
         bytes: total,
         has_error,
+        ends,
     }
 }
 
 /// Fetch, in both modes: reads until `min_bytes` are found, an error, or
-/// the client's wait (at most [`MAX_WAIT`]) is over.
+/// the client's wait (at most [`MAX_WAIT`]) is over. While it waits, a
+/// wake-up (any partition's new data) reads again only when one of its own
+/// partitions moved; at the end of the wait it answers with its last read.
 pub async fn fetch(b: Arc<Broker>, req: FetchRequest, version: i16) -> FetchResponse {
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT);
     let deadline = Instant::now() + wait;
@@ -136,12 +168,24 @@ pub async fn fetch(b: Arc<Broker>, req: FetchRequest, version: i16) -> FetchResp
         tokio::pin!(notified);
         notified.as_mut().enable();
         let round = fetch_once(&b, &req, version).await;
+        b.fetch_stats.rounds.fetch_add(1, Ordering::Relaxed);
         if round.bytes >= min_bytes || round.has_error || Instant::now() >= deadline {
             return round.resp;
         }
-        tokio::select! {
-            _ = &mut notified => {}
-            _ = tokio::time::sleep_until(deadline) => {}
+        loop {
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline) => return round.resp,
+            }
+            // registered again before looking, as above
+            notified.set(logs.data_notify().notified());
+            notified.as_mut().enable();
+            if round.moved(&logs).await {
+                break;
+            }
+            b.fetch_stats
+                .wakeups_skipped
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 }

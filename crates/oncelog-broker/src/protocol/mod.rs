@@ -5,6 +5,7 @@ mod admin;
 mod admin_txn;
 mod authz;
 mod fetch;
+pub use fetch::FetchStats;
 mod group;
 mod meta;
 mod produce;

@@ -347,6 +347,16 @@ impl Cluster {
         Err(e)
     }
 
+    /// A read found a partition's next offset at `next`: the check of
+    /// later reads and writes ([`Self::check_next`]) holds the database to
+    /// it, as to the commits this broker saw. Wakes no long poll (a read
+    /// is not new data).
+    pub fn saw_next(&self, topic_id: &uuid::Uuid, partition: i32, next: i64) {
+        let mut k = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let e = k.entry((*topic_id, partition)).or_insert(0);
+        *e = (*e).max(next);
+    }
+
     /// The highest next offset this broker has seen for a partition (a lower
     /// bound of its high watermark; 0 when it saw none).
     pub fn known_next_offset(&self, topic_id: &uuid::Uuid, partition: i32) -> i64 {

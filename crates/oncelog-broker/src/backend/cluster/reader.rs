@@ -132,6 +132,7 @@ pub async fn offsets(
         .await?;
     if let Some(r) = &row {
         cluster.check_next_since(topic_id, partition, r.get(0), seen)?;
+        cluster.saw_next(topic_id, partition, r.get(0));
     }
     Ok(row.map(|r| {
         let hw: i64 = r.get(0);

@@ -100,6 +100,15 @@ def xact_commits(env, db):
     return psql(env["ONCELOG_TEST_PG"], "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", db)[0][0]
 
 
+def pg_work(env, db):
+    """(rows written: inserted + updated + deleted in the load's database,
+    WAL bytes of the whole instance), PostgreSQL's own counters."""
+    rows = psql(env["ONCELOG_TEST_PG"], "SELECT tup_inserted + tup_updated + tup_deleted "
+                "FROM pg_stat_database WHERE datname = %s", db)[0][0]
+    wal = psql(env["ONCELOG_TEST_PG"], "SELECT wal_bytes FROM pg_stat_wal")[0][0]
+    return int(rows), int(wal)
+
+
 class Brokers:
     """Several oncelog brokers seen as one by benchlib's load: the bootstrap
     list of all, /metrics summed, CPU and RSS of the first."""
@@ -191,12 +200,14 @@ def one_run(kind, a, env, tmp, run):
     target, db = start_config(kind, a, env, tmp, run)
     try:
         x0 = xact_commits(env, db) if db else None
+        w0 = pg_work(env, db) if db else None
         m0 = target.metrics()
         t0 = target.pg_round_trips() if isinstance(target, Brokers) else None
         r = closed_loop_load(target, f"bench-{kind}-{run}", a.size, a.partitions, a)
         t1 = target.pg_round_trips() if isinstance(target, Brokers) else None
         m1 = target.metrics()
         x1 = xact_commits(env, db) if db else None
+        w1 = pg_work(env, db) if db else None
     finally:
         target.stop()
     gb = r["acked"] * a.size / GB
@@ -206,10 +217,14 @@ def one_run(kind, a, env, tmp, run):
     if x0 is not None:
         row["pg_xacts"] = x1 - x0
         row["pg_xacts_per_gb"] = (x1 - x0) / gb if gb else None
+        row["pg_rows_per_gb"] = (w1[0] - w0[0]) / gb if gb else None
+        row["pg_wal_bytes_per_gb"] = (w1[1] - w0[1]) / gb if gb else None
+    gets = m1.get("oncelog_cluster_object_gets_total", 0) - m0.get("oncelog_cluster_object_gets_total", 0)
     puts = m1.get("oncelog_cluster_object_puts_total", 0) - m0.get("oncelog_cluster_object_puts_total", 0)
     if kind.startswith("cluster"):
         row["object_puts"] = puts
         row["object_puts_per_gb"] = puts / gb if gb else None
+        row["object_gets_per_gb"] = gets / gb if gb else None
         row.update(cluster_histograms(m0, m1))
         if t0 is not None:
             row["pg_round_trips"] = t1 - t0
@@ -393,6 +408,23 @@ def main():
               f"{fmt(s['ack_p99_ms'], '8.1f')} {fmt(s['pg_commit_p99_le_ms'], '>16.1f')} "
               f"{fmt(s['pg_xacts_per_gb'], '>12.0f')} {fmt(s['object_puts_per_gb'], '>8.0f')} "
               f"{fmt(s['pg_round_trips_per_flush'], '>13.2f')} {fmt(s['pg_round_trips_per_gb'], '>10.0f')}")
+    print(f"\nPostgreSQL and object-store work per GB produced (the capacity model's inputs, "
+          f"docs/cluster.md), median of {a.runs} runs")
+    print(f"{'config':14} {'flushes/GB':>11} {'xacts/GB':>9} {'RTs/GB':>8} {'rows/GB':>9} {'WAL MB/GB':>10} "
+          f"{'PUTs/GB':>8} {'GETs/GB':>8}")
+    for kind in configs:
+        rs = [r for r in rows if r["kind"] == kind and kind.startswith("cluster")]
+        if not rs:
+            continue
+        c = {k: med(rs, k) for k in ("pg_xacts_per_gb", "pg_round_trips_per_gb", "pg_rows_per_gb",
+                                       "pg_wal_bytes_per_gb", "object_puts_per_gb", "object_gets_per_gb")}
+        fl = med([dict(r, fpg=r["flushes"] / r["gb"]) for r in rs if r.get("flushes") and r["gb"]], "fpg")
+        summary[kind].update(c, flushes_per_gb=fl)
+        wal_mb = c["pg_wal_bytes_per_gb"] / 1e6 if c["pg_wal_bytes_per_gb"] is not None else None
+        print(f"{kind:14} {fmt(fl, '>11.0f')} {fmt(c['pg_xacts_per_gb'], '>9.0f')} "
+              f"{fmt(c['pg_round_trips_per_gb'], '>8.0f')} {fmt(c['pg_rows_per_gb'], '>9.0f')} "
+              f"{fmt(wal_mb, '>10.1f')} {fmt(c['object_puts_per_gb'], '>8.0f')} "
+              f"{fmt(c['object_gets_per_gb'], '>8.0f')}")
     if "tansu" in summary and summary["tansu"]["msgs_per_s"]:
         for kind in configs:
             if kind.startswith("cluster") and summary[kind]["msgs_per_s"]:

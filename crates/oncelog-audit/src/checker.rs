@@ -443,11 +443,11 @@ pub fn check(h: &History) -> Report {
         check_poll_order(h, None, &mut out);
     }
     for l in &h.liveness {
-        if !l.reached || l.waited_ms > l.limit_ms {
+        if !l.reached || l.stalled_ms.unwrap_or(l.waited_ms) > l.limit_ms {
             out.push(
                 AnomalyKind::LsoStuck,
                 format!(
-                    "{}-{}: read_committed {} the high watermark after {}ms (limit {}ms)",
+                    "{}-{}: read_committed {} the high watermark after {}ms{} (limit {}ms)",
                     l.topic,
                     l.partition,
                     if l.reached {
@@ -456,6 +456,9 @@ pub fn check(h: &History) -> Report {
                         "did not reach"
                     },
                     l.waited_ms,
+                    l.stalled_ms.map_or(String::new(), |s| format!(
+                        ", at most {s}ms without progress"
+                    )),
                     l.limit_ms
                 ),
             );
@@ -806,9 +809,40 @@ fn check_final<'a>(
             first_poll.entry(&r.value).or_insert((src, r));
         }
     }
+    // A partition whose final read stopped short (reported as lso_stuck):
+    // the last offset it read. What lies beyond it is not judged here.
+    let short: Map<(&str, i32), i64> = fr
+        .partitions
+        .iter()
+        .filter(|p| p.lso < 0)
+        .map(|p| {
+            let last = p.reads.iter().map(|r| r.offset).max().unwrap_or(-1);
+            ((p.topic.as_str(), p.partition), last)
+        })
+        .collect();
+    let beyond = |topic: &str, partition: i32, offset: Option<i64>| {
+        short
+            .get(&(topic, partition))
+            .is_some_and(|last| offset.is_none_or(|o| o > *last))
+    };
     for t in h.txns.iter().filter(|t| t.outcome == Outcome::Committed) {
-        for value in t.sent_values() {
+        for op in &t.ops {
+            let Op::Send {
+                topic,
+                partition,
+                value,
+                offset,
+                ..
+            } = op
+            else {
+                continue;
+            };
+            let value = value.as_str();
             if fi.contains(value) {
+                continue;
+            }
+            let seen_at = first_poll.get(value).map(|(_, r)| r.offset);
+            if beyond(topic, *partition, seen_at.or(offset.filter(|o| *o >= 0))) {
                 continue;
             }
             match first_poll.get(value) {

@@ -139,6 +139,12 @@ pub struct LivenessCheck {
     pub waited_ms: u64,
     pub limit_ms: u64,
     pub reached: bool,
+    /// The longest the reader went without progress (a record read or its
+    /// position moved) while this partition was below its high watermark:
+    /// stuck is longer than `limit_ms`; a long backlog read steadily is not.
+    /// `None` in histories written before it: `waited_ms` is judged then.
+    #[serde(default)]
+    pub stalled_ms: Option<u64>,
 }
 
 /// A zombie episode: `process` was paused (SIGSTOP) at `paused_ms`, a

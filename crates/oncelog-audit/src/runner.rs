@@ -1123,12 +1123,22 @@ fn final_read(
         .set("enable.auto.commit", "false")
         .create()
         .context("creating the final reader's watermark client")?;
+    // It reads until every partition reached its high watermark, or until
+    // it went `limit_ms` without progress (a record read, or a read
+    // position moved): a consumer stuck that long fails the liveness check,
+    // one working through a long backlog does not. Ten limits at most.
     let start = Instant::now();
+    let limit = Duration::from_millis(limit_ms);
     let mut reads: BTreeMap<(String, i32), Vec<Read>> = BTreeMap::new();
-    let mut done: BTreeMap<(String, i32), (u64, i64, i64)> = BTreeMap::new();
+    // (ms to reach, high watermark, position, longest stall while pending)
+    let mut done: BTreeMap<(String, i32), (u64, i64, i64, u64)> = BTreeMap::new();
+    let mut positions: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let total = topics.len() * partitions as usize;
     let mut last_check: Option<Instant> = None;
-    while done.len() < total && start.elapsed() < Duration::from_millis(limit_ms) {
+    let mut progress = Instant::now();
+    let mut longest_stall = Duration::ZERO;
+    while done.len() < total && progress.elapsed() < limit && start.elapsed() < limit * 10 {
+        longest_stall = longest_stall.max(progress.elapsed());
         // Every partition whose read position reached its high watermark is
         // done; check on end-of-partition events and twice a second.
         if last_check.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
@@ -1141,11 +1151,18 @@ fn final_read(
                     let Offset::Offset(at) = e.offset() else {
                         continue;
                     };
+                    if positions
+                        .insert(key.clone(), at)
+                        .is_some_and(|was| was < at)
+                    {
+                        progress = Instant::now();
+                    }
                     if let Ok((_, hw)) =
                         marks.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(10))
                     {
                         if at >= hw {
-                            done.insert(key, (start.elapsed().as_millis() as u64, hw, at));
+                            let stall = longest_stall.as_millis() as u64;
+                            done.insert(key, (start.elapsed().as_millis() as u64, hw, at, stall));
                         }
                     }
                 }
@@ -1157,6 +1174,7 @@ fn final_read(
         match c.poll(Duration::from_millis(200)) {
             None => {}
             Some(Ok(m)) => {
+                progress = Instant::now();
                 let v = m
                     .payload()
                     .map(|b| String::from_utf8_lossy(b).into_owned())
@@ -1180,14 +1198,15 @@ fn final_read(
         for p in 0..partitions {
             let key = (t.clone(), p);
             let rs = reads.remove(&key).unwrap_or_default();
-            let (waited, hw, lso, reached) = match done.get(&key) {
-                Some((w, hw, at)) => (*w, *hw, *at, true),
+            let (waited, hw, lso, reached, stalled) = match done.get(&key) {
+                Some((w, hw, at, stall)) => (*w, *hw, *at, true, *stall),
                 None => {
                     let hw = marks
                         .fetch_watermarks(t, p, Duration::from_secs(10))
                         .map(|x| x.1)
                         .unwrap_or(-1);
-                    (start.elapsed().as_millis() as u64, hw, -1, false)
+                    let stall = longest_stall.max(progress.elapsed()).as_millis() as u64;
+                    (start.elapsed().as_millis() as u64, hw, -1, false, stall)
                 }
             };
             liveness.push(LivenessCheck {
@@ -1196,6 +1215,7 @@ fn final_read(
                 waited_ms: waited,
                 limit_ms,
                 reached,
+                stalled_ms: Some(stalled),
             });
             fr.partitions.push(PartitionRead {
                 topic: t.clone(),

@@ -16,7 +16,7 @@ use kafka_protocol::records::{
 use oncelog_broker::backend::cluster::collector::collect;
 use oncelog_broker::backend::cluster::flusher::Flusher;
 use oncelog_broker::backend::cluster::groups::{self as cluster_groups, Claim, Ownership};
-use oncelog_broker::backend::cluster::reader::{read, ReadRefusal};
+use oncelog_broker::backend::cluster::reader::{read_many, Ask, ClusterRead, ReadRefusal};
 use oncelog_broker::backend::cluster::sequencer::{self, BatchOutcome};
 use oncelog_broker::backend::cluster::{catalogue, session, Cluster, ClusterConfig, ClusterError};
 use oncelog_broker::coordinators::groups::OffsetMeta;
@@ -148,6 +148,27 @@ async fn read_all(c: &Cluster, t: &uuid::Uuid, p: i32) -> Vec<(i64, String)> {
         .collect()
 }
 
+/// One partition's Fetch read through `c` ([`read_many`] with one ask):
+/// from `offset`, up to `max_bytes` (one batch at least).
+async fn read(
+    c: &Cluster,
+    topic_id: &uuid::Uuid,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+    read_committed: bool,
+) -> Result<Option<ClusterRead>, oncelog_broker::backend::cluster::ClusterError> {
+    let ask = Ask {
+        topic_id: *topic_id,
+        partition,
+        offset,
+        max_bytes,
+    };
+    let mut budget = oncelog_broker::backend::Budget::new(max_bytes);
+    let mut answers = read_many(c, &[ask], &mut budget, read_committed).await?;
+    answers.pop().expect("one answer")
+}
+
 /// Every (offset, key, value) of a partition, read through `c`.
 async fn read_records(
     c: &Cluster,
@@ -158,7 +179,7 @@ async fn read_records(
     let mut out = Vec::new();
     let mut at = 0;
     loop {
-        let r = read(c, t, p, at, 64 << 10, false, true)
+        let r = read(c, t, p, at, 64 << 10, false)
             .await
             .expect("read")
             .expect("partition exists");
@@ -298,7 +319,7 @@ async fn round_trip(store: String) {
             > 0
     );
     // Beyond the high watermark: out of range.
-    let r = read(&b2, &topic.id, 1, 31, 1 << 20, false, true)
+    let r = read(&b2, &topic.id, 1, 31, 1 << 20, false)
         .await
         .unwrap()
         .unwrap();

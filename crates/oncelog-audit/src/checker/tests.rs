@@ -280,6 +280,7 @@ fn clean_history() -> History {
         waited_ms: 300,
         limit_ms: 10_000,
         reached: true,
+        stalled_ms: None,
     }];
     h.faults = BTreeMap::from([("kill".to_string(), 2), ("partition".to_string(), 1)]);
     h
@@ -925,6 +926,7 @@ fn lso_stuck() {
                 waited_ms: 60_000,
                 limit_ms: 60_000,
                 reached: false,
+                stalled_ms: None,
             },
             LivenessCheck {
                 topic: "t".into(),
@@ -932,6 +934,7 @@ fn lso_stuck() {
                 waited_ms: 70_000,
                 limit_ms: 60_000,
                 reached: true,
+                stalled_ms: None,
             },
             LivenessCheck {
                 topic: "t".into(),
@@ -939,6 +942,7 @@ fn lso_stuck() {
                 waited_ms: 10,
                 limit_ms: 60_000,
                 reached: true,
+                stalled_ms: None,
             },
         ],
         ..History::default()
@@ -948,6 +952,95 @@ fn lso_stuck() {
     assert_eq!(r.of(AnomalyKind::LsoStuck).len(), 2);
     let s = r.summary();
     assert!(s.contains("lso_stuck            2 | t-0:"), "{s}");
+}
+
+#[test]
+fn a_long_read_that_kept_moving_is_not_stuck() {
+    let check_of = |stalled_ms, reached| {
+        let h = History {
+            liveness: vec![LivenessCheck {
+                topic: "t".into(),
+                partition: 0,
+                waited_ms: 90_000,
+                limit_ms: 40_000,
+                reached,
+                stalled_ms: Some(stalled_ms),
+            }],
+            ..History::default()
+        };
+        check(&h)
+    };
+    // 90 s through a backlog, never 40 s without a record: not stuck
+    assert!(check_of(1_500, true).is_clean());
+    // 41 s without progress, even if it got there in the end: stuck
+    let r = check_of(41_000, true);
+    assert_eq!(r.of(AnomalyKind::LsoStuck).len(), 1, "{}", r.summary());
+    assert!(
+        r.summary().contains("at most 41000ms without progress"),
+        "{}",
+        r.summary()
+    );
+    // never got there
+    assert_eq!(check_of(40_001, false).of(AnomalyKind::LsoStuck).len(), 1);
+}
+
+#[test]
+fn values_beyond_a_final_read_that_stopped_short_are_not_judged_lost() {
+    // Four committed plain writes at offsets 0..3, each polled; the final
+    // read stopped after offset 1 (lso -1: it did not reach the end).
+    let writes: Vec<Txn> = (0..4)
+        .map(|i| {
+            let v = format!("v{i}");
+            let mut t = txn(
+                i + 1,
+                0,
+                Outcome::Committed,
+                1,
+                None,
+                vec![send("in", 0, &v, &v, Some(i as i64))],
+            );
+            t.transactional = false;
+            t
+        })
+        .collect();
+    let reader = txn(
+        9,
+        1,
+        Outcome::Committed,
+        1,
+        Some(5),
+        vec![poll(
+            2,
+            &[
+                ("in", 0, 0, "v0"),
+                ("in", 0, 1, "v1"),
+                ("in", 0, 2, "v2"),
+                ("in", 0, 3, "v3"),
+            ],
+        )],
+    );
+    let short = |reads: &[(i64, &str)]| PartitionRead {
+        high_watermark: 4,
+        lso: -1,
+        ..part("in", 0, reads)
+    };
+    let mut h = History {
+        txns: writes.into_iter().chain([reader]).collect(),
+        final_read: Some(FinalRead {
+            partitions: vec![short(&[(0, "v0"), (1, "v1")])],
+        }),
+        ..History::default()
+    };
+    let r = check(&h);
+    assert!(r.of(AnomalyKind::LostWrite).is_empty(), "{}", r.summary());
+    // a value missing below where it stopped is still lost
+    h.final_read = Some(FinalRead {
+        partitions: vec![short(&[(0, "v0"), (2, "v2")])],
+    });
+    let r = check(&h);
+    let lost = r.of(AnomalyKind::LostWrite);
+    assert_eq!(lost.len(), 1, "{}", r.summary());
+    assert!(lost[0].detail.contains("v1"), "{}", r.summary());
 }
 
 #[test]

@@ -126,64 +126,41 @@ impl Broker {
 }
 
 impl Logs<'_> {
-    /// What a fetch from `offset` of `topic`'s `partition` sees: the
-    /// offsets that bound it and up to `max_bytes` of data, below the last
-    /// stable offset for read_committed, else below the high watermark,
-    /// with the aborted transactions overlapping it (read_committed).
-    /// `min_one`: a whole first batch even if it is larger. A storage
-    /// failure is logged here and is [`PartitionError::Storage`].
-    pub async fn read(
+    /// Reads the partitions of one Fetch, in the order asked: from each
+    /// one's offset, whole batches within its own limit and what `budget`
+    /// has left, below the LSO for read_committed, else below the high
+    /// watermark. Local logs are read one after another; a cluster reads
+    /// them together ([`crate::backend::cluster::reader::read_many`]: one
+    /// PostgreSQL query for all their offsets, one for all their batch
+    /// rows).
+    pub async fn read_many(
         &self,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-        max_bytes: usize,
+        asks: &[FetchAsk<'_>],
+        budget: &mut Budget,
         read_committed: bool,
-        min_one: bool,
-    ) -> Result<crate::backend::local::partition::Read, PartitionError> {
-        use crate::backend::local::partition::{Read, ReadError};
+    ) -> Vec<Result<crate::backend::local::partition::Read, PartitionError>> {
+        use crate::backend::local::partition::ReadError;
         match self {
-            Logs::Local(b) => {
-                let Some(p) = b.topics.get(topic).and_then(|t| t.store(partition)) else {
-                    return Err(PartitionError::Unknown);
-                };
-                let read = p.read(offset, max_bytes, read_committed, min_one);
-                if let Err(ReadError::Storage(e)) = &read.data {
-                    tracing::error!(partition = %p.name(), error = %e, "read failed");
-                    return Err(PartitionError::Storage);
-                }
-                Ok(read)
-            }
-            Logs::Cluster(_, front) => {
-                let warn = |e: crate::backend::cluster::ClusterError| {
-                    crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: read failed");
-                    PartitionError::Storage
-                };
-                let t = cluster_topic(front, topic, partition).await?;
-                let read = crate::backend::cluster::reader::read(
-                    &front.cluster,
-                    &t.id,
-                    partition,
-                    offset,
-                    max_bytes,
-                    read_committed,
-                    min_one,
-                )
-                .await
-                .map_err(warn)?
-                .ok_or(PartitionError::Unknown)?;
-                Ok(Read {
-                    high_watermark: read.high_watermark,
-                    last_stable_offset: read.last_stable_offset,
-                    log_start_offset: read.log_start_offset,
-                    aborted: read.aborted,
-                    data: read.data.map_err(
-                        |crate::backend::cluster::reader::ReadRefusal::OutOfRange| {
-                            ReadError::OutOfRange
-                        },
-                    ),
+            Logs::Local(b) => asks
+                .iter()
+                .map(|a| {
+                    let Some(p) = b.topics.get(a.topic).and_then(|t| t.store(a.partition)) else {
+                        return Err(PartitionError::Unknown);
+                    };
+                    let (limit, min_one) = budget.limit(a.max_bytes);
+                    let read = p.read(a.offset, limit, read_committed, min_one);
+                    match &read.data {
+                        Err(ReadError::Storage(e)) => {
+                            tracing::error!(partition = %p.name(), error = %e, "read failed");
+                            return Err(PartitionError::Storage);
+                        }
+                        Ok(data) => budget.spend(data.len()),
+                        Err(_) => {}
+                    }
+                    Ok(read)
                 })
-            }
+                .collect(),
+            Logs::Cluster(_, front) => read_cluster(front, asks, budget, read_committed).await,
         }
     }
 
@@ -671,4 +648,111 @@ async fn cluster_topic(
             Err(PartitionError::Storage)
         }
     }
+}
+
+/// One partition of a Fetch ([`Logs::read_many`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FetchAsk<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    /// The partition's own limit (`partition_max_bytes`).
+    pub max_bytes: usize,
+}
+
+/// The bytes a Fetch may still take, handed out partition by partition in
+/// the order asked: each gets at most its own limit and what is left, and
+/// until some partition returned data a partition gets at least one whole
+/// batch (so a batch larger than the limits still moves a consumer on).
+#[derive(Debug, Clone)]
+pub struct Budget {
+    remaining: usize,
+    total: usize,
+}
+
+impl Budget {
+    pub fn new(max_bytes: usize) -> Self {
+        Self {
+            remaining: max_bytes,
+            total: 0,
+        }
+    }
+
+    /// (this partition's limit, whether it must take one batch anyway).
+    pub fn limit(&self, partition_max: usize) -> (usize, bool) {
+        (partition_max.min(self.remaining), self.total == 0)
+    }
+
+    pub fn spend(&mut self, bytes: usize) {
+        self.total += bytes;
+        self.remaining = self.remaining.saturating_sub(bytes);
+    }
+
+    /// Bytes handed out so far.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+}
+
+/// [`Logs::read_many`] in a cluster.
+async fn read_cluster(
+    front: &Front,
+    asks: &[FetchAsk<'_>],
+    budget: &mut Budget,
+    read_committed: bool,
+) -> Vec<Result<crate::backend::local::partition::Read, PartitionError>> {
+    use crate::backend::cluster::reader::{self, ReadRefusal};
+    use crate::backend::local::partition::{Read, ReadError};
+    let warn = |e: &ClusterError, topic: &str, partition: i32| {
+        crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, topic, partition, error = %e, "cluster: read failed");
+        PartitionError::Storage
+    };
+    let mut out = Vec::with_capacity(asks.len());
+    // (index into `out`, the ask) of the partitions that exist
+    let mut known = Vec::with_capacity(asks.len());
+    for (i, a) in asks.iter().enumerate() {
+        match cluster_topic(front, a.topic, a.partition).await {
+            Ok(t) => {
+                known.push((
+                    i,
+                    reader::Ask {
+                        topic_id: t.id,
+                        partition: a.partition,
+                        offset: a.offset,
+                        max_bytes: a.max_bytes,
+                    },
+                ));
+                out.push(Err(PartitionError::Unknown));
+            }
+            Err(e) => out.push(Err(e)),
+        }
+    }
+    let ids: Vec<reader::Ask> = known.iter().map(|(_, a)| *a).collect();
+    match reader::read_many(&front.cluster, &ids, budget, read_committed).await {
+        Ok(answers) => {
+            for ((i, _), answer) in known.iter().zip(answers) {
+                let a = &asks[*i];
+                out[*i] = match answer {
+                    Ok(Some(r)) => Ok(Read {
+                        high_watermark: r.high_watermark,
+                        last_stable_offset: r.last_stable_offset,
+                        log_start_offset: r.log_start_offset,
+                        aborted: r.aborted,
+                        data: r
+                            .data
+                            .map_err(|ReadRefusal::OutOfRange| ReadError::OutOfRange),
+                    }),
+                    Ok(None) => Err(PartitionError::Unknown),
+                    Err(e) => Err(warn(&e, a.topic, a.partition)),
+                };
+            }
+        }
+        Err(e) => {
+            for (i, _) in &known {
+                let a = &asks[*i];
+                out[*i] = Err(warn(&e, a.topic, a.partition));
+            }
+        }
+    }
+    out
 }

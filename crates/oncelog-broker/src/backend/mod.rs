@@ -23,7 +23,8 @@ mod txns;
 pub use cutovers::{CutoverFailure, Cutovers};
 pub use groups::Groups;
 pub use logs::{
-    Acked, Appending, DeleteError, Durable, Logs, PartitionError, PartitionRow, Refusal,
+    Acked, Appending, Budget, DeleteError, Durable, FetchAsk, Logs, PartitionError, PartitionRow,
+    Refusal,
 };
 pub use txns::{Scope, Txns};
 

@@ -25,7 +25,7 @@ use kafka_protocol::messages::ProducerId;
 use tokio::time::Instant;
 
 use crate::backend::local::partition::ReadError;
-use crate::backend::PartitionError;
+use crate::backend::{Budget, FetchAsk, PartitionError};
 use crate::error::ErrorCode;
 use crate::Broker;
 
@@ -67,8 +67,23 @@ impl Round {
 async fn fetch_once(b: &Arc<Broker>, req: &FetchRequest, version: i16) -> Round {
     let read_committed = req.isolation_level == 1;
     let logs = b.logs();
-    let mut remaining = (req.max_bytes.max(0) as usize).min(b.config.fetch_max_bytes);
-    let mut total = 0usize;
+    let mut budget = Budget::new((req.max_bytes.max(0) as usize).min(b.config.fetch_max_bytes));
+    let asks: Vec<FetchAsk<'_>> = req
+        .topics
+        .iter()
+        .flat_map(|ft| {
+            ft.partitions.iter().map(|fp| FetchAsk {
+                topic: ft.topic.0.as_str(),
+                partition: fp.partition,
+                offset: fp.fetch_offset,
+                max_bytes: fp.partition_max_bytes.max(0) as usize,
+            })
+        })
+        .collect();
+    let mut reads = logs
+        .read_many(&asks, &mut budget, read_committed)
+        .await
+        .into_iter();
     let mut has_error = false;
     let mut ends = Vec::new();
     let mut topics = Vec::with_capacity(req.topics.len());
@@ -78,18 +93,7 @@ async fn fetch_once(b: &Arc<Broker>, req: &FetchRequest, version: i16) -> Round 
             let mut pd = PartitionData::default()
                 .with_partition_index(fp.partition)
                 .with_records(Some(Bytes::new()));
-            let limit = (fp.partition_max_bytes.max(0) as usize).min(remaining);
-            let read = match logs
-                .read(
-                    ft.topic.0.as_str(),
-                    fp.partition,
-                    fp.fetch_offset,
-                    limit,
-                    read_committed,
-                    total == 0,
-                )
-                .await
-            {
+            let read = match reads.next().unwrap_or(Err(PartitionError::Unknown)) {
                 Ok(read) => read,
                 Err(e) => {
                     pd.error_code = match e {
@@ -122,11 +126,7 @@ async fn fetch_once(b: &Arc<Broker>, req: &FetchRequest, version: i16) -> Round 
             }
             match read.data {
                 Ok(data) if data.is_empty() => {}
-                Ok(data) => {
-                    total += data.len();
-                    remaining = remaining.saturating_sub(data.len());
-                    pd.records = Some(Bytes::from(data));
-                }
+                Ok(data) => pd.records = Some(Bytes::from(data)),
                 Err(ReadError::OutOfRange) => {
                     pd.error_code = ErrorCode::OffsetOutOfRange.code();
                     has_error = true;
@@ -147,7 +147,7 @@ async fn fetch_once(b: &Arc<Broker>, req: &FetchRequest, version: i16) -> Round 
     }
     Round {
         resp: FetchResponse::default().with_responses(topics),
-        bytes: total,
+        bytes: budget.total(),
         has_error,
         ends,
     }

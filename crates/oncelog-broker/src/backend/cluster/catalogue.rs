@@ -85,13 +85,12 @@ pub async fn create_topic(
 
 /// Every topic, by name.
 pub async fn topics(pool: &Pool) -> Result<Vec<TopicRow>, ClusterError> {
+    // prepared once per connection: every broker runs this twice a second
     let client = pool.get().await?;
-    let rows = client
-        .query(
-            "SELECT id, name, partitions, configs FROM topics ORDER BY name",
-            &[],
-        )
+    let st = client
+        .prepare_cached("SELECT id, name, partitions, configs FROM topics ORDER BY name")
         .await?;
+    let rows = client.query(&st, &[]).await?;
     Ok(rows.iter().map(topic_row).collect())
 }
 

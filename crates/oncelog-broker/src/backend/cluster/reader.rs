@@ -252,162 +252,277 @@ pub async fn recent_markers(
     Ok(markers)
 }
 
-/// Reads from `offset`: up to `max_bytes` of whole batches (at least one
-/// when `min_one`), below the LSO for read_committed, else below the high
-/// watermark. `Ok(None)`: no such partition.
-pub async fn read(
+/// One partition of a Fetch, for [`read_many`].
+#[derive(Debug, Clone, Copy)]
+pub struct Ask {
+    pub topic_id: Uuid,
+    pub partition: i32,
+    pub offset: i64,
+    /// The partition's own limit (Fetch's `partition_max_bytes`).
+    pub max_bytes: usize,
+}
+
+/// One partition's answer in [`read_many`]: `Ok(None)` no such partition.
+pub type Answer = Result<Option<ClusterRead>, ClusterError>;
+
+/// Reads the partitions of one Fetch together: one query for all their
+/// offsets, one for the batch rows of those with something to read and,
+/// for read_committed, one for the aborted transactions those rows overlap
+/// (rows and aborted transactions in one REPEATABLE READ snapshot, so a
+/// compaction, retention or DeleteRecords commit between the two reads
+/// cannot drop an aborted transaction's index row yet leave its data in
+/// what is served); then every object needed, several at once. `budget`
+/// hands out bytes in the order asked, as reading one partition after
+/// another would. `Err`: nothing could be read.
+pub async fn read_many(
     cluster: &Cluster,
-    topic_id: &Uuid,
-    partition: i32,
-    offset: i64,
-    max_bytes: usize,
+    asks: &[Ask],
+    budget: &mut crate::backend::Budget,
     read_committed: bool,
-    min_one: bool,
-) -> Result<Option<ClusterRead>, ClusterError> {
-    let once = || {
-        read_once(
-            cluster,
-            topic_id,
-            partition,
-            offset,
-            max_bytes,
-            read_committed,
-            min_one,
-        )
-    };
-    match once().await {
+) -> Result<Vec<Answer>, ClusterError> {
+    let start = budget.clone();
+    match read_many_once(cluster, asks, budget, read_committed).await {
         // Compaction, retention or DeleteRecords moved the rows read off an
         // object and the collector removed it before its GET: the rows read
         // again name where the batches are now.
         Err(ClusterError::Objects(object_store::Error::NotFound { path, .. })) => {
             tracing::debug!(%path, "cluster: an object named by the index was collected; reading the index again");
-            once().await
+            *budget = start;
+            read_many_once(cluster, asks, budget, read_committed).await
         }
         r => r,
     }
 }
 
-async fn read_once(
+async fn read_many_once(
     cluster: &Cluster,
-    topic_id: &Uuid,
-    partition: i32,
-    offset: i64,
-    max_bytes: usize,
+    asks: &[Ask],
+    budget: &mut crate::backend::Budget,
     read_committed: bool,
-    min_one: bool,
-) -> Result<Option<ClusterRead>, ClusterError> {
-    let Some(o) = offsets(cluster, topic_id, partition).await? else {
-        return Ok(None);
-    };
-    let mut out = ClusterRead {
-        high_watermark: o.high_watermark,
-        last_stable_offset: o.last_stable_offset,
-        log_start_offset: o.log_start_offset,
-        aborted: Vec::new(),
-        data: Ok(Vec::new()),
-    };
-    if offset < o.log_start_offset || offset > o.high_watermark {
-        out.data = Err(ReadRefusal::OutOfRange);
-        return Ok(Some(out));
+) -> Result<Vec<Answer>, ClusterError> {
+    let mut answers = offsets_many(cluster, asks).await?;
+    // (ask, from, upper) of every partition with something to read
+    let mut wanted = Vec::new();
+    for (i, (a, answer)) in asks.iter().zip(answers.iter_mut()).enumerate() {
+        let Ok(Some(out)) = answer else { continue };
+        if a.offset < out.log_start_offset || a.offset > out.high_watermark {
+            out.data = Err(ReadRefusal::OutOfRange);
+            continue;
+        }
+        let upper = if read_committed {
+            out.last_stable_offset
+        } else {
+            out.high_watermark
+        };
+        if a.offset < upper {
+            wanted.push((i, a.offset, upper));
+        }
     }
-    let upper = if read_committed {
-        o.last_stable_offset
-    } else {
-        o.high_watermark
-    };
-    if offset >= upper {
-        return Ok(Some(out));
+    if wanted.is_empty() {
+        return Ok(answers);
     }
     let mut client = cluster.pool.get().await?;
-    let (chosen, total, aborted) = if read_committed {
-        // The batch rows and the aborted index from one snapshot, so a
-        // compaction, retention or DeleteRecords commit between the two
-        // reads cannot drop an aborted transaction's index row (with its
-        // marker and data) yet leave its data in what this fetch serves.
+    let (mut rows, aborted) = if read_committed {
         let tx = client
             .build_transaction()
             .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
             .read_only(true)
             .start()
             .await?;
-        let r = index_rows(
-            &*tx, topic_id, partition, offset, upper, max_bytes, min_one, true,
-        )
-        .await?;
+        let rows = choose(index_rows_many(&*tx, asks, &wanted).await?, asks, budget);
+        let aborted = aborted_many(&*tx, asks, &rows).await?;
         tx.commit().await?;
-        r
+        (rows, aborted)
     } else {
-        index_rows(
-            &**client, topic_id, partition, offset, upper, max_bytes, min_one, false,
-        )
-        .await?
+        let rows = index_rows_many(&**client, asks, &wanted).await?;
+        (choose(rows, asks, budget), HashMap::new())
     };
     drop(client);
-    out.aborted = aborted;
-    let objects = load_objects(cluster, &chosen).await?;
-    let mut data = Vec::with_capacity(total);
-    for b in &chosen {
-        push_patched(&mut data, b.bytes(&objects)?, b.base_offset);
+    let all: Vec<&Stored> = rows.values().flatten().collect();
+    let objects = load_objects(cluster, all.into_iter()).await?;
+    for (i, answer) in answers.iter_mut().enumerate() {
+        let Ok(Some(out)) = answer else { continue };
+        let Some(chosen) = rows.remove(&i) else {
+            continue;
+        };
+        let mut data = Vec::with_capacity(chosen.iter().map(|b| b.length as usize).sum());
+        for b in &chosen {
+            push_patched(&mut data, b.bytes(&objects)?, b.base_offset);
+        }
+        out.data = Ok(data);
+        out.aborted = aborted.get(&i).cloned().unwrap_or_default();
     }
-    out.data = Ok(data);
-    Ok(Some(out))
+    Ok(answers)
 }
 
-/// The batch rows from `offset` below `upper` that fit `max_bytes` (at
-/// least one if `min_one`), their bytes, and (`with_aborted`) the aborted
-/// transactions they overlap.
-#[allow(clippy::too_many_arguments)]
-async fn index_rows(
+/// Every asked partition's offsets in one query, each checked against what
+/// this broker saw before the read ([`Cluster::check_next_since`]).
+async fn offsets_many(cluster: &Cluster, asks: &[Ask]) -> Result<Vec<Answer>, ClusterError> {
+    let seen: Vec<i64> = asks
+        .iter()
+        .map(|a| cluster.known_next_offset(&a.topic_id, a.partition))
+        .collect();
+    let (ids, parts): (Vec<Uuid>, Vec<i32>) =
+        asks.iter().map(|a| (a.topic_id, a.partition)).unzip();
+    let client = cluster.pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT q.i, p.next_offset, p.log_start_offset, \
+               (SELECT min(txn_first_offset) FROM producers r \
+                 WHERE r.topic_id = p.topic_id AND r.partition = p.partition \
+                   AND r.txn_first_offset IS NOT NULL) \
+             FROM unnest($1::uuid[], $2::int4[]) WITH ORDINALITY AS q(topic_id, partition, i) \
+             JOIN partitions p ON p.topic_id = q.topic_id AND p.partition = q.partition",
+            &[&ids, &parts],
+        )
+        .await?;
+    drop(client);
+    let mut answers: Vec<Answer> = asks.iter().map(|_| Ok(None)).collect();
+    for r in rows {
+        let i = r.get::<_, i64>(0) as usize - 1;
+        let (a, hw) = (&asks[i], r.get::<_, i64>(1));
+        if let Err(e) = cluster.check_next_since(&a.topic_id, a.partition, hw, seen[i]) {
+            answers[i] = Err(e);
+            continue;
+        }
+        cluster.saw_next(&a.topic_id, a.partition, hw);
+        let open: Option<i64> = r.get(3);
+        answers[i] = Ok(Some(ClusterRead {
+            high_watermark: hw,
+            last_stable_offset: open.map_or(hw, |o| o.min(hw)),
+            log_start_offset: r.get(2),
+            aborted: Vec::new(),
+            data: Ok(Vec::new()),
+        }));
+    }
+    Ok(answers)
+}
+
+/// Rows per partition the index query returns at most (before the bytes
+/// limit, which the query applies too).
+const ROWS_PER_PARTITION: i64 = 1000;
+
+/// The batch rows of each `wanted` partition (index into `asks`, from,
+/// upper): from `from` below `upper`, in offset order, those starting
+/// within the partition's own byte limit (the first always), in one query.
+async fn index_rows_many(
     db: &impl GenericClient,
-    topic_id: &Uuid,
-    partition: i32,
-    offset: i64,
-    upper: i64,
-    max_bytes: usize,
-    min_one: bool,
-    with_aborted: bool,
-) -> Result<(Vec<Stored>, usize, Vec<AbortedTxn>), ClusterError> {
+    asks: &[Ask],
+    wanted: &[(usize, i64, i64)],
+) -> Result<HashMap<usize, Vec<Stored>>, ClusterError> {
+    let mut cols: (Vec<Uuid>, Vec<i32>, Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>) =
+        Default::default();
+    for &(i, from, upper) in wanted {
+        let a = &asks[i];
+        cols.0.push(a.topic_id);
+        cols.1.push(a.partition);
+        cols.2.push(from);
+        cols.3.push(upper);
+        cols.4.push(a.max_bytes.min(i64::MAX as usize) as i64);
+        cols.5.push(i as i64);
+    }
     let rows = db
         .query(
             &format!(
-                "SELECT {STORED_COLUMNS} FROM batches b LEFT JOIN objects o ON o.key = b.object_key \
-                 WHERE b.topic_id = $1 AND b.partition = $2 AND b.last_offset >= $3 \
-                   AND b.base_offset < $4 ORDER BY b.last_offset LIMIT 1000"
+                "SELECT s.base_offset, s.last_offset, s.object_key, s.position, s.length, \
+                   s.inline_data, s.size, q.i \
+                 FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::int8[], $5::int8[], $6::int8[]) \
+                   AS q(topic_id, partition, from_offset, upper, max_bytes, i) \
+                 CROSS JOIN LATERAL ( \
+                   SELECT * FROM ( \
+                     SELECT {STORED_COLUMNS}, \
+                       sum(b.length) OVER (ORDER BY b.last_offset) - b.length AS before \
+                     FROM batches b LEFT JOIN objects o ON o.key = b.object_key \
+                     WHERE b.topic_id = q.topic_id AND b.partition = q.partition \
+                       AND b.last_offset >= q.from_offset AND b.base_offset < q.upper \
+                     ORDER BY b.last_offset LIMIT {ROWS_PER_PARTITION}) w \
+                   WHERE w.before = 0 OR w.before < q.max_bytes) s \
+                 ORDER BY q.i, s.last_offset"
             ),
-            &[topic_id, &partition, &offset, &upper],
+            &[&cols.0, &cols.1, &cols.2, &cols.3, &cols.4, &cols.5],
         )
         .await?;
-    let mut chosen = Vec::new();
-    let mut total = 0usize;
+    let mut out: HashMap<usize, Vec<Stored>> = HashMap::new();
     for r in &rows {
-        let length = r.get::<_, i32>(4) as usize;
-        if total + length > max_bytes && !(chosen.is_empty() && min_one) {
-            break;
+        out.entry(r.get::<_, i64>(7) as usize)
+            .or_default()
+            .push(Stored::from_row(r));
+    }
+    Ok(out)
+}
+
+/// Whole batches of each partition, in the order asked, within its own
+/// limit and what the Fetch has left ([`crate::backend::Budget`]).
+fn choose(
+    mut rows: HashMap<usize, Vec<Stored>>,
+    asks: &[Ask],
+    budget: &mut crate::backend::Budget,
+) -> HashMap<usize, Vec<Stored>> {
+    let mut chosen = HashMap::new();
+    for (i, a) in asks.iter().enumerate() {
+        let Some(candidates) = rows.remove(&i) else {
+            continue;
+        };
+        let (limit, min_one) = budget.limit(a.max_bytes);
+        let mut taken = Vec::new();
+        let mut total = 0usize;
+        for b in candidates {
+            let length = b.length as usize;
+            if total + length > limit && !(taken.is_empty() && min_one) {
+                break;
+            }
+            total += length;
+            taken.push(b);
         }
-        total += length;
-        chosen.push(Stored::from_row(r));
+        budget.spend(total);
+        if !taken.is_empty() {
+            chosen.insert(i, taken);
+        }
     }
-    let mut aborted = Vec::new();
-    if with_aborted && !chosen.is_empty() {
-        let last = chosen.last().map(|c| c.last_offset).unwrap_or(offset);
-        let rows = db
-            .query(
-                "SELECT producer_id, first_offset, last_offset FROM aborted_txns \
-                 WHERE topic_id = $1 AND partition = $2 AND last_offset >= $3 \
-                   AND first_offset <= $4 ORDER BY last_offset",
-                &[topic_id, &partition, &offset, &last],
-            )
-            .await?;
-        aborted = rows
-            .iter()
-            .map(|r| AbortedTxn {
-                producer_id: r.get(0),
-                first_offset: r.get(1),
-                last_offset: r.get(2),
-            })
-            .collect();
+    chosen
+}
+
+/// The aborted transactions overlapping each partition's chosen rows, in
+/// one query.
+async fn aborted_many(
+    db: &impl GenericClient,
+    asks: &[Ask],
+    chosen: &HashMap<usize, Vec<Stored>>,
+) -> Result<HashMap<usize, Vec<AbortedTxn>>, ClusterError> {
+    let mut cols: (Vec<Uuid>, Vec<i32>, Vec<i64>, Vec<i64>, Vec<i64>) = Default::default();
+    for (&i, rows) in chosen {
+        let Some(last) = rows.last() else { continue };
+        cols.0.push(asks[i].topic_id);
+        cols.1.push(asks[i].partition);
+        cols.2.push(asks[i].offset);
+        cols.3.push(last.last_offset);
+        cols.4.push(i as i64);
     }
-    Ok((chosen, total, aborted))
+    let mut out: HashMap<usize, Vec<AbortedTxn>> = HashMap::new();
+    if cols.0.is_empty() {
+        return Ok(out);
+    }
+    let rows = db
+        .query(
+            "SELECT q.i, a.producer_id, a.first_offset, a.last_offset \
+             FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::int8[], $5::int8[]) \
+               AS q(topic_id, partition, from_offset, last, i) \
+             JOIN aborted_txns a ON a.topic_id = q.topic_id AND a.partition = q.partition \
+               AND a.last_offset >= q.from_offset AND a.first_offset <= q.last \
+             ORDER BY q.i, a.last_offset",
+            &[&cols.0, &cols.1, &cols.2, &cols.3, &cols.4],
+        )
+        .await?;
+    for r in &rows {
+        out.entry(r.get::<_, i64>(0) as usize)
+            .or_default()
+            .push(AbortedTxn {
+                producer_id: r.get(1),
+                first_offset: r.get(2),
+                last_offset: r.get(3),
+            });
+    }
+    Ok(out)
 }
 
 /// A batch row: where its bytes are.
@@ -471,9 +586,9 @@ impl Stored {
 
 /// The objects `rows` are in: from the cache, else read whole, several at
 /// once; each is cached for the next batches (of any partition) in it.
-pub(super) async fn load_objects(
+pub(super) async fn load_objects<'a>(
     cluster: &Cluster,
-    rows: &[Stored],
+    rows: impl IntoIterator<Item = &'a Stored>,
 ) -> Result<HashMap<String, Bytes>, ClusterError> {
     let mut objects: HashMap<String, Bytes> = HashMap::new();
     let mut missing: Vec<(String, u64)> = Vec::new();

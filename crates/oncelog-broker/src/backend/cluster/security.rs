@@ -87,13 +87,12 @@ pub async fn load<T: DeserializeOwned + Default>(
     pool: &Pool,
     name: &str,
 ) -> Result<(T, i64), ClusterError> {
+    // prepared once per connection: every broker runs this twice a second
     let client = pool.get().await?;
-    let row = client
-        .query_opt(
-            "SELECT doc, version FROM security_docs WHERE name = $1",
-            &[&name],
-        )
+    let st = client
+        .prepare_cached("SELECT doc, version FROM security_docs WHERE name = $1")
         .await?;
+    let row = client.query_opt(&st, &[&name]).await?;
     match row {
         None => Ok((T::default(), 0)),
         Some(r) => Ok((

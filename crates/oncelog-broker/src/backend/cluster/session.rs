@@ -464,16 +464,17 @@ pub async fn check_fence(
 
 /// Every registered broker, live or not.
 pub async fn brokers(pool: &Pool) -> Result<Vec<BrokerRow>, ClusterError> {
+    // prepared once per connection: every broker runs this twice a second
     let client = pool.get().await?;
-    let rows = client
-        .query(
+    let st = client
+        .prepare_cached(
             "SELECT id, session, host, port, \
                (extract(epoch from (lease_expires_at - clock_timestamp())) * 1000)::bigint, \
                listeners \
              FROM brokers ORDER BY id",
-            &[],
         )
         .await?;
+    let rows = client.query(&st, &[]).await?;
     Ok(rows
         .iter()
         .map(|r| BrokerRow {

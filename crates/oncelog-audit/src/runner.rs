@@ -609,7 +609,8 @@ impl Run {
             "anomaly_examples": report.anomalies.iter().map(|(k, v)| (k.clone(),
                 v.iter().take(5).map(|a| a.detail.clone()).collect::<Vec<_>>())).collect::<BTreeMap<_, _>>(),
             "liveness": history.liveness.iter().map(|l| json!({"topic": l.topic, "partition": l.partition,
-                "waited_ms": l.waited_ms, "limit_ms": l.limit_ms, "reached": l.reached})).collect::<Vec<_>>(),
+                "waited_ms": l.waited_ms, "limit_ms": l.limit_ms, "reached": l.reached,
+                "stalled_ms": l.stalled_ms})).collect::<Vec<_>>(),
             "notes": self.notes,
             "workdir": self.dir,
         });

@@ -613,9 +613,12 @@ async fn a_group_has_one_live_coordinator_and_a_stopped_one_commits_nothing() {
     ));
 }
 
-/// The collector removes an object whose commit never happened (and then
-/// that commit cannot happen), keeps committed objects, and removes objects
-/// of a deleted topic once no batch row names them.
+/// The collector, going by PostgreSQL's rows (no bucket listing), removes
+/// an object whose commit never happened once its key slab is closed for
+/// the grace period or its session is over (and then that commit cannot
+/// happen), leaves a live session's open slab alone, keeps committed
+/// objects, and removes objects of a deleted topic once no batch row names
+/// them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_collector_removes_only_what_no_commit_can_name() {
     let db = fresh_db().await;
@@ -631,27 +634,38 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
             .unwrap(),
     );
 
-    // A flush that wrote its object but whose broker died before the commit.
+    // A flush that wrote its object but was never committed.
     let session = b.session.session();
-    let key = oncelog_broker::backend::cluster::Objects::data_key(1, session, 999_999);
+    let key = b.keys.next(&b.pool, session).await.unwrap();
     let data = batch("orphan", 1, -1, -1, 0);
-    sequencer::insert_intent(&b.pool, &key, 1, session)
-        .await
-        .unwrap();
-    b.objects.put(&key, data.clone()).await.unwrap();
+    b.objects.put(&key.key, data.clone()).await.unwrap();
 
-    // Inside the grace period it is left alone.
-    let r = collect(&b, Duration::from_secs(3600)).await.unwrap();
-    assert_eq!((r.listed, r.kept, r.waiting), (2, 1, 1), "{r:?}");
+    // The broker's open slab of a live session is left alone, whatever the
+    // grace.
     let r = collect(&b, Duration::ZERO).await.unwrap();
-    assert_eq!((r.kept, r.removed_uncommitted), (1, 1), "{r:?}");
+    assert_eq!((r.waiting, r.slabs, r.removed_uncommitted), (1, 0, 0), "{r:?}");
+    assert_eq!(b.objects.list_data().await.unwrap().len(), 2);
+    // Closed (the broker moved on to a new slab): left alone inside the
+    // grace period, collected after it.
+    let c = b.pool.get().await.unwrap();
+    c.execute(
+        "UPDATE object_slabs SET closed_at = clock_timestamp() WHERE broker_id = 1",
+        &[],
+    )
+    .await
+    .unwrap();
+    let r = collect(&b, Duration::from_secs(3600)).await.unwrap();
+    assert_eq!((r.waiting, r.slabs), (1, 0), "{r:?}");
+    let r = collect(&b, Duration::ZERO).await.unwrap();
+    // Every key of the slab but the committed one had no objects row.
+    let unused = oncelog_broker::backend::cluster::keys::SLAB_KEYS as usize - 1;
+    assert_eq!((r.slabs, r.removed_uncommitted), (1, unused), "{r:?}");
+    assert_eq!(b.objects.list_data().await.unwrap().len(), 1);
     // The late commit of the collected object fails: no half-visible batch.
     let h = oncelog_log::batch::BatchHeader::new(&data).unwrap();
     let late = sequencer::commit_flush(
         &b.pool,
         &|t, p, n| b.check_next(t, p, n),
-        1,
-        session,
         &key,
         data.len() as u64,
         &[sequencer::FlushBatch {
@@ -670,7 +684,24 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
     assert_eq!(read_all(&b, &topic.id, 0).await.len(), 1);
     // Running it again changes nothing.
     let r = collect(&b, Duration::ZERO).await.unwrap();
-    assert_eq!((r.listed, r.kept), (1, 1), "{r:?}");
+    assert_eq!(r, Default::default(), "{r:?}");
+    assert_eq!(b.objects.list_data().await.unwrap().len(), 1);
+
+    // A session that is over: its slab is collected at once (no commit of
+    // it can pass the fence any more).
+    let other = broker(&db, &store, 2).await;
+    let s2 = other.session.session();
+    let k2 = other.keys.next(&other.pool, s2).await.unwrap();
+    other.objects.put(&k2.key, data.clone()).await.unwrap();
+    c.execute(
+        "UPDATE brokers SET lease_expires_at = clock_timestamp() WHERE id = 2",
+        &[],
+    )
+    .await
+    .unwrap();
+    let r = collect(&b, Duration::from_secs(3600)).await.unwrap();
+    assert_eq!((r.slabs, r.removed_uncommitted), (1, unused + 1), "{r:?}");
+    assert_eq!(b.objects.list_data().await.unwrap().len(), 1);
 
     // A deleted topic's objects go once no batch row has named them for
     // the grace period (a fetch that read the index a moment before the

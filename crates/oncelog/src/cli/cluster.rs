@@ -88,8 +88,8 @@ pub async fn cluster_store_info(
         None => println!("transactions: {} open", i.open_transactions),
     }
     println!(
-        "objects:      {} ({} bytes), {} not committed",
-        i.objects, i.object_bytes, i.uncommitted_objects
+        "objects:      {} ({} bytes), {} key slabs not yet collected",
+        i.objects, i.object_bytes, i.key_slabs
     );
     println!(
         "groups:       {} ({} transactional offsets pending)",

@@ -1,119 +1,106 @@
-//! Removes objects that no committed row can ever name:
+//! Removes objects that no committed row can ever name, going by
+//! PostgreSQL's rows alone (the bucket is never listed):
 //!
-//! * an object whose intent is older than the grace period and was never
-//!   committed: the collector deletes the intent first (in PostgreSQL), so
-//!   a late commit of that object finds no intent and fails;
-//! * an object with neither an intent nor an `objects` row (its intent was
-//!   collected before and the delete did not happen);
+//! * objects written and never committed: every key is reserved in an
+//!   `object_slabs` row before its PUT; a slab no commit can use any more is
+//!   collected with its uncommitted keys ([`super::keys::collect_slabs`]);
 //! * a committed object that no batch row names any more (its topic was
 //!   deleted, retention or compaction removed its batches), once it has
 //!   been so for the grace period: the first pass that finds it marks it
-//!   (`unreferenced_since`), a pass after the grace removes its `objects`
-//!   row, and only when no batch row names it (the foreign key refuses
-//!   otherwise). A fetch that read the index just before the commit that
-//!   dropped the object's batches still finds the object.
+//!   (`unreferenced_since`); a pass after the grace deletes it from the
+//!   store, then its `objects` row (only when still no batch row names it:
+//!   a crash between the two leaves the row, and the next pass deletes
+//!   again). A fetch that read the index just before the commit that
+//!   dropped the object's batches still finds the object;
+//! * the per-object intents of earlier versions, left from before an
+//!   upgrade: an intent older than the grace period is deleted (a late
+//!   commit of it then fails), then its object if it was never committed.
 //!
-//! Every decision is taken from one snapshot read after the listing, so an
-//! object listed is either still an intent (left alone inside the grace
-//! period) or committed: the collector is safe to run on several brokers at
-//! once, and twice.
+//! Every step may run on several brokers at once, and twice.
 
 use std::time::Duration;
 
+use super::keys::collect_slabs;
 use super::{Cluster, ClusterError};
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct CollectReport {
-    pub listed: usize,
-    pub kept: usize,
-    /// Intents, and objects no batch names, still inside the grace period.
+    /// Key slabs still in use or inside the grace period, and objects no
+    /// batch names still inside it.
     pub waiting: usize,
+    /// Key slabs collected.
+    pub slabs: usize,
+    /// Keys of collected slabs (and earlier versions' intents) that no
+    /// commit named, deleted from the store.
     pub removed_uncommitted: usize,
     pub removed_unreferenced: usize,
 }
 
-/// One pass over the object store.
+/// One pass.
 pub async fn collect(cluster: &Cluster, grace: Duration) -> Result<CollectReport, ClusterError> {
-    let keys = cluster.objects.list_data().await?;
+    let slabs = collect_slabs(&cluster.pool, &cluster.objects, grace).await?;
     let mut report = CollectReport {
-        listed: keys.len(),
+        waiting: slabs.waiting,
+        slabs: slabs.collected,
+        removed_uncommitted: slabs.uncommitted_keys,
         ..CollectReport::default()
     };
-    if keys.is_empty() {
-        return Ok(report);
-    }
     let grace_ms = grace.as_millis() as f64;
     let client = cluster.pool.get().await?;
-    let rows = client
+
+    // Earlier versions' intents.
+    let old = client
         .query(
-            "SELECT k, \
-               EXISTS (SELECT 1 FROM objects o WHERE o.key = k), \
-               EXISTS (SELECT 1 FROM batches b WHERE b.object_key = k), \
-               (SELECT i.created_at < clock_timestamp() - $2 * interval '1 millisecond' \
-                  FROM object_intents i WHERE i.key = k) \
-             FROM unnest($1::text[]) AS k",
-            &[&keys, &grace_ms],
+            "DELETE FROM object_intents \
+             WHERE created_at < clock_timestamp() - $1 * interval '1 millisecond' \
+             RETURNING key, EXISTS (SELECT 1 FROM objects o WHERE o.key = object_intents.key)",
+            &[&grace_ms],
         )
         .await?;
-    for r in rows {
-        let key: String = r.get(0);
-        let committed: bool = r.get(1);
-        let referenced: bool = r.get(2);
-        let intent_old: Option<bool> = r.get(3);
-        let remove = match (committed, referenced, intent_old) {
-            (true, true, _) => {
-                report.kept += 1;
-                false
-            }
-            (true, false, _) => {
-                client
-                    .execute(
-                        "UPDATE objects SET unreferenced_since = clock_timestamp() \
-                         WHERE key = $1 AND unreferenced_since IS NULL AND NOT EXISTS \
-                           (SELECT 1 FROM batches WHERE object_key = $1)",
-                        &[&key],
-                    )
-                    .await?;
-                let n = client
-                    .execute(
-                        "DELETE FROM objects WHERE key = $1 \
-                           AND unreferenced_since <= clock_timestamp() - $2 * interval '1 millisecond' \
-                           AND NOT EXISTS (SELECT 1 FROM batches WHERE object_key = $1)",
-                        &[&key, &grace_ms],
-                    )
-                    .await?;
-                if n == 1 {
-                    report.removed_unreferenced += 1;
-                } else {
-                    report.waiting += 1;
-                }
-                n == 1
-            }
-            (false, _, Some(false)) => {
-                report.waiting += 1;
-                false
-            }
-            (false, _, Some(true)) => {
-                let n = client
-                    .execute(
-                        "DELETE FROM object_intents WHERE key = $1 \
-                           AND created_at < clock_timestamp() - $2 * interval '1 millisecond'",
-                        &[&key, &grace_ms],
-                    )
-                    .await?;
-                if n == 1 {
-                    report.removed_uncommitted += 1;
-                }
-                n == 1
-            }
-            (false, _, None) => {
-                report.removed_uncommitted += 1;
-                true
-            }
-        };
-        if remove {
-            cluster.objects.delete(&key).await?;
+    for r in old {
+        if !r.get::<_, bool>(1) {
+            cluster.objects.delete(r.get::<_, &str>(0)).await?;
+            report.removed_uncommitted += 1;
         }
+    }
+
+    // Committed objects no batch names: marked on the first pass that finds
+    // them, removed on one after the grace.
+    client
+        .execute(
+            "UPDATE objects o SET unreferenced_since = clock_timestamp() \
+             WHERE unreferenced_since IS NULL \
+               AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.object_key = o.key)",
+            &[],
+        )
+        .await?;
+    let due = client
+        .query(
+            "SELECT key, unreferenced_since <= clock_timestamp() - $1 * interval '1 millisecond' \
+             FROM objects o WHERE unreferenced_since IS NOT NULL \
+               AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.object_key = o.key)",
+            &[&grace_ms],
+        )
+        .await?;
+    let mut gone: Vec<String> = Vec::new();
+    for r in due {
+        let key: String = r.get(0);
+        if r.get::<_, bool>(1) {
+            cluster.objects.delete(&key).await?;
+            gone.push(key);
+        } else {
+            report.waiting += 1;
+        }
+    }
+    if !gone.is_empty() {
+        let n = client
+            .execute(
+                "DELETE FROM objects o WHERE key = ANY($1::text[]) \
+                   AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.object_key = o.key)",
+                &[&gone],
+            )
+            .await?;
+        report.removed_unreferenced += n as usize;
     }
     Ok(report)
 }

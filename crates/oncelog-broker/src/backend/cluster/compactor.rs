@@ -15,12 +15,12 @@
 //! 2. **Copy**, chunk by chunk from the log start to where the map ended:
 //!    each batch is kept as it is (its row is untouched), dropped (its row
 //!    goes), or rebuilt with fewer records. Rebuilt batches are written to
-//!    one new object per chunk (intent first, as the flusher does), then
+//!    one new object per chunk (under a reserved key, as the flusher's), then
 //!    one PostgreSQL transaction, under the fencing token and the
 //!    partition's row lock, checks that every row it changes is still the
 //!    row it read (same object, same position), points the rebuilt rows at
 //!    the new object, deletes the dropped rows and the aborted-index rows
-//!    of removed ABORT markers, and claims the object's intent. If any row
+//!    of removed ABORT markers, and claims the object's key slab. If any row
 //!    changed (DeleteRecords, retention, another pass) the chunk commits
 //!    nothing and the pass ends; the next one starts over.
 //!
@@ -45,7 +45,7 @@ use super::catalogue::TopicRow;
 use super::jobs::{self, JobSettings};
 use super::reader::{load_objects, Stored, STORED_COLUMNS};
 use super::session::check_fence;
-use super::{sequencer, Cluster, ClusterError, Objects};
+use super::{Cluster, ClusterError};
 
 /// Batch rows read (and objects loaded) at a time.
 const CHUNK_ROWS: i64 = 500;
@@ -401,7 +401,7 @@ async fn apply(
     let broker = cluster.config.broker_id;
     let mut object = None;
     if !c.rebuilt.is_empty() {
-        let key = Objects::compacted_key(broker, session);
+        let key = cluster.keys.next(&cluster.pool, session).await?;
         let mut buf = BytesMut::new();
         let mut at = Vec::with_capacity(c.rebuilt.len());
         for (_, b) in &c.rebuilt {
@@ -410,8 +410,7 @@ async fn apply(
         }
         let data = buf.freeze();
         let size = data.len() as i64;
-        sequencer::insert_intent(&cluster.pool, &key, broker, session).await?;
-        cluster.objects.put(&key, data).await?;
+        cluster.objects.put(&key.key, data).await?;
         object = Some((key, size, at));
     }
     let mut client = cluster.pool.get().await?;
@@ -450,11 +449,15 @@ async fn apply(
     if same != changed.len() as i64 {
         return Ok(false);
     }
-    if let Some((key, size, at)) = &object {
+    if let Some((object, size, at)) = &object {
+        let key = &object.key;
         let claimed = tx
-            .execute("DELETE FROM object_intents WHERE key = $1", &[key])
+            .query_opt(
+                super::keys::CLAIM_SQL,
+                &[&object.broker_id, &object.session, &object.seq],
+            )
             .await?;
-        if claimed == 0 {
+        if claimed.is_none() {
             return Err(ClusterError::IntentGone(key.clone()));
         }
         tx.execute(

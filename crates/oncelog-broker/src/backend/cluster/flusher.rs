@@ -16,7 +16,7 @@ use oncelog_log::batch::BatchHeader;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::objects::Objects;
+use super::keys::ObjectKey;
 use super::sequencer::{self, BatchOutcome, FlushBatch};
 use super::{Cluster, ClusterError};
 use crate::backend::local::partition::producer_batch;
@@ -37,12 +37,12 @@ struct Submit {
 
 /// A flush whose object is being written.
 struct Flight {
-    key: String,
     size: u64,
     data: Bytes,
     batches: Vec<FlushBatch>,
     replies: Vec<(oneshot::Sender<ProduceResult>, Instant)>,
-    put: tokio::task::JoinHandle<Result<(), ClusterError>>,
+    /// The PUT, and the key it wrote.
+    put: tokio::task::JoinHandle<Result<ObjectKey, ClusterError>>,
 }
 
 /// Figures for /metrics and the benchmark.
@@ -133,25 +133,17 @@ async fn gather(
     mut rx: mpsc::Receiver<Submit>,
     flights: mpsc::Sender<Flight>,
 ) {
-    let seq = AtomicU64::new(0);
     while let Some(first) = rx.recv().await {
         let deadline = tokio::time::Instant::now() + cluster.config.flush_interval;
-        // The object's key and its intent row are settled as the window
-        // opens, so the intent's round trip overlaps the gathering instead
-        // of delaying the PUT (the intent still precedes the PUT).
-        let session = cluster.session.session();
-        let key = Objects::data_key(
-            cluster.config.broker_id,
-            session,
-            seq.fetch_add(1, Ordering::Relaxed),
-        );
-        let intent = {
+        // The object's key is settled as the window opens, so the round trip
+        // that reserves a new slab of keys (one flush in [`super::keys::SLAB_KEYS`])
+        // overlaps the gathering instead of delaying the PUT.
+        let key = {
             let cluster = cluster.clone();
-            let key = key.clone();
             tokio::spawn(async move {
                 cluster.session.check_live()?;
-                sequencer::insert_intent(&cluster.pool, &key, cluster.config.broker_id, session)
-                    .await
+                let session = cluster.session.session();
+                cluster.keys.next(&cluster.pool, session).await
             })
         };
         let mut subs = vec![first];
@@ -165,19 +157,18 @@ async fn gather(
                 Ok(None) | Err(_) => break,
             }
         }
-        let flight = assemble(&cluster, key, intent, subs);
+        let flight = assemble(&cluster, key, subs);
         if flights.send(flight).await.is_err() {
             return;
         }
     }
 }
 
-/// Lays the batches out in one object (`key`) and starts its PUT once its
-/// intent row is written.
+/// Lays the batches out in one object and starts its PUT once its `key` is
+/// reserved.
 fn assemble(
     cluster: &Arc<Cluster>,
-    key: String,
-    intent: tokio::task::JoinHandle<Result<(), ClusterError>>,
+    key: tokio::task::JoinHandle<Result<ObjectKey, ClusterError>>,
     subs: Vec<Submit>,
 ) -> Flight {
     let total: usize = subs.iter().map(|s| s.data.len()).sum();
@@ -210,17 +201,16 @@ fn assemble(
     let size = data.len() as u64;
     let put = {
         let cluster = cluster.clone();
-        let key = key.clone();
         let data = data.clone();
         tokio::spawn(async move {
-            intent
+            let key = key
                 .await
-                .map_err(|e| ClusterError::Invariant(format!("the intent task failed: {e}")))??;
-            cluster.objects.put(&key, data).await
+                .map_err(|e| ClusterError::Invariant(format!("the key task failed: {e}")))??;
+            cluster.objects.put(&key.key, data).await?;
+            Ok(key)
         })
     };
     Flight {
-        key,
         size,
         data,
         batches,
@@ -239,16 +229,14 @@ async fn commit_in_order(
             Ok(r) => r,
             Err(e) => Err(ClusterError::Invariant(format!("the PUT task failed: {e}"))),
         };
-        let session = key_session(&f.key);
         let t = Instant::now();
+        let key = put.as_ref().map(|k| k.key.clone()).unwrap_or_default();
         let result = match put {
-            Ok(()) => {
+            Ok(key) => {
                 sequencer::commit_flush(
                     &cluster.pool,
                     &|t, p, n| cluster.check_next(t, p, n),
-                    cluster.config.broker_id,
-                    session,
-                    &f.key,
+                    &key,
                     f.size,
                     &f.batches,
                 )
@@ -260,7 +248,7 @@ async fn commit_in_order(
         match result {
             Ok((outcomes, advanced)) => {
                 stats.commit_latency.observe_duration(t.elapsed());
-                cluster.cache.insert(&f.key, f.data.clone());
+                cluster.cache.insert(&key, f.data.clone());
                 for ((b, o), (reply, at)) in f.batches.iter().zip(outcomes).zip(f.replies) {
                     if matches!(o, BatchOutcome::Appended { .. }) {
                         stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -271,11 +259,12 @@ async fn commit_in_order(
                     stats.ack_latency.observe_duration(at.elapsed());
                     let _ = reply.send(Ok(o));
                 }
-                cluster.committed(&advanced);
+                // The commit announced them to the other brokers.
+                cluster.advanced(&advanced);
             }
             Err(e) => {
                 stats.failed_flushes.fetch_add(1, Ordering::Relaxed);
-                crate::backend::cluster::outage::cluster_warn!(cluster.outage, e, object = %f.key, error = %e, "cluster: a flush was not committed; its batches get a retriable error");
+                crate::backend::cluster::outage::cluster_warn!(cluster.outage, e, object = %key, error = %e, "cluster: a flush was not committed; its batches get a retriable error");
                 let e = Arc::new(e);
                 for (reply, _) in f.replies {
                     let _ = reply.send(Err(e.clone()));
@@ -285,25 +274,7 @@ async fn commit_in_order(
     }
 }
 
-/// The session number in a data key (`data/<broker>-<session>-<seq>…`).
-fn key_session(key: &str) -> i64 {
-    key.rsplit('/')
-        .next()
-        .and_then(|n| n.split('-').nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(-1)
-}
-
 /// How long a produce may wait for its flush before the broker answers
 /// REQUEST_TIMED_OUT (the batch may still commit: a retry is then answered
 /// as a duplicate, for idempotent producers).
 pub const PRODUCE_TIMEOUT: Duration = Duration::from_secs(30);
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_data_key_names_its_session() {
-        let k = super::Objects::data_key(3, 17, 5);
-        assert_eq!(super::key_session(&k), 17);
-    }
-}

@@ -30,9 +30,10 @@ pub struct ClusterInfo {
     pub pending_transactional_offsets: i64,
     pub objects: i64,
     pub object_bytes: i64,
-    /// Objects written whose commit has not happened (or never will: the
-    /// collector removes them after `cluster.intent.grace.ms`).
-    pub uncommitted_objects: i64,
+    /// Slabs of reserved object keys not yet collected (the brokers' current
+    /// ones, and closed ones inside `cluster.intent.grace.ms`), with any
+    /// per-object intents left by earlier versions.
+    pub key_slabs: i64,
     pub object_store: Option<StoreHealth>,
 }
 
@@ -141,7 +142,7 @@ pub async fn info(
                (SELECT count(*) FROM group_pending_offsets), \
                (SELECT count(*) FROM objects), \
                (SELECT coalesce(sum(size), 0)::bigint FROM objects), \
-               (SELECT count(*) FROM object_intents)",
+               (SELECT count(*) FROM object_slabs) + (SELECT count(*) FROM object_intents)",
             &[],
         )
         .await?;
@@ -217,7 +218,7 @@ pub async fn info(
         pending_transactional_offsets: counts.get(5),
         objects: counts.get(6),
         object_bytes: counts.get(7),
-        uncommitted_objects: counts.get(8),
+        key_slabs: counts.get(8),
         object_store,
     })
 }

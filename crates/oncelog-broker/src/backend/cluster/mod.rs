@@ -30,6 +30,7 @@ pub mod groups;
 pub mod history;
 pub mod info;
 pub mod jobs;
+pub mod keys;
 pub mod membership;
 pub mod objects;
 pub mod outage;
@@ -156,7 +157,8 @@ pub enum ClusterError {
         database: i64,
         seen: i64,
     },
-    /// The collector removed this object's intent: its commit must fail.
+    /// The object's key is in no slab of the committing session, or its
+    /// slab is being collected: its commit must fail.
     #[error("object {0} was collected before its commit")]
     IntentGone(String),
     #[error("{0}")]
@@ -221,6 +223,8 @@ pub struct Cluster {
     pub objects: Objects,
     pub session: Session,
     pub cache: BatchCache,
+    /// The keys of the objects this broker writes.
+    pub keys: keys::Keys,
     /// Woken when a partition's high watermark moves (a commit of ours, or
     /// another broker's through NOTIFY), for long-poll fetches.
     pub data_notify: tokio::sync::Notify,
@@ -253,6 +257,7 @@ impl Cluster {
         let cache = BatchCache::new(config.cache_bytes);
         let (announcements, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(announce(pool.clone(), rx));
+        let keys = keys::Keys::new(config.broker_id);
         Ok(Arc::new(Self {
             config,
             outage: outage::Outage::new(&pg.config),
@@ -261,6 +266,7 @@ impl Cluster {
             objects,
             session,
             cache,
+            keys,
             data_notify: tokio::sync::Notify::new(),
             catalogue_notify: tokio::sync::Notify::new(),
             known: Mutex::new(HashMap::new()),

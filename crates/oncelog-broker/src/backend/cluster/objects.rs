@@ -138,14 +138,6 @@ impl Objects {
         format!("{DATA_DIR}/{broker}-{session}-{seq:012}.batches")
     }
 
-    /// The key of a new object of rebuilt batches, written by compaction.
-    pub fn compacted_key(broker: i32, session: i64) -> String {
-        format!(
-            "{DATA_DIR}/{broker}-{session}-compacted-{}.batches",
-            uuid::Uuid::new_v4().simple()
-        )
-    }
-
     pub async fn put(&self, key: &str, data: Bytes) -> Result<(), ClusterError> {
         let t = Instant::now();
         let n = data.len() as u64;
@@ -204,7 +196,9 @@ impl Objects {
         }
     }
 
-    /// Every data object's key (relative to the prefix).
+    /// Every data object's key (relative to the prefix). Nothing in the
+    /// broker lists the bucket (the collector goes by PostgreSQL's rows);
+    /// this is for tests and checks.
     pub async fn list_data(&self) -> Result<Vec<String>, ClusterError> {
         let dir = self.path(DATA_DIR);
         let metas: Vec<_> = self.store.list(Some(&dir)).try_collect().await?;

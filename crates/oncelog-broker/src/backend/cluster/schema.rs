@@ -55,6 +55,16 @@ CREATE TABLE IF NOT EXISTS object_intents (
     session    bigint NOT NULL,
     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE TABLE IF NOT EXISTS object_slabs (
+    broker_id  integer NOT NULL,
+    session    bigint NOT NULL,
+    first_seq  bigint NOT NULL,
+    last_seq   bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    closed_at  timestamptz,
+    collecting boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (broker_id, session, first_seq)
+);
 CREATE TABLE IF NOT EXISTS objects (
     key        text PRIMARY KEY,
     size       bigint NOT NULL,

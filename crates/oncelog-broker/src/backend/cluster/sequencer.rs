@@ -1,5 +1,5 @@
 //! The produce commit: one PostgreSQL transaction per flushed object that
-//! checks the broker's fencing token, claims the object's intent, assigns
+//! checks the broker's fencing token, claims the object's key slab, assigns
 //! offsets under each partition's row lock, applies the idempotence rules
 //! (the same [`ProducerState`] code as local mode, over the producers' rows)
 //! and records where every batch lives. Nothing is acknowledged before it
@@ -16,6 +16,7 @@ use deadpool_postgres::Pool;
 use tokio_postgres::Statement;
 use uuid::Uuid;
 
+use super::keys::{ObjectKey, CLAIM_SQL};
 use super::ClusterError;
 use crate::machines::producer_state::{
     ProduceReject, ProducerBatch, ProducerEntry, ProducerState, Verdict,
@@ -72,25 +73,6 @@ pub struct Advanced {
 /// The NOTIFY channel commits announce new offsets on.
 pub const DATA_CHANNEL: &str = "oncelog_data";
 
-/// Records an object intent before its PUT (autocommit): the collector may
-/// remove the object only after deleting this row, and the commit needs the
-/// row, so the two never both succeed.
-pub async fn insert_intent(
-    pool: &Pool,
-    key: &str,
-    broker_id: i32,
-    session: i64,
-) -> Result<(), ClusterError> {
-    let client = pool.get().await?;
-    let insert = client
-        .prepare_cached("INSERT INTO object_intents (key, broker_id, session) VALUES ($1, $2, $3)")
-        .await?;
-    client
-        .execute(&insert, &[&key, &broker_id, &session])
-        .await?;
-    Ok(())
-}
-
 /// A statement's parameter.
 type Param<'a> = dyn tokio_postgres::types::ToSql + Sync + 'a;
 
@@ -102,7 +84,7 @@ pub type CheckNext<'a> = dyn Fn(&Uuid, i32, i64) -> Result<(), ClusterError> + S
 /// (deadpool's statement cache), so each costs no round trip of its own.
 struct Statements {
     fence: Statement,
-    claim_intent: Statement,
+    claim: Statement,
     insert_object: Statement,
     views: Statement,
     lock: Statement,
@@ -110,9 +92,9 @@ struct Statements {
     insert_batches: Statement,
     write_producers: Statement,
     advance: Statement,
+    announce: Statement,
 }
 
-const CLAIM_INTENT: &str = "DELETE FROM object_intents WHERE key = $1";
 const INSERT_OBJECT: &str = "INSERT INTO objects (key, size, broker_id) VALUES ($1, $2, $3)";
 /// Transactional producers' coordinator rows, `FOR SHARE` (before the
 /// partitions, the order EndTxn takes them in too).
@@ -138,25 +120,34 @@ const WRITE_PRODUCERS: &str = "INSERT INTO producers (topic_id, partition, produ
 const ADVANCE: &str = "UPDATE partitions AS p SET next_offset = u.n \
      FROM unnest($1::uuid[], $2::int[], $3::bigint[]) AS u (t, q, n) \
      WHERE p.topic_id = u.t AND p.partition = u.q AND p.next_offset <> u.n";
+/// After the commit, in the same round trip but a transaction of its own:
+/// tells the other brokers where the commit moved its partitions, only if
+/// PostgreSQL holds those offsets (so nothing is announced for a commit
+/// that did not happen).
+const ANNOUNCE: &str = "SELECT pg_notify($1, $2) WHERE NOT EXISTS (SELECT 1 \
+       FROM unnest($3::uuid[], $4::int[], $5::bigint[]) AS u (t, q, n) \
+       LEFT JOIN partitions p ON p.topic_id = u.t AND p.partition = u.q \
+     WHERE p.next_offset IS NULL OR p.next_offset < u.n)";
 
 impl Statements {
     async fn prepare(c: &deadpool_postgres::Client) -> Result<Self, ClusterError> {
-        let (fence, claim_intent, insert_object, views, lock, producers) = futures_util::try_join!(
+        let (fence, claim, insert_object, views, lock, producers) = futures_util::try_join!(
             c.prepare_cached(super::session::FENCE_SQL),
-            c.prepare_cached(CLAIM_INTENT),
+            c.prepare_cached(CLAIM_SQL),
             c.prepare_cached(INSERT_OBJECT),
             c.prepare_cached(VIEWS),
             c.prepare_cached(LOCK),
             c.prepare_cached(PRODUCERS),
         )?;
-        let (insert_batches, write_producers, advance) = futures_util::try_join!(
+        let (insert_batches, write_producers, advance, announce) = futures_util::try_join!(
             c.prepare_cached(INSERT_BATCHES),
             c.prepare_cached(WRITE_PRODUCERS),
             c.prepare_cached(ADVANCE),
+            c.prepare_cached(ANNOUNCE),
         )?;
         Ok(Self {
             fence,
-            claim_intent,
+            claim,
             insert_object,
             views,
             lock,
@@ -164,6 +155,7 @@ impl Statements {
             insert_batches,
             write_producers,
             advance,
+            announce,
         })
     }
 }
@@ -211,17 +203,16 @@ impl Drop for Pipelined {
 ///
 /// Two round trips to PostgreSQL, each a pipeline of prepared statements:
 /// the first begins the transaction, checks the fencing token, claims the
-/// object's intent, records the object and locks and reads what the
+/// object's key slab, records the object and locks and reads what the
 /// decisions need (the transactional producers' views, the partitions'
 /// offsets, the producers' states); the second, after the same decisions
-/// as local mode's, writes the batch index, the producers and the offsets
-/// and commits. A failure anywhere ends the transaction unwritten.
+/// as local mode's, writes the batch index, the producers and the offsets,
+/// commits, and then announces the new offsets to the other brokers. A
+/// failure anywhere ends the transaction unwritten.
 pub async fn commit_flush(
     pool: &Pool,
     check_next: &CheckNext<'_>,
-    broker_id: i32,
-    session: i64,
-    key: &str,
+    key: &ObjectKey,
     size: u64,
     batches: &[FlushBatch],
 ) -> Result<(Vec<BatchOutcome>, Vec<Advanced>), ClusterError> {
@@ -231,19 +222,16 @@ pub async fn commit_flush(
     let Some(c) = open.client.as_ref() else {
         return Err(ClusterError::Invariant("no connection".into()));
     };
-    let result = commit_pipelined(c, &st, check_next, broker_id, session, key, size, batches).await;
+    let result = commit_pipelined(c, &st, check_next, key, size, batches).await;
     open.end(result.is_ok()).await;
     result
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn commit_pipelined(
     c: &deadpool_postgres::Client,
     st: &Statements,
     check_next: &CheckNext<'_>,
-    broker_id: i32,
-    session: i64,
-    key: &str,
+    object: &ObjectKey,
     size: u64,
     batches: &[FlushBatch],
 ) -> Result<(Vec<BatchOutcome>, Vec<Advanced>), ClusterError> {
@@ -264,9 +252,10 @@ async fn commit_pipelined(
     let (wt, wp, wi) = producer_keys(batches);
 
     // Round trip 1.
+    let (broker_id, session, key) = (object.broker_id, object.session, object.key.as_str());
     let size = size as i64;
     let fence_p: [&Param<'_>; 2] = [&broker_id, &session];
-    let intent_p: [&Param<'_>; 1] = [&key];
+    let claim_p: [&Param<'_>; 3] = [&broker_id, &session, &object.seq];
     let object_p: [&Param<'_>; 3] = [&key, &size, &broker_id];
     let views_p: [&Param<'_>; 1] = [&txn_pids];
     let lock_p: [&Param<'_>; 2] = [&pt, &pp];
@@ -274,7 +263,7 @@ async fn commit_pipelined(
     let (_, fence, claimed, _, views, rows, producers) = futures_util::try_join!(
         c.batch_execute("BEGIN"),
         c.query_opt(&st.fence, &fence_p),
-        c.execute(&st.claim_intent, &intent_p),
+        c.query_opt(&st.claim, &claim_p),
         c.execute(&st.insert_object, &object_p),
         c.query(&st.views, &views_p),
         c.query(&st.lock, &lock_p),
@@ -283,7 +272,7 @@ async fn commit_pipelined(
     if fence.is_none() {
         return Err(ClusterError::Fenced { broker_id, session });
     }
-    if claimed == 0 {
+    if claimed.is_none() {
         return Err(ClusterError::IntentGone(key.to_string()));
     }
     let views = parse_views(&views)?;
@@ -334,12 +323,25 @@ async fn commit_pipelined(
     ];
     let producers_p: [&Param<'_>; 5] = [&w.topic, &w.partition, &w.id, &w.txn, &w.entry];
     let advance_p: [&Param<'_>; 3] = [&at, &ap, &an];
-    futures_util::try_join!(
-        c.execute(&st.insert_batches, &batches_p),
-        c.execute(&st.write_producers, &producers_p),
-        c.execute(&st.advance, &advance_p),
-        c.batch_execute("COMMIT"),
-    )?;
+    let payload = notify_payload(&advanced);
+    let announce_p: [&Param<'_>; 5] = [&DATA_CHANNEL, &payload, &at, &ap, &an];
+    let (written, announced) = futures_util::join!(
+        async {
+            futures_util::try_join!(
+                c.execute(&st.insert_batches, &batches_p),
+                c.execute(&st.write_producers, &producers_p),
+                c.execute(&st.advance, &advance_p),
+                c.batch_execute("COMMIT"),
+            )
+        },
+        c.execute(&st.announce, &announce_p),
+    );
+    written?;
+    if let Err(e) = announced {
+        // Costs the other brokers only a wake-up: a long poll reads again
+        // when its wait ends.
+        tracing::debug!(error = %e, "cluster: the announcement of new offsets was not sent");
+    }
     Ok((outcomes, advanced))
 }
 

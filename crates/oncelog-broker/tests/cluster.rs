@@ -643,7 +643,11 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
     // The broker's open slab of a live session is left alone, whatever the
     // grace.
     let r = collect(&b, Duration::ZERO).await.unwrap();
-    assert_eq!((r.waiting, r.slabs, r.removed_uncommitted), (1, 0, 0), "{r:?}");
+    assert_eq!(
+        (r.waiting, r.slabs, r.removed_uncommitted),
+        (1, 0, 0),
+        "{r:?}"
+    );
     assert_eq!(b.objects.list_data().await.unwrap().len(), 2);
     // Closed (the broker moved on to a new slab): left alone inside the
     // grace period, collected after it.

@@ -508,8 +508,20 @@ impl Txns<'_> {
             Txns::Cluster(b, front) => {
                 let policy = |m: &TxnMeta| b.txn.on_timeout(m);
                 match crate::backend::cluster::txn::abort_expired(&front.cluster, &policy).await {
-                    Ok(ended) => {
-                        for t in ended {
+                    Ok(expired) => {
+                        // The parked ones this broker coordinates, from the
+                        // same read (no second scan of the transactions).
+                        let me = front.cluster.config.broker_id;
+                        let live: Vec<i32> = front.live().iter().map(|x| x.id).collect();
+                        let mine = expired.parked.iter().filter(|m| {
+                            crate::machines::placement::rendezvous(
+                                m.transactional_id.as_bytes(),
+                                &live,
+                            ) == Some(me)
+                        });
+                        b.txn
+                            .report_parked(&b.txn.parked_among(mine, expired.now), expired.now);
+                        for t in expired.ended {
                             b.txn.count_fence(&t.before.transactional_id, "timeout");
                             b.txn.count_completed(false, t.before.start_ms);
                             b.txn
@@ -527,9 +539,6 @@ impl Txns<'_> {
                     Err(e) => {
                         crate::backend::cluster::outage::cluster_warn!(front.cluster.outage, e, error = %e, "cluster: the transaction timeout check failed")
                     }
-                }
-                if let Ok((mine, now)) = self.parked(Scope::Mine).await {
-                    b.txn.report_parked(&mine, now);
                 }
             }
         }

@@ -85,8 +85,14 @@ pub async fn create_topic(
 
 /// Every topic, by name.
 pub async fn topics(pool: &Pool) -> Result<Vec<TopicRow>, ClusterError> {
+    topics_on(&*pool.get().await?).await
+}
+
+/// [`topics`] on a connection of the caller's.
+pub async fn topics_on(
+    client: &deadpool_postgres::ClientWrapper,
+) -> Result<Vec<TopicRow>, ClusterError> {
     // prepared once per connection: every broker runs this twice a second
-    let client = pool.get().await?;
     let st = client
         .prepare_cached("SELECT id, name, partitions, configs FROM topics ORDER BY name")
         .await?;

@@ -102,13 +102,23 @@ impl Front {
     }
 
     async fn refresh(&self) -> Result<(), ClusterError> {
-        // Each copy is taken on its own: a failure to read one leaves that
-        // copy as it was and does not hold up the others.
-        if let Err(e) = self.security.refresh(&self.cluster.pool).await {
+        // One round trip and one read-only transaction for every copy: the
+        // statements are pipelined on one connection. A copy that cannot be
+        // read (a document that does not parse) is kept as it was and does
+        // not hold up the others.
+        let client = self.cluster.pool.get().await?;
+        let (_, security, live, topics, _) = futures_util::join!(
+            client.batch_execute("BEGIN READ ONLY"),
+            self.security.refresh_on(&client),
+            session::brokers_on(&client),
+            catalogue::topics_on(&client),
+            client.batch_execute("COMMIT"),
+        );
+        if let Err(e) = security {
             crate::backend::cluster::outage::cluster_warn!(self.cluster.outage, e, error = %e, "cluster: reading the ACLs and SCRAM credentials failed; keeping the copy");
         }
-        let live = session::live_brokers(&self.cluster.pool).await?;
-        let topics = catalogue::topics(&self.cluster.pool).await?;
+        let live: Vec<BrokerRow> = live?.into_iter().filter(|b| b.lease_left_ms > 0).collect();
+        let topics = topics?;
         *self.live.write().unwrap_or_else(|p| p.into_inner()) = live;
         *self.topics.write().unwrap_or_else(|p| p.into_inner()) =
             topics.into_iter().map(|t| (t.name.clone(), t)).collect();

@@ -26,8 +26,12 @@ pub const OFFSETS: &str = "offsets";
 pub const CUTOVERS: &str = "cutovers";
 pub const IDS: &str = "transactional_ids";
 
-/// How often idle transactional ids are looked for (as local mode's).
-pub(super) const IDS_EVERY: Duration = Duration::from_secs(1);
+/// How often idle transactional ids are looked for: a tenth of how long
+/// they may idle, between 1 s (local mode's) and a minute. Each look is a
+/// scan of the `transactions` rows, and the default expiry is a week.
+pub(super) fn ids_every(expiration_ms: i64) -> Duration {
+    Duration::from_millis((expiration_ms / 10).clamp(1_000, 60_000) as u64)
+}
 
 /// How often the cut-overs' driver looks at them (as local mode's).
 pub(super) const CUTOVERS_EVERY: Duration = Duration::from_secs(1);
@@ -130,28 +134,35 @@ impl Held {
     }
 }
 
-/// Records that a run of `job` ended (with `error` if it failed).
+/// Records that `runs` runs of `job` ended, the last with `error` if it
+/// failed.
 pub(super) async fn ran(
     cluster: &Cluster,
     job: &str,
-    error: Option<String>,
+    runs: i64,
+    error: &Option<String>,
 ) -> Result<(), ClusterError> {
     let client = cluster.pool.get().await?;
     client
         .execute(
-            "UPDATE job_leases SET runs = runs + 1, last_run_at = clock_timestamp(), \
+            "UPDATE job_leases SET runs = runs + $5, last_run_at = clock_timestamp(), \
                last_error = $4 \
              WHERE job = $1 AND broker_id = $2 AND session = $3",
             &[
                 &job,
                 &cluster.config.broker_id,
                 &cluster.session.session(),
-                &error,
+                error,
+                &runs,
             ],
         )
         .await?;
     Ok(())
 }
+
+/// How often a job that runs more often than this records its runs (at
+/// once when its error changes).
+pub(super) const RECORD_EVERY: Duration = Duration::from_secs(10);
 
 /// A job's lease row, for `oncelog cluster info`.
 #[derive(Debug, Clone, serde::Serialize)]

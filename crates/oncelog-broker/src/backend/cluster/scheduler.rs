@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::jobs::{
-    hold, ran, Held, JobSettings, COMPACTION, CUTOVERS, CUTOVERS_EVERY, IDS, IDS_EVERY, OFFSETS,
+    hold, ran, Held, JobSettings, COMPACTION, CUTOVERS, CUTOVERS_EVERY, IDS, OFFSETS, RECORD_EVERY,
     RETENTION,
 };
 use super::{compactor, retention, Cluster, ClusterError};
@@ -51,8 +51,8 @@ pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
         tokio::spawn(run_every(
             cluster.clone(),
             IDS,
-            IDS_EVERY,
-            IDS_EVERY + lease * 2,
+            super::jobs::ids_every(expiration_ms),
+            super::jobs::ids_every(expiration_ms) + lease * 2,
             move |c, _held| async move {
                 super::expiry::transactional_ids(&c, expiration_ms)
                     .await
@@ -95,6 +95,9 @@ async fn run_every<F, Fut>(
     F: Fn(Arc<Cluster>, Held) -> Fut,
     Fut: std::future::Future<Output = Result<(), ClusterError>>,
 {
+    let mut unrecorded: i64 = 0;
+    let mut last_recorded: Option<std::time::Instant> = None;
+    let mut last_error: Option<String> = None;
     loop {
         tokio::time::sleep(every).await;
         match hold(&cluster, job, ttl).await {
@@ -109,8 +112,19 @@ async fn run_every<F, Fut>(
         if let Err(e) = &r {
             crate::backend::cluster::outage::cluster_warn!(cluster.outage, *e, job, error = %e, "cluster: a background job failed; it runs again");
         }
-        if let Err(e) = ran(&cluster, job, r.err().map(|e| e.to_string())).await {
-            tracing::debug!(job, error = %e, "cluster: recording a job's run failed");
+        // A job that runs every second records its runs every few seconds
+        // (one write fewer a second), and at once when its outcome changes.
+        let error = r.err().map(|e| e.to_string());
+        unrecorded += 1;
+        if every >= RECORD_EVERY || error != last_error || last_recorded.is_none_or(|t| t.elapsed() >= RECORD_EVERY) {
+            match ran(&cluster, job, unrecorded, &error).await {
+                Ok(()) => {
+                    unrecorded = 0;
+                    last_recorded = Some(std::time::Instant::now());
+                    last_error = error;
+                }
+                Err(e) => tracing::debug!(job, error = %e, "cluster: recording a job's run failed"),
+            }
         }
     }
 }

@@ -13,10 +13,12 @@ use super::ClusterError;
 /// cluster's ACLs and credentials; version 3: the topics' cut-overs;
 /// version 4: the brokers' incarnations, which keep a node id unique;
 /// version 5: the transaction history's notes; version 6: the groups'
-/// membership at rest, for the console) and
+/// membership at rest, for the console; version 7: object keys reserved in
+/// slabs instead of one intent row per object, and an index of open
+/// transactions by deadline for the timeout driver) and
 /// refuses a newer one, so a broker of an older build never runs on tables
 /// it does not know.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// Any number that no other user of the database takes as advisory lock.
 const MIGRATE_LOCK: i64 = 0x6f6e_6365_6c6f_6701;
@@ -120,6 +122,9 @@ CREATE TABLE IF NOT EXISTS transactions (
     updated_at       timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS transactions_by_producer ON transactions (producer_id);
+CREATE INDEX IF NOT EXISTS transactions_ongoing_deadline ON transactions
+    (((meta->>'start_ms')::bigint + (meta->>'timeout_ms')::bigint))
+    WHERE meta->>'state' = 'Ongoing';
 CREATE TABLE IF NOT EXISTS group_owners (
     group_id  text PRIMARY KEY,
     broker_id integer NOT NULL,

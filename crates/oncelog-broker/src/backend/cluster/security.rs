@@ -69,8 +69,17 @@ impl Copies {
 
     /// Replaces both copies with the cluster's rows.
     pub async fn refresh(&self, pool: &Pool) -> Result<(), ClusterError> {
-        let (acls, av) = load(pool, ACLS).await?;
-        let (users, uv) = load(pool, USERS).await?;
+        self.refresh_on(&*pool.get().await?).await
+    }
+
+    /// [`Self::refresh`] on a connection of the caller's, both reads
+    /// pipelined.
+    pub async fn refresh_on(
+        &self,
+        client: &deadpool_postgres::ClientWrapper,
+    ) -> Result<(), ClusterError> {
+        let ((acls, av), (users, uv)) =
+            futures_util::try_join!(load_on(client, ACLS), load_on(client, USERS))?;
         self.set_acls(acls, av);
         self.set_users(users, uv);
         Ok(())
@@ -87,8 +96,15 @@ pub async fn load<T: DeserializeOwned + Default>(
     pool: &Pool,
     name: &str,
 ) -> Result<(T, i64), ClusterError> {
+    load_on(&*pool.get().await?, name).await
+}
+
+/// [`load`] on a connection of the caller's.
+pub async fn load_on<T: DeserializeOwned + Default>(
+    client: &deadpool_postgres::ClientWrapper,
+    name: &str,
+) -> Result<(T, i64), ClusterError> {
     // prepared once per connection: every broker runs this twice a second
-    let client = pool.get().await?;
     let st = client
         .prepare_cached("SELECT doc, version FROM security_docs WHERE name = $1")
         .await?;

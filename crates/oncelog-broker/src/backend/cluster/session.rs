@@ -464,8 +464,15 @@ pub async fn check_fence(
 
 /// Every registered broker, live or not.
 pub async fn brokers(pool: &Pool) -> Result<Vec<BrokerRow>, ClusterError> {
+    brokers_on(&*pool.get().await?).await
+}
+
+/// [`brokers`] on a connection of the caller's (the refresh pipelines it
+/// with its other reads).
+pub async fn brokers_on(
+    client: &deadpool_postgres::ClientWrapper,
+) -> Result<Vec<BrokerRow>, ClusterError> {
     // prepared once per connection: every broker runs this twice a second
-    let client = pool.get().await?;
     let st = client
         .prepare_cached(
             "SELECT id, session, host, port, \

@@ -368,12 +368,14 @@ pub struct TimedOut {
 pub async fn abort_expired(
     cluster: &Cluster,
     on_timeout: &(dyn Fn(&TxnMeta) -> OnTimeout + Sync),
-) -> Result<Vec<TimedOut>, ClusterError> {
+) -> Result<Expired, ClusterError> {
     let (candidates, now) = expired(&cluster.pool).await?;
     let mut done = Vec::new();
+    let mut parked = Vec::new();
     for m in candidates {
         if tc::plan_timeout(&m, now, on_timeout(&m)).is_none() {
-            continue; // parked, and not yet for the maximum
+            parked.push(m); // parked, and not yet for the maximum
+            continue;
         }
         let id = m.transactional_id.clone();
         let f = Box::new(
@@ -419,7 +421,22 @@ pub async fn abort_expired(
             was_parked,
         });
     }
-    Ok(done)
+    Ok(Expired {
+        ended: done,
+        parked,
+        now,
+    })
+}
+
+/// What one pass of the timeout driver found.
+#[derive(Debug, Clone, Default)]
+pub struct Expired {
+    /// The transactions it aborted.
+    pub ended: Vec<TimedOut>,
+    /// Those past their timeout that stay parked (the whole cluster's).
+    pub parked: Vec<TxnMeta>,
+    /// PostgreSQL's clock at the read, in ms.
+    pub now: i64,
 }
 
 /// What an operator's abort of a producer id found.

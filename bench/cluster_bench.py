@@ -41,6 +41,10 @@ round trips (request/response turn-arounds through the proxy) per flush.
 
     .venv/bin/python bench/cluster_bench.py --configs cluster-1,cluster-3 --pg-delay-ms 2 --s3-delay-ms 20
 
+--idle-seconds S measures, before each cluster load, what the idle brokers
+ask of PostgreSQL per broker per second (transactions; round trips too with
+--pg-delay-ms).
+
 Tansu: `cargo install tansu --locked --features postgres` (0.6.0 measured);
 its schema is etc/initdb.d/010-schema.sql of Tansu's repository at the same
 tag (`git show v0.6.0:etc/initdb.d/010-schema.sql`).
@@ -198,7 +202,10 @@ def start_config(kind, a, env, tmp, run):
 
 def one_run(kind, a, env, tmp, run):
     target, db = start_config(kind, a, env, tmp, run)
+    idle = {}
     try:
+        if a.idle_seconds and isinstance(target, Brokers):
+            idle = idle_floor(target, env, db, a.idle_seconds)
         x0 = xact_commits(env, db) if db else None
         w0 = pg_work(env, db) if db else None
         m0 = target.metrics()
@@ -214,6 +221,7 @@ def one_run(kind, a, env, tmp, run):
     row = {"kind": kind, "run": run, "msgs_per_s": r["msgs_per_s"], "mb_per_s": r["mb_per_s"],
            "ack_p50_ms": r["ack_p50_ms"], "ack_p99_ms": r["ack_p99_ms"], "acked": r["acked"],
            "errors": r["errors"], "last_error": r["last_error"], "gb": gb}
+    row.update(idle)
     if x0 is not None:
         row["pg_xacts"] = x1 - x0
         row["pg_xacts_per_gb"] = (x1 - x0) / gb if gb else None
@@ -230,6 +238,21 @@ def one_run(kind, a, env, tmp, run):
             row["pg_round_trips"] = t1 - t0
             row["pg_round_trips_per_flush"] = (t1 - t0) / row["flushes"] if row["flushes"] else None
             row["pg_round_trips_per_gb"] = (t1 - t0) / gb if gb else None
+    return row
+
+
+def idle_floor(target, env, db, seconds):
+    """What idle brokers ask of PostgreSQL: transactions (and round trips,
+    through the delay proxy) per broker per second over `seconds` with no
+    client, after a few seconds to settle."""
+    time.sleep(3)
+    x0, t0 = xact_commits(env, db), target.pg_round_trips()
+    time.sleep(seconds)
+    x1, t1 = xact_commits(env, db), target.pg_round_trips()
+    n = len(target.members) * seconds
+    row = {"idle_pg_xacts_per_broker_s": (x1 - x0) / n}
+    if t0 is not None:
+        row["idle_pg_round_trips_per_broker_s"] = (t1 - t0) / n
     return row
 
 
@@ -336,6 +359,9 @@ def main():
                     help="PostgreSQL this many ms away each way (a delay proxy); also counts round trips")
     ap.add_argument("--s3-delay-ms", type=float, default=None,
                     help="the S3 server this many ms away each way (a delay proxy)")
+    ap.add_argument("--idle-seconds", type=float, default=0,
+                    help="before each cluster load, measure the idle brokers' PostgreSQL transactions "
+                         "(and round trips, with --pg-delay-ms) per broker per second over this long")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     a.client_cpus = None
@@ -373,6 +399,11 @@ def main():
                       + (f"  PG round trips/flush {row['pg_round_trips_per_flush']:.2f}"
                          if row.get("pg_round_trips_per_flush") is not None else "")
                       + (f"  errors {row['errors']}" if row["errors"] else ""), flush=True)
+                if "idle_pg_xacts_per_broker_s" in row:
+                    print(f"  run {run} {kind:14} idle, per broker per second: "
+                          f"{row['idle_pg_xacts_per_broker_s']:.1f} PG xacts"
+                          + (f", {row['idle_pg_round_trips_per_broker_s']:.1f} round trips"
+                             if "idle_pg_round_trips_per_broker_s" in row else ""), flush=True)
                 if a.ack_rate or a.e2e_rate:
                     lat = latency_run(kind, a, env, tmp, run)
                     lat_rows.append(lat)

@@ -627,7 +627,10 @@ impl Broker {
             loop {
                 tick.tick().await;
                 b.txns().time_out().await;
-                coordinators::cutover::drive(&b.cutover_store()).await;
+                let cutovers = b.cutover_store();
+                if cutovers.driven_by_timer() {
+                    coordinators::cutover::drive(&cutovers).await;
+                }
                 let cutoff = now_ms() - b.config.transactional_id_expiration_ms;
                 b.txn.expire_ids(cutoff).await;
             }

@@ -670,6 +670,7 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
     let late = sequencer::commit_flush(
         &b.pool,
         &|t, p, n| b.check_next(t, p, n),
+        true,
         &key,
         data.len() as u64,
         &[sequencer::FlushBatch {

@@ -72,6 +72,14 @@ impl Cutovers<'_> {
         }
     }
 
+    /// Whether the broker's once-a-second timer drives the cut-overs
+    /// ([`crate::coordinators::cutover::drive`]): in a cluster, one broker
+    /// at a time does, under the job's lease (its scheduler calls the same
+    /// driver).
+    pub fn driven_by_timer(&self) -> bool {
+        matches!(self, Cutovers::Local(_))
+    }
+
     /// Every topic's latest cut-over.
     pub async fn all(&self) -> Result<Vec<Cutover>, CutoverFailure> {
         match self {

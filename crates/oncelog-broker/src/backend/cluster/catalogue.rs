@@ -92,7 +92,7 @@ pub async fn topics(pool: &Pool) -> Result<Vec<TopicRow>, ClusterError> {
 pub async fn topics_on(
     client: &deadpool_postgres::ClientWrapper,
 ) -> Result<Vec<TopicRow>, ClusterError> {
-    // prepared once per connection: every broker runs this twice a second
+    // prepared once per connection: every broker runs this every second
     let st = client
         .prepare_cached("SELECT id, name, partitions, configs FROM topics ORDER BY name")
         .await?;

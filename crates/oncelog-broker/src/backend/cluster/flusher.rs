@@ -236,6 +236,7 @@ async fn commit_in_order(
                 sequencer::commit_flush(
                     &cluster.pool,
                     &|t, p, n| cluster.check_next(t, p, n),
+                    cluster.has_peers(),
                     &key,
                     f.size,
                     &f.batches,

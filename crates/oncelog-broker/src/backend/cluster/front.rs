@@ -14,8 +14,10 @@ use super::groups::Ownership;
 use super::session::{self, BrokerRow};
 use super::{collector, reader, Cluster, ClusterConfig, ClusterError};
 
-/// How often the copies of the live brokers and the topics are refreshed.
-const REFRESH: Duration = Duration::from_millis(500);
+/// How often the copies of the live brokers and the topics are refreshed
+/// (at once, too, when a broker registers or leaves, or a topic, its configs,
+/// a cut-over or the security rows change: those are announced).
+const REFRESH: Duration = Duration::from_secs(1);
 /// How often transactions past their timeout are looked for.
 /// How often the collector runs.
 const COLLECT_EVERY: Duration = Duration::from_secs(60);
@@ -118,6 +120,11 @@ impl Front {
             crate::backend::cluster::outage::cluster_warn!(self.cluster.outage, e, error = %e, "cluster: reading the ACLs and SCRAM credentials failed; keeping the copy");
         }
         let live: Vec<BrokerRow> = live?.into_iter().filter(|b| b.lease_left_ms > 0).collect();
+        let me = self.cluster.config.broker_id;
+        self.cluster.peers.store(
+            live.iter().any(|b| b.id != me),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let topics = topics?;
         *self.live.write().unwrap_or_else(|p| p.into_inner()) = live;
         *self.topics.write().unwrap_or_else(|p| p.into_inner()) =

@@ -225,6 +225,9 @@ pub struct Cluster {
     pub cache: BatchCache,
     /// The keys of the objects this broker writes.
     pub keys: keys::Keys,
+    /// Whether another broker is live (as of the last refresh): a broker
+    /// alone announces its commits to nobody, so it does not send them.
+    pub peers: std::sync::atomic::AtomicBool,
     /// Woken when a partition's high watermark moves (a commit of ours, or
     /// another broker's through NOTIFY), for long-poll fetches.
     pub data_notify: tokio::sync::Notify,
@@ -267,6 +270,7 @@ impl Cluster {
             session,
             cache,
             keys,
+            peers: std::sync::atomic::AtomicBool::new(true),
             data_notify: tokio::sync::Notify::new(),
             catalogue_notify: tokio::sync::Notify::new(),
             known: Mutex::new(HashMap::new()),
@@ -283,7 +287,14 @@ impl Cluster {
             return;
         }
         self.advanced(moved);
-        let _ = self.announcements.send(moved.to_vec());
+        if self.has_peers() {
+            let _ = self.announcements.send(moved.to_vec());
+        }
+    }
+
+    /// Whether another broker was live at the last refresh.
+    pub fn has_peers(&self) -> bool {
+        self.peers.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Records high watermarks that moved and wakes waiting fetches.

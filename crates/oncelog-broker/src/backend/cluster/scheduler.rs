@@ -116,7 +116,10 @@ async fn run_every<F, Fut>(
         // (one write fewer a second), and at once when its outcome changes.
         let error = r.err().map(|e| e.to_string());
         unrecorded += 1;
-        if every >= RECORD_EVERY || error != last_error || last_recorded.is_none_or(|t| t.elapsed() >= RECORD_EVERY) {
+        if every >= RECORD_EVERY
+            || error != last_error
+            || last_recorded.is_none_or(|t| t.elapsed() >= RECORD_EVERY)
+        {
             match ran(&cluster, job, unrecorded, &error).await {
                 Ok(()) => {
                     unrecorded = 0;

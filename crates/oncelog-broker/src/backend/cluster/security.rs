@@ -104,7 +104,7 @@ pub async fn load_on<T: DeserializeOwned + Default>(
     client: &deadpool_postgres::ClientWrapper,
     name: &str,
 ) -> Result<(T, i64), ClusterError> {
-    // prepared once per connection: every broker runs this twice a second
+    // prepared once per connection: every broker runs this every second
     let st = client
         .prepare_cached("SELECT doc, version FROM security_docs WHERE name = $1")
         .await?;

@@ -207,11 +207,13 @@ impl Drop for Pipelined {
 /// decisions need (the transactional producers' views, the partitions'
 /// offsets, the producers' states); the second, after the same decisions
 /// as local mode's, writes the batch index, the producers and the offsets,
-/// commits, and then announces the new offsets to the other brokers. A
-/// failure anywhere ends the transaction unwritten.
+/// commits, and then (when `announce`: another broker is live) announces
+/// the new offsets to the other brokers. A failure anywhere ends the
+/// transaction unwritten.
 pub async fn commit_flush(
     pool: &Pool,
     check_next: &CheckNext<'_>,
+    announce: bool,
     key: &ObjectKey,
     size: u64,
     batches: &[FlushBatch],
@@ -222,7 +224,7 @@ pub async fn commit_flush(
     let Some(c) = open.client.as_ref() else {
         return Err(ClusterError::Invariant("no connection".into()));
     };
-    let result = commit_pipelined(c, &st, check_next, key, size, batches).await;
+    let result = commit_pipelined(c, &st, check_next, announce, key, size, batches).await;
     open.end(result.is_ok()).await;
     result
 }
@@ -231,6 +233,7 @@ async fn commit_pipelined(
     c: &deadpool_postgres::Client,
     st: &Statements,
     check_next: &CheckNext<'_>,
+    announce: bool,
     object: &ObjectKey,
     size: u64,
     batches: &[FlushBatch],
@@ -334,7 +337,13 @@ async fn commit_pipelined(
                 c.batch_execute("COMMIT"),
             )
         },
-        c.execute(&st.announce, &announce_p),
+        async {
+            if announce {
+                c.execute(&st.announce, &announce_p).await.map(|_| ())
+            } else {
+                Ok(())
+            }
+        },
     );
     written?;
     if let Err(e) = announced {

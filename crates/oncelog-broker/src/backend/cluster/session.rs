@@ -261,6 +261,12 @@ impl Session {
                 ],
             )
             .await?;
+        // The other brokers' copies of the live brokers follow at once.
+        tx.execute(
+            "SELECT pg_notify($1, 'brokers')",
+            &[&super::catalogue::CATALOGUE_CHANNEL],
+        )
+        .await?;
         let session: i64 = row.get(0);
         self.session.store(session, Ordering::Release);
         self.renewed(sent);
@@ -322,6 +328,12 @@ impl Session {
             )
             .await?;
         self.live.store(false, Ordering::Release);
+        let _ = client
+            .execute(
+                "SELECT pg_notify($1, 'brokers')",
+                &[&super::catalogue::CATALOGUE_CHANNEL],
+            )
+            .await;
         Ok(())
     }
 
@@ -472,7 +484,7 @@ pub async fn brokers(pool: &Pool) -> Result<Vec<BrokerRow>, ClusterError> {
 pub async fn brokers_on(
     client: &deadpool_postgres::ClientWrapper,
 ) -> Result<Vec<BrokerRow>, ClusterError> {
-    // prepared once per connection: every broker runs this twice a second
+    // prepared once per connection: every broker runs this every second
     let st = client
         .prepare_cached(
             "SELECT id, session, host, port, \

@@ -157,6 +157,16 @@ pub struct Pause {
     pub paused_ms: u64,
     pub fenced_ms: u64,
     pub resumed_ms: u64,
+    /// Whether the paused process had finished initialising its producer
+    /// (its InitProducerId answered) when it was paused. One that had not
+    /// may send or finish its InitProducerId after its successor's, and then
+    /// it holds the id and the successor is the one fenced: it is no zombie.
+    #[serde(default = "initialised")]
+    pub initialised: bool,
+}
+
+fn initialised() -> bool {
+    true
 }
 
 /// An InitProducerId on a transactional id, as the `recommit` workload

@@ -711,6 +711,8 @@ impl Run {
                 let pid = Pid::from_raw(old.child.id() as i32);
                 kill(pid, Signal::SIGSTOP).context("SIGSTOP of a worker")?;
                 let paused_ms = now_ms();
+                // Stopped: its history holds everything it did before.
+                let initialised = wait_ready(&old.history, Duration::ZERO);
                 eprintln!(
                     "audit: fault: worker {} paused; its successor takes its transactional id",
                     old.process
@@ -737,6 +739,7 @@ impl Run {
                     paused_ms,
                     fenced_ms,
                     resumed_ms,
+                    initialised,
                 });
                 self.retired.push(old);
                 self.count(kind);
@@ -900,18 +903,22 @@ fn parse_range(s: &str) -> Result<(u64, u64)> {
     Ok((a.min(b), a.max(b)))
 }
 
+/// Whether a worker's history says its producer is initialised, looking
+/// for up to `limit` (at least once).
 fn wait_ready(history: &Path, limit: Duration) -> bool {
     let start = Instant::now();
-    while start.elapsed() < limit {
+    loop {
         if std::fs::read_to_string(history)
             .map(|s| s.contains("\"ev\":\"ready\""))
             .unwrap_or(false)
         {
             return true;
         }
+        if start.elapsed() >= limit {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    false
 }
 
 /// Writes zeros until the filesystem refuses.

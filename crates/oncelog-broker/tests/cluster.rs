@@ -720,6 +720,71 @@ async fn the_collector_removes_only_what_no_commit_can_name() {
     assert!(b.objects.list_data().await.unwrap().is_empty());
 }
 
+/// Small objects are merged per partition: a partition's batches move into
+/// one object of its own, every record at its offset; a second run changes
+/// nothing; the other partition is left until its own turn; and the old
+/// objects go with the collector once no row names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_objects_are_merged_per_partition() {
+    use oncelog_broker::backend::cluster::merger::{merge, Merged};
+    let db = fresh_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_url(&dir);
+    let b = broker(&db, &store, 1).await;
+    let topic = catalogue::create_topic(&b.pool, "m", 2, &BTreeMap::new(), 1000)
+        .await
+        .unwrap();
+    let f = Flusher::start(b.clone());
+    // One flush, one object, for each batch.
+    for i in 0..40 {
+        appended(
+            &f.produce(topic.id, "m", i % 2, batch(&format!("r{i}"), 1, -1, -1, 0))
+                .await
+                .unwrap(),
+        );
+    }
+    let before: Vec<_> = [
+        read_all(&b, &topic.id, 0).await,
+        read_all(&b, &topic.id, 1).await,
+    ]
+    .to_vec();
+    assert_eq!(before[0].len(), 20);
+    assert_eq!(b.objects.list_data().await.unwrap().len(), 40);
+
+    let t = catalogue::topic(&b.pool, "m").await.unwrap().unwrap();
+    let m = merge(&b, &t, 0, Duration::ZERO).await.unwrap();
+    assert_eq!((m.objects_written, m.batches_moved), (1, 20), "{m:?}");
+    assert_eq!(
+        merge(&b, &t, 0, Duration::ZERO).await.unwrap(),
+        Merged::default()
+    );
+    // Too young to merge: left alone.
+    assert_eq!(
+        merge(&b, &t, 1, Duration::from_secs(3600)).await.unwrap(),
+        Merged::default()
+    );
+    assert_eq!(read_all(&b, &topic.id, 0).await, before[0]);
+    assert_eq!(read_all(&b, &topic.id, 1).await, before[1]);
+    let m = merge(&b, &t, 1, Duration::ZERO).await.unwrap();
+    assert_eq!((m.objects_written, m.batches_moved), (1, 20), "{m:?}");
+    assert_eq!(read_all(&b, &topic.id, 1).await, before[1]);
+
+    // No row names the 40 flush objects any more.
+    let mut removed = 0;
+    for _ in 0..2 {
+        removed += collect(&b, Duration::ZERO)
+            .await
+            .unwrap()
+            .removed_unreferenced;
+    }
+    assert_eq!(removed, 40);
+    assert_eq!(b.objects.list_data().await.unwrap().len(), 2);
+    // Read from the merged objects alone (a fresh broker has nothing cached).
+    let other = broker(&db, &store, 2).await;
+    assert_eq!(read_all(&other, &topic.id, 0).await, before[0]);
+    assert_eq!(read_all(&other, &topic.id, 1).await, before[1]);
+}
+
 /// Two brokers compacting one partition at once, while a third writes on
 /// and DeleteRecords moves the log start: no pass ever drops a record that
 /// is some key's latest, every record keeps its offset, and once writing

@@ -48,7 +48,7 @@ use super::session::check_fence;
 use super::{Cluster, ClusterError};
 
 /// Batch rows read (and objects loaded) at a time.
-const CHUNK_ROWS: i64 = 500;
+pub(super) const CHUNK_ROWS: i64 = 500;
 
 /// A compacted topic's settings.
 #[derive(Debug, Clone, Copy)]
@@ -262,7 +262,7 @@ pub async fn compact(
             .iter()
             .map(|(_, b)| b.len() as u64)
             .sum::<u64>();
-        if !apply(cluster, t.id, partition, changes).await? {
+        if !apply(cluster, t.id, partition, changes, false).await? {
             tracing::info!(partition = %origin.display(),
                 "cluster: compaction stopped: batches changed under it (retention, DeleteRecords or another pass); the next pass starts over");
             return Ok(None);
@@ -360,7 +360,10 @@ fn stored(rows: &[(Stored, bool)]) -> Vec<Stored> {
 
 /// A batch's bytes with its base offset written in (the cleaner reads
 /// offsets from the batch).
-fn patched(row: &Stored, objects: &HashMap<String, Bytes>) -> Result<Vec<u8>, ClusterError> {
+pub(super) fn patched(
+    row: &Stored,
+    objects: &HashMap<String, Bytes>,
+) -> Result<Vec<u8>, ClusterError> {
     let mut b = row.bytes(objects)?.to_vec();
     batch::validate(&b).map_err(|e| {
         ClusterError::Invariant(format!(
@@ -377,10 +380,10 @@ fn log_err(e: oncelog_log::LogError) -> ClusterError {
 }
 
 #[derive(Default)]
-struct Chunk<'a> {
-    rebuilt: Vec<(&'a Stored, Vec<u8>)>,
-    dropped: Vec<&'a Stored>,
-    removed_aborts: Vec<(i64, i64)>,
+pub(super) struct Chunk<'a> {
+    pub rebuilt: Vec<(&'a Stored, Vec<u8>)>,
+    pub dropped: Vec<&'a Stored>,
+    pub removed_aborts: Vec<(i64, i64)>,
 }
 
 impl Chunk<'_> {
@@ -391,11 +394,13 @@ impl Chunk<'_> {
 
 /// Writes a chunk's rebuilt batches to a new object and swaps the rows in
 /// one transaction; false (nothing changed) if any row is not as read.
-async fn apply(
+/// `merged`: the object is a merge of small ones ([`super::merger`]).
+pub(super) async fn apply(
     cluster: &Cluster,
     topic_id: Uuid,
     partition: i32,
     c: Chunk<'_>,
+    merged: bool,
 ) -> Result<bool, ClusterError> {
     let session = cluster.session.session();
     let broker = cluster.config.broker_id;
@@ -461,8 +466,8 @@ async fn apply(
             return Err(ClusterError::IntentGone(key.clone()));
         }
         tx.execute(
-            "INSERT INTO objects (key, size, broker_id) VALUES ($1, $2, $3)",
-            &[key, size, &broker],
+            "INSERT INTO objects (key, size, broker_id, merged) VALUES ($1, $2, $3, $4)",
+            &[key, size, &broker, &merged],
         )
         .await?;
         let rb: Vec<i64> = c.rebuilt.iter().map(|(r, _)| r.base_offset).collect();

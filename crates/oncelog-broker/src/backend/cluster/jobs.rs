@@ -22,6 +22,7 @@ use super::{Cluster, ClusterError};
 
 pub const RETENTION: &str = "retention";
 pub const COMPACTION: &str = "compaction";
+pub const MERGE: &str = "merge";
 pub const OFFSETS: &str = "offsets";
 pub const CUTOVERS: &str = "cutovers";
 pub const IDS: &str = "transactional_ids";

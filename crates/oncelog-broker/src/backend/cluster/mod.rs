@@ -32,6 +32,7 @@ pub mod info;
 pub mod jobs;
 pub mod keys;
 pub mod membership;
+pub mod merger;
 pub mod objects;
 pub mod outage;
 pub mod pg;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::jobs::{
-    hold, ran, Held, JobSettings, COMPACTION, CUTOVERS, CUTOVERS_EVERY, IDS, OFFSETS, RECORD_EVERY,
-    RETENTION,
+    hold, ran, Held, JobSettings, COMPACTION, CUTOVERS, CUTOVERS_EVERY, IDS, MERGE, OFFSETS,
+    RECORD_EVERY, RETENTION,
 };
-use super::{compactor, retention, Cluster, ClusterError};
+use super::{compactor, merger, retention, Cluster, ClusterError};
 
 /// Starts the retention, offsets and compaction loops on this broker; each
 /// runs its job whenever it holds (or can take) the job's lease.
@@ -69,6 +69,13 @@ pub fn spawn(cluster: Arc<Cluster>, settings: JobSettings) {
             crate::coordinators::cutover::drive(&crate::backend::Cutovers::Cluster(&c)).await;
             Ok(())
         },
+    ));
+    tokio::spawn(run_every(
+        cluster.clone(),
+        MERGE,
+        merger::EVERY,
+        merger::EVERY + lease * 2,
+        |c, held| async move { merger::run(&c, held).await.map(|_| ()) },
     ));
     if let Some(every) = settings.compaction_every {
         let s = settings;

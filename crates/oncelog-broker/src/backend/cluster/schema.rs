@@ -14,8 +14,9 @@ use super::ClusterError;
 /// version 4: the brokers' incarnations, which keep a node id unique;
 /// version 5: the transaction history's notes; version 6: the groups'
 /// membership at rest, for the console; version 7: object keys reserved in
-/// slabs instead of one intent row per object, and an index of open
-/// transactions by deadline for the timeout driver) and
+/// slabs instead of one intent row per object, an index of open
+/// transactions by deadline for the timeout driver, and the objects'
+/// `merged` mark) and
 /// refuses a newer one, so a broker of an older build never runs on tables
 /// it does not know.
 pub const SCHEMA_VERSION: i32 = 7;
@@ -216,6 +217,7 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("brokers", "listeners", "jsonb NOT NULL DEFAULT '{}'"),
     ("brokers", "incarnation", "uuid"),
     ("objects", "unreferenced_since", "timestamptz"),
+    ("objects", "merged", "boolean NOT NULL DEFAULT false"),
 ];
 
 /// How often an upgrade that lost a lock conflict to running brokers is

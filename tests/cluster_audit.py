@@ -9,6 +9,12 @@ workers run (and its client faults: worker kill -9 and zombies):
 
   clock-jump    a broker's wall clock stepped forward or back by minutes
                 (libfaketime; its monotonic clock goes on), then set right
+  pg-failover   PostgreSQL's primary killed (immediate shutdown) and its
+                synchronous standby promoted, then a new standby built from
+                it where the old primary was (the run's own pair: the
+                brokers follow a multi-host URL with
+                target_session_attrs=read-write); pg-restart then restarts
+                the pair's primary
 
 and network partitions of one broker at a time:
 
@@ -69,6 +75,7 @@ from faultproxy import FaultProxy, via  # noqa: E402
 FAULTS = ("broker-kill", "broker-pause", "pg-restart", "store-outage")
 PARTITIONS = ("pg-partition", "pg-partition-oneway", "store-partition", "client-partition")
 CLOCK = ("clock-jump",)
+FAILOVER = ("pg-failover",)
 
 
 class Links:
@@ -116,23 +123,32 @@ class HostLinks:
     (tests/hosts.py): each broker on its own address and uid, a delay proxy
     on each service's address, partitions by nftables rules."""
 
-    def __init__(self, cluster, env, pg_delay_ms=0, s3_delay_ms=0):
+    def __init__(self, cluster, env, pg_delay_ms=0, s3_delay_ms=0, pair=None):
         from urllib.parse import urlsplit
         self.cluster = cluster
         self.rules = hosts.Rules()
-        pg = urlsplit(cluster.db)
         s3 = urlsplit(env["ONCELOG_TEST_S3_ENDPOINT"])
-        self.proxies = [FaultProxy(pg.hostname, pg.port, listen_host=pg.hostname,
-                                   delay_ms=pg_delay_ms),
+        if pair is not None:
+            nodes = [(n.host, n.port) for n in pair.nodes]
+        else:
+            pg = urlsplit(cluster.db)
+            nodes = [(pg.hostname, pg.port)]
+        # a delay proxy on each PostgreSQL node's address (both of a pair)
+        pg_proxies = [FaultProxy(h, p, listen_host=h, delay_ms=pg_delay_ms) for h, p in nodes]
+        self.proxies = [*pg_proxies,
                         FaultProxy(s3.hostname, s3.port, listen_host=s3.hostname,
                                    delay_ms=s3_delay_ms)]
-        self.service = {"pg": pg.hostname, "store": s3.hostname}
+        self.service = {"pg": [h for h, _ in nodes], "store": [s3.hostname]}
+        if pair is not None:
+            pg_url = pair.url_of([(x.host, x.port) for x in pg_proxies])
+        else:
+            pg_url = via(cluster.db, pg_proxies[0])
         self.uid = {}
         for i, b in enumerate(cluster.brokers, 1):
             b.host = hosts.broker_host(i)
             b.overrides["metrics.listen"] = f"{b.host}:{free_port()}"
-            b.overrides["cluster.postgres"] = via(cluster.db, self.proxies[0])
-            b.env["AWS_ENDPOINT"] = via(env["ONCELOG_TEST_S3_ENDPOINT"], self.proxies[1])
+            b.overrides["cluster.postgres"] = pg_url
+            b.env["AWS_ENDPOINT"] = via(env["ONCELOG_TEST_S3_ENDPOINT"], self.proxies[-1])
             self.uid[b] = hosts.broker_uid(i)
             b.prefix = hosts.as_host(self.uid[b])
             for d in (b.data_dir.parent, b.data_dir):
@@ -148,10 +164,14 @@ class HostLinks:
     def partition(self, b, link, up=True, down=True):
         if link == "client":
             return self.rules.cut(hosts.CLIENT_UID, b.host, up, down)
-        return self.rules.cut(self.uid[b], self.service[link], up, down)
+        return [self.rules.cut(self.uid[b], h, up, down) for h in self.service[link]]
 
     def heal(self, handles):
-        self.rules.heal(handles)
+        if handles and isinstance(handles[0], list):
+            for h in handles:
+                self.rules.heal(h)
+        else:
+            self.rules.heal(handles)
 
     def close(self):
         for p in self.proxies:
@@ -222,10 +242,11 @@ class FaultLoop(threading.Thread):
     """Injects one fault, waits a quiet period, the next; stops by itself at
     `until` (monotonic) with everything healed."""
 
-    def __init__(self, cluster, env, faults, until, lease_s, seed, links=None, clocks=None):
+    def __init__(self, cluster, env, faults, until, lease_s, seed, links=None, clocks=None,
+                 pair=None):
         super().__init__(daemon=True)
         self.cluster, self.env, self.faults = cluster, env, list(faults)
-        self.links, self.clocks = links, clocks
+        self.links, self.clocks, self.pair = links, clocks, pair
         self.until, self.lease_s = until, lease_s
         self.rng = random.Random(seed)
         self.done = []
@@ -266,7 +287,16 @@ class FaultLoop(threading.Thread):
             finally:
                 os.kill(b.pid, signal.SIGCONT)
         elif fault == "pg-restart":
-            pg_restart(self.env)
+            if self.pair is not None:
+                self.pair.restart_primary()
+            else:
+                pg_restart(self.env)
+        elif fault == "pg-failover":
+            self.pair.fail_over()
+            print(f"cluster-audit: PostgreSQL failed over to {self.pair.p.host}:{self.pair.p.port}",
+                  flush=True)
+            time.sleep(self.rng.uniform(1.0, 3.0))
+            self.pair.build_standby()
         elif fault in PARTITIONS:
             link, hold = {"pg-partition": ("pg", self.lease_s + self.rng.uniform(0.5, 2.0)),
                           "pg-partition-oneway": ("pg", self.lease_s + self.rng.uniform(0.5, 2.0)),
@@ -320,7 +350,16 @@ def run_audit(base_dir, env, duration, report, faults=FAULTS, workload="zombie",
     """Runs the audit; returns (exit code, report dict, faults injected, cluster).
     Inside tests/hosts.py's namespace the brokers and clients are hosts and
     `delays` (ms to PostgreSQL, to the S3 server) apply."""
-    db = fresh_database(env)
+    pair = None
+    if "pg-failover" in faults:
+        if not hosts.inside() and any(f in PARTITIONS for f in faults):
+            raise ValueError("pg-failover with partitions needs --netns")
+        from pgpair import PgPair
+        pair = PgPair(env, True, hosts=(hosts.PG_HOST, hosts.PG_STANDBY_HOST) if hosts.inside()
+                      else ("127.0.0.1", "127.0.0.1")).start()
+        db = pair.url
+    else:
+        db = fresh_database(env)
     store = s3_store(env)
     binary, prefix, written = (client_side(base_dir) if hosts.inside()
                                else (oncelog_bin(), [], report))
@@ -329,7 +368,7 @@ def run_audit(base_dir, env, duration, report, faults=FAULTS, workload="zombie",
     for b in cl.brokers:
         b.binary = binary
     if hosts.inside():
-        links = HostLinks(cl, env, *delays)
+        links = HostLinks(cl, env, *delays, pair=pair)
     elif any(f in PARTITIONS for f in faults):
         links = Links(cl, env)
     else:
@@ -340,7 +379,7 @@ def run_audit(base_dir, env, duration, report, faults=FAULTS, workload="zombie",
         links.started()
     try:
         until = time.monotonic() + duration
-        loop = FaultLoop(cl, env, faults, until, lease_ms / 1000.0, seed, links, clocks)
+        loop = FaultLoop(cl, env, faults, until, lease_ms / 1000.0, seed, links, clocks, pair)
         bootstrap = links.bootstrap() if links is not None else cl.bootstrap
         cmd = [*prefix, str(binary), "audit", "--workload", workload, "--bootstrap", bootstrap,
                "--duration", str(duration), "--report", str(written), "--seed", str(seed),
@@ -369,6 +408,8 @@ def run_audit(base_dir, env, duration, report, faults=FAULTS, workload="zombie",
             links.close()
         if clocks is not None:
             clocks.clean()
+        if pair is not None:
+            pair.stop()
 
 
 def main():
@@ -376,7 +417,8 @@ def main():
     ap.add_argument("--duration", type=int, default=150)
     ap.add_argument("--report", default="cluster-audit-report.json")
     ap.add_argument("--workload", default="zombie")
-    ap.add_argument("--faults", default=",".join(FAULTS + PARTITIONS + CLOCK))
+    ap.add_argument("--faults", default=None,
+                    help="comma-separated; by default every fault (pg-failover only with --netns)")
     ap.add_argument("--lease-ms", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--netns", action="store_true",
@@ -385,6 +427,8 @@ def main():
     ap.add_argument("--s3-delay-ms", type=int, default=0, help="with --netns")
     ap.add_argument("audit_args", nargs="*", help="more `oncelog audit` flags, after --")
     a = ap.parse_args()
+    if a.faults is None:
+        a.faults = ",".join(FAULTS + PARTITIONS + CLOCK + (FAILOVER if a.netns else ()))
     if a.netns and not hosts.inside():
         # the same command again, inside; the namespace goes with it
         os.environ["ONCELOG_BIN"] = str(oncelog_bin())

@@ -17,8 +17,8 @@ from conftest import REPO_ROOT, oncelog_bin
 
 pytestmark = pytest.mark.skipif(hosts.missing() is not None, reason=str(hosts.missing()))
 
-MIXED = ("pg-partition", "clock-jump", "client-partition", "broker-kill", "store-partition",
-         "pg-partition-oneway", "broker-pause")
+MIXED = ("pg-partition", "pg-failover", "clock-jump", "client-partition", "broker-kill",
+         "store-partition", "pg-partition-oneway", "broker-pause")
 
 
 def namespaces():
@@ -32,7 +32,8 @@ def test_exactly_once_copier_audit_between_hosts_under_a_mixed_schedule(tmp_path
     PostgreSQL both ways and one way, from the S3 server and from its
     clients (nftables rules on its uid: connections open before the cut are
     cut too), its wall clock stepped minutes forward or back, kill -9 and a
-    pause past its lease. Every input record is copied exactly once, no
+    pause past its lease; and PostgreSQL failed over to its synchronous
+    standby (a new standby built after). Every input record is copied exactly once, no
     aborted or torn transaction is read, no offset is issued twice, and the
     namespace and its rules are gone afterwards."""
     before = namespaces()
@@ -51,6 +52,7 @@ def test_exactly_once_copier_audit_between_hosts_under_a_mixed_schedule(tmp_path
     m = re.search(r"cluster faults injected: \d+ \(([^)]*)\)", out)
     assert m and set(m.group(1).split(", ")) == set(MIXED), tail
     assert re.search(r"broker \d's clock [+-]\d+ s", out), tail
+    assert "PostgreSQL failed over to 127.0.0.21:" in out, tail
     data = json.loads(report.read_text())
     assert data["plain_writes"] == 6000 and data["txns_committed"] >= 40, data
     assert all(v == 0 for v in data["anomalies"].values()), data["anomalies"]

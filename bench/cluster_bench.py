@@ -163,8 +163,22 @@ def start_config(kind, a, env, tmp, run):
         import psycopg
         with open(a.tansu_schema) as f, psycopg.connect(url, autocommit=True) as c:
             c.execute(f.read())
+        proxy = None
+        if a.pg_delay_ms is not None:  # the same distance as the brokers'
+            from urllib.parse import urlsplit
+            u = urlsplit(url)
+            proxy = apart(u.hostname, u.port or 5432, a.pg_delay_ms)
+            auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
+            url = f"{u.scheme}://{auth}127.0.0.1:{proxy.port}{u.path}"
         t = TansuPeer(a.tansu, d, url)
         t.start()
+        if proxy is not None:
+            stop = t.stop
+
+            def stop_both():
+                stop()
+                proxy.close()
+            t.stop = stop_both
         return t, db
     n = int(kind.split("-")[1])
     db, url = fresh_db(env)

@@ -22,6 +22,7 @@ pub mod collector;
 pub mod compactor;
 pub mod cutover;
 pub mod describe;
+pub mod ends;
 pub mod expiry;
 pub mod flusher;
 pub mod front;
@@ -238,6 +239,8 @@ pub struct Cluster {
     pub catalogue_notify: tokio::sync::Notify,
     /// The highest next offset seen per partition (from commits and NOTIFY).
     known: Mutex<HashMap<(uuid::Uuid, i32), i64>>,
+    /// Partitions' offsets as last read, answering fetches at the end.
+    pub ends: ends::Ends,
     /// This broker's commits' new offsets, for [`announce`] to tell the
     /// other brokers.
     announcements: tokio::sync::mpsc::UnboundedSender<Vec<sequencer::Advanced>>,
@@ -275,6 +278,7 @@ impl Cluster {
             data_notify: tokio::sync::Notify::new(),
             catalogue_notify: tokio::sync::Notify::new(),
             known: Mutex::new(HashMap::new()),
+            ends: ends::Ends::default(),
             behind: Mutex::new(Default::default()),
             announcements,
         }))

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio_postgres::{AsyncMessage, GenericClient};
+use tokio_postgres::AsyncMessage;
 use uuid::Uuid;
 
 use super::catalogue::CATALOGUE_CHANNEL;
@@ -265,15 +265,16 @@ pub struct Ask {
 /// One partition's answer in [`read_many`]: `Ok(None)` no such partition.
 pub type Answer = Result<Option<ClusterRead>, ClusterError>;
 
-/// Reads the partitions of one Fetch together: one query for all their
-/// offsets, one for the batch rows of those with something to read and,
-/// for read_committed, one for the aborted transactions those rows overlap
-/// (rows and aborted transactions in one REPEATABLE READ snapshot, so a
-/// compaction, retention or DeleteRecords commit between the two reads
-/// cannot drop an aborted transaction's index row yet leave its data in
-/// what is served); then every object needed, several at once. `budget`
-/// hands out bytes in the order asked, as reading one partition after
-/// another would. `Err`: nothing could be read.
+/// Reads the partitions of one Fetch together. A partition at its end as
+/// this broker last read it ([`super::ends`]) is answered from memory.
+/// The others take one statement, so one snapshot and one round trip:
+/// their offsets, the batch rows of those with something to read, and for
+/// read_committed the aborted transactions those rows overlap (in one
+/// snapshot, so a compaction, retention or DeleteRecords commit cannot
+/// drop an aborted transaction's index row yet leave its data in what is
+/// served); then every object needed, several at once. `budget` hands out
+/// bytes in the order asked, as reading one partition after another would.
+/// `Err`: nothing could be read.
 pub async fn read_many(
     cluster: &Cluster,
     asks: &[Ask],
@@ -294,50 +295,74 @@ pub async fn read_many(
     }
 }
 
+/// The end of a partition for a reader: the LSO for read_committed.
+fn upper(o: &PartitionOffsets, read_committed: bool) -> i64 {
+    if read_committed {
+        o.last_stable_offset
+    } else {
+        o.high_watermark
+    }
+}
+
+fn answer(o: PartitionOffsets) -> ClusterRead {
+    ClusterRead {
+        high_watermark: o.high_watermark,
+        last_stable_offset: o.last_stable_offset,
+        log_start_offset: o.log_start_offset,
+        aborted: Vec::new(),
+        data: Ok(Vec::new()),
+    }
+}
+
 async fn read_many_once(
     cluster: &Cluster,
     asks: &[Ask],
     budget: &mut crate::backend::Budget,
     read_committed: bool,
 ) -> Result<Vec<Answer>, ClusterError> {
-    let mut answers = offsets_many(cluster, asks).await?;
-    // (ask, from, upper) of every partition with something to read
-    let mut wanted = Vec::new();
-    for (i, (a, answer)) in asks.iter().zip(answers.iter_mut()).enumerate() {
-        let Ok(Some(out)) = answer else { continue };
-        if a.offset < out.log_start_offset || a.offset > out.high_watermark {
-            out.data = Err(ReadRefusal::OutOfRange);
-            continue;
-        }
-        let upper = if read_committed {
-            out.last_stable_offset
-        } else {
-            out.high_watermark
-        };
-        if a.offset < upper {
-            wanted.push((i, a.offset, upper));
+    let mut answers: Vec<Answer> = asks.iter().map(|_| Ok(None)).collect();
+    // the asks PostgreSQL must answer, by index into `asks`
+    let mut reads = Vec::with_capacity(asks.len());
+    for (i, a) in asks.iter().enumerate() {
+        let known = cluster.known_next_offset(&a.topic_id, a.partition);
+        match cluster.ends.fresh(&a.topic_id, a.partition, known) {
+            Some(o)
+                if a.offset >= upper(&o, read_committed)
+                    && a.offset <= o.high_watermark
+                    && a.offset >= o.log_start_offset =>
+            {
+                answers[i] = Ok(Some(answer(o)));
+            }
+            _ => reads.push(i),
         }
     }
-    if wanted.is_empty() {
+    if reads.is_empty() {
         return Ok(answers);
     }
-    let mut client = cluster.pool.get().await?;
-    let (mut rows, aborted) = if read_committed {
-        let tx = client
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        let rows = choose(index_rows_many(&*tx, asks, &wanted).await?, asks, budget);
-        let aborted = aborted_many(&*tx, asks, &rows).await?;
-        tx.commit().await?;
-        (rows, aborted)
-    } else {
-        let rows = index_rows_many(&**client, asks, &wanted).await?;
-        (choose(rows, asks, budget), HashMap::new())
-    };
-    drop(client);
+    let found = read_index(cluster, asks, &reads, read_committed).await?;
+    let Found {
+        offsets,
+        mut rows,
+        mut aborted,
+    } = found;
+    for (i, o) in offsets {
+        let a = &asks[i];
+        let o = match o {
+            Ok(o) => o,
+            Err(e) => {
+                rows.remove(&i);
+                answers[i] = Err(e);
+                continue;
+            }
+        };
+        let mut read = answer(o);
+        if a.offset < o.log_start_offset || a.offset > o.high_watermark {
+            read.data = Err(ReadRefusal::OutOfRange);
+            rows.remove(&i);
+        }
+        answers[i] = Ok(Some(read));
+    }
+    let mut rows = choose(rows, asks, budget);
     let all: Vec<&Stored> = rows.values().flatten().collect();
     let objects = load_objects(cluster, all.into_iter()).await?;
     for (i, answer) in answers.iter_mut().enumerate() {
@@ -350,50 +375,10 @@ async fn read_many_once(
             push_patched(&mut data, b.bytes(&objects)?, b.base_offset);
         }
         out.data = Ok(data);
-        out.aborted = aborted.get(&i).cloned().unwrap_or_default();
-    }
-    Ok(answers)
-}
-
-/// Every asked partition's offsets in one query, each checked against what
-/// this broker saw before the read ([`Cluster::check_next_since`]).
-async fn offsets_many(cluster: &Cluster, asks: &[Ask]) -> Result<Vec<Answer>, ClusterError> {
-    let seen: Vec<i64> = asks
-        .iter()
-        .map(|a| cluster.known_next_offset(&a.topic_id, a.partition))
-        .collect();
-    let (ids, parts): (Vec<Uuid>, Vec<i32>) =
-        asks.iter().map(|a| (a.topic_id, a.partition)).unzip();
-    let client = cluster.pool.get().await?;
-    let rows = client
-        .query(
-            "SELECT q.i, p.next_offset, p.log_start_offset, \
-               (SELECT min(txn_first_offset) FROM producers r \
-                 WHERE r.topic_id = p.topic_id AND r.partition = p.partition \
-                   AND r.txn_first_offset IS NOT NULL) \
-             FROM unnest($1::uuid[], $2::int4[]) WITH ORDINALITY AS q(topic_id, partition, i) \
-             JOIN partitions p ON p.topic_id = q.topic_id AND p.partition = q.partition",
-            &[&ids, &parts],
-        )
-        .await?;
-    drop(client);
-    let mut answers: Vec<Answer> = asks.iter().map(|_| Ok(None)).collect();
-    for r in rows {
-        let i = r.get::<_, i64>(0) as usize - 1;
-        let (a, hw) = (&asks[i], r.get::<_, i64>(1));
-        if let Err(e) = cluster.check_next_since(&a.topic_id, a.partition, hw, seen[i]) {
-            answers[i] = Err(e);
-            continue;
-        }
-        cluster.saw_next(&a.topic_id, a.partition, hw);
-        let open: Option<i64> = r.get(3);
-        answers[i] = Ok(Some(ClusterRead {
-            high_watermark: hw,
-            last_stable_offset: open.map_or(hw, |o| o.min(hw)),
-            log_start_offset: r.get(2),
-            aborted: Vec::new(),
-            data: Ok(Vec::new()),
-        }));
+        let last = chosen.last().map_or(i64::MIN, |b| b.last_offset);
+        out.aborted = aborted.remove(&i).unwrap_or_default();
+        // read for every candidate row; these for the rows chosen
+        out.aborted.retain(|t| t.first_offset <= last);
     }
     Ok(answers)
 }
@@ -402,53 +387,129 @@ async fn offsets_many(cluster: &Cluster, asks: &[Ask]) -> Result<Vec<Answer>, Cl
 /// limit, which the query applies too).
 const ROWS_PER_PARTITION: i64 = 1000;
 
-/// The batch rows of each `wanted` partition (index into `asks`, from,
-/// upper): from `from` below `upper`, in offset order, those starting
-/// within the partition's own byte limit (the first always), in one query.
-async fn index_rows_many(
-    db: &impl GenericClient,
+/// What [`read_index`] found, keyed by index into the asks.
+struct Found {
+    /// Each existing partition's offsets, or the finding that the
+    /// database lost commits of it ([`Cluster::check_next_since`]).
+    offsets: Vec<(usize, Result<PartitionOffsets, ClusterError>)>,
+    /// Candidate batch rows, in offset order, from the offset asked below
+    /// the reader's end, those starting within the partition's own byte
+    /// limit (the first always).
+    rows: HashMap<usize, Vec<Stored>>,
+    /// For read_committed, the aborted transactions overlapping the
+    /// candidate rows, by last offset.
+    aborted: HashMap<usize, Vec<AbortedTxn>>,
+}
+
+/// One statement for the `reads` (indexes into `asks`): each partition's
+/// offsets (kind 0), its candidate rows (kind 1) and the aborted
+/// transactions they overlap (kind 2, read_committed only). Each
+/// partition's offsets are checked against what this broker saw before the
+/// read began and remembered ([`super::ends`]).
+async fn read_index(
+    cluster: &Cluster,
     asks: &[Ask],
-    wanted: &[(usize, i64, i64)],
-) -> Result<HashMap<usize, Vec<Stored>>, ClusterError> {
-    let mut cols: (Vec<Uuid>, Vec<i32>, Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>) =
-        Default::default();
-    for &(i, from, upper) in wanted {
+    reads: &[usize],
+    read_committed: bool,
+) -> Result<Found, ClusterError> {
+    let seen: Vec<i64> = reads
+        .iter()
+        .map(|&i| cluster.known_next_offset(&asks[i].topic_id, asks[i].partition))
+        .collect();
+    let mut cols: (Vec<Uuid>, Vec<i32>, Vec<i64>, Vec<i64>, Vec<i64>) = Default::default();
+    for &i in reads {
         let a = &asks[i];
         cols.0.push(a.topic_id);
         cols.1.push(a.partition);
-        cols.2.push(from);
-        cols.3.push(upper);
-        cols.4.push(a.max_bytes.min(i64::MAX as usize) as i64);
-        cols.5.push(i as i64);
+        cols.2.push(a.offset);
+        cols.3.push(a.max_bytes.min(i64::MAX as usize) as i64);
+        cols.4.push(i as i64);
     }
-    let rows = db
+    let client = cluster.pool.get().await?;
+    let rows = client
         .query(
             &format!(
-                "SELECT s.base_offset, s.last_offset, s.object_key, s.position, s.length, \
-                   s.inline_data, s.size, q.i \
-                 FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::int8[], $5::int8[], $6::int8[]) \
-                   AS q(topic_id, partition, from_offset, upper, max_bytes, i) \
-                 CROSS JOIN LATERAL ( \
-                   SELECT * FROM ( \
-                     SELECT {STORED_COLUMNS}, \
-                       sum(b.length) OVER (ORDER BY b.last_offset) - b.length AS before \
-                     FROM batches b LEFT JOIN objects o ON o.key = b.object_key \
-                     WHERE b.topic_id = q.topic_id AND b.partition = q.partition \
-                       AND b.last_offset >= q.from_offset AND b.base_offset < q.upper \
-                     ORDER BY b.last_offset LIMIT {ROWS_PER_PARTITION}) w \
-                   WHERE w.before = 0 OR w.before < q.max_bytes) s \
-                 ORDER BY q.i, s.last_offset"
+                "WITH q AS MATERIALIZED ( \
+                   SELECT q.*, p.next_offset, p.log_start_offset, \
+                     (SELECT min(r.txn_first_offset) FROM producers r \
+                       WHERE r.topic_id = p.topic_id AND r.partition = p.partition \
+                         AND r.txn_first_offset IS NOT NULL) AS open \
+                   FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::int8[], $5::int8[]) \
+                     AS q(topic_id, partition, from_offset, max_bytes, i) \
+                   JOIN partitions p ON p.topic_id = q.topic_id AND p.partition = q.partition), \
+                 s AS MATERIALIZED ( \
+                   SELECT q.i, w.* FROM q CROSS JOIN LATERAL ( \
+                     SELECT * FROM ( \
+                       SELECT {STORED_COLUMNS}, \
+                         sum(b.length) OVER (ORDER BY b.last_offset) - b.length AS before \
+                       FROM batches b LEFT JOIN objects o ON o.key = b.object_key \
+                       WHERE b.topic_id = q.topic_id AND b.partition = q.partition \
+                         AND b.last_offset >= q.from_offset \
+                         AND b.base_offset < CASE WHEN $6 \
+                           THEN least(q.next_offset, coalesce(q.open, q.next_offset)) \
+                           ELSE q.next_offset END \
+                       ORDER BY b.last_offset LIMIT {ROWS_PER_PARTITION}) c \
+                     WHERE (c.before = 0 OR c.before < q.max_bytes) \
+                       AND q.from_offset BETWEEN q.log_start_offset AND q.next_offset) w) \
+                 SELECT 0, i, next_offset, log_start_offset, open, \
+                   NULL::text, NULL::int8, NULL::int4, NULL::bytea, NULL::int8 FROM q \
+                 UNION ALL \
+                 SELECT 1, i, base_offset, last_offset, NULL::int8, \
+                   object_key, position, length, inline_data, size FROM s \
+                 UNION ALL \
+                 SELECT 2, q.i, a.first_offset, a.last_offset, a.producer_id, \
+                   NULL, NULL, NULL, NULL, NULL \
+                 FROM (SELECT i, max(last_offset) AS last FROM s GROUP BY i) e \
+                 JOIN q ON q.i = e.i \
+                 JOIN aborted_txns a ON a.topic_id = q.topic_id AND a.partition = q.partition \
+                   AND a.last_offset >= q.from_offset AND a.first_offset <= e.last \
+                 WHERE $6 \
+                 ORDER BY 1, 2, 4"
             ),
-            &[&cols.0, &cols.1, &cols.2, &cols.3, &cols.4, &cols.5],
+            &[&cols.0, &cols.1, &cols.2, &cols.3, &cols.4, &read_committed],
         )
         .await?;
-    let mut out: HashMap<usize, Vec<Stored>> = HashMap::new();
+    drop(client);
+    let mut found = Found {
+        offsets: Vec::with_capacity(reads.len()),
+        rows: HashMap::new(),
+        aborted: HashMap::new(),
+    };
+    // index into `reads` by index into `asks`, for `seen`
+    let at: HashMap<usize, usize> = reads.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     for r in &rows {
-        out.entry(r.get::<_, i64>(7) as usize)
-            .or_default()
-            .push(Stored::from_row(r));
+        let i = r.get::<_, i64>(1) as usize;
+        match r.get::<_, i32>(0) {
+            0 => {
+                let a = &asks[i];
+                let hw: i64 = r.get(2);
+                if let Err(e) = cluster.check_next_since(&a.topic_id, a.partition, hw, seen[at[&i]]) {
+                    found.offsets.push((i, Err(e)));
+                    continue;
+                }
+                cluster.saw_next(&a.topic_id, a.partition, hw);
+                let open: Option<i64> = r.get(4);
+                let o = PartitionOffsets {
+                    high_watermark: hw,
+                    last_stable_offset: open.map_or(hw, |o| o.min(hw)),
+                    log_start_offset: r.get(3),
+                };
+                cluster.ends.remember(&a.topic_id, a.partition, o);
+                found.offsets.push((i, Ok(o)));
+            }
+            1 => found
+                .rows
+                .entry(i)
+                .or_default()
+                .push(Stored::from_row_at(r, 2)),
+            _ => found.aborted.entry(i).or_default().push(AbortedTxn {
+                producer_id: r.get(4),
+                first_offset: r.get(2),
+                last_offset: r.get(3),
+            }),
+        }
     }
-    Ok(out)
+    Ok(found)
 }
 
 /// Whole batches of each partition, in the order asked, within its own
@@ -482,49 +543,6 @@ fn choose(
     chosen
 }
 
-/// The aborted transactions overlapping each partition's chosen rows, in
-/// one query.
-async fn aborted_many(
-    db: &impl GenericClient,
-    asks: &[Ask],
-    chosen: &HashMap<usize, Vec<Stored>>,
-) -> Result<HashMap<usize, Vec<AbortedTxn>>, ClusterError> {
-    let mut cols: (Vec<Uuid>, Vec<i32>, Vec<i64>, Vec<i64>, Vec<i64>) = Default::default();
-    for (&i, rows) in chosen {
-        let Some(last) = rows.last() else { continue };
-        cols.0.push(asks[i].topic_id);
-        cols.1.push(asks[i].partition);
-        cols.2.push(asks[i].offset);
-        cols.3.push(last.last_offset);
-        cols.4.push(i as i64);
-    }
-    let mut out: HashMap<usize, Vec<AbortedTxn>> = HashMap::new();
-    if cols.0.is_empty() {
-        return Ok(out);
-    }
-    let rows = db
-        .query(
-            "SELECT q.i, a.producer_id, a.first_offset, a.last_offset \
-             FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::int8[], $5::int8[]) \
-               AS q(topic_id, partition, from_offset, last, i) \
-             JOIN aborted_txns a ON a.topic_id = q.topic_id AND a.partition = q.partition \
-               AND a.last_offset >= q.from_offset AND a.first_offset <= q.last \
-             ORDER BY q.i, a.last_offset",
-            &[&cols.0, &cols.1, &cols.2, &cols.3, &cols.4],
-        )
-        .await?;
-    for r in &rows {
-        out.entry(r.get::<_, i64>(0) as usize)
-            .or_default()
-            .push(AbortedTxn {
-                producer_id: r.get(1),
-                first_offset: r.get(2),
-                last_offset: r.get(3),
-            });
-    }
-    Ok(out)
-}
-
 /// A batch row: where its bytes are.
 pub(super) struct Stored {
     pub base_offset: i64,
@@ -543,14 +561,19 @@ pub(super) const STORED_COLUMNS: &str =
 
 impl Stored {
     pub fn from_row(r: &tokio_postgres::Row) -> Self {
+        Self::from_row_at(r, 0)
+    }
+
+    /// [`Self::from_row`] with the columns from `at` on.
+    pub fn from_row_at(r: &tokio_postgres::Row, at: usize) -> Self {
         Self {
-            base_offset: r.get(0),
-            last_offset: r.get(1),
-            key: r.get(2),
-            position: r.get::<_, i64>(3) as u64,
-            length: r.get::<_, i32>(4) as u64,
-            inline: r.get(5),
-            object_size: r.get::<_, Option<i64>>(6).unwrap_or(0) as u64,
+            base_offset: r.get(at),
+            last_offset: r.get(at + 1),
+            key: r.get(at + 2),
+            position: r.get::<_, i64>(at + 3) as u64,
+            length: r.get::<_, i32>(at + 4) as u64,
+            inline: r.get(at + 5),
+            object_size: r.get::<_, Option<i64>>(at + 6).unwrap_or(0) as u64,
         }
     }
 
@@ -643,6 +666,7 @@ pub async fn listen(cluster: Arc<Cluster>) {
         if let Err(e) = listen_once(&cluster).await {
             crate::backend::cluster::outage::cluster_warn!(cluster.outage, e, error = %e, "cluster: the LISTEN connection failed; reconnecting");
         }
+        cluster.ends.listening(false);
         cluster.data_notify.notify_waiters();
         cluster.catalogue_notify.notify_one();
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -680,6 +704,7 @@ async fn listen_once(cluster: &Cluster) -> Result<(), ClusterError> {
         ))
         .await?;
     // Anything committed before LISTEN took effect was not announced to us.
+    cluster.ends.listening(true);
     cluster.data_notify.notify_waiters();
     cluster.catalogue_notify.notify_one();
     while let Some(Some((catalogue, payload))) = nrx.recv().await {

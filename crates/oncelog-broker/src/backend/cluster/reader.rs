@@ -451,14 +451,14 @@ async fn read_index(
                        ORDER BY b.last_offset LIMIT {ROWS_PER_PARTITION}) c \
                      WHERE (c.before = 0 OR c.before < q.max_bytes) \
                        AND q.from_offset BETWEEN q.log_start_offset AND q.next_offset) w) \
-                 SELECT 0, i, next_offset, log_start_offset, open, \
-                   NULL::text, NULL::int8, NULL::int4, NULL::bytea, NULL::int8 FROM q \
+                 SELECT 0, i, next_offset, log_start_offset, \
+                   NULL::text, NULL::int8, NULL::int4, NULL::bytea, NULL::int8, open FROM q \
                  UNION ALL \
-                 SELECT 1, i, base_offset, last_offset, NULL::int8, \
-                   object_key, position, length, inline_data, size FROM s \
+                 SELECT 1, i, base_offset, last_offset, \
+                   object_key, position, length, inline_data, size, NULL::int8 FROM s \
                  UNION ALL \
-                 SELECT 2, q.i, a.first_offset, a.last_offset, a.producer_id, \
-                   NULL, NULL, NULL, NULL, NULL \
+                 SELECT 2, q.i, a.first_offset, a.last_offset, \
+                   NULL, NULL, NULL, NULL, NULL, a.producer_id \
                  FROM (SELECT i, max(last_offset) AS last FROM s GROUP BY i) e \
                  JOIN q ON q.i = e.i \
                  JOIN aborted_txns a ON a.topic_id = q.topic_id AND a.partition = q.partition \
@@ -488,7 +488,7 @@ async fn read_index(
                     continue;
                 }
                 cluster.saw_next(&a.topic_id, a.partition, hw);
-                let open: Option<i64> = r.get(4);
+                let open: Option<i64> = r.get(9);
                 let o = PartitionOffsets {
                     high_watermark: hw,
                     last_stable_offset: open.map_or(hw, |o| o.min(hw)),
@@ -503,7 +503,7 @@ async fn read_index(
                 .or_default()
                 .push(Stored::from_row_at(r, 2)),
             _ => found.aborted.entry(i).or_default().push(AbortedTxn {
-                producer_id: r.get(4),
+                producer_id: r.get(9),
                 first_offset: r.get(2),
                 last_offset: r.get(3),
             }),

@@ -63,7 +63,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import GB  # noqa: E402
 from benchlib.brokers import Oncelog, TansuPeer, exit_on_signal, stop_live_brokers  # noqa: E402
-from benchlib.load import closed_loop_load, e2e_load  # noqa: E402
+from benchlib.load import closed_loop_load, create_topic, e2e_load  # noqa: E402
 from benchlib.brokers import hist_quantile  # noqa: E402
 from produce_bench import ROOT  # noqa: E402
 
@@ -220,6 +220,14 @@ def one_run(kind, a, env, tmp, run):
     try:
         if a.idle_seconds and isinstance(target, Brokers):
             idle = idle_floor(target, env, db, a.idle_seconds)
+            if a.tailing_consumers:
+                tail = tailing_consumers(target, env, db, a.idle_seconds, a.tailing_consumers, a.partitions)
+                # above the floor: what the consumers themselves cost
+                for k, base in (("tail_pg_xacts_per_consumer_s", "idle_pg_xacts_per_broker_s"),
+                                ("tail_pg_round_trips_per_consumer_s", "idle_pg_round_trips_per_broker_s")):
+                    if k in tail:
+                        tail[k] -= idle[base] * len(target.members) / a.tailing_consumers
+                idle.update(tail)
         x0 = xact_commits(env, db) if db else None
         w0 = pg_work(env, db) if db else None
         m0 = target.metrics()
@@ -267,6 +275,43 @@ def idle_floor(target, env, db, seconds):
     row = {"idle_pg_xacts_per_broker_s": (x1 - x0) / n}
     if t0 is not None:
         row["idle_pg_round_trips_per_broker_s"] = (t1 - t0) / n
+    return row
+
+
+def tailing_consumers(target, env, db, seconds, consumers, partitions):
+    """What caught-up consumers ask of PostgreSQL: `consumers`
+    read_committed consumers, each in its own group, tail one topic of
+    `partitions` partitions with nothing new for `seconds` (librdkafka's
+    long polls, fetch.wait.max.ms 500); PostgreSQL transactions and round
+    trips per consumer per second above the idle floor measured just
+    before."""
+    import threading
+    from confluent_kafka import Consumer
+    topic = f"tail-{uuid.uuid4().hex[:8]}"
+    create_topic(target.bootstrap, topic, partitions)
+    time.sleep(2)
+    stop = threading.Event()
+
+    def tail(k):
+        c = Consumer({"bootstrap.servers": target.bootstrap, "group.id": f"tail-{k}-{topic}",
+                      "isolation.level": "read_committed", "auto.offset.reset": "latest",
+                      "enable.auto.commit": False})
+        c.subscribe([topic])
+        while not stop.is_set():
+            c.poll(0.2)
+        c.close()
+    threads = [threading.Thread(target=tail, args=(k,), daemon=True) for k in range(consumers)]
+    for t in threads:
+        t.start()
+    time.sleep(8)  # joined and caught up
+    floor = idle_floor(target, env, db, seconds)  # settles 3 s, then measures
+    stop.set()
+    for t in threads:
+        t.join(10)
+    row = {"tail_pg_xacts_per_consumer_s": floor["idle_pg_xacts_per_broker_s"] * len(target.members) / consumers}
+    if "idle_pg_round_trips_per_broker_s" in floor:
+        row["tail_pg_round_trips_per_consumer_s"] = (
+            floor["idle_pg_round_trips_per_broker_s"] * len(target.members) / consumers)
     return row
 
 
@@ -376,6 +421,10 @@ def main():
     ap.add_argument("--idle-seconds", type=float, default=0,
                     help="before each cluster load, measure the idle brokers' PostgreSQL transactions "
                          "(and round trips, with --pg-delay-ms) per broker per second over this long")
+    ap.add_argument("--tailing-consumers", type=int, default=0,
+                    help="with --idle-seconds: then this many caught-up read_committed consumers (each its "
+                         "own group, one topic of --partitions partitions) for as long; their PostgreSQL "
+                         "transactions and round trips per consumer per second above the idle floor")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     a.client_cpus = None
@@ -418,6 +467,11 @@ def main():
                           f"{row['idle_pg_xacts_per_broker_s']:.1f} PG xacts"
                           + (f", {row['idle_pg_round_trips_per_broker_s']:.1f} round trips"
                              if "idle_pg_round_trips_per_broker_s" in row else ""), flush=True)
+                if "tail_pg_xacts_per_consumer_s" in row:
+                    print(f"  run {run} {kind:14} caught-up consumers, per consumer per second: "
+                          f"{row['tail_pg_xacts_per_consumer_s']:.1f} PG xacts"
+                          + (f", {row['tail_pg_round_trips_per_consumer_s']:.1f} round trips"
+                             if "tail_pg_round_trips_per_consumer_s" in row else ""), flush=True)
                 if a.ack_rate or a.e2e_rate:
                     lat = latency_run(kind, a, env, tmp, run)
                     lat_rows.append(lat)

@@ -319,6 +319,73 @@ def test_a_transaction_past_its_timeout_is_aborted_and_the_lso_moves(cluster_fac
     assert fences == 1
 
 
+def metric_sum(brokers, name):
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    total = 0
+    for b in brokers:
+        with urllib.request.urlopen(b.metrics_url + "/metrics", timeout=10) as r:
+            for fam in text_string_to_metric_families(r.read().decode()):
+                total += sum(x.value for x in fam.samples if x.name == name)
+    return total
+
+
+def test_caught_up_consumers_are_answered_from_memory_and_see_every_commit(cluster_factory):
+    """A fetch at a partition's end, as its broker last read it, asks
+    PostgreSQL nothing; every commit (data, and the markers that move the
+    LSO, written by whichever broker coordinates the transaction) still
+    reaches the waiting consumer through the commit's announcement. The
+    remembered ends are trusted here for ten minutes, so a commit that did
+    not invalidate one would hold a consumer for longer than this test."""
+    cl = cluster_factory(store="file", n=2, overrides={"cluster.fetch.end.fresh.ms": "600000"})
+    create(cl.by_id(1).bootstrap, "tail", 2)
+    committed_c = Consumer(consumer_config(cl.bootstrap, isolation_level="read_committed"))
+    uncommitted_c = Consumer(consumer_config(cl.bootstrap, isolation_level="read_uncommitted"))
+    w = txn_producer(cl.bootstrap, "tail-writer")
+    w.init_transactions(30)
+    try:
+        for c in (committed_c, uncommitted_c):
+            c.assign([TopicPartition("tail", p, 0) for p in range(2)])
+            assert c.poll(1.0) is None
+        time.sleep(2)  # both caught up and long-polling
+        before = metric_sum(cl.brokers, "oncelog_cluster_fetch_ends_from_memory_total")
+        reads_before = metric_sum(cl.brokers, "oncelog_cluster_fetch_partitions_read_total")
+        time.sleep(3)
+        answered = metric_sum(cl.brokers, "oncelog_cluster_fetch_ends_from_memory_total") - before
+        read = metric_sum(cl.brokers, "oncelog_cluster_fetch_partitions_read_total") - reads_before
+        assert answered > 0 and read == 0, (answered, read)
+
+        def wait_for(c, want, seconds=60):
+            got, deadline = [], time.monotonic() + seconds
+            while len(got) < len(want) and time.monotonic() < deadline:
+                m = c.poll(0.2)
+                if m is not None:
+                    assert m.error() is None, m.error()
+                    got.append(m.value())
+            assert sorted(got) == sorted(want)
+
+        for round_ in range(5):
+            # an open transaction: read_uncommitted sees it, read_committed not yet
+            w.begin_transaction()
+            vals = [f"r{round_}-p{p}".encode() for p in range(2)]
+            for p, v in enumerate(vals):
+                w.produce("tail", value=v, partition=p)
+            w.flush(30)
+            wait_for(uncommitted_c, vals)
+            assert committed_c.poll(0.5) is None
+            if round_ % 2:
+                w.abort_transaction(30)
+                continue
+            w.commit_transaction(30)
+            # the markers moved the LSO; the read_committed consumer, long
+            # polling at the old LSO, gets the data
+            wait_for(committed_c, vals)
+        assert committed_c.poll(1.0) is None
+    finally:
+        committed_c.close()
+        uncommitted_c.close()
+
+
 def test_audit_under_cluster_faults(private_cluster_services, tmp_path):
     """`oncelog audit` (zombie workload: transactional writers, worker kill -9,
     paused workers whose successors must fence them) against three brokers

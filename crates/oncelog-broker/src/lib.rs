@@ -183,6 +183,7 @@ impl Broker {
         cc.cache_bytes = c.cluster_cache_bytes;
         cc.put_timeout = std::time::Duration::from_millis(c.cluster_put_timeout_ms.max(100));
         cc.intent_grace = std::time::Duration::from_millis(c.cluster_intent_grace_ms);
+        cc.end_fresh_for = std::time::Duration::from_millis(c.cluster_fetch_end_fresh_ms);
         let security = cluster::security::Copies::new(self.authz.shared(), self.users.shared());
         let front = cluster::front::Front::start(cc, security).await?;
         let defaults = self.config.clone();

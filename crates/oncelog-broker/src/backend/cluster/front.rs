@@ -218,7 +218,8 @@ impl Front {
         let o = &self.cluster.objects.stats;
         let f = &self.flusher.stats;
         let c = &self.cluster.cache;
-        let counters: [(&str, &str, u64); 12] = [
+        let e = &self.cluster.ends;
+        let counters: [(&str, &str, u64); 14] = [
             (
                 "oncelog_cluster_object_puts_total",
                 "Objects written.",
@@ -278,6 +279,16 @@ impl Front {
                 "oncelog_cluster_cache_misses_total",
                 "Batches read from the object store.",
                 c.misses.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_fetch_ends_from_memory_total",
+                "Fetched partitions answered from memory: at their end as last read, with no commit seen since.",
+                e.answered.load(Relaxed),
+            ),
+            (
+                "oncelog_cluster_fetch_partitions_read_total",
+                "Fetched partitions read from PostgreSQL.",
+                e.read_through.load(Relaxed),
             ),
         ];
         for (name, help, v) in counters {

@@ -87,6 +87,9 @@ pub struct ClusterConfig {
     /// How long an object PUT may take before its flush fails
     /// (`cluster.put.timeout.ms`).
     pub put_timeout: Duration,
+    /// How long a partition's end as last read answers a fetch at the end
+    /// without an announcement (`cluster.fetch.end.fresh.ms`; zero: never).
+    pub end_fresh_for: Duration,
 }
 
 impl ClusterConfig {
@@ -105,6 +108,7 @@ impl ClusterConfig {
             intent_grace: Duration::from_secs(120),
             pool_size: 16,
             put_timeout: Duration::from_secs(10),
+            end_fresh_for: ends::FRESH_FOR,
         }
     }
 }
@@ -265,6 +269,7 @@ impl Cluster {
         let (announcements, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(announce(pool.clone(), rx));
         let keys = keys::Keys::new(config.broker_id);
+        let ends = ends::Ends::new(config.end_fresh_for);
         Ok(Arc::new(Self {
             config,
             outage: outage::Outage::new(&pg.config),
@@ -278,7 +283,7 @@ impl Cluster {
             data_notify: tokio::sync::Notify::new(),
             catalogue_notify: tokio::sync::Notify::new(),
             known: Mutex::new(HashMap::new()),
-            ends: ends::Ends::default(),
+            ends,
             behind: Mutex::new(Default::default()),
             announcements,
         }))

@@ -336,6 +336,10 @@ async fn read_many_once(
             _ => reads.push(i),
         }
     }
+    let ends = &cluster.ends;
+    let from_memory = (asks.len() - reads.len()) as u64;
+    ends.answered.fetch_add(from_memory, std::sync::atomic::Ordering::Relaxed);
+    ends.read_through.fetch_add(reads.len() as u64, std::sync::atomic::Ordering::Relaxed);
     if reads.is_empty() {
         return Ok(answers);
     }

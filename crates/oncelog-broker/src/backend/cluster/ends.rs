@@ -80,7 +80,12 @@ impl Ends {
     /// The remembered offsets of a partition if they are still its end:
     /// read less than the freshness ago, and `known_next` (every commit
     /// this broker saw since) not past their high watermark.
-    pub fn fresh(&self, topic_id: &Uuid, partition: i32, known_next: i64) -> Option<PartitionOffsets> {
+    pub fn fresh(
+        &self,
+        topic_id: &Uuid,
+        partition: i32,
+        known_next: i64,
+    ) -> Option<PartitionOffsets> {
         if !self.listening.load(Ordering::Acquire) || self.fresh_for.is_zero() {
             return None;
         }

@@ -338,8 +338,10 @@ async fn read_many_once(
     }
     let ends = &cluster.ends;
     let from_memory = (asks.len() - reads.len()) as u64;
-    ends.answered.fetch_add(from_memory, std::sync::atomic::Ordering::Relaxed);
-    ends.read_through.fetch_add(reads.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    ends.answered
+        .fetch_add(from_memory, std::sync::atomic::Ordering::Relaxed);
+    ends.read_through
+        .fetch_add(reads.len() as u64, std::sync::atomic::Ordering::Relaxed);
     if reads.is_empty() {
         return Ok(answers);
     }
@@ -487,7 +489,8 @@ async fn read_index(
             0 => {
                 let a = &asks[i];
                 let hw: i64 = r.get(2);
-                if let Err(e) = cluster.check_next_since(&a.topic_id, a.partition, hw, seen[at[&i]]) {
+                if let Err(e) = cluster.check_next_since(&a.topic_id, a.partition, hw, seen[at[&i]])
+                {
                     found.offsets.push((i, Err(e)));
                     continue;
                 }

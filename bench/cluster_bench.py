@@ -43,7 +43,8 @@ round trips (request/response turn-arounds through the proxy) per flush.
 
 --idle-seconds S measures, before each cluster load, what the idle brokers
 ask of PostgreSQL per broker per second (transactions; round trips too with
---pg-delay-ms).
+--pg-delay-ms). --tailing-consumers N then measures, for as long, what N
+caught-up read_committed consumers add to that, per consumer per second.
 
 Tansu: `cargo install tansu --locked --features postgres` (0.6.0 measured);
 its schema is etc/initdb.d/010-schema.sql of Tansu's repository at the same

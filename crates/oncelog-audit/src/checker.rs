@@ -552,11 +552,11 @@ fn check_positions<'a>(
 ) {
     // Position -> first value observed there; conflicting positions -> every
     // distinct value with its first observation.
-    let mut first: Map<Position<'a>, (&'a str, Obs<'a>)> = Map::default();
+    let mut first: oncelog_verify::ledger::Ledger<Position<'a>, &'a str, Obs<'a>> =
+        Default::default();
     let mut conflicts: BTreeMap<Position<'a>, Vec<(&'a str, Obs<'a>)>> = BTreeMap::default();
     let mut note = |p: Position<'a>, value: &'a str, obs: Obs<'a>| {
-        let &mut (v0, o0) = first.entry(p).or_insert((value, obs));
-        if v0 != value {
+        if let Some(&(v0, o0)) = first.see(p, value, obs) {
             let vals = conflicts.entry(p).or_insert_with(|| vec![(v0, o0)]);
             if !vals.iter().any(|(v, _)| *v == value) {
                 vals.push((value, obs));
@@ -867,22 +867,17 @@ fn check_final<'a>(
         if t.outcome == Outcome::Aborted {
             continue;
         }
-        let (mut total, mut present) = (0usize, 0usize);
-        let mut missing: Vec<&str> = Vec::new();
-        for value in t.sent_values() {
-            total += 1;
-            if fi.contains(value) {
-                present += 1;
-            } else if missing.len() < 3 {
-                missing.push(value);
-            }
-        }
-        if present > 0 && present < total {
+        let sent: Vec<&str> = t.sent_values().collect();
+        let s = oncelog_verify::torn::showing(&sent, |v| fi.contains(v));
+        if s.is_torn() {
+            let missing: Vec<&str> = s.missing.iter().take(3).map(|v| **v).collect();
             out.push(
                 AnomalyKind::TornTxn,
                 format!(
-                    "{}: {present} of {total} values visible; missing e.g. {}",
+                    "{}: {} of {} values visible; missing e.g. {}",
                     txn_desc(t),
+                    s.present,
+                    s.total,
                     missing.join(", ")
                 ),
             );

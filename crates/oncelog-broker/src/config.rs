@@ -93,6 +93,9 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("offsets.retention.check.interval.ms", "600000", "how often cluster mode looks for expired committed offsets (local mode looks continuously)"),
     ("transaction.auto.heal", "false", "abort orphaned transactions (open at a partition, unknown to the coordinator) through the coordinator's marker path"),
     ("transaction.heal.check.interval.ms", "10000", "how often partitions' open transactions are reconciled with the coordinator; an orphan is one seen on two checks in a row"),
+    ("verify.enable", "true", "live verification: each broker reads back the committed data of the partitions it reports (every one in local mode) and checks it from the bytes alone (CRCs, offsets, producer epochs and sequences, markers, the aborted index, content unchanged between passes) and against the coordinator's committed transactions; see docs/exactly-once.md"),
+    ("verify.scrub.bytes.per.second", "4194304", "cap on the bytes live verification reads per second on this broker; -1 = no cap"),
+    ("verify.scrub.interval.ms", "300000", "time between the end of one verification pass over a partition's whole log and the start of the next, which compares every batch with what the first pass saw (new data is verified within a second of becoming stable, apart from these passes)"),
     ("producer.id.expiration.ms", "86400000", "partitions forget an idle producer id this long after its last write, never one with an open transaction"),
     ("max.partitions.per.topic", "10000", "most partitions one topic may have (CreateTopics / CreatePartitions above it get INVALID_PARTITIONS)"),
     ("max.connections", "2147483647", "most client connections open at once (all listeners); a connection beyond it is closed at once, logged and counted"),
@@ -200,6 +203,10 @@ pub struct BrokerConfig {
     /// KIP-939 served (InitProducerId v6).
     pub two_phase_commit_enable: bool,
     pub producer_id_expiration_ms: i64,
+    pub verify_enable: bool,
+    /// None: no cap.
+    pub verify_scrub_bytes_per_second: Option<u64>,
+    pub verify_scrub_interval_ms: u64,
     pub transaction_version: i16,
     pub transaction_auto_heal: bool,
     pub transaction_heal_check_interval_ms: u64,
@@ -454,6 +461,12 @@ impl BrokerConfig {
             ),
             two_phase_commit_enable: v!("transaction.two.phase.commit.enable"),
             producer_id_expiration_ms: v!("producer.id.expiration.ms"),
+            verify_enable: v!("verify.enable"),
+            verify_scrub_bytes_per_second: {
+                let v: i64 = v!("verify.scrub.bytes.per.second");
+                u64::try_from(v).ok()
+            },
+            verify_scrub_interval_ms: v!("verify.scrub.interval.ms"),
             transaction_version: v!("transaction.version"),
             transaction_auto_heal: v!("transaction.auto.heal"),
             transaction_heal_check_interval_ms: v!("transaction.heal.check.interval.ms"),

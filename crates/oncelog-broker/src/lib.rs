@@ -117,6 +117,8 @@ pub struct Broker {
     pub cleaner: Arc<compaction::LogCleaner>,
     /// Rates of the last minutes, for the console.
     pub samples: samples::Samples,
+    /// What live verification found ([`coordinators::verify`]).
+    pub verify: observe::verify::Verify,
     /// This broker's exclusive hold on its data directory.
     _dir_lock: Option<datadir::DirLock>,
     /// The storage this broker serves from, chosen once before it is
@@ -432,6 +434,7 @@ impl Broker {
             appended_bytes: Default::default(),
             orphans: Default::default(),
             cleaner,
+            verify: Default::default(),
             samples: samples::Samples::new(now_ms()),
             request_latency: (0..REQUEST_KEYS)
                 .map(|_| histogram::Histogram::latency())
@@ -618,6 +621,9 @@ impl Broker {
             }
         });
         self.spawn_cluster_offsets();
+        if self.config.verify_enable {
+            tokio::spawn(coordinators::verify::run(Arc::downgrade(self)));
+        }
         let b = self.clone();
         tokio::spawn(async move {
             // Finish what a previous run left between Prepare and Complete,

@@ -125,9 +125,9 @@ pub struct Fed {
     /// Bytes of the chunk read as whole batches (less than its length when
     /// a batch could not even be framed: the rest is not trusted).
     pub consumed: usize,
-    /// (base offset, CRC) of every sound batch, markers included: the
-    /// committed content's fingerprint.
-    pub crcs: Vec<(i64, u32)>,
+    /// (base offset, last offset, CRC) of every sound batch, markers
+    /// included: the committed content's fingerprint.
+    pub crcs: Vec<(i64, i64, u32)>,
     /// The markers read.
     pub markers: Vec<Marker>,
 }
@@ -245,7 +245,7 @@ impl Scanner {
                     continue;
                 }
             };
-            fed.crcs.push((h.base_offset(), h.crc()));
+            fed.crcs.push((h.base_offset(), h.last_offset(), h.crc()));
             self.offsets(&h, out);
             if h.producer_id() < 0 {
                 continue;

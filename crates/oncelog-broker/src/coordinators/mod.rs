@@ -4,3 +4,4 @@
 pub mod cutover;
 pub mod groups;
 pub mod txn_service;
+pub mod verify;

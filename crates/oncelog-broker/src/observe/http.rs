@@ -50,6 +50,10 @@ async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
             crate::observe::exposition::CONTENT_TYPE,
         ),
         "/health" => Reply::text("200 OK", "ok\n"),
+        "/v1/verify" => {
+            let topic = req.params.get("topic").map(String::as_str);
+            Reply::json("200 OK", b.verify.to_json(topic, b.config.verify_enable))
+        }
         "/v1/cleaner" => {
             let parts: serde_json::Map<String, serde_json::Value> = b
                 .cleaner

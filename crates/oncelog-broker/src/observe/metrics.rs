@@ -26,6 +26,7 @@ pub async fn render(b: &Arc<Broker>) -> String {
     render_durations(&mut out, b);
     render_group_lag(&mut out, b).await;
     render_cleaner(&mut out, b);
+    b.verify.render(&mut out);
     if let Some(front) = b.front() {
         front.render_metrics(&mut out);
     }

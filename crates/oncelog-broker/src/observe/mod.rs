@@ -10,3 +10,4 @@ pub mod httpmsg;
 pub mod metrics;
 pub mod samples;
 pub mod txn_history;
+pub mod verify;

@@ -1,0 +1,489 @@
+//! Live verification of exactly-once, written once over the backends
+//! ([`crate::backend::Logs`], [`crate::backend::Catalogue`],
+//! [`crate::backend::Txns`]), so local and cluster mode check alike. Each
+//! broker verifies the partitions it reports (every one in local mode;
+//! in a cluster those Metadata names it the leader of, so each partition is
+//! verified once across the cluster).
+//!
+//! Every second, within its byte budget (`verify.scrub.bytes.per.second`),
+//! for each partition:
+//!
+//! * the **frontier** scan reads what became stable since the last round
+//!   (read_committed reads, from the log start on the first round) and
+//!   hands it to [`oncelog_verify::scan::Scanner`], which checks it from
+//!   the bytes alone; `verified_through` is where it got, short of a
+//!   transaction still open there;
+//! * every `verify.scrub.interval.ms`, a **pass** reads the partition again
+//!   from its log start up to the frontier, scans it afresh and compares
+//!   each batch's CRC with what the first scan saw
+//!   ([`oncelog_verify::ledger::Ledger`]): committed content that changed
+//!   or vanished is `digest_changed`, with its offsets. Retention and
+//!   DeleteRecords explain what is gone below the log start; on a
+//!   compacted topic the cleaner rewrites batches, so content is not
+//!   compared there.
+//!
+//! Every [`COMMITS_EVERY`] rounds, the coordinator's record of the
+//! transactions it committed ([`crate::backend::Txns::with_histories`]) is
+//! held against the partitions: one that a committed transaction wrote to
+//! and that still holds that producer's transaction open, on two checks
+//! [`COMMIT_GRACE_MS`] apart, is `commit_missing` (the marker never came).
+//!
+//! What it keeps is in memory: a restart verifies every log again from its
+//! start, and compares content only between passes of one run.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oncelog_log::now_ms;
+use oncelog_verify::ledger::Ledger;
+use oncelog_verify::scan::{Aborted, Finding, Kind, Rules, Scanner};
+
+use crate::backend::{Budget, FetchAsk, Logs, PartitionRow, Scope};
+use crate::observe::txn_history::EventKind;
+use crate::observe::verify::Progress;
+use crate::Broker;
+
+/// Bytes asked of one read.
+const CHUNK: usize = 1 << 20;
+
+/// A transaction's commit older than this is expected on all its partitions.
+pub const COMMIT_GRACE_MS: i64 = 5_000;
+
+/// Rounds (seconds) between checks of the committed transactions.
+pub const COMMITS_EVERY: u64 = 5;
+
+/// How far back committed transactions are looked at.
+const COMMITS_WINDOW_MS: i64 = 60_000;
+
+/// One partition's verification.
+struct Part {
+    topic_id: uuid::Uuid,
+    compacted: bool,
+    frontier: Scanner,
+    /// CRC of each batch the frontier verified, with (last offset, pass).
+    ledger: Ledger<i64, u32, (i64, u64)>,
+    pass: Option<Pass>,
+    last_pass_end: Instant,
+    passes: u64,
+}
+
+/// A pass over the verified log, from its start.
+struct Pass {
+    scanner: Scanner,
+    /// Ledger entries from here on were not passed yet.
+    next: i64,
+}
+
+/// The byte budget (a token bucket refilled every round).
+struct Bucket {
+    rate: Option<u64>,
+    tokens: i64,
+}
+
+impl Bucket {
+    fn refill(&mut self) {
+        if let Some(r) = self.rate {
+            let r = r as i64;
+            self.tokens = (self.tokens + r).min(r);
+        }
+    }
+    fn has(&self) -> bool {
+        self.rate.is_none() || self.tokens > 0
+    }
+    fn spend(&mut self, n: usize) {
+        self.tokens -= n as i64;
+    }
+}
+
+/// Runs the verification until the broker goes.
+pub async fn run(b: std::sync::Weak<Broker>) {
+    let mut parts: HashMap<(String, i32), Part> = HashMap::new();
+    let mut suspects: HashMap<(String, i32, i64), i64> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut round: u64 = 0;
+    let mut bucket = None;
+    loop {
+        tick.tick().await;
+        let Some(b) = b.upgrade() else { return };
+        let bucket = bucket.get_or_insert(Bucket {
+            rate: b.config.verify_scrub_bytes_per_second,
+            tokens: 0,
+        });
+        bucket.refill();
+        let rows = scrub(&b, &mut parts, bucket).await;
+        round += 1;
+        if round.is_multiple_of(COMMITS_EVERY) {
+            check_commits(&b, &rows, &mut suspects).await;
+        }
+    }
+}
+
+/// One round over every partition this broker verifies.
+async fn scrub(
+    b: &Arc<Broker>,
+    parts: &mut HashMap<(String, i32), Part>,
+    bucket: &mut Bucket,
+) -> Vec<PartitionRow> {
+    let logs = b.logs();
+    let rows = logs.statuses(Scope::Mine).await;
+    let topics: HashMap<String, crate::backend::topic::TopicMeta> = b
+        .catalogue()
+        .topics()
+        .await
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect();
+    let keep: HashSet<(String, i32)> = rows
+        .iter()
+        .map(|r| (r.topic.clone(), r.partition))
+        .collect();
+    parts.retain(|k, _| keep.contains(k));
+    b.verify.retain(&keep);
+    let rules = |compacted| Rules {
+        compacted,
+        producer_expiry_ms: b.config.producer_id_expiration_ms,
+    };
+    let pass_every = Duration::from_millis(b.config.verify_scrub_interval_ms);
+    let mut throttled = false;
+    for row in &rows {
+        let Some(meta) = topics.get(&row.topic) else {
+            continue;
+        };
+        let compacted = crate::backend::topic::CleanupPolicy::parse(
+            meta.configs
+                .get("cleanup.policy")
+                .unwrap_or(&b.config.cleanup_policy),
+        )
+        .compact;
+        let key = (row.topic.clone(), row.partition);
+        let fresh = || Part {
+            topic_id: meta.id,
+            compacted,
+            frontier: Scanner::starting_at(rules(compacted), row.log_start_offset),
+            ledger: Ledger::default(),
+            pass: None,
+            last_pass_end: Instant::now(),
+            passes: 0,
+        };
+        let part = parts.entry(key).or_insert_with(fresh);
+        let frontier = part.frontier.next_offset().unwrap_or(row.log_start_offset);
+        if part.topic_id != meta.id
+            || part.compacted != compacted
+            || frontier < row.log_start_offset
+        {
+            // A new topic of that name, a changed policy, or retention past
+            // the frontier: start over from the log start.
+            *part = fresh();
+        }
+        part.ledger.forget_below(&row.log_start_offset);
+        throttled |= advance_frontier(b, &logs, row, part, bucket).await;
+        throttled |= advance_pass(b, &logs, row, part, rules(compacted), pass_every, bucket).await;
+        let frontier = part.frontier.next_offset().unwrap_or(row.log_start_offset);
+        b.verify.progress(Progress {
+            topic: row.topic.clone(),
+            partition: row.partition,
+            verified_through: part
+                .frontier
+                .earliest_open()
+                .map_or(frontier, |o| o.min(frontier)),
+            log_start_offset: row.log_start_offset,
+            last_stable_offset: row.last_stable_offset,
+            passes: part.passes,
+            remembered_batches: part.ledger.len(),
+            compacted,
+        });
+    }
+    if throttled {
+        // The round's budget ran out with work left: until the next round.
+        b.verify.throttled_ms.fetch_add(1000, Relaxed);
+    }
+    rows
+}
+
+/// One read of committed data at `offset`: (bytes, aborted index, LSO, HW).
+async fn read(
+    logs: &Logs<'_>,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Option<(Vec<u8>, Vec<Aborted>, i64, i64)> {
+    let ask = FetchAsk {
+        topic,
+        partition,
+        offset,
+        max_bytes: CHUNK,
+    };
+    let mut budget = Budget::new(CHUNK);
+    let r = logs
+        .read_many(&[ask], &mut budget, true)
+        .await
+        .pop()?
+        .ok()?;
+    let aborted = r
+        .aborted
+        .iter()
+        .map(|a| Aborted {
+            producer_id: a.producer_id,
+            first_offset: a.first_offset,
+            last_offset: a.last_offset,
+        })
+        .collect();
+    Some((
+        r.data.ok()?,
+        aborted,
+        r.last_stable_offset,
+        r.high_watermark,
+    ))
+}
+
+fn report(b: &Broker, row: &PartitionRow, found: &[Finding]) {
+    let now = now_ms();
+    for f in found {
+        b.verify.report(&row.topic, row.partition, f, now);
+    }
+}
+
+/// Verifies what became stable since the last round.
+/// Returns whether it stopped for the byte budget with work left.
+async fn advance_frontier(
+    b: &Broker,
+    logs: &Logs<'_>,
+    row: &PartitionRow,
+    part: &mut Part,
+    bucket: &mut Bucket,
+) -> bool {
+    loop {
+        let at = part.frontier.next_offset().unwrap_or(row.log_start_offset);
+        if at >= row.last_stable_offset {
+            return false;
+        }
+        if !bucket.has() {
+            return true;
+        }
+        let Some((data, aborted, lso, hw)) = read(logs, &row.topic, row.partition, at).await else {
+            return false;
+        };
+        let mut found = Vec::new();
+        let fed = part.frontier.feed(&data, &aborted, &mut found);
+        b.verify
+            .scrubbed_bytes
+            .fetch_add(data.len() as u64, Relaxed);
+        bucket.spend(data.len());
+        if !part.compacted {
+            for &(base, last, crc) in &fed.crcs {
+                part.ledger.see(base, crc, (last, part.passes));
+            }
+        }
+        report(b, row, &found);
+        let now_at = part.frontier.next_offset().unwrap_or(at);
+        if now_at >= lso {
+            part.frontier.reached_stable(lso, hw);
+            return false;
+        }
+        if fed.consumed == 0 || now_at <= at {
+            return false;
+        }
+    }
+}
+
+/// Passes over the verified log again when one is due.
+async fn advance_pass(
+    b: &Broker,
+    logs: &Logs<'_>,
+    row: &PartitionRow,
+    part: &mut Part,
+    rules: Rules,
+    every: Duration,
+    bucket: &mut Bucket,
+) -> bool {
+    let frontier = part.frontier.next_offset().unwrap_or(row.log_start_offset);
+    if part.pass.is_none() {
+        if part.last_pass_end.elapsed() < every || frontier <= row.log_start_offset {
+            return false;
+        }
+        part.pass = Some(Pass {
+            scanner: Scanner::starting_at(rules, row.log_start_offset),
+            next: row.log_start_offset,
+        });
+    }
+    let Some(pass) = part.pass.as_mut() else {
+        return false;
+    };
+    if pass.next < row.log_start_offset {
+        *pass = Pass {
+            scanner: Scanner::starting_at(rules, row.log_start_offset),
+            next: row.log_start_offset,
+        };
+    }
+    while pass.next < frontier {
+        if !bucket.has() {
+            return true;
+        }
+        let at = pass.scanner.next_offset().unwrap_or(pass.next);
+        let Some((data, aborted, _, _)) = read(logs, &row.topic, row.partition, at).await else {
+            return false;
+        };
+        let mut found = Vec::new();
+        let fed = pass.scanner.feed(&data, &aborted, &mut found);
+        b.verify
+            .scrubbed_bytes
+            .fetch_add(data.len() as u64, Relaxed);
+        bucket.spend(data.len());
+        if !part.compacted {
+            compare(
+                &mut part.ledger,
+                pass,
+                &fed.crcs,
+                frontier,
+                part.passes + 1,
+                &mut found,
+            );
+        }
+        pass.next = pass.scanner.next_offset().unwrap_or(at).max(pass.next);
+        report(b, row, &found);
+        if fed.consumed == 0 || pass.scanner.next_offset().unwrap_or(at) <= at {
+            // Unreadable here: reported; the next pass tries again.
+            pass.next = frontier;
+        }
+    }
+    part.pass = None;
+    part.passes += 1;
+    part.last_pass_end = Instant::now();
+    false
+}
+
+/// Each batch a pass read against what the first scan saw there; batches
+/// the first scan saw and the pass stepped over are gone.
+fn compare(
+    ledger: &mut Ledger<i64, u32, (i64, u64)>,
+    pass: &mut Pass,
+    crcs: &[(i64, i64, u32)],
+    frontier: i64,
+    pass_no: u64,
+    found: &mut Vec<Finding>,
+) {
+    let changed = |base: i64, last: i64, detail: String| Finding {
+        kind: Kind::DigestChanged,
+        first_offset: base,
+        last_offset: last,
+        producer_id: -1,
+        epoch: -1,
+        detail,
+    };
+    for &(base, last, crc) in crcs.iter().filter(|c| c.0 < frontier) {
+        let gone: Vec<(i64, i64, u64)> = ledger
+            .from(&pass.next)
+            .take_while(|(o, _)| **o < base)
+            .map(|(o, (_, (l, p)))| (*o, *l, *p))
+            .collect();
+        for (o, l, p) in gone {
+            found.push(changed(
+                o,
+                l,
+                format!("the batch at {o}..={l}, verified in pass {p}, is gone in pass {pass_no} (above the log start, not compacted)"),
+            ));
+        }
+        if let Some(&(old, (_, p))) = ledger.see(base, crc, (last, pass_no)) {
+            found.push(changed(
+                base,
+                last,
+                format!("the batch at {base}..={last} had CRC {old:#010x} in pass {p} and has {crc:#010x} in pass {pass_no}"),
+            ));
+        }
+        pass.next = last + 1;
+    }
+}
+
+/// Committed transactions against the partitions they wrote: see the
+/// module's documentation. `suspects`: (topic, partition, producer) →
+/// when first seen open after its commit.
+async fn check_commits(
+    b: &Arc<Broker>,
+    rows: &[PartitionRow],
+    suspects: &mut HashMap<(String, i32, i64), i64>,
+) {
+    let now = now_ms();
+    // partitions with a transaction open: where a marker may be missing
+    let open: HashMap<(&str, i32), &PartitionRow> = rows
+        .iter()
+        .filter(|r| r.last_stable_offset < r.high_watermark)
+        .map(|r| ((r.topic.as_str(), r.partition), r))
+        .collect();
+    if open.is_empty() {
+        suspects.clear();
+        return;
+    }
+    // (transactional id, producer, epoch, commit time, partitions)
+    type Committed = (String, i64, i16, i64, Vec<String>);
+    let committed: Vec<Committed> = match b
+        .txns()
+        .with_histories(now - COMMITS_WINDOW_MS, |h| {
+            h.iter()
+                .filter_map(|(id, ih)| {
+                    let e = ih.events.iter().rev().find(|e| {
+                        !matches!(e.event, EventKind::FencedRequest | EventKind::RejectedWrite)
+                    })?;
+                    (e.event == EventKind::Commit && now - e.time_ms >= COMMIT_GRACE_MS).then(
+                        || {
+                            (
+                                id.clone(),
+                                e.producer_id,
+                                e.epoch,
+                                e.time_ms,
+                                e.partitions.clone(),
+                            )
+                        },
+                    )
+                })
+                .collect()
+        })
+        .await
+    {
+        Ok(c) => c,
+        Err(_) => return,
+    };
+    let logs = b.logs();
+    let mut still = HashMap::new();
+    for (id, pid, epoch, at, parts) in &committed {
+        for tp in parts {
+            let Some((topic, p)) = tp.rsplit_once('-') else {
+                continue;
+            };
+            let Ok(p) = p.parse::<i32>() else { continue };
+            let Some(row) = open.get(&(topic, p)) else {
+                continue;
+            };
+            let Ok(producers) = logs.producers(topic, p).await else {
+                continue;
+            };
+            let Some(first) = producers
+                .iter()
+                .find(|(id, e)| id == pid && e.epoch <= *epoch)
+                .and_then(|(_, e)| e.current_txn_first_offset)
+            else {
+                continue;
+            };
+            let key = (topic.to_string(), p, *pid);
+            let since = suspects.get(&key).copied().unwrap_or(now);
+            still.insert(key, since);
+            if now - since < COMMIT_GRACE_MS {
+                continue;
+            }
+            let f = Finding {
+                kind: Kind::CommitMissing,
+                first_offset: first,
+                last_offset: row.high_watermark - 1,
+                producer_id: *pid,
+                epoch: *epoch,
+                detail: format!(
+                    "transaction {id} (producer {pid}, epoch {epoch}) committed at {at} ms on {}; this partition has no COMMIT marker for it and holds it open from offset {first}",
+                    parts.join(", ")
+                ),
+            };
+            b.verify.report(topic, p, &f, now);
+        }
+    }
+    *suspects = still;
+}

@@ -1,0 +1,222 @@
+//! What live verification found and how far it got
+//! ([`crate::coordinators::verify`]): per partition the offset verified
+//! through, anomalies counted by kind, and the latest ones kept for
+//! `/v1/verify`, `/metrics` and the console.
+//!
+//! Bounded: one row per partition this broker verifies (rows of partitions
+//! it no longer verifies are dropped each round) and at most
+//! [`MAX_RECENT`] anomalies (oldest dropped first). Each anomaly is reported
+//! once (logged at `error!`), however many passes find it again.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use oncelog_verify::scan::{Finding, Kind};
+use serde::Serialize;
+
+/// Anomalies kept for `/v1/verify`.
+pub const MAX_RECENT: usize = 256;
+
+/// Anomaly keys remembered so each is reported once (beyond this, the
+/// oldest are forgotten and may be reported again).
+const MAX_KEYS: usize = 100_000;
+
+/// One anomaly as reported.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reported {
+    pub kind: Kind,
+    pub topic: String,
+    pub partition: i32,
+    pub first_offset: i64,
+    pub last_offset: i64,
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub detail: String,
+    pub found_ms: i64,
+}
+
+/// How far one partition is verified.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Progress {
+    pub topic: String,
+    pub partition: i32,
+    /// Every offset below this was checked (by the scan from the log
+    /// start) and found sound, or reported.
+    pub verified_through: i64,
+    pub log_start_offset: i64,
+    pub last_stable_offset: i64,
+    /// Whole passes from the log start that compared every batch with what
+    /// the first pass saw.
+    pub passes: u64,
+    /// Batches whose committed content is remembered for those passes.
+    pub remembered_batches: usize,
+    /// The topic is compacted: gaps are explained and content is not
+    /// compared between passes.
+    pub compacted: bool,
+}
+
+type Key = (Kind, String, i32, i64, i64);
+
+#[derive(Default)]
+struct Inner {
+    recent: VecDeque<Reported>,
+    progress: BTreeMap<(String, i32), Progress>,
+    seen: HashSet<Key>,
+    seen_order: VecDeque<Key>,
+}
+
+/// The verification's report (a field of the broker).
+#[derive(Default)]
+pub struct Verify {
+    inner: Mutex<Inner>,
+    counts: [AtomicU64; Kind::ALL.len()],
+    /// Bytes the scrubber read back from storage.
+    pub scrubbed_bytes: AtomicU64,
+    /// Time the scrubber waited for its byte budget.
+    pub throttled_ms: AtomicU64,
+}
+
+impl Verify {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reports `f`, found at `topic`'s `partition`, unless it was already:
+    /// logged, counted and kept. Returns whether it was new.
+    pub fn report(&self, topic: &str, partition: i32, f: &Finding, now_ms: i64) -> bool {
+        let key = (
+            f.kind,
+            topic.to_string(),
+            partition,
+            f.first_offset,
+            f.last_offset,
+        );
+        let mut g = self.lock();
+        if !g.seen.insert(key.clone()) {
+            return false;
+        }
+        g.seen_order.push_back(key);
+        while g.seen_order.len() > MAX_KEYS {
+            if let Some(k) = g.seen_order.pop_front() {
+                g.seen.remove(&k);
+            }
+        }
+        tracing::error!(
+            kind = f.kind.name(),
+            topic,
+            partition,
+            first_offset = f.first_offset,
+            last_offset = f.last_offset,
+            producer_id = f.producer_id,
+            epoch = f.epoch,
+            "verify: {}",
+            f.detail
+        );
+        if let Some(i) = Kind::ALL.iter().position(|k| *k == f.kind) {
+            self.counts[i].fetch_add(1, Relaxed);
+        }
+        while g.recent.len() >= MAX_RECENT {
+            g.recent.pop_front();
+        }
+        g.recent.push_back(Reported {
+            kind: f.kind,
+            topic: topic.to_string(),
+            partition,
+            first_offset: f.first_offset,
+            last_offset: f.last_offset,
+            producer_id: f.producer_id,
+            epoch: f.epoch,
+            detail: f.detail.clone(),
+            found_ms: now_ms,
+        });
+        true
+    }
+
+    /// Records one partition's progress.
+    pub fn progress(&self, p: Progress) {
+        self.lock()
+            .progress
+            .insert((p.topic.clone(), p.partition), p);
+    }
+
+    /// Drops the progress of partitions not in `keep`.
+    pub fn retain(&self, keep: &HashSet<(String, i32)>) {
+        self.lock().progress.retain(|k, _| keep.contains(k));
+    }
+
+    /// Anomalies found so far, by kind.
+    pub fn counts(&self) -> Vec<(Kind, u64)> {
+        Kind::ALL
+            .iter()
+            .zip(&self.counts)
+            .map(|(k, n)| (*k, n.load(Relaxed)))
+            .collect()
+    }
+
+    /// Every partition's progress (of `topic` only, if given).
+    pub fn partitions(&self, topic: Option<&str>) -> Vec<Progress> {
+        self.lock()
+            .progress
+            .values()
+            .filter(|p| topic.is_none_or(|t| p.topic == t))
+            .cloned()
+            .collect()
+    }
+
+    /// `/v1/verify`: progress, counts and the latest anomalies (of `topic`
+    /// only, if given).
+    pub fn to_json(&self, topic: Option<&str>, enabled: bool) -> serde_json::Value {
+        let partitions = self.partitions(topic);
+        let recent: Vec<Reported> = self
+            .lock()
+            .recent
+            .iter()
+            .filter(|r| topic.is_none_or(|t| r.topic == t))
+            .cloned()
+            .collect();
+        let counts: serde_json::Map<String, serde_json::Value> = self
+            .counts()
+            .into_iter()
+            .map(|(k, n)| (k.name().to_string(), n.into()))
+            .collect();
+        serde_json::json!({
+            "enabled": enabled,
+            "scrubbed_bytes": self.scrubbed_bytes.load(Relaxed),
+            "anomalies_total": counts,
+            "partitions": partitions,
+            "anomalies": recent,
+        })
+    }
+
+    /// The verification's metrics.
+    pub fn render(&self, out: &mut crate::observe::exposition::Scrape) {
+        let mut verified = out.gauge(
+            "oncelog_verified_offset",
+            "Offset below which the partition's log was verified from its bytes (live verification).",
+        );
+        for p in self.partitions(None) {
+            verified.int(
+                &[("topic", &p.topic), ("partition", &p.partition.to_string())],
+                p.verified_through,
+            );
+        }
+        let mut anomalies = out.counter(
+            "oncelog_verify_anomalies_total",
+            "Anomalies live verification found, by kind.",
+        );
+        for (k, n) in self.counts() {
+            anomalies.int(&[("kind", k.name())], n as i64);
+        }
+        out.counter(
+            "oncelog_verify_scrubbed_bytes_total",
+            "Bytes live verification read back from storage.",
+        )
+        .int(&[], self.scrubbed_bytes.load(Relaxed) as i64);
+        out.counter(
+            "oncelog_verify_throttled_seconds_total",
+            "Time live verification waited for its byte budget (verify.scrub.bytes.per.second).",
+        )
+        .float(&[], self.throttled_ms.load(Relaxed) as f64 / 1000.0);
+    }
+}

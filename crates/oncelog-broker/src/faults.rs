@@ -71,3 +71,38 @@ pub fn injected_end_txn_unavailable(transactional_id: &str) -> bool {
         .iter()
         .any(|p| transactional_id.starts_with(p.as_str()))
 }
+
+/// `ONCELOG_FAULTS=commit-one-partition:PREFIX`: the COMMIT markers of a
+/// transaction whose id starts with PREFIX go to its first partition only
+/// (the others keep the transaction open, and the coordinator completes it
+/// all the same): the fault live verification must report as
+/// `commit_missing`. Returns the partitions to write markers to.
+pub fn marker_partitions(
+    transactional_id: &str,
+    commit: bool,
+    partitions: Vec<(String, i32)>,
+) -> Vec<(String, i32)> {
+    static PREFIXES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let hit = PREFIXES
+        .get_or_init(|| {
+            std::env::var("ONCELOG_FAULTS")
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|f| {
+                    f.trim()
+                        .strip_prefix("commit-one-partition:")
+                        .map(str::to_string)
+                })
+                .collect()
+        })
+        .iter()
+        .any(|p| transactional_id.starts_with(p.as_str()));
+    if !hit || !commit || partitions.len() < 2 {
+        return partitions;
+    }
+    let mut kept = partitions;
+    let dropped = kept.split_off(1);
+    tracing::warn!(transactional_id, kept = ?kept, dropped = ?dropped,
+        "injected fault commit-one-partition: COMMIT markers left out");
+    kept
+}

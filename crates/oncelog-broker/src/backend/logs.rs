@@ -139,6 +139,29 @@ impl Logs<'_> {
         budget: &mut Budget,
         read_committed: bool,
     ) -> Vec<Result<crate::backend::local::partition::Read, PartitionError>> {
+        self.read_from(asks, budget, read_committed, false).await
+    }
+
+    /// What live verification reads: [`Self::read_many`] read_committed,
+    /// from storage itself. A cluster's cache of objects is neither used
+    /// nor filled (a cached copy would hide what changed at rest, and the
+    /// tail's readers keep theirs), and only the bytes of the batches read
+    /// are fetched.
+    pub async fn read_at_rest(
+        &self,
+        asks: &[FetchAsk<'_>],
+        budget: &mut Budget,
+    ) -> Vec<Result<crate::backend::local::partition::Read, PartitionError>> {
+        self.read_from(asks, budget, true, true).await
+    }
+
+    async fn read_from(
+        &self,
+        asks: &[FetchAsk<'_>],
+        budget: &mut Budget,
+        read_committed: bool,
+        at_rest: bool,
+    ) -> Vec<Result<crate::backend::local::partition::Read, PartitionError>> {
         use crate::backend::local::partition::ReadError;
         match self {
             Logs::Local(b) => asks
@@ -160,7 +183,9 @@ impl Logs<'_> {
                     Ok(read)
                 })
                 .collect(),
-            Logs::Cluster(_, front) => read_cluster(front, asks, budget, read_committed).await,
+            Logs::Cluster(_, front) => {
+                read_cluster(front, asks, budget, read_committed, at_rest).await
+            }
         }
     }
 
@@ -700,6 +725,7 @@ async fn read_cluster(
     asks: &[FetchAsk<'_>],
     budget: &mut Budget,
     read_committed: bool,
+    at_rest: bool,
 ) -> Vec<Result<crate::backend::local::partition::Read, PartitionError>> {
     use crate::backend::cluster::reader::{self, ReadRefusal};
     use crate::backend::local::partition::{Read, ReadError};
@@ -728,7 +754,12 @@ async fn read_cluster(
         }
     }
     let ids: Vec<reader::Ask> = known.iter().map(|(_, a)| *a).collect();
-    match reader::read_many(&front.cluster, &ids, budget, read_committed).await {
+    let source = if at_rest {
+        reader::Source::AtRest
+    } else {
+        reader::Source::Cache
+    };
+    match reader::read_many(&front.cluster, &ids, budget, read_committed, source).await {
         Ok(answers) => {
             for ((i, _), answer) in known.iter().zip(answers) {
                 let a = &asks[*i];

@@ -1000,6 +1000,7 @@ impl TxnService {
                         commit,
                         coordinator_epoch: self.coordinator_epoch,
                     };
+                    let partitions = crate::faults::marker_partitions(&held.id, commit, partitions);
                     self.write_markers(b, &held.id, marker, &partitions).await;
                 }
                 Effect::CompleteOffsets {

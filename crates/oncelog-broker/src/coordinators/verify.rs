@@ -216,11 +216,7 @@ async fn read(
         max_bytes: CHUNK,
     };
     let mut budget = Budget::new(CHUNK);
-    let r = logs
-        .read_many(&[ask], &mut budget, true)
-        .await
-        .pop()?
-        .ok()?;
+    let r = logs.read_at_rest(&[ask], &mut budget).await.pop()?.ok()?;
     let aborted = r
         .aborted
         .iter()

@@ -280,19 +280,30 @@ pub async fn read_many(
     asks: &[Ask],
     budget: &mut crate::backend::Budget,
     read_committed: bool,
+    source: Source,
 ) -> Result<Vec<Answer>, ClusterError> {
     let start = budget.clone();
-    match read_many_once(cluster, asks, budget, read_committed).await {
+    match read_many_once(cluster, asks, budget, read_committed, source).await {
         // Compaction, retention or DeleteRecords moved the rows read off an
         // object and the collector removed it before its GET: the rows read
         // again name where the batches are now.
         Err(ClusterError::Objects(object_store::Error::NotFound { path, .. })) => {
             tracing::debug!(%path, "cluster: an object named by the index was collected; reading the index again");
             *budget = start;
-            read_many_once(cluster, asks, budget, read_committed).await
+            read_many_once(cluster, asks, budget, read_committed, source).await
         }
         r => r,
     }
+}
+
+/// Where [`read_many`] takes the batches' bytes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The broker's cache of whole objects, filled from the store.
+    Cache,
+    /// The store, each object's range that holds the batches read; the
+    /// cache is neither read nor filled (live verification).
+    AtRest,
 }
 
 /// The end of a partition for a reader: the LSO for read_committed.
@@ -319,6 +330,7 @@ async fn read_many_once(
     asks: &[Ask],
     budget: &mut crate::backend::Budget,
     read_committed: bool,
+    source: Source,
 ) -> Result<Vec<Answer>, ClusterError> {
     let mut answers: Vec<Answer> = asks.iter().map(|_| Ok(None)).collect();
     // the asks PostgreSQL must answer, by index into `asks`
@@ -370,7 +382,19 @@ async fn read_many_once(
     }
     let mut rows = choose(rows, asks, budget);
     let all: Vec<&Stored> = rows.values().flatten().collect();
-    let objects = load_objects(cluster, all.into_iter()).await?;
+    let objects = match source {
+        Source::Cache => load_objects(cluster, all).await?,
+        Source::AtRest => {
+            let (objects, starts) = load_ranges(cluster, all).await?;
+            // each row's position within the range read
+            for b in rows.values_mut().flatten() {
+                if let Some(s) = b.key.as_ref().and_then(|k| starts.get(k)) {
+                    b.position -= s;
+                }
+            }
+            objects
+        }
+    };
     for (i, answer) in answers.iter_mut().enumerate() {
         let Ok(Some(out)) = answer else { continue };
         let Some(chosen) = rows.remove(&i) else {
@@ -654,6 +678,42 @@ pub(super) async fn load_objects<'a>(
         objects.insert(key, bytes);
     }
     Ok(objects)
+}
+
+/// [`load_objects`] at rest: of each object, the range that holds `rows`,
+/// from the store, with where each range starts in its object; the cache is
+/// neither read nor filled.
+async fn load_ranges<'a>(
+    cluster: &Cluster,
+    rows: impl IntoIterator<Item = &'a Stored>,
+) -> Result<(HashMap<String, Bytes>, HashMap<String, u64>), ClusterError> {
+    // key -> (object size, first byte, end)
+    let mut ranges: HashMap<String, (u64, u64, u64)> = HashMap::new();
+    for b in rows {
+        let Some(key) = &b.key else { continue };
+        let r =
+            ranges
+                .entry(key.clone())
+                .or_insert((b.object_size, b.position, b.position + b.length));
+        r.1 = r.1.min(b.position);
+        r.2 = r.2.max(b.position + b.length);
+    }
+    let starts: HashMap<String, u64> = ranges.iter().map(|(k, r)| (k.clone(), r.1)).collect();
+    let fetched: Vec<Result<(String, Bytes), ClusterError>> =
+        futures_util::stream::iter(ranges.into_iter().map(|(key, (size, s, e))| async move {
+            let bytes = cluster.objects.get_range(&key, s, e).await?;
+            if bytes.len() as u64 != e - s || e > size {
+                return Err(ClusterError::Invariant(format!(
+                    "object {key} returned {} bytes for {s}..{e}, its row says it holds {size}",
+                    bytes.len()
+                )));
+            }
+            Ok((key, bytes))
+        }))
+        .buffered(PARALLEL_GETS)
+        .collect()
+        .await;
+    Ok((fetched.into_iter().collect::<Result<_, _>>()?, starts))
 }
 
 /// Objects one fetch reads from the store at once.

@@ -153,6 +153,7 @@ pub async fn run(
                 commit,
                 partitions,
             } => {
+                let partitions = crate::faults::marker_partitions(id, commit, partitions);
                 moved.extend(
                     write_markers(
                         &tx,

@@ -1,0 +1,267 @@
+"""Live verification (docs/exactly-once.md, "Verified live"): the broker
+reads back what it committed and checks it from the bytes alone, and
+against the coordinator's committed transactions, in both modes.
+
+A sound log, written by transactional (committing and aborting),
+idempotent and plain producers, with DeleteRecords, is verified through
+its last stable offset with nothing reported. Planted faults are each
+reported with their exact offsets: a COMMIT marker removed from storage,
+a committed batch changed with its CRC fixed up, and a transaction whose
+COMMIT the broker wrote to one of its two partitions only."""
+
+import json
+import struct
+import time
+import urllib.request
+from pathlib import Path
+
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+import kafka_wire as kw
+from clients import create_topic, producer_config, txn_producer, unique_topic
+from conftest import both_modes, wait_until
+
+FAST = {"verify.scrub.interval.ms": "300"}
+CONTROL = 0x20
+
+
+def brokers_of(b):
+    return getattr(b, "brokers", [b])
+
+
+def status(b):
+    """/v1/verify of every broker, merged: in a cluster each verifies the
+    partitions it reports."""
+    merged = {"partitions": {}, "anomalies": [], "anomalies_total": {}}
+    for one in brokers_of(b):
+        if not one.alive:
+            continue
+        with urllib.request.urlopen(f"{one.metrics_url}/v1/verify", timeout=10) as r:
+            s = json.load(r)
+        for p in s["partitions"]:
+            merged["partitions"][(p["topic"], p["partition"])] = p
+        merged["anomalies"] += s["anomalies"]
+        for k, n in s["anomalies_total"].items():
+            merged["anomalies_total"][k] = merged["anomalies_total"].get(k, 0) + n
+    return merged
+
+
+def settled(b, topics, passes=1):
+    """Every partition of `topics` verified through its LSO, after `passes`
+    passes since the call."""
+    start = {k: p["passes"] for k, p in status(b)["partitions"].items()}
+
+    def done():
+        s = status(b)["partitions"]
+        ps = [p for (t, _), p in s.items() if t in topics]
+        return ps and all(p["verified_through"] == p["last_stable_offset"]
+                          and p["passes"] >= start.get((p["topic"], p["partition"]), 0) + passes
+                          for p in ps)
+    wait_until(done, 60, interval=0.3, what=f"verification of {topics} to settle",
+               on_timeout=lambda: print(json.dumps(list(status(b)["partitions"].values()), indent=1)))
+
+
+def anomalies(b, kind=None):
+    return [a for a in status(b)["anomalies"] if kind is None or a["kind"] == kind]
+
+
+def write_transactions(b, topic, txn_id, rounds, partitions=2, abort_every=3):
+    p = txn_producer(b.bootstrap, txn_id)
+    p.init_transactions(30)
+    for r in range(rounds):
+        p.begin_transaction()
+        for i in range(6):
+            p.produce(topic, key=f"k{i}", value=f"{txn_id}-{r}-{i}", partition=i % partitions)
+        p.flush(30)
+        if r % abort_every == abort_every - 1:
+            p.abort_transaction(30)
+        else:
+            p.commit_transaction(30)
+
+
+@both_modes("broker_factory")
+def test_a_sound_log_is_verified_through_its_lso_with_nothing_to_report(broker_factory):
+    b = broker_factory(FAST)
+    topic, plain = unique_topic("v-sound"), unique_topic("v-plain")
+    create_topic(b.bootstrap, topic, 2)
+    create_topic(b.bootstrap, plain, 1)
+    write_transactions(b, topic, "v-sound-a", 6)
+    idem = Producer(producer_config(b.bootstrap, **{"enable.idempotence": True}))
+    for i in range(300):
+        idem.produce(topic, value=f"i{i}", partition=i % 2)
+        idem.produce(plain, value=f"p{i}")
+    idem.flush(30)
+    write_transactions(b, topic, "v-sound-b", 4)
+    # DeleteRecords moves a log start past what was verified
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    fs = admin.delete_records([TopicPartition(topic, 0, 20)])
+    for f in fs.values():
+        f.result(30)
+    write_transactions(b, topic, "v-sound-a", 3)
+    settled(b, {topic, plain}, passes=2)
+    s = status(b)
+    assert s["anomalies"] == [], s["anomalies"]
+    assert all(n == 0 for n in s["anomalies_total"].values()), s["anomalies_total"]
+    p0 = s["partitions"][(topic, 0)]
+    assert p0["log_start_offset"] == 20 and p0["verified_through"] > 20
+    metrics = "\n".join(urllib.request.urlopen(f"{one.metrics_url}/metrics", timeout=10).read().decode()
+                        for one in brokers_of(b))
+    verified = [line for line in metrics.splitlines()
+                if line.startswith("oncelog_verified_offset{") and f'topic="{topic}"' in line]
+    assert len(verified) == 2, verified
+    assert 'oncelog_verify_anomalies_total{kind="digest_changed"} 0' in metrics
+
+
+def stored_batches(b, topic, partition):
+    """[(BatchInfo, bytes)] of the partition as stored, base offsets set."""
+    data = b.stored_logs(topic, partition)
+    data = b"".join(data) if isinstance(data, list) else data
+    return [(x, data[x.pos:x.pos + x.size]) for x in kw.walk_batches(data)]
+
+
+def varint(data, pos):
+    shift = z = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (z >> 1) ^ -(z & 1), pos
+        shift += 7
+
+
+def is_commit(batch):
+    # the control record's key: version (int16), type (int16; COMMIT = 1)
+    _, pos = varint(batch, 61)  # record length
+    pos += 1  # attributes
+    _, pos = varint(batch, pos)  # timestamp delta
+    _, pos = varint(batch, pos)  # offset delta
+    klen, pos = varint(batch, pos)
+    return klen >= 4 and struct.unpack_from(">h", batch, pos + 2)[0] == 1
+
+
+def changed(batch):
+    """The batch with its last value byte changed and its CRC fixed up."""
+    out = bytearray(batch)
+    out[-2] ^= 0x01
+    struct.pack_into(">I", out, 17, kw.crc32c(bytes(out[21:])))
+    return bytes(out)
+
+
+def plant_changed_batch(b, topic, partition, info, batch):
+    new = changed(batch)
+    if b.mode == "cluster":
+        row = b.sql("SELECT b.object_key, b.position, b.inline_data IS NOT NULL FROM batches b "
+                    "JOIN topics t ON t.id = b.topic_id WHERE t.name = %s AND b.partition = %s "
+                    "AND b.base_offset = %s", topic, partition, info.base_offset)[0]
+        key, position, inline = row
+        if inline:
+            # stored with the client's base offset: keep the stored one
+            stored = b.sql("SELECT b.inline_data FROM batches b JOIN topics t ON t.id = b.topic_id "
+                           "WHERE t.name = %s AND b.partition = %s AND b.base_offset = %s",
+                           topic, partition, info.base_offset)[0][0]
+            b.sql("UPDATE batches b SET inline_data = %s FROM topics t WHERE t.id = b.topic_id "
+                  "AND t.name = %s AND b.partition = %s AND b.base_offset = %s RETURNING 1",
+                  bytes(stored[:8]) + new[8:], topic, partition, info.base_offset)
+        else:
+            root = Path(b.store.removeprefix("file://"))
+            [path] = [f for f in root.rglob("*") if f.is_file() and str(f).endswith(key)]
+            with open(path, "r+b") as f:
+                f.seek(position + 8)
+                f.write(new[8:])
+    else:
+        seg = b.segment_files(topic, partition)[0]
+        data = open(seg, "rb").read()
+        at = data.index(batch)
+        with open(seg, "r+b") as f:
+            f.seek(at)
+            f.write(new)
+
+
+def plant_removed_marker(b, topic, partition, info, batch):
+    if b.mode == "cluster":
+        b.sql("DELETE FROM batches b USING topics t WHERE t.id = b.topic_id AND t.name = %s "
+              "AND b.partition = %s AND b.base_offset = %s AND b.control RETURNING b.base_offset",
+              topic, partition, info.base_offset)
+        return b
+    b.stop()
+    for seg in b.segment_files(topic, partition):
+        data = open(seg, "rb").read()
+        if batch in data:
+            at = data.index(batch)
+            open(seg, "wb").write(data[:at] + data[at + len(batch):])
+    d = b.partition_dir(topic, partition)
+    for f in d.iterdir():
+        if f.suffix in (".index", ".timeindex", ".snapshot"):
+            f.unlink()
+    b.start()
+    return b
+
+
+def test_planted_faults_are_reported_with_their_offsets(broker_factory):
+    planted_faults(broker_factory(FAST))
+
+
+def test_planted_faults_are_reported_with_their_offsets_in_a_cluster(cluster_factory):
+    # objects in files, to change one at rest
+    planted_faults(cluster_factory(store="file", overrides=FAST))
+
+
+def planted_faults(b):
+    topic = unique_topic("v-plant")
+    create_topic(b.bootstrap, topic, 2)
+    # the same producer's transactions follow each other, so a removed
+    # COMMIT leaves the log readable and only its offset missing
+    write_transactions(b, topic, "v-plant", 6, abort_every=100)
+    settled(b, {topic})
+    assert anomalies(b) == []
+
+    # 1. a committed batch's bytes changed, its CRC fixed up (at rest)
+    batches = stored_batches(b, topic, 0)
+    data = [(i, x) for i, x in batches if not i.attributes & CONTROL]
+    info, batch = data[2]
+    plant_changed_batch(b, topic, 0, info, batch)
+    wait_until(lambda: anomalies(b, "digest_changed"), 30, interval=0.3,
+               what="the changed batch to be reported")
+    [a] = anomalies(b, "digest_changed")
+    assert (a["topic"], a["partition"], a["first_offset"], a["last_offset"]) == \
+        (topic, 0, info.base_offset, info.last_offset), a
+    assert f"verify: the batch at {info.base_offset}..={info.last_offset}" in \
+        "\n".join(one.log_text() for one in brokers_of(b))
+
+    # 2. a COMMIT marker removed from storage
+    commits = [(i, x) for i, x in stored_batches(b, topic, 1) if i.attributes & CONTROL and is_commit(x)]
+    info, batch = commits[2]
+    b = plant_removed_marker(b, topic, 1, info, batch)
+    wait_until(lambda: anomalies(b, "offset_gap"), 30, interval=0.3,
+               what="the removed marker to be reported")
+    [a] = anomalies(b, "offset_gap")
+    assert (a["topic"], a["partition"], a["first_offset"], a["last_offset"]) == \
+        (topic, 1, info.base_offset, info.base_offset), a
+
+
+@both_modes("broker_factory")
+def test_a_commit_written_to_one_of_two_partitions_is_commit_missing(broker_factory):
+    b = broker_factory(FAST, start=False)
+    for one in brokers_of(b):
+        one.env["ONCELOG_FAULTS"] = "commit-one-partition:v-torn"
+    b.start()
+    topic = unique_topic("v-torn")
+    create_topic(b.bootstrap, topic, 2)
+    p = txn_producer(b.bootstrap, "v-torn-1")
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(4):
+        p.produce(topic, value=f"torn-{i}", partition=i % 2)
+    p.flush(30)
+    p.commit_transaction(30)
+    started = time.time()
+    wait_until(lambda: anomalies(b, "commit_missing"), 40, interval=0.5,
+               what="the missing COMMIT to be reported")
+    [a] = anomalies(b, "commit_missing")
+    # the COMMIT went to the first partition the transaction added
+    assert a["topic"] == topic and a["producer_id"] >= 0, a
+    assert a["first_offset"] == 0, a
+    assert "v-torn-1" in a["detail"], a
+    print(f"commit_missing reported {time.time() - started:.1f} s after the commit")

@@ -33,7 +33,7 @@ def brokers_of(b):
 def status(b):
     """/v1/verify of every broker, merged: in a cluster each verifies the
     partitions it reports."""
-    merged = {"partitions": {}, "anomalies": [], "anomalies_total": {}}
+    merged = {"partitions": {}, "anomalies": [], "anomalies_total": {}, "unique": []}
     for one in brokers_of(b):
         if not one.alive:
             continue
@@ -42,6 +42,7 @@ def status(b):
         for p in s["partitions"]:
             merged["partitions"][(p["topic"], p["partition"])] = p
         merged["anomalies"] += s["anomalies"]
+        merged["unique"] += s["unique"]
         for k, n in s["anomalies_total"].items():
             merged["anomalies_total"][k] = merged["anomalies_total"].get(k, 0) + n
     return merged
@@ -265,3 +266,44 @@ def test_a_commit_written_to_one_of_two_partitions_is_commit_missing(broker_fact
     assert a["first_offset"] == 0, a
     assert "v-torn-1" in a["detail"], a
     print(f"commit_missing reported {time.time() - started:.1f} s after the commit")
+
+
+@both_modes("broker_factory")
+def test_a_business_key_committed_twice_names_both_writers(broker_factory):
+    """The seed's doubled orders: two writers (transactional ids of two
+    prefixes) commit the same order ids; each doubled order is reported once,
+    naming both. Aborted records and idempotent re-sends never count."""
+    b = broker_factory(FAST)
+    topic = unique_topic("v-orders")
+    create_topic(b.bootstrap, topic, 3, config={"verify.unique.key": "/order_id"})
+
+    def write(txn_id, orders, commit=True):
+        p = txn_producer(b.bootstrap, txn_id)
+        p.init_transactions(30)
+        p.begin_transaction()
+        for o in orders:
+            p.produce(topic, key=o, value=json.dumps({"order_id": o, "fare": 12.5}))
+        p.produce(topic, value=b"not json")  # no key: not checked
+        p.flush(30)
+        (p.commit_transaction if commit else p.abort_transaction)(30)
+
+    write("orders-sink-0", [f"o-{i}" for i in range(40)])
+    write("orders-sink-v2-0", [f"o-{i}" for i in range(30, 60)], commit=False)  # aborted: nothing
+    settled(b, {topic})
+    assert anomalies(b) == []
+    started = time.time()
+    write("orders-sink-v2-0", [f"o-{i}" for i in range(35, 55)])  # o-35..o-39 doubled
+    wait_until(lambda: len(anomalies(b, "duplicate_key")) >= 5, 15, interval=0.2,
+               what="the doubled orders to be reported")
+    print(f"first duplicates reported {time.time() - started:.1f} s after the commit")
+    time.sleep(2)
+    dups = anomalies(b, "duplicate_key")
+    assert len(dups) == 5, [d["detail"] for d in dups]
+    assert sorted(d["detail"].split()[1] for d in dups) == [f"o-{i}" for i in range(35, 40)]
+    for d in dups:
+        assert "transactional id orders-sink-0 (writer orders-sink" in d["detail"], d
+        assert "again at" in d["detail"] and "transactional id orders-sink-v2-0" in d["detail"], d
+    s = status(b)
+    assert s["anomalies_total"]["duplicate_key"] == 5
+    [u] = [u for u in s["unique"] if u["topic"] == topic]
+    assert u["keys"] == 55 and u["evicted"] == 0, u

@@ -95,6 +95,8 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("transaction.heal.check.interval.ms", "10000", "how often partitions' open transactions are reconciled with the coordinator; an orphan is one seen on two checks in a row"),
     ("verify.enable", "true", "live verification: each broker reads back the committed data of the partitions it reports (every one in local mode) and checks it from the bytes alone (CRCs, offsets, producer epochs and sequences, markers, the aborted index, content unchanged between passes) and against the coordinator's committed transactions; see docs/exactly-once.md"),
     ("verify.scrub.bytes.per.second", "4194304", "cap on the bytes live verification reads per second on this broker; -1 = no cap"),
+    ("verify.unique.window.ms", "86400000", "how long a business key stays checked for a second commit on topics with verify.unique.key (topic: verify.unique.window.ms)"),
+    ("verify.unique.max.keys", "1000000", "business keys each broker holds for verify.unique.key, over all its topics (about 100 bytes each); when full the oldest are forgotten first, and oncelog_verify_unique_covered_seconds says how far back keys are still checked"),
     ("verify.scrub.interval.ms", "300000", "time between the end of one verification pass over a partition's whole log and the start of the next, which compares every batch with what the first pass saw (new data is verified within a second of becoming stable, apart from these passes)"),
     ("producer.id.expiration.ms", "86400000", "partitions forget an idle producer id this long after its last write, never one with an open transaction"),
     ("max.partitions.per.topic", "10000", "most partitions one topic may have (CreateTopics / CreatePartitions above it get INVALID_PARTITIONS)"),
@@ -207,6 +209,8 @@ pub struct BrokerConfig {
     /// None: no cap.
     pub verify_scrub_bytes_per_second: Option<u64>,
     pub verify_scrub_interval_ms: u64,
+    pub verify_unique_window_ms: i64,
+    pub verify_unique_max_keys: usize,
     pub transaction_version: i16,
     pub transaction_auto_heal: bool,
     pub transaction_heal_check_interval_ms: u64,
@@ -467,6 +471,8 @@ impl BrokerConfig {
                 u64::try_from(v).ok()
             },
             verify_scrub_interval_ms: v!("verify.scrub.interval.ms"),
+            verify_unique_window_ms: v!("verify.unique.window.ms"),
+            verify_unique_max_keys: v!("verify.unique.max.keys"),
             transaction_version: v!("transaction.version"),
             transaction_auto_heal: v!("transaction.auto.heal"),
             transaction_heal_check_interval_ms: v!("transaction.heal.check.interval.ms"),
@@ -654,6 +660,8 @@ impl BrokerConfig {
             "message.timestamp.before.max.ms" => self.raw_or("log.message.timestamp.before.max.ms"),
             "message.timestamp.after.max.ms" => self.raw_or("log.message.timestamp.after.max.ms"),
             "writer.transactional.id.prefix" => String::new(),
+            "verify.unique.key" => String::new(),
+            "verify.unique.window.ms" => self.verify_unique_window_ms.to_string(),
             _ => return None,
         })
     }
@@ -674,6 +682,8 @@ impl BrokerConfig {
         "message.timestamp.type",
         "message.timestamp.before.max.ms",
         "message.timestamp.after.max.ms",
+        "verify.unique.key",
+        "verify.unique.window.ms",
     ];
 
     /// Every topic config name we accept.
@@ -706,6 +716,8 @@ impl BrokerConfig {
         "segment.jitter.ms",
         "segment.ms",
         "unclean.leader.election.enable",
+        "verify.unique.key",
+        "verify.unique.window.ms",
     ];
 }
 
@@ -740,6 +752,14 @@ fn check_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> 
         "writer.transactional.id.prefix" => {
             crate::machines::writers::check_prefix(value).or_else(bad)
         }
+        "verify.unique.key" if value.is_empty() => Ok(()),
+        "verify.unique.key" => oncelog_verify::unique::KeySpec::parse(value)
+            .map(|_| ())
+            .or_else(bad),
+        "verify.unique.window.ms" => match value.parse::<i64>() {
+            Ok(v) if v > 0 => Ok(()),
+            _ => bad(format!("{key} must be a positive integer")),
+        },
         "message.timestamp.type" => match value {
             "CreateTime" | "LogAppendTime" => Ok(()),
             _ => bad(format!("invalid message.timestamp.type {value}")),

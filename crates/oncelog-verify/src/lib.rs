@@ -8,8 +8,10 @@
 //! * [`ledger`]: stability, the first value seen at a position against
 //!   every later one;
 //! * [`torn`]: a committed transaction that shows on some of its partitions
-//!   and not on the others.
+//!   and not on the others;
+//! * [`unique`]: a business key committed twice, with both writers.
 
 pub mod ledger;
 pub mod scan;
 pub mod torn;
+pub mod unique;

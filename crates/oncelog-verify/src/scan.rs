@@ -48,10 +48,13 @@ pub enum Kind {
     /// Committed content that changed between two passes (the caller's
     /// check, with [`crate::ledger::Ledger`]).
     DigestChanged,
+    /// A business key committed twice within its window (the caller's
+    /// check, with [`crate::unique::Unique`]).
+    DuplicateKey,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Crc,
         Kind::OffsetOrder,
         Kind::OffsetGap,
@@ -61,6 +64,7 @@ impl Kind {
         Kind::AbortedIndex,
         Kind::CommitMissing,
         Kind::DigestChanged,
+        Kind::DuplicateKey,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,6 +78,7 @@ impl Kind {
             Kind::AbortedIndex => "aborted_index",
             Kind::CommitMissing => "commit_missing",
             Kind::DigestChanged => "digest_changed",
+            Kind::DuplicateKey => "duplicate_key",
         }
     }
 }

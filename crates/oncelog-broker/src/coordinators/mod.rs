@@ -5,3 +5,4 @@ pub mod cutover;
 pub mod groups;
 pub mod txn_service;
 pub mod verify;
+pub mod verify_unique;

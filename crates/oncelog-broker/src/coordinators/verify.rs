@@ -101,6 +101,7 @@ impl Bucket {
 pub async fn run(b: std::sync::Weak<Broker>) {
     let mut parts: HashMap<(String, i32), Part> = HashMap::new();
     let mut suspects: HashMap<(String, i32, i64), i64> = HashMap::new();
+    let mut uniques = super::verify_unique::Uniques::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut round: u64 = 0;
     let mut bucket = None;
@@ -112,7 +113,8 @@ pub async fn run(b: std::sync::Weak<Broker>) {
             tokens: 0,
         });
         bucket.refill();
-        let rows = scrub(&b, &mut parts, bucket).await;
+        let (rows, topics) = scrub(&b, &mut parts, bucket).await;
+        super::verify_unique::tail(&b, &rows, &topics, &mut uniques).await;
         round += 1;
         if round.is_multiple_of(COMMITS_EVERY) {
             check_commits(&b, &rows, &mut suspects).await;
@@ -125,7 +127,10 @@ async fn scrub(
     b: &Arc<Broker>,
     parts: &mut HashMap<(String, i32), Part>,
     bucket: &mut Bucket,
-) -> Vec<PartitionRow> {
+) -> (
+    Vec<PartitionRow>,
+    HashMap<String, crate::backend::topic::TopicMeta>,
+) {
     let logs = b.logs();
     let rows = logs.statuses(Scope::Mine).await;
     let topics: HashMap<String, crate::backend::topic::TopicMeta> = b
@@ -199,7 +204,7 @@ async fn scrub(
         // The round's budget ran out with work left: until the next round.
         b.verify.throttled_ms.fetch_add(1000, Relaxed);
     }
-    rows
+    (rows, topics)
 }
 
 /// One read of committed data at `offset`: (bytes, aborted index, LSO, HW).

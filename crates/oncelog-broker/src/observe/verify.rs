@@ -58,10 +58,24 @@ pub struct Progress {
 
 type Key = (Kind, String, i32, i64, i64);
 
+/// One topic's business-key index (`verify.unique.key`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct UniqueIndex {
+    pub topic: String,
+    /// Keys held.
+    pub keys: usize,
+    /// Keys forgotten because the index was full.
+    pub evicted: u64,
+    /// Keys committed since then are checked (the window's start, or later
+    /// when the index was full).
+    pub covered_since_ms: i64,
+}
+
 #[derive(Default)]
 struct Inner {
     recent: VecDeque<Reported>,
     progress: BTreeMap<(String, i32), Progress>,
+    unique: BTreeMap<String, UniqueIndex>,
     seen: HashSet<Key>,
     seen_order: VecDeque<Key>,
 }
@@ -145,6 +159,33 @@ impl Verify {
         self.lock().progress.retain(|k, _| keep.contains(k));
     }
 
+    /// Records one topic's business-key index.
+    pub fn unique(&self, topic: &str, keys: usize, evicted: u64, covered_since_ms: i64) {
+        self.lock().unique.insert(
+            topic.to_string(),
+            UniqueIndex {
+                topic: topic.to_string(),
+                keys,
+                evicted,
+                covered_since_ms,
+            },
+        );
+    }
+
+    /// Drops the indexes of topics not in `keep`.
+    pub fn retain_unique(&self, keep: &[String]) {
+        self.lock().unique.retain(|t, _| keep.contains(t));
+    }
+
+    fn uniques(&self, topic: Option<&str>) -> Vec<UniqueIndex> {
+        self.lock()
+            .unique
+            .values()
+            .filter(|u| topic.is_none_or(|t| u.topic == t))
+            .cloned()
+            .collect()
+    }
+
     /// Anomalies found so far, by kind.
     pub fn counts(&self) -> Vec<(Kind, u64)> {
         Kind::ALL
@@ -185,6 +226,7 @@ impl Verify {
             "scrubbed_bytes": self.scrubbed_bytes.load(Relaxed),
             "anomalies_total": counts,
             "partitions": partitions,
+            "unique": self.uniques(topic),
             "anomalies": recent,
         })
     }
@@ -207,6 +249,32 @@ impl Verify {
         );
         for (k, n) in self.counts() {
             anomalies.int(&[("kind", k.name())], n as i64);
+        }
+        let uniques = self.uniques(None);
+        let now = oncelog_log::now_ms();
+        let mut keys = out.gauge(
+            "oncelog_verify_unique_keys",
+            "Business keys held for verify.unique.key, by topic.",
+        );
+        for u in &uniques {
+            keys.int(&[("topic", &u.topic)], u.keys as i64);
+        }
+        let mut evicted = out.counter(
+            "oncelog_verify_unique_evicted_total",
+            "Business keys forgotten before their window ended because verify.unique.max.keys was reached, by topic.",
+        );
+        for u in &uniques {
+            evicted.int(&[("topic", &u.topic)], u.evicted as i64);
+        }
+        let mut covered = out.gauge(
+            "oncelog_verify_unique_covered_seconds",
+            "How far back business keys are checked for a second commit, by topic: the window, or less when the index is full.",
+        );
+        for u in &uniques {
+            covered.float(
+                &[("topic", &u.topic)],
+                (now - u.covered_since_ms).max(0) as f64 / 1000.0,
+            );
         }
         out.counter(
             "oncelog_verify_scrubbed_bytes_total",

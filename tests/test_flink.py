@@ -80,6 +80,7 @@ import re
 import subprocess
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -498,6 +499,21 @@ def committed_input_offsets(bootstrap, group):
 
 # ------------------------------------------------------------ the broker side
 
+# Live verification of the output's business key (docs/exactly-once.md).
+UNIQUE_ORDERS = {"verify.unique.key": "/order_id"}
+
+
+def verify_status(broker, topic="orders_enriched"):
+    """/v1/verify of every broker, merged (in a cluster each verifies what
+    it reports)."""
+    merged = {"anomalies": [], "unique": [], "partitions": []}
+    for one in getattr(broker, "brokers", [broker]):
+        with urllib.request.urlopen(f"{one.metrics_url}/v1/verify?topic={topic}", timeout=10) as r:
+            s = json.load(r)
+        for k in merged:
+            merged[k] += s[k]
+    return merged
+
 def txn_states(broker, prefix):
     """{transactional id: state} of the ids Flink made with `prefix` (open
     transactions parked past their timeout show as Parked: the list asks the
@@ -528,8 +544,8 @@ A_FEED_SECONDS = 40
 def kill9_run(module_broker_factory, flink_classpath, tmp_path_factory):
     """Runs scenario (a) once; (a) and (c) assert on what it saw."""
     t0 = time.monotonic()
-    broker = module_broker_factory()
-    make_topics(broker)
+    broker = module_broker_factory({"verify.scrub.interval.ms": "2000"})
+    make_topics(broker, enriched_config=UNIQUE_ORDERS)
     orders = make_orders(A_ORDERS)
     job = FlinkJob(flink_classpath, tmp_path_factory.mktemp("flink-kill9"), "job",
                    broker.bootstrap, BLUE)
@@ -572,6 +588,8 @@ def kill9_run(module_broker_factory, flink_classpath, tmp_path_factory):
         seen["log_tail"] = job.log_tail()
         seen["broker_log"] = broker.log_path
         seen["seconds"] = time.monotonic() - t0
+        time.sleep(3)  # a verification round past the last commit
+        seen["verify"] = verify_status(broker)
         yield seen
     finally:
         feeder.stop.set()
@@ -588,6 +606,11 @@ def test_kill9_flink_and_broker_exactly_once(kill9_run):
     assert seen["restored_line"] == str(seen["restored_checkpoint"])
     assert t.exact, f"output is not the input exactly once: {t}\n{seen['log_tail']}"
     assert seen["alive_at_end"], seen["log_tail"]
+    # live verification, business keys included: no false alarm across the
+    # kills, the restore and its re-commits
+    v = seen["verify"]
+    assert v["anomalies"] == [], v["anomalies"]
+    assert any(u["topic"] == "orders_enriched" and u["keys"] == A_ORDERS for u in v["unique"]), v["unique"]
 
 
 @pytest.mark.timeout(420)
@@ -740,7 +763,7 @@ def switched_to(status, prefix):
 def test_blue_green_cutover_exactly_once(broker_factory, flink_jobs, tmp_path):
     t0 = time.monotonic()
     broker = broker_factory()
-    make_topics(broker, enriched_config={"writer.transactional.id.prefix": BLUE})
+    make_topics(broker, enriched_config={"writer.transactional.id.prefix": BLUE, **UNIQUE_ORDERS})
     orders = make_orders(D_ORDERS)
     blue = flink_jobs("blue", broker.bootstrap, BLUE, interval_ms=D_BLUE_INTERVAL_MS)
     feeder = OrderFeeder(broker.bootstrap, orders, D_FEED_SECONDS)
@@ -818,6 +841,10 @@ def test_blue_green_cutover_exactly_once(broker_factory, flink_jobs, tmp_path):
     assert refusals, f"blue's log does not name the cut-over in its failure:\n{blue.log_tail()}"
     assert blue.restarts() > restarts_before_green, "blue stopped failing while green ran"
     assert not green_errors, "\n".join(green_errors[:10])
+    # the hand-over through a savepoint doubled nothing, and live
+    # verification says so
+    dups = [a for a in verify_status(broker)["anomalies"] if a["kind"] == "duplicate_key"]
+    assert dups == [], dups
     blue.kill9("end of the test")
     green.quit()
 
@@ -932,3 +959,66 @@ def test_flink_exactly_once_on_a_cluster(cluster_factory, flink_jobs):
     finally:
         feeder.stop.set()
         job.kill9("end of scenario (f)")
+
+
+# ------------------------------------------------ (f) the seed, found live
+
+S_ORDERS = 200
+S_FEED_SECONDS = 15
+V2 = "orders-sink-v2"
+
+
+@pytest.mark.timeout(300)
+def test_two_jobs_doubling_orders_are_found_by_business_key(broker_factory, flink_jobs):
+    """The seed's second story (SCENARIOS.md S11), found live: v1
+    (orders-sink) and v2 (orders-sink-v2, its own consumer group) both run on
+    the same input into the same output, with no writer fence, so every
+    order both commit is doubled. With verify.unique.key=/order_id on the
+    output, the broker reports the first doubled order within 10 s, each one
+    once, naming both writers: as many reports as doubled orders."""
+    broker = broker_factory()
+    make_topics(broker, enriched_config=UNIQUE_ORDERS)
+    orders = make_orders(S_ORDERS)
+    v1 = flink_jobs("v1", broker.bootstrap, BLUE)
+    v2 = flink_jobs("v2", broker.bootstrap, V2, group=GROUP + "-v2")
+    feeder = OrderFeeder(broker.bootstrap, orders, S_FEED_SECONDS)
+    feeder.start()
+    v1.start()
+    v2.start()
+    first_doubled = None
+    first_alert = None
+
+    def watch():
+        nonlocal first_doubled, first_alert
+        t = tally(broker.bootstrap, orders)
+        alerts = [a for a in verify_status(broker)["anomalies"] if a["kind"] == "duplicate_key"]
+        if t.doubled and first_doubled is None:
+            first_doubled = time.time()
+        if alerts and first_alert is None:
+            first_alert = min(a["found_ms"] for a in alerts) / 1000
+        return first_doubled and first_alert
+    wait_until(watch, 120, interval=0.5, what="a doubled order and its alert",
+               on_timeout=lambda: v1.log_tail(20) + v2.log_tail(20))
+    print(f"first doubled order read at {first_doubled:.1f}, first alert at {first_alert:.1f} "
+          f"({first_alert - first_doubled:+.1f} s)")
+    assert first_alert - first_doubled <= 10
+
+    feeder.finish(S_FEED_SECONDS + 60)
+    settle(broker.bootstrap, orders, v1, GROUP, 120)
+    t = settle(broker.bootstrap, orders, v2, GROUP + "-v2", 120)
+    assert t.doubled, f"precondition: both jobs committed the orders: {t}"
+
+    def reported():
+        alerts = [a for a in verify_status(broker)["anomalies"] if a["kind"] == "duplicate_key"]
+        return alerts if len(alerts) >= len(t.doubled) else None
+    alerts = wait_until(reported, 15, interval=0.5, what="every doubled order to be reported")
+    time.sleep(2)
+    alerts = [a for a in verify_status(broker)["anomalies"] if a["kind"] == "duplicate_key"]
+    assert len(alerts) == len(t.doubled), (len(alerts), len(t.doubled))
+    assert sorted(a["detail"].split()[1] for a in alerts) == t.doubled
+    for a in alerts:
+        writers = re.findall(r"\(writer (\S+),", a["detail"])
+        assert sorted(writers) == sorted([BLUE, V2]), a["detail"]
+    print(f"{len(alerts)} doubled orders reported, e.g. {alerts[0]['detail']}")
+    v1.quit()
+    v2.quit()

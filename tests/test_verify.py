@@ -19,7 +19,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import kafka_wire as kw
-from clients import create_topic, producer_config, txn_producer, unique_topic
+from clients import cli, create_topic, producer_config, txn_producer, unique_topic
 from conftest import both_modes, wait_until
 
 FAST = {"verify.scrub.interval.ms": "300"}
@@ -101,6 +101,10 @@ def test_a_sound_log_is_verified_through_its_lso_with_nothing_to_report(broker_f
         f.result(30)
     write_transactions(b, topic, "v-sound-a", 3)
     settled(b, {topic, plain}, passes=2)
+    for one in brokers_of(b):
+        # exit status 0: nothing found
+        table, _ = cli(one, "verify", "status", admin=one.metrics_url, json_out=False)
+        assert "no anomalies" in table, table
     s = status(b)
     assert s["anomalies"] == [], s["anomalies"]
     assert all(n == 0 for n in s["anomalies_total"].values()), s["anomalies_total"]
@@ -240,6 +244,13 @@ def planted_faults(b):
     [a] = anomalies(b, "offset_gap")
     assert (a["topic"], a["partition"], a["first_offset"], a["last_offset"]) == \
         (topic, 1, info.base_offset, info.base_offset), a
+    # the CLI names them, and exits 1
+    reports = []
+    for one in brokers_of(b):
+        out, p = cli(one, "verify", "status", topic, admin=one.metrics_url, json_out=False, check=False)
+        assert p.returncode in (0, 1), p.stderr
+        reports.append((p.returncode, out))
+    assert any(rc == 1 and "offset_gap" in out and f"{topic}-1" in out for rc, out in reports), reports
 
 
 @both_modes("broker_factory")

@@ -257,6 +257,13 @@ enum Command {
         #[command(subcommand)]
         cmd: cli::CutoverCmd,
     },
+    /// What the broker's live verification found: status.
+    Verify {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        cmd: cli::VerifyCmd,
+    },
     /// Audit exactly-once on any Kafka-compatible cluster: real-client
     /// workloads under faults, then a check of the recorded history.
     #[cfg(feature = "audit")]
@@ -471,6 +478,7 @@ fn main() -> Result<()> {
         Command::Consume { conn, args } => client(|| cli::consume(&conn.bootstrap, args)),
         Command::Diff { conn, args } => client(|| cli::diff(&conn.bootstrap, conn.json, args)),
         Command::Cutover { conn, cmd } => client(|| cli::cutover(&conn.bootstrap, conn.json, cmd)),
+        Command::Verify { conn, cmd } => client(|| cli::verify(&conn.bootstrap, conn.json, cmd)),
         #[cfg(feature = "audit")]
         Command::Audit(args) => std::process::exit(oncelog_audit::runner::run(args)),
         #[cfg(feature = "audit")]

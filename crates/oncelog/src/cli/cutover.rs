@@ -59,7 +59,7 @@ pub struct Admin {
 }
 
 impl Admin {
-    fn url(&self, bootstrap: &str) -> String {
+    pub(crate) fn url(&self, bootstrap: &str) -> String {
         super::history::admin_for(bootstrap, self.admin.clone())
     }
 }

@@ -21,6 +21,7 @@ mod progress;
 mod topic;
 mod txn;
 mod user;
+mod verify;
 
 pub use cluster::{cluster_info, cluster_store_info};
 pub use consume::{consume, ConsumeArgs};
@@ -31,6 +32,7 @@ pub use produce::{produce, ProduceArgs};
 pub use topic::{topic, TopicCmd};
 pub use txn::{txn, TxnCmd};
 pub use user::{user, UserCmd};
+pub use verify::{verify, VerifyCmd};
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())

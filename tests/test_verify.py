@@ -15,11 +15,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import kafka_wire as kw
-from clients import cli, create_topic, producer_config, txn_producer, unique_topic
+from clients import cli, consumer_config, create_topic, producer_config, txn_producer, unique_topic
 from conftest import both_modes, wait_until
 
 FAST = {"verify.scrub.interval.ms": "300"}
@@ -318,3 +318,78 @@ def test_a_business_key_committed_twice_names_both_writers(broker_factory):
     assert s["anomalies_total"]["duplicate_key"] == 5
     [u] = [u for u in s["unique"] if u["topic"] == topic]
     assert u["keys"] == 55 and u["evicted"] == 0, u
+
+
+def copy(b, group, txn_id, src, dst, batch=40, idle_s=2.0):
+    """A transactional copier (consume-transform-produce): copies what
+    `group` has not yet committed of `src` into `dst`, committing its input
+    offsets in each transaction, until `src` has been idle for idle_s."""
+    c = Consumer(consumer_config(b.bootstrap, **{"group.id": group, "enable.auto.commit": False,
+                                                 "auto.offset.reset": "earliest"}))
+    p = txn_producer(b.bootstrap, txn_id)
+    p.init_transactions(30)
+    c.subscribe([src])
+    copied, idle_since = 0, None
+    deadline = time.time() + 30
+    try:
+        while idle_since is None or time.time() - idle_since < idle_s:
+            msgs = [m for m in c.consume(batch, timeout=0.5) if not m.error()]
+            if idle_since is None and c.assignment():
+                idle_since = time.time()  # joined: from now on, idle means done
+            assert time.time() < deadline or idle_since, "the copier never joined its group"
+            if not msgs:
+                continue
+            idle_since = time.time()
+            p.begin_transaction()
+            for m in msgs:
+                p.produce(dst, key=m.key(), value=b"out:" + m.value(), partition=m.partition())
+            p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
+            p.commit_transaction(30)
+            copied += len(msgs)
+    finally:
+        c.close()
+    return copied
+
+
+@both_modes("broker_factory")
+def test_pipeline_lineage_names_two_groups_doing_the_same_work(broker_factory):
+    """Consume-transform-produce copiers that commit their input offsets in
+    their transactions: one group going on (restarted, and reset by an
+    operator) is fine, and so is another group into another output; a second
+    group copying the same input into the same output is double processing,
+    reported naming both groups and writers, on each input partition."""
+    b = broker_factory(FAST)
+    src, dst, other = unique_topic("v-in"), unique_topic("v-out"), unique_topic("v-other")
+    for t in (src, dst, other):
+        create_topic(b.bootstrap, t, 2)
+    feed = Producer(producer_config(b.bootstrap))
+
+    def produce(n, tag):
+        for i in range(n):
+            feed.produce(src, key=f"k{i}", value=f"{tag}-{i}", partition=i % 2)
+        feed.flush(30)
+
+    produce(200, "a")
+    assert copy(b, "lin-a", "lin-a-0", src, dst) == 200
+    produce(100, "b")
+    assert copy(b, "lin-a", "lin-a-1", src, dst) == 100  # the group goes on, from another instance
+    # an operator resets group a to the start; it copies everything again
+    c = Consumer(consumer_config(b.bootstrap, **{"group.id": "lin-a", "enable.auto.commit": False}))
+    c.commit(offsets=[TopicPartition(src, p, 0) for p in range(2)], asynchronous=False)
+    c.close()
+    assert copy(b, "lin-a", "lin-a-0", src, dst) == 300
+    assert copy(b, "lin-c", "lin-c-0", src, other) == 300  # fan-out into another topic
+    time.sleep(2.5)  # a round settles the last offers
+    assert anomalies(b) == [], anomalies(b)
+
+    # a second group doing the same work into the same output
+    assert copy(b, "lin-b", "lin-b-0", src, dst) == 300
+    wait_until(lambda: {a["partition"] for a in anomalies(b, "double_processing")} == {0, 1}, 15,
+               interval=0.3, what="double processing to be reported on both input partitions",
+               on_timeout=lambda: anomalies(b))
+    for a in anomalies(b, "double_processing"):
+        assert a["topic"] == src, a
+        d = a["detail"]
+        assert "group lin-b (writer lin-b-0)" in d and "group lin-a (writer lin-a-0)" in d, d
+        assert f"into {dst}" in d and f"same topic {dst}" in d, d
+    assert anomalies(b, "recommitted_range") == []

@@ -119,6 +119,10 @@ pub struct Broker {
     pub samples: samples::Samples,
     /// What live verification found ([`coordinators::verify`]).
     pub verify: observe::verify::Verify,
+    /// Pipeline lineage: committed ranges (local mode's store) and offers
+    /// not settled yet ([`coordinators::verify_lineage`]).
+    pub lineage: backend::lineage::LocalLineage,
+    pub lineage_pending: coordinators::verify_lineage::Pending,
     /// This broker's exclusive hold on its data directory.
     _dir_lock: Option<datadir::DirLock>,
     /// The storage this broker serves from, chosen once before it is
@@ -435,6 +439,8 @@ impl Broker {
             orphans: Default::default(),
             cleaner,
             verify: Default::default(),
+            lineage: Default::default(),
+            lineage_pending: Default::default(),
             samples: samples::Samples::new(now_ms()),
             request_latency: (0..REQUEST_KEYS)
                 .map(|_| histogram::Histogram::latency())

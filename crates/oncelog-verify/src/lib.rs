@@ -9,9 +9,12 @@
 //!   every later one;
 //! * [`torn`]: a committed transaction that shows on some of its partitions
 //!   and not on the others;
-//! * [`unique`]: a business key committed twice, with both writers.
+//! * [`unique`]: a business key committed twice, with both writers;
+//! * [`lineage`]: input ranges consumed twice by one group, or by two groups
+//!   into the same output.
 
 pub mod ledger;
+pub mod lineage;
 pub mod scan;
 pub mod torn;
 pub mod unique;

@@ -51,10 +51,17 @@ pub enum Kind {
     /// A business key committed twice within its window (the caller's
     /// check, with [`crate::unique::Unique`]).
     DuplicateKey,
+    /// Two groups' committed transactions consumed overlapping ranges of
+    /// one input partition into the same output topic
+    /// ([`crate::lineage`]).
+    DoubleProcessing,
+    /// One group committed an input range it had committed before, with no
+    /// offset reset in between ([`crate::lineage`]).
+    RecommittedRange,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Crc,
         Kind::OffsetOrder,
         Kind::OffsetGap,
@@ -65,6 +72,8 @@ impl Kind {
         Kind::CommitMissing,
         Kind::DigestChanged,
         Kind::DuplicateKey,
+        Kind::DoubleProcessing,
+        Kind::RecommittedRange,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +88,8 @@ impl Kind {
             Kind::CommitMissing => "commit_missing",
             Kind::DigestChanged => "digest_changed",
             Kind::DuplicateKey => "duplicate_key",
+            Kind::DoubleProcessing => "double_processing",
+            Kind::RecommittedRange => "recommitted_range",
         }
     }
 }

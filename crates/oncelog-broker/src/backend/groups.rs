@@ -46,6 +46,12 @@ fn storage_code(front: &Front, group: &str, e: &ClusterError) -> ErrorCode {
 }
 
 impl Groups<'_> {
+    fn broker(&self) -> &Arc<Broker> {
+        match self {
+            Groups::Local(b) | Groups::Cluster(b, _) => b,
+        }
+    }
+
     /// Whether this broker coordinates `group`: `Ok(())`, or the code to
     /// answer (NOT_COORDINATOR sends the client to FindCoordinator). On
     /// one node it coordinates every group. In cluster mode a fresh claim
@@ -73,6 +79,25 @@ impl Groups<'_> {
     /// OffsetCommit of a member (`generation` -1 and no member: a simple
     /// consumer's) on the coordinator.
     pub async fn commit(
+        &self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+        offsets: Vec<(String, i32, OffsetMeta)>,
+    ) -> ErrorCode {
+        let parts: Vec<(String, i32)> = offsets.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
+        let code = self
+            .commit_offsets(group, generation, member_id, instance_id, offsets)
+            .await;
+        if code == ErrorCode::None {
+            // an operator's (or a non-transactional consumer's) reset
+            crate::coordinators::verify_lineage::reset(self.broker(), group, Some(&parts)).await;
+        }
+        code
+    }
+
+    async fn commit_offsets(
         &self,
         group: &str,
         generation: i32,
@@ -115,6 +140,50 @@ impl Groups<'_> {
         generation: i32,
         member_id: &str,
         instance_id: Option<&str>,
+        offsets: Vec<(String, i32, OffsetMeta)>,
+    ) -> ErrorCode {
+        let b = self.broker();
+        let committed = if b.config.verify_enable {
+            let mut topics: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
+            for (t, p, _) in &offsets {
+                topics.entry(t.clone()).or_default().push(*p);
+            }
+            self.fetch_offsets(group, Some(topics.into_iter().collect()), false)
+                .await
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let code = self
+            .txn_commit_offsets(
+                group,
+                transactional_id,
+                pid,
+                epoch,
+                (generation, member_id, instance_id),
+                offsets.clone(),
+            )
+            .await;
+        if code == ErrorCode::None && b.config.verify_enable {
+            crate::coordinators::verify_lineage::offered(
+                b,
+                group,
+                transactional_id,
+                &committed,
+                &offsets,
+            )
+            .await;
+        }
+        code
+    }
+
+    async fn txn_commit_offsets(
+        &self,
+        group: &str,
+        transactional_id: &str,
+        pid: i64,
+        epoch: i16,
+        (generation, member_id, instance_id): (i32, &str, Option<&str>),
         offsets: Vec<(String, i32, OffsetMeta)>,
     ) -> ErrorCode {
         let verified = |v: Result<(), VerifyError>| match v {
@@ -332,6 +401,14 @@ impl Groups<'_> {
     /// otherwise its committed offsets go and its membership is forgotten.
     /// A group with neither members nor offsets is GROUP_ID_NOT_FOUND.
     pub async fn delete(&self, group: &str) -> ErrorCode {
+        let code = self.delete_group(group).await;
+        if code == ErrorCode::None {
+            crate::coordinators::verify_lineage::reset(self.broker(), group, None).await;
+        }
+        code
+    }
+
+    async fn delete_group(&self, group: &str) -> ErrorCode {
         match self {
             Groups::Local(b) => b.groups.delete(group).await,
             Groups::Cluster(b, front) => match b.groups.member_count(group).await {
@@ -362,6 +439,22 @@ impl Groups<'_> {
     /// same partitions with them), and a group left with no members and no
     /// offsets loses its owner row (it is gone, as in Kafka).
     pub async fn delete_offsets(
+        &self,
+        group: &str,
+        partitions: &[(String, i32)],
+    ) -> Result<Vec<ErrorCode>, ErrorCode> {
+        let codes = self.delete_partition_offsets(group, partitions).await?;
+        let deleted: Vec<(String, i32)> = partitions
+            .iter()
+            .zip(&codes)
+            .filter(|(_, c)| **c == ErrorCode::None)
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        crate::coordinators::verify_lineage::reset(self.broker(), group, Some(&deleted)).await;
+        Ok(codes)
+    }
+
+    async fn delete_partition_offsets(
         &self,
         group: &str,
         partitions: &[(String, i32)],

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 pub mod cluster;
 mod cutovers;
 mod groups;
+pub mod lineage;
 pub mod local;
 mod logs;
 mod security;

@@ -5,4 +5,5 @@ pub mod cutover;
 pub mod groups;
 pub mod txn_service;
 pub mod verify;
+pub mod verify_lineage;
 pub mod verify_unique;

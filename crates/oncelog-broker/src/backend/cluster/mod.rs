@@ -32,6 +32,7 @@ pub mod history;
 pub mod info;
 pub mod jobs;
 pub mod keys;
+pub mod lineage;
 pub mod membership;
 pub mod merger;
 pub mod objects;

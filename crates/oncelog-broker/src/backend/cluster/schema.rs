@@ -16,10 +16,10 @@ use super::ClusterError;
 /// membership at rest, for the console; version 7: object keys reserved in
 /// slabs instead of one intent row per object, an index of open
 /// transactions by deadline for the timeout driver, and the objects'
-/// `merged` mark) and
+/// `merged` mark; version 8: live verification's pipeline lineage) and
 /// refuses a newer one, so a broker of an older build never runs on tables
 /// it does not know.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// Any number that no other user of the database takes as advisory lock.
 const MIGRATE_LOCK: i64 = 0x6f6e_6365_6c6f_6701;
@@ -208,6 +208,19 @@ CREATE TABLE IF NOT EXISTS security_docs (
     version    bigint NOT NULL DEFAULT 0,
     changed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE TABLE IF NOT EXISTS verify_lineage (
+    input_topic     text NOT NULL,
+    input_partition integer NOT NULL,
+    grp             text NOT NULL,
+    writer          text NOT NULL,
+    from_offset     bigint NOT NULL,
+    to_offset       bigint NOT NULL,
+    outputs         text[] NOT NULL,
+    at_ms           bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS verify_lineage_by_input
+    ON verify_lineage (input_topic, input_partition, to_offset);
+CREATE INDEX IF NOT EXISTS verify_lineage_by_group ON verify_lineage (grp);
 "#;
 
 /// Columns added to existing tables since schema version 1: (table,

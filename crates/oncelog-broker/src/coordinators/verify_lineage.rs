@@ -1,0 +1,278 @@
+//! Pipeline lineage, live ([`oncelog_verify::lineage`]): for
+//! consume-transform-produce jobs that commit their input offsets in their
+//! transactions (Kafka Streams, transactional copiers, franz-go's
+//! GroupTransactSession). Written once over the group store, the
+//! transaction store and [`crate::backend::lineage::LineageStore`].
+//!
+//! * A TxnOffsetCommit of group G (transactional id T) moving G's offset on
+//!   an input partition from its committed P to N is an **offer** of the
+//!   range `[P, N)`, with the topics T's transaction wrote so far as its
+//!   outputs. A group with no committed offset there starts its lineage at
+//!   N (where it began reading is not known).
+//! * The offer is **settled** once G's committed offset there is N (its
+//!   transaction committed): at G's next offer, or by the verification's
+//!   round, which asks the group store. An offer whose transaction aborted
+//!   is replaced by the next one, or dropped after [`OFFER_TTL_MS`].
+//! * A settled range is judged against the ranges already committed on its
+//!   input partition: `double_processing` (another group, same output
+//!   topic) or `recommitted_range` (the same group, no reset in between),
+//!   each reported once at `error!` naming both groups, both writers, the
+//!   ranges and the output topics; then it is recorded.
+//! * A non-transactional OffsetCommit, an OffsetDelete or a DeleteGroups is
+//!   an operator's reset: the group's ranges there are forgotten. (Flink
+//!   commits its source offsets that way, so it has no lineage; its output
+//!   is checked by business key instead.)
+//!
+//! Ranges are kept for [`KEEP_MS`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use oncelog_log::now_ms;
+use oncelog_verify::lineage::{judge, Consumed, Overlap};
+use oncelog_verify::scan::{Finding, Kind};
+
+use crate::coordinators::groups::FetchedOffset;
+use crate::machines::group::OffsetMeta;
+use crate::Broker;
+
+/// An offer not settled by then is dropped (its transaction aborted).
+pub const OFFER_TTL_MS: i64 = 300_000;
+
+/// Committed ranges are kept this long.
+pub const KEEP_MS: i64 = 86_400_000;
+
+/// How far the history's clock may trail this broker's (a cluster's
+/// history is stamped by the broker that ended the transaction).
+const CLOCK_SKEW_MS: i64 = 1_000;
+
+/// Offers wait this long before a round asks whether they committed.
+const SETTLE_AFTER_MS: i64 = 500;
+
+#[derive(Debug, Clone)]
+struct Offer {
+    writer: String,
+    from: i64,
+    to: i64,
+    outputs: BTreeSet<String>,
+    at_ms: i64,
+}
+
+type Key = (String, String, i32);
+
+/// Offers not settled yet, by (group, input topic, partition).
+#[derive(Default)]
+pub struct Pending {
+    offers: std::sync::Mutex<HashMap<Key, Offer>>,
+}
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Offer>> {
+        self.offers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets `group`'s offers (on `partitions`, or all).
+    fn reset(&self, group: &str, partitions: Option<&[(String, i32)]>) {
+        self.lock().retain(|(g, t, p), _| {
+            g != group || partitions.is_some_and(|ps| !ps.iter().any(|(pt, pp)| pt == t && pp == p))
+        });
+    }
+}
+
+/// G's TxnOffsetCommit was accepted: `committed` are G's committed offsets
+/// of those partitions before it.
+pub async fn offered(
+    b: &Arc<Broker>,
+    group: &str,
+    transactional_id: &str,
+    committed: &[FetchedOffset],
+    offsets: &[(String, i32, OffsetMeta)],
+) {
+    let outputs = match b.txns().describe(&[transactional_id.to_string()]).await {
+        Ok(metas) => metas
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|m| crate::backend::lineage::outputs(&m.partitions))
+            .unwrap_or_default(),
+        Err(_) => BTreeSet::new(),
+    };
+    let now = now_ms();
+    let mut confirmed = Vec::new();
+    {
+        let mut g = b.lineage_pending.lock();
+        for (topic, partition, meta) in offsets {
+            let before = committed
+                .iter()
+                .find(|f| &f.topic == topic && f.partition == *partition)
+                .map_or(-1, |f| f.offset);
+            let key = (group.to_string(), topic.clone(), *partition);
+            if let Some(old) = g.remove(&key) {
+                if before == old.to {
+                    confirmed.push((key.clone(), old));
+                }
+            }
+            g.insert(
+                key,
+                Offer {
+                    writer: transactional_id.to_string(),
+                    from: if before >= 0 { before } else { meta.offset },
+                    to: meta.offset,
+                    outputs: outputs.clone(),
+                    at_ms: now,
+                },
+            );
+        }
+    }
+    for (key, offer) in confirmed {
+        settle(b, key, offer).await;
+    }
+}
+
+/// An operator's reset of `group`'s offsets (on `partitions`, or all).
+pub async fn reset(b: &Arc<Broker>, group: &str, partitions: Option<&[(String, i32)]>) {
+    b.lineage_pending.reset(group, partitions);
+    b.lineage_store().reset(group, partitions).await;
+}
+
+/// One round of the verification: settles the offers whose transactions
+/// committed, drops stale ones, forgets old ranges.
+pub async fn round(b: &Arc<Broker>, expire: bool) {
+    let now = now_ms();
+    let due: Vec<(Key, Offer)> = {
+        let mut g = b.lineage_pending.lock();
+        g.retain(|_, o| now - o.at_ms < OFFER_TTL_MS);
+        g.iter()
+            .filter(|(_, o)| now - o.at_ms >= SETTLE_AFTER_MS)
+            .map(|(k, o)| (k.clone(), o.clone()))
+            .collect()
+    };
+    let mut by_group: HashMap<String, Vec<(Key, Offer)>> = HashMap::new();
+    for (k, o) in due {
+        by_group.entry(k.0.clone()).or_default().push((k, o));
+    }
+    let groups = b.group_store();
+    for (group, offers) in by_group {
+        let mut topics: HashMap<String, Vec<i32>> = HashMap::new();
+        for ((_, t, p), _) in &offers {
+            topics.entry(t.clone()).or_default().push(*p);
+        }
+        let Ok(committed) = groups
+            .fetch_offsets(&group, Some(topics.into_iter().collect()), false)
+            .await
+        else {
+            continue;
+        };
+        for (key, offer) in offers {
+            let now_committed = committed
+                .iter()
+                .find(|f| f.topic == key.1 && f.partition == key.2)
+                .map_or(-1, |f| f.offset);
+            if now_committed != offer.to {
+                continue;
+            }
+            // still the same offer (not replaced meanwhile)?
+            let taken = {
+                let mut g = b.lineage_pending.lock();
+                match g.get(&key) {
+                    Some(o) if o.at_ms == offer.at_ms && o.to == offer.to => g.remove(&key),
+                    _ => None,
+                }
+            };
+            if let Some(offer) = taken {
+                settle(b, key, offer).await;
+            }
+        }
+    }
+    if expire {
+        b.lineage_store().expire(now - KEEP_MS).await;
+    }
+}
+
+/// The topics `writer`'s transaction committed at or after `since_ms`
+/// wrote, as the coordinator's history of its commit records them (a
+/// client may add its output partitions after its offsets).
+async fn committed_outputs(b: &Arc<Broker>, writer: &str, since_ms: i64) -> BTreeSet<String> {
+    b.txns()
+        .with_histories(since_ms, |h| {
+            h.get(writer)
+                .and_then(|ih| {
+                    ih.events.iter().find(|e| {
+                        e.event == crate::observe::txn_history::EventKind::Commit
+                            && e.time_ms >= since_ms
+                    })
+                })
+                .map(|e| {
+                    e.partitions
+                        .iter()
+                        .filter_map(|tp| tp.rsplit_once('-').map(|(t, _)| t.to_string()))
+                        .filter(|t| t != crate::coordinators::groups::OFFSETS_TOPIC)
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .await
+        .unwrap_or_default()
+}
+
+/// A committed range, judged and recorded.
+async fn settle(b: &Arc<Broker>, (group, topic, partition): Key, offer: Offer) {
+    if offer.from >= offer.to {
+        return;
+    }
+    let outputs = if offer.outputs.is_empty() {
+        committed_outputs(b, &offer.writer, offer.at_ms - CLOCK_SKEW_MS).await
+    } else {
+        offer.outputs
+    };
+    let c = Consumed {
+        group,
+        writer: offer.writer,
+        from: offer.from,
+        to: offer.to,
+        outputs,
+        at_ms: now_ms(),
+    };
+    let store = b.lineage_store();
+    let before = store.overlapping(&topic, partition, c.from, c.to).await;
+    let now = now_ms();
+    for o in judge(&c, &before) {
+        let (kind, e, detail) = match &o {
+            Overlap::DoubleProcessing(e, shared) => (
+                Kind::DoubleProcessing,
+                *e,
+                format!(
+                    "double processing of {topic}-{partition}: group {} (writer {}) committed [{}, {}) into {}; group {} (writer {}) had committed [{}, {}) of it into the same topic{} {}",
+                    c.group, c.writer, c.from, c.to, join(&c.outputs),
+                    e.group, e.writer, e.from, e.to,
+                    if shared.len() > 1 { "s" } else { "" }, shared.join(", ")
+                ),
+            ),
+            Overlap::Recommitted(e) => (
+                Kind::RecommittedRange,
+                *e,
+                format!(
+                    "group {} committed [{}, {}) of {topic}-{partition} again (writer {}); it had committed [{}, {}) (writer {}) with no offset reset since",
+                    c.group, c.from, c.to, c.writer, e.from, e.to, e.writer
+                ),
+            ),
+        };
+        let f = Finding {
+            kind,
+            first_offset: c.from.max(e.from),
+            last_offset: c.to.min(e.to) - 1,
+            producer_id: -1,
+            epoch: -1,
+            detail,
+        };
+        b.verify.report(&topic, partition, &f, now);
+    }
+    store.add(&topic, partition, c).await;
+}
+
+fn join(s: &BTreeSet<String>) -> String {
+    if s.is_empty() {
+        return "(no output known)".to_string();
+    }
+    s.iter().cloned().collect::<Vec<_>>().join(", ")
+}

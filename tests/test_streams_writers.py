@@ -14,12 +14,17 @@ broker must read it so:
    it committed;
 3. without that config, A and B writing one output topic raise exactly one
    warning, for that topic, naming both applications (so the warning the
-   first test looks for can fire, and B's records do land when unguarded).
+   first test looks for can fire, and B's records do land when unguarded);
+4. live verification's pipeline lineage (docs/exactly-once.md, "Verified
+   live"): test 1 raises no lineage alert, and an app B reading A's input
+   into A's output is reported as double processing naming both apps.
 """
 
+import json
 import re
 import shutil
 import time
+import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -136,6 +141,13 @@ def start_broker(broker_factory):
     return b
 
 
+def lineage_alerts(b):
+    """Live verification's lineage findings (/v1/verify)."""
+    with urllib.request.urlopen(f"{b.metrics_url}/v1/verify", timeout=10) as r:
+        found = json.load(r)["anomalies"]
+    return [a for a in found if a["kind"] in ("double_processing", "recommitted_range")]
+
+
 def txn_states(b, app):
     return {t["transactional_id"]: t["state"] for t in cli(b, "txn", "list")[0]
             if t["transactional_id"].startswith(app + "-")}
@@ -212,6 +224,8 @@ def test_redeploy_and_scale_out_are_one_writer(broker_factory, streams_classpath
         print(f"Kafka Streams transactional ids: {states}")
         assert set(ids) <= set(states), states
         assert not writer_warnings(b), "\n".join(w[2] for w in writer_warnings(b))
+        time.sleep(2)  # a verification round settles the last commits
+        assert lineage_alerts(b) == [], lineage_alerts(b)
         for x in apps:
             assert x.alive, tail()
             assert not app_errors(x), "\n".join(app_errors(x)[:20]) + "\n" + tail()
@@ -327,3 +341,43 @@ def test_two_apps_on_one_unguarded_topic_are_reported(broker_factory, streams_cl
         app_b.kill9("test teardown")
         obs_a.close()
         obs_b.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_second_app_on_the_same_input_and_output_is_double_processing(broker_factory,
+                                                                       streams_classpath, tmp_path):
+    """App B (another application.id) reads A's input into A's output: each
+    is exactly once on its own, together every record is processed twice.
+    Live verification reports it as double processing of A's input
+    partitions, naming both applications (their groups and writers)."""
+    b = start_broker(broker_factory)
+    a, bb = app_id("da"), app_id("db")
+    inp, out = unique_topic("dp-in"), unique_topic("dp-out")
+    create_topic(b.bootstrap, inp, INPUT_PARTITIONS)
+    create_topic(b.bootstrap, out, OUTPUT_PARTITIONS)
+    records, expected = workload(N)
+    produce(b.bootstrap, inp, records[:N // 2], enable_idempotence=True)
+    app_a = App(streams_classpath, b.bootstrap, a, tmp_path / "state-a", inp, out, tmp_path / "a.log")
+    app_b = App(streams_classpath, b.bootstrap, bb, tmp_path / "state-b", inp, out, tmp_path / "b.log",
+                jvm_args=[f"-DStreamsEosApp.keyPrefix={B_KEYS}"])
+    obs = Observer(b.bootstrap, a, inp, out)
+    try:
+        app_a.start()
+        wait_until(lambda: obs.committed_input() == N // 2, 90, interval=0.2,
+                   what="app A to commit the first half", on_timeout=lambda: logs(app_a))
+        assert lineage_alerts(b) == []
+        app_b.start()
+        produce(b.bootstrap, inp, records[N // 2:], enable_idempotence=True)
+        alerts = wait_until(lambda: [x for x in lineage_alerts(b) if x["topic"] == inp], 90,
+                            interval=0.5, what="double processing of the input to be reported",
+                            on_timeout=lambda: logs(app_a, app_b))
+        print(f"lineage: {alerts[0]['detail']}")
+        for x in alerts:
+            assert x["kind"] == "double_processing", x
+            d = x["detail"]
+            assert f"group {a} (writer {a}-" in d and f"group {bb} (writer {bb}-" in d, d
+            assert out in d, d
+    finally:
+        app_a.kill9("test teardown")
+        app_b.kill9("test teardown")
+        obs.close()

@@ -115,7 +115,7 @@ pub async fn run(b: std::sync::Weak<Broker>) {
         bucket.refill();
         let (rows, topics) = scrub(&b, &mut parts, bucket).await;
         super::verify_unique::tail(&b, &rows, &topics, &mut uniques).await;
-        super::verify_lineage::round(&b, round % 60 == 0).await;
+        super::verify_lineage::round(&b, round.is_multiple_of(60)).await;
         round += 1;
         if round.is_multiple_of(COMMITS_EVERY) {
             check_commits(&b, &rows, &mut suspects).await;

@@ -13,6 +13,11 @@
 //!   transaction committed): at G's next offer, or by the verification's
 //!   round, which asks the group store. An offer whose transaction aborted
 //!   is replaced by the next one, or dropped after [`OFFER_TTL_MS`].
+//! * A job of several stages (Kafka Streams through a repartition topic)
+//!   reaches its output through topics it consumes itself, so a range's
+//!   outputs include the group's **sinks**: the topics its transactions
+//!   wrote that it does not consume (as far as this broker, G's
+//!   coordinator, has seen).
 //! * A settled range is judged against the ranges already committed on its
 //!   input partition: `double_processing` (another group, same output
 //!   topic) or `recommitted_range` (the same group, no reset in between),
@@ -60,15 +65,57 @@ struct Offer {
 
 type Key = (String, String, i32);
 
-/// Offers not settled yet, by (group, input topic, partition).
+/// Offers not settled yet, by (group, input topic, partition), and what
+/// each group was seen to consume and write.
 #[derive(Default)]
 pub struct Pending {
     offers: std::sync::Mutex<HashMap<Key, Offer>>,
+    groups: std::sync::Mutex<HashMap<String, Topics>>,
+}
+
+/// Groups whose topics are remembered (the least recently seen go first).
+const MAX_GROUPS: usize = 10_000;
+
+#[derive(Debug, Default, Clone)]
+struct Topics {
+    consumed: BTreeSet<String>,
+    written: BTreeSet<String>,
+    seen_ms: i64,
 }
 
 impl Pending {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Offer>> {
         self.offers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn note(&self, group: &str, consumed: &BTreeSet<String>, written: &BTreeSet<String>, now: i64) {
+        let mut g = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        if !g.contains_key(group) && g.len() >= MAX_GROUPS {
+            if let Some(oldest) = g
+                .iter()
+                .min_by_key(|(_, t)| t.seen_ms)
+                .map(|(k, _)| k.clone())
+            {
+                g.remove(&oldest);
+            }
+        }
+        let t = g.entry(group.to_string()).or_default();
+        t.consumed.extend(consumed.iter().cloned());
+        t.written.extend(written.iter().cloned());
+        t.seen_ms = now;
+    }
+
+    /// `outputs` and, when one of them is a topic `group` consumes itself
+    /// (a stage of the same job), the group's sinks.
+    fn effective(&self, group: &str, outputs: &BTreeSet<String>) -> BTreeSet<String> {
+        let g = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut eff = outputs.clone();
+        if let Some(t) = g.get(group) {
+            if outputs.iter().any(|o| t.consumed.contains(o)) {
+                eff.extend(t.written.difference(&t.consumed).cloned());
+            }
+        }
+        eff
     }
 
     /// Forgets `group`'s offers (on `partitions`, or all).
@@ -98,6 +145,8 @@ pub async fn offered(
         Err(_) => BTreeSet::new(),
     };
     let now = now_ms();
+    let consumed: BTreeSet<String> = offsets.iter().map(|(t, _, _)| t.clone()).collect();
+    b.lineage_pending.note(group, &consumed, &outputs, now);
     let mut confirmed = Vec::new();
     {
         let mut g = b.lineage_pending.lock();
@@ -221,10 +270,14 @@ async fn settle(b: &Arc<Broker>, (group, topic, partition): Key, offer: Offer) {
         return;
     }
     let outputs = if offer.outputs.is_empty() {
-        committed_outputs(b, &offer.writer, offer.at_ms - CLOCK_SKEW_MS).await
+        let found = committed_outputs(b, &offer.writer, offer.at_ms - CLOCK_SKEW_MS).await;
+        b.lineage_pending
+            .note(&group, &BTreeSet::new(), &found, now_ms());
+        found
     } else {
         offer.outputs
     };
+    let outputs = b.lineage_pending.effective(&group, &outputs);
     let c = Consumed {
         group,
         writer: offer.writer,

@@ -381,3 +381,50 @@ def test_a_second_app_on_the_same_input_and_output_is_double_processing(broker_f
         app_a.kill9("test teardown")
         app_b.kill9("test teardown")
         obs.close()
+
+
+@pytest.mark.timeout(180)
+def test_the_lineage_fence_refuses_a_second_app_and_the_output_stays_exact(broker_factory,
+                                                                          streams_classpath,
+                                                                          tmp_path):
+    """verify.lineage.enforce=true on the output: app B (another
+    application.id, any transactional ids) reading A's input into A's output
+    is refused at its transactional offset commit, none of its records is
+    committed, and A's output stays exact."""
+    b = start_broker(broker_factory)
+    a, bb = app_id("fa"), app_id("fb")
+    inp, out = unique_topic("lf-in"), unique_topic("lf-out")
+    create_topic(b.bootstrap, inp, INPUT_PARTITIONS)
+    create_topic(b.bootstrap, out, OUTPUT_PARTITIONS, config={"verify.lineage.enforce": "true"})
+    records, expected = workload(N)
+    produce(b.bootstrap, inp, records[:N // 2], enable_idempotence=True)
+    app_a = App(streams_classpath, b.bootstrap, a, tmp_path / "state-a", inp, out, tmp_path / "a.log")
+    app_b = App(streams_classpath, b.bootstrap, bb, tmp_path / "state-b", inp, out, tmp_path / "b.log",
+                jvm_args=[f"-DStreamsEosApp.keyPrefix={B_KEYS}"])
+    obs = Observer(b.bootstrap, a, inp, out)
+    try:
+        app_a.start()
+        wait_until(lambda: obs.committed_input() == N // 2, 90, interval=0.2,
+                   what="app A to commit the first half", on_timeout=lambda: logs(app_a))
+        time.sleep(1.5)  # a verification round settles A's last commit
+        app_b.start()
+        produce(b.bootstrap, inp, records[N // 2:], enable_idempotence=True)
+
+        def a_exact():
+            assert app_a.alive, logs(app_a, app_b)
+            return obs.committed_input() == N and only(obs.read_output(0.3), "region-") == expected
+        wait_until(a_exact, 90, interval=0.1, what="app A's exact output",
+                   on_timeout=lambda: f"want {expected}\n got {obs.totals}\n{logs(app_a, app_b)}")
+        wait_until(lambda: "TransactionalIdAuthorization" in app_b.log_text(), 60, interval=0.2,
+                   what="app B to be refused", on_timeout=lambda: logs(app_b))
+        assert "lineage fence" in b.log_text()
+        # B's refused transactions end at their timeout; none of B's records
+        # is ever committed
+        time.sleep(12)
+        keys = committed_keys(b.bootstrap, out)
+        assert [k for k in keys if k.startswith(B_KEYS)] == [], "app B's records were committed"
+        assert only(obs.read_output(0.3), "region-") == expected
+    finally:
+        app_a.kill9("test teardown")
+        app_b.kill9("test teardown")
+        obs.close()

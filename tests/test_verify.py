@@ -13,13 +13,16 @@ import json
 import struct
 import time
 import urllib.request
+
+import pytest
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import kafka_wire as kw
-from clients import cli, consumer_config, create_topic, producer_config, txn_producer, unique_topic
+from clients import (cli, consumer_config, create_topic, end_offset, producer_config, read_partition,
+                     txn_producer, unique_topic)
 from conftest import both_modes, wait_until
 
 FAST = {"verify.scrub.interval.ms": "300"}
@@ -320,13 +323,13 @@ def test_a_business_key_committed_twice_names_both_writers(broker_factory):
     assert u["keys"] == 55 and u["evicted"] == 0, u
 
 
-def copy(b, group, txn_id, src, dst, batch=40, idle_s=2.0):
+def copy(b, group, txn_id, src, dst, batch=40, idle_s=2.0, **producer):
     """A transactional copier (consume-transform-produce): copies what
     `group` has not yet committed of `src` into `dst`, committing its input
     offsets in each transaction, until `src` has been idle for idle_s."""
     c = Consumer(consumer_config(b.bootstrap, **{"group.id": group, "enable.auto.commit": False,
                                                  "auto.offset.reset": "earliest"}))
-    p = txn_producer(b.bootstrap, txn_id)
+    p = txn_producer(b.bootstrap, txn_id, **producer)
     p.init_transactions(30)
     c.subscribe([src])
     copied, idle_since = 0, None
@@ -393,3 +396,43 @@ def test_pipeline_lineage_names_two_groups_doing_the_same_work(broker_factory):
         assert "group lin-b (writer lin-b-0)" in d and "group lin-a (writer lin-a-0)" in d, d
         assert f"into {dst}" in d and f"same topic {dst}" in d, d
     assert anomalies(b, "recommitted_range") == []
+
+
+@both_modes("broker_factory")
+def test_the_lineage_fence_refuses_a_second_group_and_the_output_stays_exact(broker_factory):
+    """verify.lineage.enforce=true on the output: a second group copying the
+    same input into it is refused at its first transactional offset commit
+    (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, whatever its transactional id),
+    nothing of it is committed, and the first group goes on."""
+    b = broker_factory(FAST)
+    src, dst = unique_topic("v-fin"), unique_topic("v-fout")
+    create_topic(b.bootstrap, src, 2)
+    create_topic(b.bootstrap, dst, 2, config={"verify.lineage.enforce": "true"})
+    feed = Producer(producer_config(b.bootstrap))
+    for i in range(200):
+        feed.produce(src, value=f"a-{i}", partition=i % 2)
+    feed.flush(30)
+    assert copy(b, "fence-a", "fence-a-0", src, dst) == 200
+    time.sleep(1.5)  # a round settles a's last commit
+    with pytest.raises(KafkaException) as refused:
+        copy(b, "fence-b", "fence-b-0", src, dst, transaction_timeout_ms=3000, message_timeout_ms=3000)
+    assert "authoriz" in str(refused.value).lower(), refused.value
+    [a] = [a for a in anomalies(b, "double_processing") if "refused" in a["detail"]][:1]
+    assert "lineage fence" in a["detail"] and "group fence-b" in a["detail"], a
+    assert "TxnOffsetCommit refused: lineage fence" in "\n".join(one.log_text() for one in brokers_of(b))
+
+    # b's open transaction is aborted at its timeout; the output is a's copy
+    def stable():
+        return all(end_offset(b.bootstrap, dst, p) == end_offset(b.bootstrap, dst, p, "read_uncommitted")
+                   for p in range(2))
+    wait_until(stable, 30, interval=0.5, what="b's transaction to be aborted")
+    values = []
+    for p in range(2):
+        end = end_offset(b.bootstrap, dst, p)
+        values += [v for _, v in read_partition(b.bootstrap, dst, p, 0, "read_committed", end)]
+    assert sorted(values) == sorted(f"out:a-{i}".encode() for i in range(200))
+    # the same group goes on, from another instance
+    for i in range(200, 260):
+        feed.produce(src, value=f"a-{i}", partition=i % 2)
+    feed.flush(30)
+    assert copy(b, "fence-a", "fence-a-1", src, dst) == 60

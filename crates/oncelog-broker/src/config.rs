@@ -662,6 +662,7 @@ impl BrokerConfig {
             "writer.transactional.id.prefix" => String::new(),
             "verify.unique.key" => String::new(),
             "verify.unique.window.ms" => self.verify_unique_window_ms.to_string(),
+            "verify.lineage.enforce" => "false".into(),
             _ => return None,
         })
     }
@@ -684,6 +685,7 @@ impl BrokerConfig {
         "message.timestamp.after.max.ms",
         "verify.unique.key",
         "verify.unique.window.ms",
+        "verify.lineage.enforce",
     ];
 
     /// Every topic config name we accept.
@@ -718,6 +720,7 @@ impl BrokerConfig {
         "unclean.leader.election.enable",
         "verify.unique.key",
         "verify.unique.window.ms",
+        "verify.lineage.enforce",
     ];
 }
 
@@ -767,7 +770,8 @@ fn check_topic_config(key: &str, value: &str) -> Result<(), InvalidTopicConfig> 
         "preallocate"
         | "unclean.leader.election.enable"
         | "message.downconversion.enable"
-        | "remote.storage.enable" => value
+        | "remote.storage.enable"
+        | "verify.lineage.enforce" => value
             .parse::<bool>()
             .map(|_| ())
             .or_else(|_| bad(format!("{key} must be true or false"))),

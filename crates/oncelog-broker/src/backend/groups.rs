@@ -143,6 +143,11 @@ impl Groups<'_> {
         offsets: Vec<(String, i32, OffsetMeta)>,
     ) -> ErrorCode {
         let b = self.broker();
+        let outputs = if b.config.verify_enable {
+            crate::coordinators::verify_lineage::outputs_of(b, transactional_id).await
+        } else {
+            Default::default()
+        };
         let committed = if b.config.verify_enable {
             let mut topics: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
             for (t, p, _) in &offsets {
@@ -154,6 +159,21 @@ impl Groups<'_> {
         } else {
             Vec::new()
         };
+        if b.config.verify_enable {
+            if let Some(why) = crate::coordinators::verify_lineage::gate(
+                b,
+                group,
+                transactional_id,
+                &outputs,
+                &committed,
+                &offsets,
+            )
+            .await
+            {
+                tracing::warn!(group, transactional_id, "TxnOffsetCommit refused: {why}");
+                return ErrorCode::TransactionalIdAuthorizationFailed;
+            }
+        }
         let code = self
             .txn_commit_offsets(
                 group,
@@ -169,6 +189,7 @@ impl Groups<'_> {
                 b,
                 group,
                 transactional_id,
+                outputs,
                 &committed,
                 &offsets,
             )

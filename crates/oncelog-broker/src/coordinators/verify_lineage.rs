@@ -132,18 +132,10 @@ pub async fn offered(
     b: &Arc<Broker>,
     group: &str,
     transactional_id: &str,
+    outputs: BTreeSet<String>,
     committed: &[FetchedOffset],
     offsets: &[(String, i32, OffsetMeta)],
 ) {
-    let outputs = match b.txns().describe(&[transactional_id.to_string()]).await {
-        Ok(metas) => metas
-            .into_iter()
-            .flatten()
-            .next()
-            .map(|m| crate::backend::lineage::outputs(&m.partitions))
-            .unwrap_or_default(),
-        Err(_) => BTreeSet::new(),
-    };
     let now = now_ms();
     let consumed: BTreeSet<String> = offsets.iter().map(|(t, _, _)| t.clone()).collect();
     b.lineage_pending.note(group, &consumed, &outputs, now);
@@ -176,6 +168,114 @@ pub async fn offered(
     for (key, offer) in confirmed {
         settle(b, key, offer).await;
     }
+}
+
+/// The topics `transactional_id`'s open transaction wrote so far (its
+/// partitions but the offsets topic's).
+pub async fn outputs_of(b: &Arc<Broker>, transactional_id: &str) -> BTreeSet<String> {
+    match b.txns().describe(&[transactional_id.to_string()]).await {
+        Ok(metas) => metas
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|m| crate::backend::lineage::outputs(&m.partitions))
+            .unwrap_or_default(),
+        Err(_) => BTreeSet::new(),
+    }
+}
+
+/// The lineage fence: with `verify.lineage.enforce=true` on a topic
+/// another group's committed transactions wrote, G's TxnOffsetCommit is
+/// refused (why, `Some`) when it would commit part of that group's input
+/// and G's transaction writes that topic. A group with no committed offset
+/// is taken to have consumed its input from the start, so a second job is
+/// refused from its first transaction into the topic; the same group
+/// (redeployed, scaled out) never is. A client may add its output
+/// partitions after its offsets: when the transaction names none yet, the
+/// fence waits up to [`OUTPUTS_WAIT_MS`] for them, then takes it as
+/// writing the protected topic.
+pub async fn gate(
+    b: &Arc<Broker>,
+    group: &str,
+    transactional_id: &str,
+    outputs: &BTreeSet<String>,
+    committed: &[FetchedOffset],
+    offsets: &[(String, i32, OffsetMeta)],
+) -> Option<String> {
+    let store = b.lineage_store();
+    let mut enforced_cache: HashMap<String, bool> = HashMap::new();
+    // (input topic, partition, the range G would commit, the other
+    // group's range, its protected topics)
+    let mut conflicts = Vec::new();
+    for (topic, partition, meta) in offsets {
+        let before = committed
+            .iter()
+            .find(|f| &f.topic == topic && f.partition == *partition)
+            .map_or(-1, |f| f.offset);
+        let (from, to) = (before.max(0), meta.offset);
+        for e in store.overlapping(topic, *partition, from, to).await {
+            if e.group == group {
+                continue;
+            }
+            let mut protected = Vec::new();
+            for t in &e.outputs {
+                if enforced(b, &mut enforced_cache, t).await {
+                    protected.push(t.clone());
+                }
+            }
+            if !protected.is_empty() {
+                conflicts.push((topic.clone(), *partition, from, to, e, protected));
+            }
+        }
+    }
+    if conflicts.is_empty() {
+        return None;
+    }
+    let mut mine = b.lineage_pending.effective(group, outputs);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(OUTPUTS_WAIT_MS);
+    while mine.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        mine = b
+            .lineage_pending
+            .effective(group, &outputs_of(b, transactional_id).await);
+    }
+    for (topic, partition, from, to, e, protected) in conflicts {
+        let shared: Vec<String> = protected
+            .into_iter()
+            .filter(|t| mine.is_empty() || mine.contains(t))
+            .collect();
+        if shared.is_empty() {
+            continue;
+        }
+        let why = format!(
+            "lineage fence (verify.lineage.enforce on {}): group {group} (writer {transactional_id}) would commit [{from}, {to}) of {topic}-{partition}, of which group {} (writer {}) committed [{}, {}) into that topic",
+            shared.join(", "), e.group, e.writer, e.from, e.to
+        );
+        let f = Finding {
+            kind: Kind::DoubleProcessing,
+            first_offset: from.max(e.from),
+            last_offset: to.min(e.to) - 1,
+            producer_id: -1,
+            epoch: -1,
+            detail: format!("{why}; refused"),
+        };
+        b.verify.report(&topic, partition, &f, now_ms());
+        return Some(why);
+    }
+    None
+}
+
+/// How long the lineage fence waits for a transaction's output partitions.
+pub const OUTPUTS_WAIT_MS: u64 = 1_000;
+
+async fn enforced(b: &Arc<Broker>, cache: &mut HashMap<String, bool>, topic: &str) -> bool {
+    if let Some(v) = cache.get(topic) {
+        return *v;
+    }
+    let v = matches!(b.catalogue().topic(topic).await, Ok(Some(meta))
+        if meta.configs.get("verify.lineage.enforce").map(String::as_str) == Some("true"));
+    cache.insert(topic.to_string(), v);
+    v
 }
 
 /// An operator's reset of `group`'s offsets (on `partitions`, or all).

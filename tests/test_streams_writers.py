@@ -343,6 +343,23 @@ def test_two_apps_on_one_unguarded_topic_are_reported(broker_factory, streams_cl
         obs_b.close()
 
 
+def same_input_apps(broker_factory, streams_classpath, tmp_path, tag, out_config):
+    """A broker, one input (its first half written) and one output (with
+    `out_config`), and apps A and B both reading that input into that output
+    (B's output keys prefixed)."""
+    b = start_broker(broker_factory)
+    a, bb = app_id(f"{tag}a"), app_id(f"{tag}b")
+    inp, out = unique_topic(f"{tag}-in"), unique_topic(f"{tag}-out")
+    create_topic(b.bootstrap, inp, INPUT_PARTITIONS)
+    create_topic(b.bootstrap, out, OUTPUT_PARTITIONS, config=out_config)
+    records, expected = workload(N)
+    produce(b.bootstrap, inp, records[:N // 2], enable_idempotence=True)
+    app_a = App(streams_classpath, b.bootstrap, a, tmp_path / "state-a", inp, out, tmp_path / "a.log")
+    app_b = App(streams_classpath, b.bootstrap, bb, tmp_path / "state-b", inp, out, tmp_path / "b.log",
+                jvm_args=[f"-DStreamsEosApp.keyPrefix={B_KEYS}"])
+    return b, app_a, app_b, inp, out, records, expected
+
+
 @pytest.mark.timeout(180)
 def test_a_second_app_on_the_same_input_and_output_is_double_processing(broker_factory,
                                                                        streams_classpath, tmp_path):
@@ -350,16 +367,9 @@ def test_a_second_app_on_the_same_input_and_output_is_double_processing(broker_f
     is exactly once on its own, together every record is processed twice.
     Live verification reports it as double processing of A's input
     partitions, naming both applications (their groups and writers)."""
-    b = start_broker(broker_factory)
-    a, bb = app_id("da"), app_id("db")
-    inp, out = unique_topic("dp-in"), unique_topic("dp-out")
-    create_topic(b.bootstrap, inp, INPUT_PARTITIONS)
-    create_topic(b.bootstrap, out, OUTPUT_PARTITIONS)
-    records, expected = workload(N)
-    produce(b.bootstrap, inp, records[:N // 2], enable_idempotence=True)
-    app_a = App(streams_classpath, b.bootstrap, a, tmp_path / "state-a", inp, out, tmp_path / "a.log")
-    app_b = App(streams_classpath, b.bootstrap, bb, tmp_path / "state-b", inp, out, tmp_path / "b.log",
-                jvm_args=[f"-DStreamsEosApp.keyPrefix={B_KEYS}"])
+    b, app_a, app_b, inp, out, records, _ = same_input_apps(broker_factory, streams_classpath,
+                                                            tmp_path, "d", None)
+    a, bb = app_a.app_id, app_b.app_id
     obs = Observer(b.bootstrap, a, inp, out)
     try:
         app_a.start()
@@ -391,17 +401,9 @@ def test_the_lineage_fence_refuses_a_second_app_and_the_output_stays_exact(broke
     application.id, any transactional ids) reading A's input into A's output
     is refused at its transactional offset commit, none of its records is
     committed, and A's output stays exact."""
-    b = start_broker(broker_factory)
-    a, bb = app_id("fa"), app_id("fb")
-    inp, out = unique_topic("lf-in"), unique_topic("lf-out")
-    create_topic(b.bootstrap, inp, INPUT_PARTITIONS)
-    create_topic(b.bootstrap, out, OUTPUT_PARTITIONS, config={"verify.lineage.enforce": "true"})
-    records, expected = workload(N)
-    produce(b.bootstrap, inp, records[:N // 2], enable_idempotence=True)
-    app_a = App(streams_classpath, b.bootstrap, a, tmp_path / "state-a", inp, out, tmp_path / "a.log")
-    app_b = App(streams_classpath, b.bootstrap, bb, tmp_path / "state-b", inp, out, tmp_path / "b.log",
-                jvm_args=[f"-DStreamsEosApp.keyPrefix={B_KEYS}"])
-    obs = Observer(b.bootstrap, a, inp, out)
+    b, app_a, app_b, inp, out, records, expected = same_input_apps(
+        broker_factory, streams_classpath, tmp_path, "f", {"verify.lineage.enforce": "true"})
+    obs = Observer(b.bootstrap, app_a.app_id, inp, out)
     try:
         app_a.start()
         wait_until(lambda: obs.committed_input() == N // 2, 90, interval=0.2,

@@ -56,20 +56,21 @@ pub fn injected_marker_error(topic: &str) -> bool {
 /// job goes down between its checkpoint and its commit).
 pub fn injected_end_txn_unavailable(transactional_id: &str) -> bool {
     static PREFIXES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    PREFIXES
-        .get_or_init(|| {
-            std::env::var("ONCELOG_FAULTS")
-                .unwrap_or_default()
-                .split(',')
-                .filter_map(|f| {
-                    f.trim()
-                        .strip_prefix("end-txn-unavailable:")
-                        .map(str::to_string)
-                })
-                .collect()
-        })
-        .iter()
-        .any(|p| transactional_id.starts_with(p.as_str()))
+    prefixed(&PREFIXES, "end-txn-unavailable:", transactional_id)
+}
+
+/// Whether `ONCELOG_FAULTS` (read once into `cell`) has a `KIND:PREFIX`
+/// whose PREFIX starts `transactional_id`.
+fn prefixed(cell: &std::sync::OnceLock<Vec<String>>, kind: &str, transactional_id: &str) -> bool {
+    cell.get_or_init(|| {
+        std::env::var("ONCELOG_FAULTS")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|f| f.trim().strip_prefix(kind).map(str::to_string))
+            .collect()
+    })
+    .iter()
+    .any(|p| transactional_id.starts_with(p.as_str()))
 }
 
 /// `ONCELOG_FAULTS=commit-one-partition:PREFIX`: the COMMIT markers of a
@@ -83,20 +84,7 @@ pub fn marker_partitions(
     partitions: Vec<(String, i32)>,
 ) -> Vec<(String, i32)> {
     static PREFIXES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let hit = PREFIXES
-        .get_or_init(|| {
-            std::env::var("ONCELOG_FAULTS")
-                .unwrap_or_default()
-                .split(',')
-                .filter_map(|f| {
-                    f.trim()
-                        .strip_prefix("commit-one-partition:")
-                        .map(str::to_string)
-                })
-                .collect()
-        })
-        .iter()
-        .any(|p| transactional_id.starts_with(p.as_str()));
+    let hit = prefixed(&PREFIXES, "commit-one-partition:", transactional_id);
     if !hit || !commit || partitions.len() < 2 {
         return partitions;
     }

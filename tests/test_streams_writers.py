@@ -377,7 +377,18 @@ def test_a_second_app_on_the_same_input_and_output_is_double_processing(broker_f
                    what="app A to commit the first half", on_timeout=lambda: logs(app_a))
         assert lineage_alerts(b) == []
         app_b.start()
-        produce(b.bootstrap, inp, records[N // 2:], enable_idempotence=True)
+        # B's first commit (its lineage starts where that commit ends: where
+        # it began reading is not known), then both process the rest
+        obs_b = Observer(b.bootstrap, bb, inp, out)
+        try:
+            wait_until(lambda: obs_b.committed_input() == N // 2, 90, interval=0.2,
+                       what="app B to commit the first half", on_timeout=lambda: logs(app_b))
+        finally:
+            obs_b.close()
+        rest = records[N // 2:]
+        for i in range(0, len(rest), len(rest) // 4):
+            produce(b.bootstrap, inp, rest[i:i + len(rest) // 4], enable_idempotence=True)
+            time.sleep(0.5)
         alerts = wait_until(lambda: [x for x in lineage_alerts(b) if x["topic"] == inp], 90,
                             interval=0.5, what="double processing of the input to be reported",
                             on_timeout=lambda: logs(app_a, app_b))

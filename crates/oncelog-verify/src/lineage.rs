@@ -24,6 +24,10 @@ pub struct Consumed {
     pub from: i64,
     /// Exclusive.
     pub to: i64,
+    /// `from` is where the group's offset was; `false`: the group had no
+    /// committed offset, so where it began reading is not known and `from`
+    /// is the partition's start (what it may have read).
+    pub start_known: bool,
     /// The topics the transaction wrote.
     pub outputs: BTreeSet<String>,
     pub at_ms: i64,
@@ -39,12 +43,15 @@ pub enum Overlap<'a> {
 }
 
 /// `new` against the ranges already committed on its input partition.
-pub fn judge<'a>(new: &Consumed, before: &'a [Consumed]) -> Vec<Overlap<'a>> {
-    if new.from >= new.to {
+/// A report (`strict` false) counts only ranges whose start is known; a
+/// fence (`strict`) counts what a group may have read too.
+pub fn judge<'a>(new: &Consumed, before: &'a [Consumed], strict: bool) -> Vec<Overlap<'a>> {
+    if new.from >= new.to || !(strict || new.start_known) {
         return Vec::new();
     }
     before
         .iter()
+        .filter(|e| strict || e.start_known)
         .filter(|e| e.from < new.to && new.from < e.to)
         .filter_map(|e| {
             if e.group == new.group {
@@ -71,7 +78,11 @@ impl Ranges {
             return;
         }
         if let Some(last) = self.ranges.iter_mut().rev().find(|e| e.group == new.group) {
-            if last.to == new.from && last.outputs == new.outputs {
+            if last.to == new.from
+                && last.outputs == new.outputs
+                && last.start_known
+                && new.start_known
+            {
                 last.to = new.to;
                 last.at_ms = new.at_ms;
                 last.writer = new.writer;
@@ -107,6 +118,7 @@ mod tests {
             writer: format!("{group}-w"),
             from,
             to,
+            start_known: true,
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
             at_ms: 0,
         }
@@ -117,7 +129,7 @@ mod tests {
         let mut r = Ranges::default();
         for (f, t) in [(0, 10), (10, 25), (25, 30)] {
             let new = c("app", f, t, &["out"]);
-            assert!(judge(&new, &r.ranges).is_empty());
+            assert!(judge(&new, &r.ranges, false).is_empty());
             r.add(new, 100);
         }
         assert_eq!(r.ranges.len(), 1, "coalesced");
@@ -128,15 +140,15 @@ mod tests {
     fn another_group_into_the_same_output_is_double_processing() {
         let mut r = Ranges::default();
         r.add(c("app-1", 0, 30, &["out"]), 100);
-        let found = judge(&c("app-2", 20, 40, &["out", "other"]), &r.ranges);
+        let found = judge(&c("app-2", 20, 40, &["out", "other"]), &r.ranges, false);
         assert_eq!(
             found,
             vec![Overlap::DoubleProcessing(&r.ranges[0], vec!["out".into()])]
         );
         // into another output: fan-out
-        assert!(judge(&c("app-3", 0, 40, &["elsewhere"]), &r.ranges).is_empty());
+        assert!(judge(&c("app-3", 0, 40, &["elsewhere"]), &r.ranges, false).is_empty());
         // not overlapping
-        assert!(judge(&c("app-2", 30, 40, &["out"]), &r.ranges).is_empty());
+        assert!(judge(&c("app-2", 30, 40, &["out"]), &r.ranges, false).is_empty());
     }
 
     #[test]
@@ -145,14 +157,31 @@ mod tests {
         r.add(c("app", 0, 30, &["out"]), 100);
         let again = c("app", 10, 20, &["out"]);
         assert_eq!(
-            judge(&again, &r.ranges),
+            judge(&again, &r.ranges, false),
             vec![Overlap::Recommitted(&r.ranges[0])]
         );
         r.reset("app");
-        assert!(judge(&again, &r.ranges).is_empty());
+        assert!(judge(&again, &r.ranges, false).is_empty());
         assert!(
-            judge(&c("app", 5, 5, &["out"]), &r.ranges).is_empty(),
+            judge(&c("app", 5, 5, &["out"]), &r.ranges, false).is_empty(),
             "empty range"
+        );
+    }
+
+    #[test]
+    fn a_range_of_unknown_start_counts_for_a_fence_not_a_report() {
+        let mut r = Ranges::default();
+        let mut first = c("app-1", 0, 30, &["out"]);
+        first.start_known = false;
+        r.add(first, 100);
+        r.add(c("app-1", 30, 40, &["out"]), 100);
+        assert_eq!(r.ranges.len(), 2, "not joined to the unknown start");
+        let second = c("app-2", 10, 20, &["out"]);
+        assert!(judge(&second, &r.ranges, false).is_empty());
+        assert_eq!(judge(&second, &r.ranges, true).len(), 1);
+        assert_eq!(
+            judge(&c("app-2", 35, 45, &["out"]), &r.ranges, false).len(),
+            1
         );
     }
 

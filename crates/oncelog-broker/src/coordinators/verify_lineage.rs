@@ -59,6 +59,7 @@ struct Offer {
     writer: String,
     from: i64,
     to: i64,
+    start_known: bool,
     outputs: BTreeSet<String>,
     at_ms: i64,
 }
@@ -103,6 +104,38 @@ impl Pending {
         t.consumed.extend(consumed.iter().cloned());
         t.written.extend(written.iter().cloned());
         t.seen_ms = now;
+    }
+
+    /// Other groups' offers on `topic`'s `partition` overlapping
+    /// `[from, to)` (their transactions may commit any moment).
+    fn offered_by_others(
+        &self,
+        group: &str,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+    ) -> Vec<Consumed> {
+        let offers: Vec<(String, Offer)> = self
+            .lock()
+            .iter()
+            .filter(|((g, t, p), o)| {
+                g != group && t == topic && *p == partition && o.from < to && from < o.to
+            })
+            .map(|((g, _, _), o)| (g.clone(), o.clone()))
+            .collect();
+        offers
+            .into_iter()
+            .map(|(g, o)| Consumed {
+                outputs: self.effective(&g, &o.outputs),
+                group: g,
+                writer: o.writer,
+                from: o.from,
+                to: o.to,
+                start_known: o.start_known,
+                at_ms: o.at_ms,
+            })
+            .collect()
     }
 
     /// `outputs` and, when one of them is a topic `group` consumes itself
@@ -157,8 +190,9 @@ pub async fn offered(
                 key,
                 Offer {
                     writer: transactional_id.to_string(),
-                    from: if before >= 0 { before } else { meta.offset },
+                    from: before.max(0),
                     to: meta.offset,
+                    start_known: before >= 0,
                     outputs: outputs.clone(),
                     at_ms: now,
                 },
@@ -213,7 +247,12 @@ pub async fn gate(
             .find(|f| &f.topic == topic && f.partition == *partition)
             .map_or(-1, |f| f.offset);
         let (from, to) = (before.max(0), meta.offset);
-        for e in store.overlapping(topic, *partition, from, to).await {
+        let mut others = store.overlapping(topic, *partition, from, to).await;
+        others.extend(
+            b.lineage_pending
+                .offered_by_others(group, topic, *partition, from, to),
+        );
+        for e in others {
             if e.group == group {
                 continue;
             }
@@ -383,13 +422,14 @@ async fn settle(b: &Arc<Broker>, (group, topic, partition): Key, offer: Offer) {
         writer: offer.writer,
         from: offer.from,
         to: offer.to,
+        start_known: offer.start_known,
         outputs,
         at_ms: now_ms(),
     };
     let store = b.lineage_store();
     let before = store.overlapping(&topic, partition, c.from, c.to).await;
     let now = now_ms();
-    for o in judge(&c, &before) {
+    for o in judge(&c, &before, false) {
         let (kind, e, detail) = match &o {
             Overlap::DoubleProcessing(e, shared) => (
                 Kind::DoubleProcessing,

@@ -17,7 +17,7 @@ pub async fn overlapping(
     let client = c.pool.get().await?;
     let rows = client
         .query(
-            "SELECT grp, writer, from_offset, to_offset, outputs, at_ms FROM verify_lineage \
+            "SELECT grp, writer, from_offset, to_offset, outputs, at_ms, start_known FROM verify_lineage \
              WHERE input_topic = $1 AND input_partition = $2 AND from_offset < $4 AND to_offset > $3 \
              ORDER BY at_ms",
             &[&topic, &partition, &from, &to],
@@ -32,6 +32,7 @@ pub async fn overlapping(
             to: r.get(3),
             outputs: r.get::<_, Vec<String>>(4).into_iter().collect(),
             at_ms: r.get(5),
+            start_known: r.get(6),
         })
         .collect())
 }
@@ -51,9 +52,17 @@ pub async fn add(
         .execute(
             "UPDATE verify_lineage SET to_offset = $5, writer = $6, at_ms = $7 \
              WHERE input_topic = $1 AND input_partition = $2 AND grp = $3 AND to_offset = $4 \
-               AND outputs = $8",
+               AND outputs = $8 AND start_known AND $9",
             &[
-                &topic, &partition, &r.group, &r.from, &r.to, &r.writer, &r.at_ms, &outputs,
+                &topic,
+                &partition,
+                &r.group,
+                &r.from,
+                &r.to,
+                &r.writer,
+                &r.at_ms,
+                &outputs,
+                &r.start_known,
             ],
         )
         .await?;
@@ -61,9 +70,18 @@ pub async fn add(
         client
             .execute(
                 "INSERT INTO verify_lineage (input_topic, input_partition, grp, writer, \
-                 from_offset, to_offset, outputs, at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                 from_offset, to_offset, outputs, at_ms, start_known) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                 &[
-                    &topic, &partition, &r.group, &r.writer, &r.from, &r.to, &outputs, &r.at_ms,
+                    &topic,
+                    &partition,
+                    &r.group,
+                    &r.writer,
+                    &r.from,
+                    &r.to,
+                    &outputs,
+                    &r.at_ms,
+                    &r.start_known,
                 ],
             )
             .await?;

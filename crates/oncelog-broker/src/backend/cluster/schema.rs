@@ -216,7 +216,8 @@ CREATE TABLE IF NOT EXISTS verify_lineage (
     from_offset     bigint NOT NULL,
     to_offset       bigint NOT NULL,
     outputs         text[] NOT NULL,
-    at_ms           bigint NOT NULL
+    at_ms           bigint NOT NULL,
+    start_known     boolean NOT NULL
 );
 CREATE INDEX IF NOT EXISTS verify_lineage_by_input
     ON verify_lineage (input_topic, input_partition, to_offset);

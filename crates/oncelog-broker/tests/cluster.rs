@@ -16,7 +16,7 @@ use kafka_protocol::records::{
 use oncelog_broker::backend::cluster::collector::collect;
 use oncelog_broker::backend::cluster::flusher::Flusher;
 use oncelog_broker::backend::cluster::groups::{self as cluster_groups, Claim, Ownership};
-use oncelog_broker::backend::cluster::reader::{read_many, Ask, ClusterRead, ReadRefusal};
+use oncelog_broker::backend::cluster::reader::{read_many, Ask, ClusterRead, ReadRefusal, Source};
 use oncelog_broker::backend::cluster::sequencer::{self, BatchOutcome};
 use oncelog_broker::backend::cluster::{catalogue, session, Cluster, ClusterConfig, ClusterError};
 use oncelog_broker::coordinators::groups::OffsetMeta;
@@ -165,7 +165,7 @@ async fn read(
         max_bytes,
     };
     let mut budget = oncelog_broker::backend::Budget::new(max_bytes);
-    let mut answers = read_many(c, &[ask], &mut budget, read_committed).await?;
+    let mut answers = read_many(c, &[ask], &mut budget, read_committed, Source::Cache).await?;
     answers.pop().expect("one answer")
 }
 

@@ -532,3 +532,28 @@ __all__ = [
     "cli", "scrape", "value", "metric",
     "Producer", "Consumer", "TopicPartition", "KafkaError", "KafkaException",
 ]
+
+
+def verify_report(b, topic=None):
+    """Live verification's record (/v1/verify) of a broker or a cluster:
+    partitions [(topic, partition)] -> progress, the latest anomalies, the
+    counts by kind and the business-key indexes. A cluster's brokers each
+    answer for the whole cluster (its record is in PostgreSQL): the first
+    live one is asked, and only the indexes, each broker's own, are
+    gathered from all."""
+    q = f"?topic={topic}" if topic else ""
+    report = None
+    unique = []
+    for one in getattr(b, "brokers", [b]):
+        if not getattr(one, "alive", True):
+            continue
+        with urllib.request.urlopen(f"{one.metrics_url}/v1/verify{q}", timeout=10) as r:
+            s = json.load(r)
+        unique += s["unique"]
+        if report is None:
+            report = s
+        elif not s["cluster_wide"]:
+            raise AssertionError("brokers of a cluster answer /v1/verify for themselves only")
+    report["partitions"] = {(p["topic"], p["partition"]): p for p in report["partitions"]}
+    report["unique"] = unique
+    return report

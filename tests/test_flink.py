@@ -87,7 +87,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from clients import cli, create_topic
+from clients import cli, create_topic, verify_report
 from conftest import REPO_ROOT, _die_with_parent, wait_until
 from jvm import compile_against
 
@@ -504,15 +504,11 @@ UNIQUE_ORDERS = {"verify.unique.key": "/order_id"}
 
 
 def verify_status(broker, topic="orders_enriched"):
-    """/v1/verify of every broker, merged (in a cluster each verifies what
-    it reports)."""
-    merged = {"anomalies": [], "unique": [], "partitions": []}
-    for one in getattr(broker, "brokers", [broker]):
-        with urllib.request.urlopen(f"{one.metrics_url}/v1/verify?topic={topic}", timeout=10) as r:
-            s = json.load(r)
-        for k in merged:
-            merged[k] += s[k]
-    return merged
+    """Live verification's record of `topic` (/v1/verify)."""
+    s = verify_report(broker, topic)
+    s["partitions"] = list(s["partitions"].values())
+    return s
+
 
 def txn_states(broker, prefix):
     """{transactional id: state} of the ids Flink made with `prefix` (open

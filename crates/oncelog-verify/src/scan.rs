@@ -32,7 +32,9 @@ use std::collections::HashMap;
 use oncelog_log::batch::{self, BatchHeader, CONTROL_ABORT, CONTROL_COMMIT, LOG_OVERHEAD};
 
 /// What a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     Crc,
@@ -75,6 +77,11 @@ impl Kind {
         Kind::DoubleProcessing,
         Kind::RecommittedRange,
     ];
+
+    /// The kind [`Kind::name`] names.
+    pub fn parse(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
 
     pub fn name(self) -> &'static str {
         match self {

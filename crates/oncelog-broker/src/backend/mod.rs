@@ -20,6 +20,7 @@ mod security;
 pub mod storage;
 pub mod topic;
 mod txns;
+pub mod verify_record;
 
 pub use cutovers::{CutoverFailure, Cutovers};
 pub use groups::Groups;

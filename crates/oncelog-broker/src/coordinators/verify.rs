@@ -28,8 +28,12 @@
 //! and that still holds that producer's transaction open, on two checks
 //! [`COMMIT_GRACE_MS`] apart, is `commit_missing` (the marker never came).
 //!
-//! What it keeps is in memory: a restart verifies every log again from its
-//! start, and compares content only between passes of one run.
+//! How far each partition is verified and what was found is recorded
+//! ([`crate::backend::verify_record`]): a restarted broker (or a
+//! partition's new leader in a cluster) goes on from the offset verified
+//! through, and does not report an anomaly again. The batches' CRCs are
+//! kept in memory only: after a restart, content is compared from the
+//! first pass of the new run on.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
@@ -99,6 +103,18 @@ impl Bucket {
 
 /// Runs the verification until the broker goes.
 pub async fn run(b: std::sync::Weak<Broker>) {
+    let mut resume: HashMap<(String, i32), Progress> = match b.upgrade() {
+        Some(b) => b
+            .verify_record()
+            .restore(&b)
+            .await
+            .into_iter()
+            .map(|p| ((p.topic.clone(), p.partition), p))
+            .collect(),
+        None => return,
+    };
+    let mut saved: Vec<(String, i32, i64, u64)> = Vec::new();
+    let mut others_since = now_ms();
     let mut parts: HashMap<(String, i32), Part> = HashMap::new();
     let mut suspects: HashMap<(String, i32, i64), i64> = HashMap::new();
     let mut uniques = super::verify_unique::Uniques::default();
@@ -113,20 +129,54 @@ pub async fn run(b: std::sync::Weak<Broker>) {
             tokens: 0,
         });
         bucket.refill();
-        let (rows, topics) = scrub(&b, &mut parts, bucket).await;
+        if round.is_multiple_of(COMMITS_EVERY) {
+            // in a cluster: what other brokers reported (a partition's
+            // earlier leader) is not reported again here
+            let others = b
+                .verify_record()
+                .reported_since(others_since - 10_000)
+                .await;
+            if let Some(last) = others.iter().map(|r| r.found_ms).max() {
+                others_since = others_since.max(last);
+            }
+            b.verify
+                .already_reported(others.iter().map(crate::observe::verify::Reported::key));
+        }
+        let (rows, topics) = scrub(&b, &mut parts, &mut resume, bucket).await;
         super::verify_unique::tail(&b, &rows, &topics, &mut uniques).await;
         super::verify_lineage::round(&b, round.is_multiple_of(60)).await;
         round += 1;
         if round.is_multiple_of(COMMITS_EVERY) {
             check_commits(&b, &rows, &mut suspects).await;
         }
+        save(&b, &mut saved).await;
+        if round.is_multiple_of(60) {
+            let names: Vec<String> = topics.into_keys().collect();
+            b.verify_record().forget_topics_but(&names).await;
+        }
     }
+}
+
+/// Records what was found this round, and the progress when it moved
+/// since it was last recorded.
+async fn save(b: &Arc<Broker>, saved: &mut Vec<(String, i32, i64, u64)>) {
+    let now = b.verify.partitions(None);
+    let marks: Vec<(String, i32, i64, u64)> = now
+        .iter()
+        .map(|p| (p.topic.clone(), p.partition, p.verified_through, p.passes))
+        .collect();
+    let progress = (marks != *saved).then(|| {
+        *saved = marks;
+        now
+    });
+    b.verify_record().save(b, progress).await;
 }
 
 /// One round over every partition this broker verifies.
 async fn scrub(
     b: &Arc<Broker>,
     parts: &mut HashMap<(String, i32), Part>,
+    resume: &mut HashMap<(String, i32), Progress>,
     bucket: &mut Bucket,
 ) -> (
     Vec<PartitionRow>,
@@ -173,7 +223,20 @@ async fn scrub(
             last_pass_end: Instant::now(),
             passes: 0,
         };
-        let part = parts.entry(key).or_insert_with(fresh);
+        let part = parts.entry(key.clone()).or_insert_with(|| {
+            let mut p = fresh();
+            // Recorded before: on from where it was verified through (a
+            // transaction open there is read again from its start).
+            if let Some(r) = resume.remove(&key).filter(|r| {
+                r.topic_id == meta.id.simple().to_string()
+                    && r.compacted == compacted
+                    && (row.log_start_offset..=row.high_watermark).contains(&r.verified_through)
+            }) {
+                p.frontier = Scanner::starting_at(rules(compacted), r.verified_through);
+                p.passes = r.passes;
+            }
+            p
+        });
         let frontier = part.frontier.next_offset().unwrap_or(row.log_start_offset);
         if part.topic_id != meta.id
             || part.compacted != compacted
@@ -190,6 +253,7 @@ async fn scrub(
         b.verify.progress(Progress {
             topic: row.topic.clone(),
             partition: row.partition,
+            topic_id: meta.id.simple().to_string(),
             verified_through: part
                 .frontier
                 .earliest_open()

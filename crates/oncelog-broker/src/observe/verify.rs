@@ -1,19 +1,22 @@
 //! What live verification found and how far it got
 //! ([`crate::coordinators::verify`]): per partition the offset verified
 //! through, anomalies counted by kind, and the latest ones kept for
-//! `/v1/verify`, `/metrics` and the console.
+//! `/metrics`. What `/v1/verify`, the CLI and the console show is the
+//! record kept across restarts ([`crate::backend::verify_record`]), fed
+//! from here.
 //!
 //! Bounded: one row per partition this broker verifies (rows of partitions
 //! it no longer verifies are dropped each round) and at most
 //! [`MAX_RECENT`] anomalies (oldest dropped first). Each anomaly is reported
-//! once (logged at `error!`), however many passes find it again.
+//! once (logged at `error!`), however many passes find it again, and
+//! across restarts as far as the record remembers it.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use oncelog_verify::scan::{Finding, Kind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Anomalies kept for `/v1/verify`.
 pub const MAX_RECENT: usize = 256;
@@ -23,7 +26,7 @@ pub const MAX_RECENT: usize = 256;
 const MAX_KEYS: usize = 100_000;
 
 /// One anomaly as reported.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Reported {
     pub kind: Kind,
     pub topic: String,
@@ -37,10 +40,14 @@ pub struct Reported {
 }
 
 /// How far one partition is verified.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Progress {
     pub topic: String,
     pub partition: i32,
+    /// The topic's id (a topic deleted and created again under its name
+    /// is verified afresh).
+    #[serde(default)]
+    pub topic_id: String,
     /// Every offset below this was checked (by the scan from the log
     /// start) and found sound, or reported.
     pub verified_through: i64,
@@ -56,7 +63,20 @@ pub struct Progress {
     pub compacted: bool,
 }
 
-type Key = (Kind, String, i32, i64, i64);
+pub type Key = (Kind, String, i32, i64, i64);
+
+impl Reported {
+    /// What makes two reports the same anomaly.
+    pub fn key(&self) -> Key {
+        (
+            self.kind,
+            self.topic.clone(),
+            self.partition,
+            self.first_offset,
+            self.last_offset,
+        )
+    }
+}
 
 /// One topic's business-key index (`verify.unique.key`).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -78,6 +98,73 @@ struct Inner {
     unique: BTreeMap<String, UniqueIndex>,
     seen: HashSet<Key>,
     seen_order: VecDeque<Key>,
+    /// Reported since the record last took them.
+    unsaved: Vec<Reported>,
+}
+
+impl Inner {
+    /// Remembers `key` as reported; false when it already was.
+    fn remember(&mut self, key: Key) -> bool {
+        if !self.seen.insert(key.clone()) {
+            return false;
+        }
+        self.seen_order.push_back(key);
+        while self.seen_order.len() > MAX_KEYS {
+            if let Some(k) = self.seen_order.pop_front() {
+                self.seen.remove(&k);
+            }
+        }
+        true
+    }
+}
+
+fn keep_recent(recent: &mut VecDeque<Reported>, r: Reported) {
+    while recent.len() >= MAX_RECENT {
+        recent.pop_front();
+    }
+    recent.push_back(r);
+}
+
+/// What the record holds: progress by partition, the latest anomalies
+/// (oldest first) and the anomalies counted by kind.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Saved {
+    pub progress: Vec<Progress>,
+    pub anomalies: Vec<Reported>,
+    pub totals: BTreeMap<String, u64>,
+}
+
+impl Saved {
+    /// `/v1/verify`: progress, counts and the latest anomalies (of `topic`
+    /// only, if given), with this broker's business-key indexes.
+    pub fn to_json(
+        mut self,
+        topic: Option<&str>,
+        enabled: bool,
+        local: &Verify,
+        cluster_wide: bool,
+    ) -> serde_json::Value {
+        if let Some(t) = topic {
+            self.progress.retain(|p| p.topic == t);
+            self.anomalies.retain(|a| a.topic == t);
+        }
+        let totals: serde_json::Map<String, serde_json::Value> = Kind::ALL
+            .iter()
+            .map(|k| {
+                let n = self.totals.get(k.name()).copied().unwrap_or(0);
+                (k.name().to_string(), n.into())
+            })
+            .collect();
+        serde_json::json!({
+            "enabled": enabled,
+            "cluster_wide": cluster_wide,
+            "scrubbed_bytes": local.scrubbed_bytes.load(Relaxed),
+            "anomalies_total": totals,
+            "partitions": self.progress,
+            "unique": local.uniques(topic),
+            "anomalies": self.anomalies,
+        })
+    }
 }
 
 /// The verification's report (a field of the broker).
@@ -89,6 +176,10 @@ pub struct Verify {
     pub scrubbed_bytes: AtomicU64,
     /// Time the scrubber waited for its byte budget.
     pub throttled_ms: AtomicU64,
+    /// When local mode's record was last written.
+    pub saved_ms: std::sync::atomic::AtomicI64,
+    /// Progress moved since local mode's record was last written.
+    pub unsaved_progress: std::sync::atomic::AtomicBool,
 }
 
 impl Verify {
@@ -107,14 +198,8 @@ impl Verify {
             f.last_offset,
         );
         let mut g = self.lock();
-        if !g.seen.insert(key.clone()) {
+        if !g.remember(key) {
             return false;
-        }
-        g.seen_order.push_back(key);
-        while g.seen_order.len() > MAX_KEYS {
-            if let Some(k) = g.seen_order.pop_front() {
-                g.seen.remove(&k);
-            }
         }
         tracing::error!(
             kind = f.kind.name(),
@@ -130,10 +215,7 @@ impl Verify {
         if let Some(i) = Kind::ALL.iter().position(|k| *k == f.kind) {
             self.counts[i].fetch_add(1, Relaxed);
         }
-        while g.recent.len() >= MAX_RECENT {
-            g.recent.pop_front();
-        }
-        g.recent.push_back(Reported {
+        let r = Reported {
             kind: f.kind,
             topic: topic.to_string(),
             partition,
@@ -143,8 +225,67 @@ impl Verify {
             epoch: f.epoch,
             detail: f.detail.clone(),
             found_ms: now_ms,
-        });
+        };
+        g.unsaved.push(r.clone());
+        keep_recent(&mut g.recent, r);
         true
+    }
+
+    /// Anomalies reported (here or by another broker) before: they are not
+    /// reported again.
+    pub fn already_reported(&self, keys: impl IntoIterator<Item = Key>) {
+        let mut g = self.lock();
+        for k in keys {
+            g.remember(k);
+        }
+    }
+
+    /// Takes what was reported since the last call (for the record).
+    pub fn take_unsaved(&self) -> Vec<Reported> {
+        std::mem::take(&mut self.lock().unsaved)
+    }
+
+    /// Gives back what the record could not take, to be taken again.
+    pub fn untake(&self, mut back: Vec<Reported>) {
+        let mut g = self.lock();
+        back.append(&mut g.unsaved);
+        g.unsaved = back;
+    }
+
+    /// Local mode's record as it was saved: the latest anomalies and the
+    /// counts by kind come back, and are not reported again.
+    pub fn restore(&self, saved: Saved) {
+        let mut g = self.lock();
+        for p in saved.progress {
+            g.progress.insert((p.topic.clone(), p.partition), p);
+        }
+        for r in saved.anomalies {
+            g.remember(r.key());
+            keep_recent(&mut g.recent, r);
+        }
+        drop(g);
+        for (name, n) in saved.totals {
+            if let Some(i) = Kind::parse(&name).and_then(|k| Kind::ALL.iter().position(|x| *x == k))
+            {
+                self.counts[i].fetch_add(n, Relaxed);
+            }
+        }
+    }
+
+    /// Local mode's record: every partition's progress, the latest
+    /// anomalies and the counts by kind.
+    pub fn saved(&self) -> Saved {
+        let g = self.lock();
+        Saved {
+            progress: g.progress.values().cloned().collect(),
+            anomalies: g.recent.iter().cloned().collect(),
+            totals: self
+                .counts()
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(k, n)| (k.name().to_string(), n))
+                .collect(),
+        }
     }
 
     /// Records one partition's progress.
@@ -203,32 +344,6 @@ impl Verify {
             .filter(|p| topic.is_none_or(|t| p.topic == t))
             .cloned()
             .collect()
-    }
-
-    /// `/v1/verify`: progress, counts and the latest anomalies (of `topic`
-    /// only, if given).
-    pub fn to_json(&self, topic: Option<&str>, enabled: bool) -> serde_json::Value {
-        let partitions = self.partitions(topic);
-        let recent: Vec<Reported> = self
-            .lock()
-            .recent
-            .iter()
-            .filter(|r| topic.is_none_or(|t| r.topic == t))
-            .cloned()
-            .collect();
-        let counts: serde_json::Map<String, serde_json::Value> = self
-            .counts()
-            .into_iter()
-            .map(|(k, n)| (k.name().to_string(), n.into()))
-            .collect();
-        serde_json::json!({
-            "enabled": enabled,
-            "scrubbed_bytes": self.scrubbed_bytes.load(Relaxed),
-            "anomalies_total": counts,
-            "partitions": partitions,
-            "unique": self.uniques(topic),
-            "anomalies": recent,
-        })
     }
 
     /// The verification's metrics.

@@ -47,6 +47,7 @@ pub mod security;
 pub mod sequencer;
 pub mod session;
 pub mod txn;
+pub mod verify_record;
 pub mod writers;
 
 use std::collections::HashMap;

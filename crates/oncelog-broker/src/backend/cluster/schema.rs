@@ -16,7 +16,7 @@ use super::ClusterError;
 /// membership at rest, for the console; version 7: object keys reserved in
 /// slabs instead of one intent row per object, an index of open
 /// transactions by deadline for the timeout driver, and the objects'
-/// `merged` mark; version 8: live verification's pipeline lineage) and
+/// `merged` mark; version 8: live verification's pipeline lineage, progress and anomalies) and
 /// refuses a newer one, so a broker of an older build never runs on tables
 /// it does not know.
 pub const SCHEMA_VERSION: i32 = 8;
@@ -222,6 +222,33 @@ CREATE TABLE IF NOT EXISTS verify_lineage (
 CREATE INDEX IF NOT EXISTS verify_lineage_by_input
     ON verify_lineage (input_topic, input_partition, to_offset);
 CREATE INDEX IF NOT EXISTS verify_lineage_by_group ON verify_lineage (grp);
+CREATE TABLE IF NOT EXISTS verify_progress (
+    topic              text NOT NULL,
+    partition          integer NOT NULL,
+    topic_id           text NOT NULL,
+    verified_through   bigint NOT NULL,
+    log_start_offset   bigint NOT NULL,
+    last_stable_offset bigint NOT NULL,
+    passes             bigint NOT NULL,
+    remembered_batches bigint NOT NULL,
+    compacted          boolean NOT NULL,
+    broker_id          integer NOT NULL,
+    PRIMARY KEY (topic, partition)
+);
+CREATE TABLE IF NOT EXISTS verify_anomalies (
+    kind         text NOT NULL,
+    topic        text NOT NULL,
+    partition    integer NOT NULL,
+    first_offset bigint NOT NULL,
+    last_offset  bigint NOT NULL,
+    producer_id  bigint NOT NULL,
+    epoch        smallint NOT NULL,
+    detail       text NOT NULL,
+    found_ms     bigint NOT NULL,
+    broker_id    integer NOT NULL,
+    PRIMARY KEY (kind, topic, partition, first_offset, last_offset)
+);
+CREATE INDEX IF NOT EXISTS verify_anomalies_by_time ON verify_anomalies (found_ms);
 "#;
 
 /// Columns added to existing tables since schema version 1: (table,

@@ -133,6 +133,13 @@ pub async fn route(b: &Arc<Broker>, req: &Request) -> Option<Reply> {
                 format!("no group {:?}", req.param("group")),
             ),
         },
+        "/v1/console/verify" => {
+            let topic = Some(req.param("topic")).filter(|t| !t.is_empty());
+            match crate::observe::http::verify_json(b, topic).await {
+                Ok(v) => Reply::json_compact(&v),
+                Err(e) => Reply::error("503 Service Unavailable", e),
+            }
+        }
         "/v1/console/actions" => Reply::json_compact(&serde_json::json!({
             "enabled": b.config.console_actions_enable,
             "authentication": if needs_password(b) { "basic" } else { "none" },

@@ -368,6 +368,35 @@ views.group = {
   },
 };
 
+views.verify = {
+  title: "Verification",
+  controls: () => [h("input", { id: "verify-topic", placeholder: "topic (all when empty)", value: state.params.get("topic") || "", onchange: (e) => setParam("topic", e.target.value) })],
+  url: () => "/v1/console/verify?" + new URLSearchParams({ topic: state.params.get("topic") || "" }),
+  render(d) {
+    if (!d.enabled) return [h("p", { id: "verify-off" }, "Live verification is off (verify.enable=false).")];
+    const totals = Object.entries(d.anomalies_total).filter(([, n]) => n > 0);
+    const found = totals.reduce((a, [, n]) => a + n, 0);
+    const behind = d.partitions.filter((p) => p.verified_through < p.last_stable_offset);
+    const cards = h("div", { class: "cards", id: "verify-summary" },
+      card("anomalies", found ? badge(fmt.n(found), "bad") : badge("none", "ok"), { id: "verify-found" }),
+      card("partitions verified", fmt.n(d.partitions.length) + (d.cluster_wide ? " (every broker's)" : "")),
+      card("behind their LSO", fmt.n(behind.length)),
+      card("read back by this broker", fmt.bytes(d.scrubbed_bytes)));
+    const kinds = totals.map(([k, n]) => badge(`${k} ${fmt.n(n)}`, "bad"));
+    const anomalies = d.anomalies.slice().reverse().map((a) => [fmt.time(a.found_ms), badge(a.kind, "bad"), `${a.topic}-${a.partition}`,
+      a.first_offset === a.last_offset ? fmt.n(a.first_offset) : `${fmt.n(a.first_offset)}..${fmt.n(a.last_offset)}`,
+      a.producer_id >= 0 ? `${a.producer_id}/${a.epoch}` : "—", a.detail]);
+    const parts = d.partitions.map((p) => [`${p.topic}-${p.partition}`, fmt.n(p.verified_through), fmt.n(p.last_stable_offset),
+      p.verified_through < p.last_stable_offset ? badge(fmt.n(p.last_stable_offset - p.verified_through), "warn") : "0",
+      fmt.n(p.log_start_offset), fmt.n(p.passes), p.compacted ? "compacted" : fmt.n(p.remembered_batches)]);
+    const uniques = d.unique.map((u) => [u.topic, fmt.n(u.keys), u.evicted ? badge(fmt.n(u.evicted), "warn") : "0", fmt.age(Date.now() - u.covered_since_ms)]);
+    return [cards, kinds.length ? h("p", {}, kinds) : null,
+      h("h2", {}, "Anomalies (newest first)"), h("div", { id: "verify-anomalies" }, table(["found", "kind", "partition", "offsets", "producer/epoch", "what"], anomalies, (i) => ({ "data-kind": d.anomalies[d.anomalies.length - 1 - i].kind }))),
+      h("h2", {}, "Partitions"), h("div", { id: "verify-partitions" }, table(["partition", "verified through#", "LSO#", "to verify#", "log start#", "passes#", "batches remembered#"], parts, (i) => ({ "data-partition": `${d.partitions[i].topic}-${d.partitions[i].partition}` }))),
+      h("h2", {}, "Business keys (verify.unique.key, this broker's)"), table(["topic", "keys#", "forgotten when full#", "checked back"], uniques)];
+  },
+};
+
 // ---- navigation and polling ---------------------------------------------
 
 function parseHash() {

@@ -683,3 +683,33 @@ def test_a_rebalance_in_progress_shows_through_every_broker(broker_factory):
             wait_until(lambda: state(x) == ("Stable", 1) or None, 15, what="the group at rest")
     finally:
         consumer.close()
+
+
+@pytest.mark.timeout(180)
+def test_the_verification_view_shows_progress_and_a_doubled_order(broker_factory, chrome):
+    """Live verification in the console: each partition verified through
+    its LSO, and the seed's doubled order (one order id committed by two
+    writers) shown as an anomaly naming both."""
+    b = console_broker(broker_factory, **{"verify.scrub.interval.ms": 500})
+    topic = unique_topic("v-console")
+    create_topic(b.bootstrap, topic, 2, config={"verify.unique.key": "/order_id"})
+    open_view(chrome, b, "/verify")
+    wait_for(chrome, lambda d: "none" in text_of(d, "#verify-found"), what="no anomaly yet")
+    for tid in ("orders-sink-0", "orders-sink-v2-0"):
+        p = txn_producer(b.bootstrap, tid)
+        p.init_transactions(30)
+        p.begin_transaction()
+        for i in range(4):
+            p.produce(topic, value=json.dumps({"order_id": f"o-{i}" if i == 3 or tid == "orders-sink-0" else f"v2-{i}"}),
+                      partition=i % 2)
+        p.commit_transaction(30)
+    row_css = '#verify-anomalies tr[data-kind="duplicate_key"]'
+    row = wait_for(chrome, lambda d: text_of(d, row_css), what="the doubled order's row")
+    assert "o-3" in row and "orders-sink-0" in row and "orders-sink-v2-0" in row, row
+    assert f"{topic}-1" in row, row
+    wait_for(chrome, lambda d: "1" in text_of(d, "#verify-found"), what="one anomaly counted")
+    part = wait_for(chrome, lambda d: (t := text_of(d, f'#verify-partitions tr[data-partition="{topic}-0"]'))
+                    and t.split()[1] == t.split()[2] and t, what="partition 0 verified through its LSO")
+    assert part.split()[1] != "0", part
+    screenshot(chrome, "verification-doubled-order")
+    no_page_errors(chrome)

@@ -50,6 +50,39 @@ impl KeySpec {
     }
 }
 
+impl KeySpec {
+    /// The hash of a record's key ([`hash_key`] of [`KeySpec::key_of`]),
+    /// without copying a record key.
+    pub fn hash_of(&self, key: Option<&[u8]>, value: Option<&[u8]>) -> Option<u128> {
+        match self {
+            KeySpec::RecordKey => key.map(hash_key),
+            KeySpec::Pointer(_) => self.key_of(key, value).map(|k| hash_key(&k)),
+        }
+    }
+}
+
+/// The index's hasher: its keys are hashes already, so their low 64 bits
+/// are taken as they are.
+#[derive(Default, Clone, Copy)]
+pub struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // not used by u128 keys; folded in for completeness
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u128(&mut self, n: u128) {
+        self.0 = n as u64;
+    }
+}
+
+type Index = HashMap<u128, u64, std::hash::BuildHasherDefault<Prehashed>>;
+
 /// A key's 128-bit hash.
 pub fn hash_key(key: &[u8]) -> u128 {
     let half = |salt: u8| {
@@ -69,7 +102,7 @@ pub struct Unique<W> {
     /// (hash, when, writer), oldest first.
     order: VecDeque<(u128, i64, W)>,
     /// hash → its entry's sequence number (`first_seq` + index in `order`).
-    index: HashMap<u128, u64>,
+    index: Index,
     first_seq: u64,
     /// Keys forgotten because the index was full.
     pub evicted: u64,
@@ -81,7 +114,7 @@ impl<W> Unique<W> {
             window_ms,
             max_keys: max_keys.max(1),
             order: VecDeque::new(),
-            index: HashMap::new(),
+            index: Index::default(),
             first_seq: 0,
             evicted: 0,
         }
@@ -217,5 +250,10 @@ mod tests {
         );
         assert!(KeySpec::parse("order_id").is_err());
         assert_ne!(hash_key(b"a"), hash_key(b"b"));
+        assert_eq!(k.hash_of(Some(b"x"), None), Some(hash_key(b"x")));
+        assert_eq!(
+            p.hash_of(None, Some(br#"{"order_id":"o-7"}"#)),
+            Some(hash_key(b"o-7"))
+        );
     }
 }

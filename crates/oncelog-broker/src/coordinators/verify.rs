@@ -9,10 +9,12 @@
 //! for each partition:
 //!
 //! * the **frontier** scan reads what became stable since the last round
-//!   (read_committed reads, from the log start on the first round) and
-//!   hands it to [`oncelog_verify::scan::Scanner`], which checks it from
-//!   the bytes alone; `verified_through` is where it got, short of a
-//!   transaction still open there;
+//!   (read_committed reads, from the log start on the first round; each
+//!   read asks for every partition with something new, so a cluster makes
+//!   one query for all of them) and hands it to
+//!   [`oncelog_verify::scan::Scanner`], which checks it from the bytes
+//!   alone; `verified_through` is where it got, short of a transaction
+//!   still open there;
 //! * every `verify.scrub.interval.ms`, a **pass** reads the partition again
 //!   from its log start up to the frontier, scans it afresh and compares
 //!   each batch's CRC with what the first scan saw
@@ -99,6 +101,13 @@ impl Bucket {
     fn spend(&mut self, n: usize) {
         self.tokens -= n as i64;
     }
+    /// Bytes left this round (any number when unlimited).
+    fn available(&self) -> usize {
+        match self.rate {
+            Some(_) => self.tokens.max(0) as usize,
+            None => usize::MAX,
+        }
+    }
 }
 
 /// Runs the verification until the broker goes.
@@ -116,6 +125,7 @@ pub async fn run(b: std::sync::Weak<Broker>) {
     let mut saved: Vec<(String, i32, i64, u64)> = Vec::new();
     let mut others_since = now_ms();
     let mut parts: HashMap<(String, i32), Part> = HashMap::new();
+    let mut turn = 0usize;
     let mut suspects: HashMap<(String, i32, i64), i64> = HashMap::new();
     let mut uniques = super::verify_unique::Uniques::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -142,7 +152,7 @@ pub async fn run(b: std::sync::Weak<Broker>) {
             b.verify
                 .already_reported(others.iter().map(crate::observe::verify::Reported::key));
         }
-        let (rows, topics) = scrub(&b, &mut parts, &mut resume, bucket).await;
+        let (rows, topics) = scrub(&b, &mut parts, &mut resume, bucket, &mut turn).await;
         super::verify_unique::tail(&b, &rows, &topics, &mut uniques).await;
         super::verify_lineage::round(&b, round.is_multiple_of(60)).await;
         round += 1;
@@ -178,6 +188,7 @@ async fn scrub(
     parts: &mut HashMap<(String, i32), Part>,
     resume: &mut HashMap<(String, i32), Progress>,
     bucket: &mut Bucket,
+    turn: &mut usize,
 ) -> (
     Vec<PartitionRow>,
     HashMap<String, crate::backend::topic::TopicMeta>,
@@ -203,6 +214,8 @@ async fn scrub(
     };
     let pass_every = Duration::from_millis(b.config.verify_scrub_interval_ms);
     let mut throttled = false;
+    // the partitions verified this round, with their topic's id and policy
+    let mut live: Vec<(&PartitionRow, uuid::Uuid, bool)> = Vec::new();
     for row in &rows {
         let Some(meta) = topics.get(&row.topic) else {
             continue;
@@ -247,13 +260,20 @@ async fn scrub(
             *part = fresh();
         }
         part.ledger.forget_below(&row.log_start_offset);
-        throttled |= advance_frontier(b, &logs, row, part, bucket).await;
+        live.push((row, meta.id, compacted));
+    }
+    *turn = turn.wrapping_add(1);
+    throttled |= advance_frontiers(b, &logs, &live, parts, bucket, *turn).await;
+    for &(row, topic_id, compacted) in &live {
+        let Some(part) = parts.get_mut(&(row.topic.clone(), row.partition)) else {
+            continue;
+        };
         throttled |= advance_pass(b, &logs, row, part, rules(compacted), pass_every, bucket).await;
         let frontier = part.frontier.next_offset().unwrap_or(row.log_start_offset);
         b.verify.progress(Progress {
             topic: row.topic.clone(),
             partition: row.partition,
-            topic_id: meta.id.simple().to_string(),
+            topic_id: topic_id.simple().to_string(),
             verified_through: part
                 .frontier
                 .earliest_open()
@@ -272,36 +292,49 @@ async fn scrub(
     (rows, topics)
 }
 
-/// One read of committed data at `offset`: (bytes, aborted index, LSO, HW).
+/// Committed data read back: (bytes, aborted index, LSO, HW).
+type ReadBack = (Vec<u8>, Vec<Aborted>, i64, i64);
+
+/// One read of committed data for each of `asks` (topic, partition,
+/// offset), within `max_bytes` in all (the first ask gets a batch anyway):
+/// in a cluster, one query for all of them.
 async fn read(
     logs: &Logs<'_>,
-    topic: &str,
-    partition: i32,
-    offset: i64,
-) -> Option<(Vec<u8>, Vec<Aborted>, i64, i64)> {
-    let ask = FetchAsk {
-        topic,
-        partition,
-        offset,
-        max_bytes: CHUNK,
-    };
-    let mut budget = Budget::new(CHUNK);
-    let r = logs.read_at_rest(&[ask], &mut budget).await.pop()?.ok()?;
-    let aborted = r
-        .aborted
+    asks: &[(&str, i32, i64)],
+    max_bytes: usize,
+) -> Vec<Option<ReadBack>> {
+    let fetch: Vec<FetchAsk<'_>> = asks
         .iter()
-        .map(|a| Aborted {
-            producer_id: a.producer_id,
-            first_offset: a.first_offset,
-            last_offset: a.last_offset,
+        .map(|&(topic, partition, offset)| FetchAsk {
+            topic,
+            partition,
+            offset,
+            max_bytes: CHUNK,
         })
         .collect();
-    Some((
-        r.data.ok()?,
-        aborted,
-        r.last_stable_offset,
-        r.high_watermark,
-    ))
+    let mut budget = Budget::new(max_bytes.max(1));
+    logs.read_at_rest(&fetch, &mut budget)
+        .await
+        .into_iter()
+        .map(|r| {
+            let r = r.ok()?;
+            let aborted = r
+                .aborted
+                .iter()
+                .map(|a| Aborted {
+                    producer_id: a.producer_id,
+                    first_offset: a.first_offset,
+                    last_offset: a.last_offset,
+                })
+                .collect();
+            Some((
+                r.data.ok()?,
+                aborted,
+                r.last_stable_offset,
+                r.high_watermark,
+            ))
+        })
+        .collect()
 }
 
 fn report(b: &Broker, row: &PartitionRow, found: &[Finding]) {
@@ -311,44 +344,91 @@ fn report(b: &Broker, row: &PartitionRow, found: &[Finding]) {
     }
 }
 
-/// Verifies what became stable since the last round.
+/// Bytes one read of many partitions asks for at most.
+const READ_MAX: usize = 8 << 20;
+
+/// Verifies what became stable since the last round, on every partition
+/// at once: each read asks for all partitions with something new (from
+/// the `turn`-th on, so a tight budget reaches each in turn).
 /// Returns whether it stopped for the byte budget with work left.
-async fn advance_frontier(
+async fn advance_frontiers(
     b: &Broker,
     logs: &Logs<'_>,
-    row: &PartitionRow,
-    part: &mut Part,
+    live: &[(&PartitionRow, uuid::Uuid, bool)],
+    parts: &mut HashMap<(String, i32), Part>,
     bucket: &mut Bucket,
+    turn: usize,
 ) -> bool {
+    let n = live.len();
+    let mut done = vec![false; n];
     loop {
-        let at = part.frontier.next_offset().unwrap_or(row.log_start_offset);
-        if at >= row.last_stable_offset {
+        // (index in live, offset) of the partitions still behind their LSO
+        let mut todo: Vec<(usize, i64)> = Vec::new();
+        for k in 0..n {
+            let i = (turn + k) % n;
+            if done[i] {
+                continue;
+            }
+            let row = live[i].0;
+            let Some(part) = parts.get(&(row.topic.clone(), row.partition)) else {
+                done[i] = true;
+                continue;
+            };
+            let at = part.frontier.next_offset().unwrap_or(row.log_start_offset);
+            if at >= row.last_stable_offset {
+                done[i] = true;
+                continue;
+            }
+            todo.push((i, at));
+        }
+        if todo.is_empty() {
             return false;
         }
         if !bucket.has() {
             return true;
         }
-        let Some((data, aborted, lso, hw)) = read(logs, &row.topic, row.partition, at).await else {
-            return false;
-        };
-        let mut found = Vec::new();
-        let fed = part.frontier.feed(&data, &aborted, &mut found);
-        b.verify
-            .scrubbed_bytes
-            .fetch_add(data.len() as u64, Relaxed);
-        bucket.spend(data.len());
-        if !part.compacted {
-            for &(base, last, crc) in &fed.crcs {
-                part.ledger.see(base, crc, (last, part.passes));
+        let asks: Vec<(&str, i32, i64)> = todo
+            .iter()
+            .map(|&(i, at)| (live[i].0.topic.as_str(), live[i].0.partition, at))
+            .collect();
+        let results = read(logs, &asks, bucket.available().min(READ_MAX)).await;
+        let mut moved = false;
+        for (&(i, at), r) in todo.iter().zip(results) {
+            let row = live[i].0;
+            let Some(part) = parts.get_mut(&(row.topic.clone(), row.partition)) else {
+                continue;
+            };
+            let Some((data, aborted, lso, hw)) = r else {
+                done[i] = true;
+                continue;
+            };
+            if data.is_empty() {
+                // past this read's budget (or nothing there): next read
+                continue;
+            }
+            let mut found = Vec::new();
+            let fed = part.frontier.feed(&data, &aborted, &mut found);
+            b.verify
+                .scrubbed_bytes
+                .fetch_add(data.len() as u64, Relaxed);
+            bucket.spend(data.len());
+            if !part.compacted {
+                for &(base, last, crc) in &fed.crcs {
+                    part.ledger.see(base, crc, (last, part.passes));
+                }
+            }
+            report(b, row, &found);
+            let now_at = part.frontier.next_offset().unwrap_or(at);
+            if now_at >= lso {
+                part.frontier.reached_stable(lso, hw);
+                done[i] = true;
+            } else if fed.consumed == 0 || now_at <= at {
+                done[i] = true;
+            } else {
+                moved = true;
             }
         }
-        report(b, row, &found);
-        let now_at = part.frontier.next_offset().unwrap_or(at);
-        if now_at >= lso {
-            part.frontier.reached_stable(lso, hw);
-            return false;
-        }
-        if fed.consumed == 0 || now_at <= at {
+        if !moved {
             return false;
         }
     }
@@ -388,7 +468,11 @@ async fn advance_pass(
             return true;
         }
         let at = pass.scanner.next_offset().unwrap_or(pass.next);
-        let Some((data, aborted, _, _)) = read(logs, &row.topic, row.partition, at).await else {
+        let Some(Some((data, aborted, _, _))) =
+            read(logs, &[(&row.topic, row.partition, at)], CHUNK)
+                .await
+                .pop()
+        else {
             return false;
         };
         let mut found = Vec::new();

@@ -23,7 +23,7 @@ use oncelog_log::batch::BatchIter;
 use oncelog_log::now_ms;
 use oncelog_log::records::batch_records;
 use oncelog_verify::scan::{Finding, Kind};
-use oncelog_verify::unique::{hash_key, KeySpec, Unique};
+use oncelog_verify::unique::{KeySpec, Unique};
 
 use crate::backend::topic::TopicMeta;
 use crate::backend::{Budget, FetchAsk, PartitionRow, Scope};
@@ -181,7 +181,7 @@ async fn index_partition(
             };
             for rec in &records.records {
                 let value = rec.value.clone().map(|v| &records.data[v]);
-                let Some(key) = t.spec.key_of(records.key(rec), value) else {
+                let Some(hash) = t.spec.hash_of(records.key(rec), value) else {
                     continue;
                 };
                 let occ = Occ {
@@ -190,7 +190,8 @@ async fn index_partition(
                     producer_id: pid,
                     epoch: h.producer_epoch(),
                 };
-                if let Some(first) = t.index.insert(hash_key(&key), now, occ) {
+                if let Some(first) = t.index.insert(hash, now, occ) {
+                    let key = t.spec.key_of(records.key(rec), value).unwrap_or_default();
                     dups.push((key, *first, occ));
                 }
             }

@@ -394,9 +394,10 @@ def test_pipeline_lineage_names_two_groups_doing_the_same_work(broker_factory):
 @both_modes("broker_factory")
 def test_the_lineage_fence_refuses_a_second_group_and_the_output_stays_exact(broker_factory):
     """verify.lineage.enforce=true on the output: a second group copying the
-    same input into it is refused at its first transactional offset commit
-    (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, whatever its transactional id),
-    nothing of it is committed, and the first group goes on."""
+    same input into it, after a kill -9 of the broker(s), is refused at its
+    first transactional offset commit (TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    whatever its transactional id), nothing of it is committed, and the
+    first group goes on."""
     b = broker_factory(FAST)
     src, dst = unique_topic("v-fin"), unique_topic("v-fout")
     create_topic(b.bootstrap, src, 2)
@@ -406,7 +407,10 @@ def test_the_lineage_fence_refuses_a_second_group_and_the_output_stays_exact(bro
         feed.produce(src, value=f"a-{i}", partition=i % 2)
     feed.flush(30)
     assert copy(b, "fence-a", "fence-a-0", src, dst) == 200
-    time.sleep(1.5)  # a round settles a's last commit
+    time.sleep(2.5)  # a round settles a's last commit, and local mode writes it down
+    # the fence holds across a kill -9 of the broker
+    b.kill9()
+    b.start()
     with pytest.raises(KafkaException) as refused:
         copy(b, "fence-b", "fence-b-0", src, dst, transaction_timeout_ms=3000, message_timeout_ms=3000)
     assert "authoriz" in str(refused.value).lower(), refused.value

@@ -439,7 +439,7 @@ impl Broker {
             orphans: Default::default(),
             cleaner,
             verify: Default::default(),
-            lineage: Default::default(),
+            lineage: backend::lineage::LocalLineage::opened(dir.as_deref()),
             lineage_pending: Default::default(),
             samples: samples::Samples::new(now_ms()),
             request_latency: (0..REQUEST_KEYS)

@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 
 /// A committed range of one input partition.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Consumed {
     pub group: String,
     /// The transactional id that committed it.
@@ -66,7 +66,7 @@ pub fn judge<'a>(new: &Consumed, before: &'a [Consumed], strict: bool) -> Vec<Ov
 /// One input partition's committed ranges, bounded: adjacent ranges of one
 /// group into the same outputs are kept as one, and past `max` the oldest
 /// are dropped.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Ranges {
     pub ranges: Vec<Consumed>,
 }

@@ -1,8 +1,10 @@
 //! Pipeline lineage's store ([`crate::coordinators::verify_lineage`],
 //! written once): the input ranges consumer groups' committed transactions
-//! consumed. Local mode keeps them in memory; a cluster keeps them in the
-//! `verify_lineage` table, so groups coordinated by different brokers are
-//! held against each other.
+//! consumed. Local mode keeps them in memory and writes them to
+//! `verify-lineage.json` in the data directory each second they changed
+//! (read back at start, so the lineage fence holds across restarts); a
+//! cluster keeps them in the `verify_lineage` table, so groups coordinated
+//! by different brokers are held against each other.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -85,6 +87,14 @@ impl LineageStore<'_> {
         }
     }
 
+    /// Local mode: writes the ranges down when they changed since the last
+    /// call. A cluster's are written as they come.
+    pub fn persist(&self) {
+        if let LineageStore::Local(b) = self {
+            b.lineage.save(&b.config.data_dir);
+        }
+    }
+
     /// Forgets ranges committed before `cutoff_ms`.
     pub async fn expire(&self, cutoff_ms: i64) {
         match self {
@@ -98,13 +108,82 @@ impl LineageStore<'_> {
     }
 }
 
+/// Local mode's file, in the data directory.
+pub const FILE: &str = "verify-lineage.json";
+
 /// Local mode's ranges, by input partition.
 #[derive(Default)]
 pub struct LocalLineage {
     by_input: std::sync::Mutex<std::collections::HashMap<(String, i32), Ranges>>,
+    /// Changed since last written down.
+    dirty: std::sync::atomic::AtomicBool,
+}
+
+/// One input partition's ranges as written down.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Saved {
+    topic: String,
+    partition: i32,
+    ranges: Ranges,
 }
 
 impl LocalLineage {
+    /// Local mode's ranges as written down in `dir` before (none in a
+    /// cluster: `None`).
+    pub fn opened(dir: Option<&std::path::Path>) -> Self {
+        let l = Self::default();
+        if let Some(d) = dir {
+            l.load(d);
+        }
+        l
+    }
+
+    fn load(&self, dir: &std::path::Path) {
+        let path = dir.join(FILE);
+        let saved: Vec<Saved> = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(path = %path.display(), error = %e, "verify: the lineage record does not parse; starting without it");
+                Vec::new()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "verify: the lineage record cannot be read; starting without it");
+                Vec::new()
+            }
+        };
+        let mut g = self.lock();
+        for s in saved {
+            g.insert((s.topic, s.partition), s.ranges);
+        }
+    }
+
+    fn save(&self, dir: &std::path::Path) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.dirty.swap(false, Relaxed) {
+            return;
+        }
+        let saved: Vec<Saved> = self
+            .lock()
+            .iter()
+            .map(|((t, p), r)| Saved {
+                topic: t.clone(),
+                partition: *p,
+                ranges: r.clone(),
+            })
+            .collect();
+        let written = serde_json::to_vec(&saved)
+            .map_err(std::io::Error::other)
+            .and_then(|data| crate::backend::verify_record::write_file(dir, FILE, &data));
+        if let Err(e) = written {
+            self.dirty.store(true, Relaxed);
+            tracing::warn!(error = %e, "verify: the lineage record could not be written (tried again next second)");
+        }
+    }
+
+    fn changed(&self) {
+        self.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, i32), Ranges>> {
         self.by_input.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -121,9 +200,11 @@ impl LocalLineage {
             .entry((topic.to_string(), partition))
             .or_default()
             .add(c, MAX_RANGES);
+        self.changed();
     }
 
     fn reset(&self, group: &str, partitions: Option<&[(String, i32)]>) {
+        self.changed();
         let mut g = self.lock();
         for ((t, p), r) in g.iter_mut() {
             if partitions.is_none_or(|ps| ps.iter().any(|(pt, pp)| pt == t && pp == p)) {
@@ -133,6 +214,7 @@ impl LocalLineage {
     }
 
     fn expire(&self, cutoff_ms: i64) {
+        self.changed();
         let mut g = self.lock();
         for r in g.values_mut() {
             r.expire(cutoff_ms);

@@ -110,7 +110,7 @@ impl VerifyRecord<'_> {
                         return;
                     }
                 };
-                if let Err(e) = write_file(&b.config.data_dir, &data) {
+                if let Err(e) = write_file(&b.config.data_dir, FILE, &data) {
                     tracing::warn!(error = %e, "verify: the record could not be saved (it is saved again next round)");
                 }
             }
@@ -171,14 +171,16 @@ fn warn(cluster: &Cluster, e: &crate::backend::cluster::ClusterError) {
     }
 }
 
-/// Replaces the record file: a temporary file, fsync, rename, fsync of the
-/// directory. A failure leaves the old record (or the new one) whole.
-fn write_file(dir: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+/// Replaces a record file (`name` in `dir`): a temporary file, fsync,
+/// rename, fsync of the directory. A failure leaves the old record (or the
+/// new one) whole; unlike the broker's own state, a record that may not
+/// have reached the disk is only written again.
+pub fn write_file(dir: &std::path::Path, name: &str, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    let tmp = dir.join(format!("{FILE}.tmp"));
+    let tmp = dir.join(format!("{name}.tmp"));
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(data)?;
     f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(FILE))?;
+    std::fs::rename(&tmp, dir.join(name))?;
     std::fs::File::open(dir)?.sync_all()
 }

@@ -375,6 +375,7 @@ pub async fn round(b: &Arc<Broker>, expire: bool) {
     if expire {
         b.lineage_store().expire(now - KEEP_MS).await;
     }
+    b.lineage_store().persist();
 }
 
 /// The topics `writer`'s transaction committed at or after `since_ms`

@@ -165,6 +165,15 @@ impl VerifyRecord<'_> {
     }
 }
 
+/// `/v1/verify` and the console's view of it: the record (every broker's
+/// in a cluster) with this broker's business-key indexes.
+pub async fn report(b: &Arc<Broker>, topic: Option<&str>) -> Result<serde_json::Value, String> {
+    let record = b.verify_record();
+    let cluster_wide = matches!(record, VerifyRecord::Cluster(_));
+    let saved = record.load().await?;
+    Ok(saved.to_json(topic, b.config.verify_enable, &b.verify, cluster_wide))
+}
+
 fn warn(cluster: &Cluster, e: &crate::backend::cluster::ClusterError) {
     if !cluster.outage.absorb(e) {
         tracing::warn!(error = %e, "verify: the cluster's verification record could not be read or written");

@@ -52,7 +52,7 @@ async fn route(b: &Arc<Broker>, req: &Request) -> Reply {
         "/health" => Reply::text("200 OK", "ok\n"),
         "/v1/verify" => {
             let topic = req.params.get("topic").map(String::as_str);
-            match verify_json(b, topic).await {
+            match crate::backend::verify_record::report(b, topic).await {
                 Ok(v) => Reply::json("200 OK", v),
                 Err(e) => Reply::error("503 Service Unavailable", e),
             }
@@ -165,21 +165,6 @@ async fn answer<B>(
         .headers
         .push(format!("X-Oncelog-Node-Id: {}", b.node_id()));
     reply.into_response()
-}
-
-/// `/v1/verify` (and the console's view of it): the verification record,
-/// every broker's in a cluster.
-pub async fn verify_json(
-    b: &Arc<Broker>,
-    topic: Option<&str>,
-) -> Result<serde_json::Value, String> {
-    let record = b.verify_record();
-    let cluster_wide = matches!(
-        record,
-        crate::backend::verify_record::VerifyRecord::Cluster(_)
-    );
-    let saved = record.load().await?;
-    Ok(saved.to_json(topic, b.config.verify_enable, &b.verify, cluster_wide))
 }
 
 /// The transactional id of a `/v1/transactions/<id>/history` path

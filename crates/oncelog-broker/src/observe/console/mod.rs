@@ -135,7 +135,7 @@ pub async fn route(b: &Arc<Broker>, req: &Request) -> Option<Reply> {
         },
         "/v1/console/verify" => {
             let topic = Some(req.param("topic")).filter(|t| !t.is_empty());
-            match crate::observe::http::verify_json(b, topic).await {
+            match crate::backend::verify_record::report(b, topic).await {
                 Ok(v) => Reply::json_compact(&v),
                 Err(e) => Reply::error("503 Service Unavailable", e),
             }

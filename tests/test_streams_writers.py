@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from clients import cli, create_topic, produce, scrape, unique_topic, value
-from conftest import wait_until
+from conftest import both_modes, wait_until
 from test_streams import (BROKER_TROUBLE, INPUT_PARTITIONS, OUTPUT_PARTITIONS, Observer,
                           StreamsApp, expected_error, list_topics, streams_classpath,  # noqa: F401
                           workload)
@@ -137,7 +137,8 @@ def live_writers(b, topics):
 
 def start_broker(broker_factory):
     b = broker_factory({"group.initial.rebalance.delay.ms": 0})
-    print(f"oncelog log: {b.log_path}")
+    for one in getattr(b, "brokers", [b]):
+        print(f"oncelog log: {one.log_path}")
     return b
 
 
@@ -405,6 +406,7 @@ def test_a_second_app_on_the_same_input_and_output_is_double_processing(broker_f
 
 
 @pytest.mark.timeout(180)
+@both_modes("broker_factory")
 def test_the_lineage_fence_refuses_a_second_app_and_the_output_stays_exact(broker_factory,
                                                                           streams_classpath,
                                                                           tmp_path):

@@ -139,18 +139,7 @@ impl LocalLineage {
     }
 
     fn load(&self, dir: &std::path::Path) {
-        let path = dir.join(FILE);
-        let saved: Vec<Saved> = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::warn!(path = %path.display(), error = %e, "verify: the lineage record does not parse; starting without it");
-                Vec::new()
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "verify: the lineage record cannot be read; starting without it");
-                Vec::new()
-            }
-        };
+        let saved: Vec<Saved> = crate::backend::verify_record::read_file(dir, FILE);
         let mut g = self.lock();
         for s in saved {
             g.insert((s.topic, s.partition), s.ranges);

@@ -49,21 +49,7 @@ impl VerifyRecord<'_> {
     pub async fn restore(&self, b: &Broker) -> Vec<Progress> {
         match self {
             VerifyRecord::Local(_) => {
-                let path = b.config.data_dir.join(FILE);
-                let saved: Saved = match std::fs::read(&path) {
-                    Ok(bytes) => match serde_json::from_slice(&bytes) {
-                        Ok(s) => s,
-                        Err(e) => {
-                            tracing::warn!(path = %path.display(), error = %e, "verify: the record does not parse; verifying every partition from its log start");
-                            Saved::default()
-                        }
-                    },
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Saved::default(),
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "verify: the record cannot be read; verifying every partition from its log start");
-                        Saved::default()
-                    }
-                };
+                let saved: Saved = read_file(&b.config.data_dir, FILE);
                 let progress = saved.progress.clone();
                 b.verify.restore(saved);
                 progress
@@ -178,6 +164,25 @@ fn warn(cluster: &Cluster, e: &crate::backend::cluster::ClusterError) {
     if !cluster.outage.absorb(e) {
         tracing::warn!(error = %e, "verify: the cluster's verification record could not be read or written");
     }
+}
+
+/// A record file (`name` in `dir`) as written; the default when it is
+/// missing, unreadable or does not parse (said in a warning: the record is
+/// rebuilt, nothing else is lost).
+pub fn read_file<T: serde::de::DeserializeOwned + Default>(dir: &std::path::Path, name: &str) -> T {
+    let path = dir.join(name);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return T::default(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "verify: a record cannot be read; it is built again");
+            return T::default();
+        }
+    };
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        tracing::warn!(path = %path.display(), error = %e, "verify: a record does not parse; it is built again");
+        T::default()
+    })
 }
 
 /// Replaces a record file (`name` in `dir`): a temporary file, fsync,

@@ -344,6 +344,23 @@ fn report(b: &Broker, row: &PartitionRow, found: &[Finding]) {
     }
 }
 
+/// Scans what was read back, counted and paid for from the budget.
+fn feed(
+    b: &Broker,
+    scanner: &mut Scanner,
+    data: &[u8],
+    aborted: &[Aborted],
+    bucket: &mut Bucket,
+) -> (oncelog_verify::scan::Fed, Vec<Finding>) {
+    let mut found = Vec::new();
+    let fed = scanner.feed(data, aborted, &mut found);
+    b.verify
+        .scrubbed_bytes
+        .fetch_add(data.len() as u64, Relaxed);
+    bucket.spend(data.len());
+    (fed, found)
+}
+
 /// Bytes one read of many partitions asks for at most.
 const READ_MAX: usize = 8 << 20;
 
@@ -406,12 +423,7 @@ async fn advance_frontiers(
                 // past this read's budget (or nothing there): next read
                 continue;
             }
-            let mut found = Vec::new();
-            let fed = part.frontier.feed(&data, &aborted, &mut found);
-            b.verify
-                .scrubbed_bytes
-                .fetch_add(data.len() as u64, Relaxed);
-            bucket.spend(data.len());
+            let (fed, found) = feed(b, &mut part.frontier, &data, &aborted, bucket);
             if !part.compacted {
                 for &(base, last, crc) in &fed.crcs {
                     part.ledger.see(base, crc, (last, part.passes));
@@ -475,12 +487,7 @@ async fn advance_pass(
         else {
             return false;
         };
-        let mut found = Vec::new();
-        let fed = pass.scanner.feed(&data, &aborted, &mut found);
-        b.verify
-            .scrubbed_bytes
-            .fetch_add(data.len() as u64, Relaxed);
-        bucket.spend(data.len());
+        let (fed, mut found) = feed(b, &mut pass.scanner, &data, &aborted, bucket);
         if !part.compacted {
             compare(
                 &mut part.ledger,

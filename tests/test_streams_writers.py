@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from clients import cli, create_topic, produce, scrape, unique_topic, value
-from conftest import both_modes, wait_until
+from conftest import wait_until
 from test_streams import (BROKER_TROUBLE, INPUT_PARTITIONS, OUTPUT_PARTITIONS, Observer,
                           StreamsApp, expected_error, list_topics, streams_classpath,  # noqa: F401
                           workload)
@@ -406,7 +406,6 @@ def test_a_second_app_on_the_same_input_and_output_is_double_processing(broker_f
 
 
 @pytest.mark.timeout(180)
-@both_modes("broker_factory")
 def test_the_lineage_fence_refuses_a_second_app_and_the_output_stays_exact(broker_factory,
                                                                           streams_classpath,
                                                                           tmp_path):
